@@ -1,0 +1,36 @@
+"""The project's error types. Domain code raises these; only the CLI turns them into one line."""
+
+from __future__ import annotations
+
+
+class SkyspotError(Exception):
+    """A failure the user can act on; the message is one line that says what to do next."""
+
+    exit_code = 1
+
+
+class UsageError(SkyspotError):
+    """Bad input from the user: a malformed recipe, an unknown name, a bad override or URL."""
+
+    exit_code = 2
+
+
+class RecipeError(UsageError):
+    """A recipe that does not load or validate. `problems` lists every problem found, not only the first."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = list(problems)
+        super().__init__(f"{source}: " + "; ".join(self.problems))
+
+
+class StoreError(SkyspotError):
+    """The run's store (bucket or directory) cannot be reached or used."""
+
+
+class CheckpointError(SkyspotError):
+    """No checkpoint can be used where one is required (e.g. every checkpoint of a run is corrupt)."""
+
+
+class NoCloudError(SkyspotError):
+    """SkyPilot has no enabled cloud to launch on."""
