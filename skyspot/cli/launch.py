@@ -1,0 +1,104 @@
+"""`skyspot launch`: plan, render and submit a recipe (SkyPilot managed job, or the local executor)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from skyspot.cli.common import confirm, display, err, handle_errors, out, split_csv
+
+LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
+              "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default.")
+
+
+@handle_errors
+def launch_command(
+    recipe: str = typer.Argument(..., help="Recipe name (see `skyspot recipes`) or path to a recipe YAML."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides as section.key=value, e.g. train.steps=40."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the task YAML and the candidate table; submit nothing."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Return once submitted instead of following the run."),
+    name: Optional[str] = typer.Option(None, "-n", "--name", help="Run name (default: recipe name + timestamp)."),
+    clouds: Optional[str] = typer.Option(None, "--clouds", help="Comma-separated clouds to consider: aws,gcp,azure."),
+    store: Optional[str] = typer.Option(None, "--store", help="Where checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."),
+    no_on_demand_fallback: bool = typer.Option(False, "--no-on-demand-fallback", help="Spot candidates only."),
+    local: Optional[bool] = typer.Option(None, "--local/--cloud", help=LOCAL_HELP),
+    preempt_every: Optional[float] = typer.Option(None, "--preempt-every", help="Local: inject a preemption every N seconds of running."),
+    preempt_at_steps: Optional[str] = typer.Option(None, "--preempt-at-steps", help="Local: inject a preemption notice when the run reaches these steps, e.g. 15,40."),
+    spot_trace: Optional[str] = typer.Option(None, "--spot-trace", help="Local: replay a spot trace file (docs/local.md)."),
+    notice: float = typer.Option(30.0, "--notice", help="Local: seconds between the preemption notice and SIGTERM."),
+    grace: float = typer.Option(30.0, "--grace", help="Local: seconds between SIGTERM and SIGKILL."),
+    provision_delay: float = typer.Option(2.0, "--provision-delay", help="Local: seconds to 'provision' a replacement node."),
+    fallback_after: Optional[int] = typer.Option(None, "--fallback-after", help="Local: after K preemptions run on-demand (no more preemptions)."),
+    simulate: str = typer.Option("aws", "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices."),
+) -> None:
+    """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local)."""
+    from skyspot.launch import build
+
+    flags = {"resources.clouds": split_csv(clouds), "storage.store": store,
+             "resources.on_demand_fallback": False if no_on_demand_fallback else None}
+    from skyspot.runs import check_run_name
+
+    run_name = check_run_name(name) if name is not None else None
+    built = build(recipe, overrides or [], flags=flags, run_name=run_name)
+    run_local = built.recipe.resources.local_only if local is None else local
+
+    if dry_run or not run_local:
+        _show_plan(built)
+    if dry_run:
+        out.file.write(built.yaml)
+        return
+
+    if run_local:
+        from skyspot.executors.local import LocalOptions, launch_local
+
+        options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
+                               spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
+                               fallback_after=fallback_after, cloud=simulate)
+        code = launch_local(built, name=name, detach=detach, options=options)
+        raise typer.Exit(code)
+
+    if not confirm(f"Launch '{built.recipe.name}' as a SkyPilot managed job?", yes):
+        err.print("not launched")
+        raise typer.Exit(1)
+    from skyspot.executors import sky as sky_executor
+    from skyspot.runs import new_run_name, record_sky_launch
+
+    run_name = name or new_run_name(built.recipe.name)
+    result = sky_executor.submit(built, name=run_name, detach=detach)
+    record_sky_launch(run_name, built, result.get("job_id"))
+    err.print(f"submitted managed job {result.get('job_id')} as '{run_name}'; `skyspot status` follows it")
+
+
+def _steps(value: Optional[str]) -> list[int]:
+    from skyspot.errors import UsageError
+
+    if not value:
+        return []
+    try:
+        steps = sorted(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"--preempt-at-steps '{value}' must be comma-separated step numbers, e.g. 15,40") from None
+    if any(s < 1 for s in steps):
+        raise UsageError("--preempt-at-steps takes steps >= 1")
+    return steps
+
+
+def _show_plan(built) -> None:
+    rows = [{"n": i + 1, "cloud": c.cloud, "region": c.region or "any", "accelerators": c.accelerators or "CPU",
+             "instance": c.instance_type or "-", "capacity": "spot" if c.spot else "on-demand",
+             "usd_per_hour": None if c.usd_per_hour is None else c.usd_per_hour * built.recipe.resources.num_nodes}
+            for i, c in enumerate(built.candidates)]
+    res = built.recipe.resources
+    title = (f"{built.recipe.name}: {res.num_nodes} node(s); candidates in the order SkyPilot tries them "
+             f"(estimated $/h for all nodes, price snapshot)")
+    from rich.table import Table
+
+    table = Table(title=title, header_style="bold")
+    for header in ("#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "EST. $/H"):
+        table.add_column(header)
+    for r in rows:
+        price = "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:,.2f}"
+        table.add_row(str(r["n"]), r["cloud"], r["region"], r["accelerators"], r["instance"], r["capacity"], price)
+    err.print(table)

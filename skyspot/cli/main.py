@@ -1,0 +1,45 @@
+"""The `skyspot` application: registers one command per module; each command calls plain package functions."""
+
+from __future__ import annotations
+
+import typer
+
+from skyspot import __version__
+from skyspot.cli.launch import launch_command
+from skyspot.cli.recipes import recipes_command, render_command
+
+app = typer.Typer(
+    name="skyspot",
+    help="Fine-tune LLMs on spot GPUs across AWS, GCP and Azure through SkyPilot managed jobs, "
+         "losing nothing to preemptions. Try: skyspot launch tiny --local --preempt-at-steps 60,130",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"skyspot {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """skyspot: spot-instance LLM fine-tuning that is boringly reliable."""
+
+
+app.command("recipes")(recipes_command)
+app.command("ls", hidden=True)(recipes_command)
+app.command("render")(render_command)
+app.command("launch", context_settings={"allow_extra_args": False})(launch_command)
+
+
+def main() -> None:  # console entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The ledger: every run this user launched, in one SQLite file under $SKYSPOT_HOME.
+
+The trainer's events (in the run directory or bucket) are the source of truth for
+what happened; the ledger records what was launched (recipe, executor, store, job id)
+and the executor's view (status, attempts), and caches a few figures so `status`
+stays fast. SQLite in WAL mode with a busy timeout lets two launches and a `status`
+run at once without corrupting anything. Files are private to the user (0600/0700).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from skyspot.errors import SkyspotError, UsageError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    name TEXT PRIMARY KEY,
+    recipe TEXT NOT NULL,
+    executor TEXT NOT NULL,           -- 'local' or 'sky'
+    status TEXT NOT NULL,             -- SkyPilot's managed-job status names
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    ended_at REAL,
+    run_dir TEXT,                     -- local runs: the run root (checkpoints/, events/, logs/)
+    store TEXT,                       -- where durable checkpoints and events live, if any
+    job_id INTEGER,                   -- SkyPilot managed job id
+    controller_pid INTEGER,           -- local runs: the executor process
+    total_steps INTEGER,
+    num_nodes INTEGER,
+    exit_code INTEGER,
+    info TEXT NOT NULL DEFAULT '{}'   -- JSON: candidates, options, where (never secrets)
+);
+"""
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_SETUP", "FAILED_NO_RESOURCE", "FAILED_CONTROLLER"}
+STATUSES = {"PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING"} | TERMINAL
+
+
+def skyspot_home() -> Path:
+    home = Path(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return home
+
+
+@dataclass
+class Run:
+    name: str
+    recipe: str
+    executor: str
+    status: str
+    created_at: float
+    updated_at: float
+    ended_at: Optional[float]
+    run_dir: Optional[str]
+    store: Optional[str]
+    job_id: Optional[int]
+    controller_pid: Optional[int]
+    total_steps: Optional[int]
+    num_nodes: Optional[int]
+    exit_code: Optional[int]
+    info: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class Ledger:
+    def __init__(self, path: Optional[Path] = None):
+        self.path = Path(path) if path else skyspot_home() / "ledger.db"
+        new = not self.path.exists()
+        if new:
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as error:
+            raise SkyspotError(f"the ledger {self.path} is damaged ({error}); move it aside to start a new one") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def add(self, name: str, recipe: str, executor: str, *, status: str = "PENDING", **fields: Any) -> None:
+        now = time.time()
+        info = json.dumps(fields.pop("info", {}), default=str)
+        columns = ["name", "recipe", "executor", "status", "created_at", "updated_at", "info", *fields]
+        values = [name, recipe, executor, status, now, now, info, *fields.values()]
+        try:
+            with self._tx() as db:
+                db.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(values))})", values)
+        except sqlite3.IntegrityError:
+            raise UsageError(f"a run named '{name}' exists already; pick another -n/--name") from None
+
+    def update(self, name: str, **fields: Any) -> None:
+        if "status" in fields and fields["status"] not in STATUSES:
+            raise ValueError(f"unknown status {fields['status']!r}")
+        if "info" in fields:
+            fields["info"] = json.dumps(fields["info"], default=str)
+        if fields.get("status") in TERMINAL and "ended_at" not in fields:
+            fields["ended_at"] = time.time()
+        fields["updated_at"] = time.time()
+        assignments = ", ".join(f"{k} = ?" for k in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE runs SET {assignments} WHERE name = ?", [*fields.values(), name])
+
+    def get(self, name: str) -> Run:
+        row = self._db.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            names = [r[0] for r in self._db.execute("SELECT name FROM runs ORDER BY created_at DESC LIMIT 200")]
+            import difflib
+
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise UsageError(f"no run named '{name}'{hint} `skyspot status -a` lists runs")
+        return self._row(row)
+
+    def runs(self, include_finished: bool = True) -> list[Run]:
+        rows = self._db.execute("SELECT * FROM runs ORDER BY created_at DESC").fetchall()
+        runs = []
+        for row in rows:
+            try:
+                run = self._row(row)
+            except (ValueError, TypeError):
+                continue  # a damaged row: skip it rather than fail the listing
+            if include_finished or not run.terminal:
+                runs.append(run)
+        return runs
+
+    def _row(self, row: tuple) -> Run:
+        columns = [d[0] for d in self._db.execute("SELECT * FROM runs LIMIT 0").description]
+        data = dict(zip(columns, row))
+        try:
+            data["info"] = json.loads(data.get("info") or "{}")
+        except ValueError:
+            data["info"] = {}
+        return Run(**data)

@@ -1,0 +1,409 @@
+"""Recipes: what to train and where, as typed, validated configuration.
+
+A recipe is a YAML file (see `recipes/`). Loading applies one precedence rule,
+written here once:
+
+    flags (--store, --clouds, ...) > SKYSPOT_<SECTION>__<KEY> environment > recipe file > defaults
+
+Command-line overrides are `section.key=value` (`train.steps=40`); the value is read
+as a YAML scalar, so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
+Unknown keys are rejected, and every problem is reported together, with file and line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from skyspot.errors import RecipeError, UsageError
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+# The static registry behind `skyspot recipes`: name -> file in skyspot/recipes/.
+# A name resolves only through this table; it can never reach another file.
+REGISTRY: dict[str, str] = {
+    "llama70b": "llama70b.yaml",
+    "llama8b": "llama8b.yaml",
+    "tiny": "tiny.yaml",
+}
+
+CLOUDS = ("aws", "gcp", "azure")
+Cloud = Literal["aws", "gcp", "azure"]
+
+# Accelerator names as SkyPilot spells them (`sky show-gpus`), for the ones this tool targets.
+KNOWN_ACCELERATORS = (
+    "A100", "A100-80GB", "H100", "H100-MEGA", "H200", "B200", "L4", "L40S", "A10G", "V100", "T4",
+)
+
+ENV_PREFIX = "SKYSPOT_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Section):
+    hub_id: Optional[str] = None
+    """Hugging Face hub id of the base model (e.g. meta-llama/Llama-3.1-70B)."""
+    config: Optional[dict[str, Any]] = None
+    """An inline transformers config (LlamaConfig fields) for a model built from scratch, no download."""
+    gated: bool = False
+    """The hub model needs an access token: HF_TOKEN is passed to the task as a secret."""
+    tokenizer: Optional[str] = None
+    """Tokenizer hub id; default the model's own. `bytes` is the built-in byte tokenizer (no download)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSection":
+        if (self.hub_id is None) == (self.config is None):
+            raise ValueError("set exactly one of model.hub_id and model.config")
+        if self.config is not None and self.tokenizer is None:
+            self.tokenizer = "bytes"
+        return self
+
+
+class DataSection(_Section):
+    source: str
+    """`synthetic`, a hub dataset `hf://org/name`, or a JSONL/text file path or URI (s3://, gs://)."""
+    text_field: str = "text"
+    """The field of each JSONL record (or hub dataset row) that holds the text."""
+    split: str = "train"
+    """Hub dataset split."""
+    num_samples: int = Field(4096, ge=1)
+    """Synthetic set only: how many sequences it holds."""
+    shuffle: bool = True
+    """Shuffle the sample order each epoch (deterministically, from train.seed and the epoch)."""
+
+
+class TrainSection(_Section):
+    steps: int = Field(ge=1)
+    """Optimizer steps to train."""
+    micro_batch_size: int = Field(ge=1)
+    """Sequences per rank per forward pass."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimizer step."""
+    lr: float = Field(gt=0)
+    """Peak learning rate."""
+    seq_len: int = Field(ge=8)
+    """Tokens per packed sequence."""
+    seed: int = 1234
+    """Seed for model init, data order and dropout."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps, then cosine decay to lr * min_lr_ratio."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Final learning rate as a fraction of the peak."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Gradient norm clipping (0 disables)."""
+    log_every: int = Field(10, ge=1)
+    """Print a loss line every N steps (rank 0)."""
+
+
+class DeepSpeedSection(_Section):
+    zero_stage: Literal[0, 1, 2, 3] = 3
+    """ZeRO stage; 3 shards parameters, gradients and optimizer state across ranks."""
+    bf16: bool = False
+    """bf16 mixed precision (GPUs); CPU runs use fp32."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    offload_optimizer: Literal["none", "cpu"] = "none"
+    """ZeRO-Offload of optimizer state."""
+    offload_params: Literal["none", "cpu"] = "none"
+    """ZeRO-Infinity offload of parameters."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Merged last into the generated DeepSpeed config (expert escape hatch)."""
+
+
+class CheckpointSection(_Section):
+    every_steps: Optional[int] = Field(None, ge=1)
+    """Interval checkpoint every N steps."""
+    every_seconds: Optional[Union[float, Literal["auto"]]] = None
+    """Interval checkpoint every N seconds of training; `auto` plans it from the preemption rate."""
+    keep: int = Field(3, ge=1)
+    """Committed checkpoints kept per tier (the newest valid one is never deleted)."""
+
+    @field_validator("every_seconds")
+    @classmethod
+    def _positive(cls, value):
+        if isinstance(value, (int, float)) and value <= 0:
+            raise ValueError("must be > 0 or 'auto'")
+        return value
+
+
+class ResourcesSection(_Section):
+    accelerators: list[str] = Field(default_factory=list)
+    """Accelerator candidates per node as SkyPilot spells them, e.g. `H100:8`. Empty: CPU nodes."""
+    num_nodes: int = Field(ge=1)
+    """Nodes in the cluster."""
+    clouds: list[Cloud] = Field(default_factory=lambda: list(CLOUDS))
+    """Clouds to place the job on."""
+    regions: list[str] = Field(default_factory=list)
+    """Optional: restrict placement to these regions (each belongs to one of the clouds)."""
+    spot: bool = True
+    """Use spot/preemptible capacity first."""
+    on_demand_fallback: bool = True
+    """Add on-demand candidates after every spot candidate."""
+    cpu_ranks: Optional[int] = Field(None, ge=1)
+    """Ranks per node when there are no accelerators (CPU training)."""
+    cpus: Optional[str] = None
+    """vCPUs per node as SkyPilot spells them (`8+`)."""
+    disk_size: int = Field(256, ge=50)
+    """Disk per node in GB (the fast checkpoint tier lives there)."""
+    local_only: bool = False
+    """The recipe is meant for the embedded local executor (e.g. `tiny`): `launch` runs it locally."""
+
+    @field_validator("clouds", "regions", "accelerators", mode="before")
+    @classmethod
+    def _split_commas(cls, value):
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("clouds", mode="before")
+    @classmethod
+    def _lower(cls, value):
+        if isinstance(value, list):
+            return [v.lower() if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("accelerators")
+    @classmethod
+    def _known_accelerators(cls, value: list[str]) -> list[str]:
+        problems = []
+        for spec in value:
+            name, _, count = spec.partition(":")
+            if name not in KNOWN_ACCELERATORS:
+                close = difflib.get_close_matches(name.upper(), KNOWN_ACCELERATORS, n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                problems.append(f"unknown accelerator '{name}'{hint} (known: {', '.join(KNOWN_ACCELERATORS)})")
+            elif count and (not count.isdigit() or int(count) < 1):
+                problems.append(f"accelerator count in '{spec}' must be a positive integer")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @model_validator(mode="after")
+    def _placement(self) -> "ResourcesSection":
+        if not self.clouds:
+            raise ValueError("resources.clouds must name at least one of aws, gcp, azure")
+        if not self.spot and not self.on_demand_fallback:
+            raise ValueError("resources.spot and resources.on_demand_fallback are both off: nothing to launch on")
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks per node: the accelerator count, or cpu_ranks for CPU nodes."""
+        if self.accelerators:
+            _, _, count = self.accelerators[0].partition(":")
+            return int(count or 1)
+        return self.cpu_ranks or 1
+
+
+class StorageSection(_Section):
+    store: Optional[str] = None
+    """Where the run's checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."""
+
+    @field_validator("store")
+    @classmethod
+    def _valid_store(cls, value):
+        if value:
+            from skyspot.storage import parse_store_uri  # import-light: no cloud SDKs
+            try:
+                parse_store_uri(value)
+            except UsageError as err:
+                raise ValueError(str(err)) from None
+        return value
+
+
+class Recipe(_Section):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    """Recipe name (lowercase letters, digits, hyphens)."""
+    description: str = ""
+    """One line: what this recipe trains."""
+    model: ModelSection
+    data: DataSection
+    train: TrainSection
+    deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    resources: ResourcesSection
+    storage: StorageSection = Field(default_factory=StorageSection)
+
+    def fingerprint(self) -> str:
+        """A short hash of what determines the training trajectory (not where it runs)."""
+        keyed = self.model_dump(include={"model", "data", "train", "deepspeed"})
+        return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def recipe_path(name_or_path: str) -> Path:
+    """Resolve a registry name or a path the user gave; nothing else."""
+    if name_or_path in REGISTRY:
+        return RECIPES_DIR / REGISTRY[name_or_path]
+    looks_like_path = os.sep in name_or_path or name_or_path.endswith((".yaml", ".yml"))
+    if looks_like_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UsageError(f"recipe file '{name_or_path}' not found")
+        return path
+    close = difflib.get_close_matches(name_or_path, REGISTRY, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise UsageError(f"unknown recipe '{name_or_path}'{hint} `skyspot recipes` lists them")
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Map dotted key paths to their 1-based line in the YAML text (for error messages)."""
+    lines: dict[str, int] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                lines[path] = key_node.start_mark.line + 1
+                walk(value_node, path)
+
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        return raw
+
+
+def parse_overrides(pairs: Sequence[str]) -> list[tuple[str, Any]]:
+    """`section.key=value` strings -> (dotted key, parsed value)."""
+    parsed = []
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", key):
+            raise UsageError(f"override '{pair}' is not of the form section.key=value (e.g. train.steps=40)")
+        parsed.append((key, _parse_value(raw)))
+    return parsed
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
+    """SKYSPOT_<SECTION>__<KEY>=value environment variables, as overrides."""
+    found = []
+    for name, raw in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+            found.append((key, _parse_value(raw)))
+    return found
+
+
+def _apply(data: dict, key: str, value: Any, source: str, problems: list[str]) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            problems.append(f"{source} '{key}': '{part}' is not a section")
+            return
+        node = child
+    node[parts[-1]] = value
+
+
+def _check_override_keys(overrides: list[tuple[str, Any]], source: str, problems: list[str]) -> None:
+    for key, _ in overrides:
+        if not _field_exists(Recipe, key.split(".")):
+            top = key.split(".")[0]
+            candidates = [f"{top}.{f}" for f in _section_fields(top)] or list(Recipe.model_fields)
+            close = difflib.get_close_matches(key, candidates, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            problems.append(f"{source} '{key}' names no recipe key{hint}")
+
+
+def _section_fields(section: str) -> list[str]:
+    field = Recipe.model_fields.get(section)
+    model = getattr(field, "annotation", None) if field else None
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _field_exists(model: type[BaseModel], parts: list[str]) -> bool:
+    field = model.model_fields.get(parts[0])
+    if field is None:
+        return False
+    if len(parts) == 1:
+        return True
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _field_exists(annotation, parts[1:])
+    # Free-form dicts (model.config, deepspeed.extra) accept any sub-key.
+    return "dict" in str(annotation)
+
+
+def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
+                environ: Optional[Mapping[str, str]] = None,
+                flags: Optional[Mapping[str, Any]] = None) -> Recipe:
+    """Load, merge (flags > env > file > defaults) and validate a recipe. Raises RecipeError with every problem."""
+    path = recipe_path(name_or_path)
+    source = str(path) if name_or_path not in REGISTRY else f"recipes/{REGISTRY[name_or_path]}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read recipe '{path}': {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RecipeError(where, [f"malformed YAML: {problem}"]) from None
+    if not isinstance(data, dict):
+        raise RecipeError(source, ["a recipe must be a YAML mapping of sections"])
+
+    problems: list[str] = []
+    env_pairs = env_overrides(environ if environ is not None else os.environ)
+    cli_pairs = parse_overrides(overrides)
+    _check_override_keys(env_pairs, "environment override", problems)
+    _check_override_keys(cli_pairs, "override", problems)
+    flag_pairs = [(k, v) for k, v in (flags or {}).items() if v is not None]
+    if not problems:
+        for key, value in env_pairs:
+            _apply(data, key, value, "environment override", problems)
+        for key, value in cli_pairs:
+            _apply(data, key, value, "override", problems)
+        for key, value in flag_pairs:
+            _apply(data, key, value, "flag", problems)
+    if problems:
+        raise RecipeError(source, problems)
+
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        lines = _key_lines(text)
+        for error in err.errors():
+            loc = ".".join(str(p) for p in error["loc"] if not isinstance(p, int))
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = "unknown key"
+            elif error["type"] == "missing":
+                message = "required key is missing"
+            elif error["type"] in ("literal_error", "enum") and "input" in error:
+                message = f"{message} (got {error['input']!r})"
+            line = lines.get(loc)
+            problems.append(f"{loc or '(top)'}{f' (line {line})' if line else ''}: {message}")
+        raise RecipeError(source, problems) from None
+
+
+def list_recipes() -> list[Recipe]:
+    """Every registry recipe, validated (used by `skyspot recipes`)."""
+    return [load_recipe(name, environ={}) for name in REGISTRY]

@@ -1,0 +1,165 @@
+"""Task: render a recipe into a SkyPilot managed-job task (YAML for SkyPilot 0.14).
+
+The rendered task is the contract between skyspot and both executors: SkyPilot runs
+it on clouds, the local executor runs the same `run` script on this machine. It:
+
+- lists every candidate in `resources.ordered` (spot first, cheapest first; plan.py),
+  with one `job_recovery` for all (SkyPilot rejects candidates whose recovery differs);
+- recovers on the trainer's "preempted, checkpoint saved" exit code (75), never 137;
+- mounts the run's bucket with `mode: MOUNT` (MOUNT_CACHED uploads lazily and loses
+  unflushed files on preemption), while the trainer itself uploads checkpoints through
+  the cloud SDK and marks them durable only once the remote commit marker exists;
+- passes HF_TOKEN through `secrets:` with no value in the file;
+- starts the trainer on every node under torchrun through skyspot's supervisor,
+  which forwards SIGTERM and passes the trainer's exit code through torchrun.
+
+No secret value is ever written here; launch adds them to the in-memory sky.Task.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from skyspot import __version__
+from skyspot.plan import Candidate, candidates
+from skyspot.recipe import REGISTRY, Recipe
+
+RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rendering stays import-light
+
+# Where a node keeps the fast checkpoint tier and where buckets are mounted.
+NODE_RUNS_DIR = "$HOME/skyspot/runs"
+STORE_MOUNT = "/skyspot/store"
+DATA_MOUNT = "/skyspot/data"
+
+# Distributed timeouts: a lost node must make the others fail fast, so SkyPilot recovers
+# the job instead of paying for a hung cluster. Values in seconds.
+DIST_ENV = {
+    "SKYSPOT_DIST_TIMEOUT_SECONDS": "600",  # collective timeout passed to init_process_group
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # abort the communicator on a failed collective
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "300",  # watchdog kills a rank stuck in NCCL
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+}
+
+JOB_RECOVERY = {
+    # On preemption, try the next region first: the current one just ran out of spot capacity.
+    "strategy": "EAGER_NEXT_REGION",
+    "max_restarts_on_errors": 3,
+    "recover_on_exit_codes": [RECOVER_EXIT_CODE],
+}
+
+
+def _resource_entry(candidate: Candidate, recipe: Recipe) -> dict[str, Any]:
+    entry: dict[str, Any] = {"cloud": candidate.cloud}
+    if candidate.region:
+        entry["region"] = candidate.region
+    if candidate.accelerators:
+        entry["accelerators"] = candidate.accelerators
+    elif recipe.resources.cpus:
+        entry["cpus"] = recipe.resources.cpus
+    entry["use_spot"] = candidate.spot
+    return entry
+
+
+def _bucket_mount(uri: str, mount_point: str) -> tuple[str, dict[str, Any]]:
+    scheme, _, rest = uri.partition("://")
+    bucket = rest.split("/", 1)[0]
+    return f"{mount_point}/{bucket}", {"source": f"{scheme}://{bucket}", "mode": "MOUNT"}
+
+
+def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]) -> str:
+    """The `run` command every node executes (SkyPilot's and the local executor's)."""
+    quoted = " ".join(shlex.quote(o) for o in trainer_overrides)
+    cpu_ranks = recipe.resources.cpu_ranks or 1
+    lines = [
+        "set -eo pipefail",
+        'export SKYSPOT_RUN_NAME="${SKYSPOT_RUN_NAME:-$SKYPILOT_TASK_ID}"',
+        f'RUN_DIR="${{SKYSPOT_RUN_DIR:-{NODE_RUNS_DIR}/$SKYSPOT_RUN_NAME}}"',
+        'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
+        'NPROC="${SKYPILOT_NUM_GPUS_PER_NODE:-0}"',
+        f'if [ "$NPROC" -lt 1 ]; then NPROC={cpu_ranks}; fi',
+        'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR" -- \\',
+        '  torchrun --nnodes "$SKYPILOT_NUM_NODES" --node_rank "$SKYPILOT_NODE_RANK" \\',
+        '  --nproc_per_node "$NPROC" --master_addr "$MASTER_ADDR" --master_port "${SKYSPOT_MASTER_PORT:-29500}" \\',
+        f'  -m skyspot.trainer {shlex.quote(recipe_arg)} --run-dir "$RUN_DIR" \\',
+        '  ${SKYSPOT_STORE:+--store "$SKYSPOT_STORE"}' + (f" {quoted}" if quoted else ""),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+SETUP_SCRIPT = "\n".join([
+    "set -e",
+    "python -m pip install --quiet --upgrade pip",
+    'python -m pip install --quiet "$SKYSPOT_PACKAGE"',
+]) + "\n"
+
+
+def render(recipe: Recipe, *, recipe_arg: Optional[str] = None, overrides: Sequence[str] = (),
+           run_name: Optional[str] = None) -> dict[str, Any]:
+    """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
+
+    `recipe_arg` is what the node passes to the trainer: the registry name, or the
+    recipe file mounted at /skyspot/recipe.yaml. `overrides` reach the trainer as
+    `key=value` arguments, shell-quoted.
+    """
+    if recipe_arg is None:
+        recipe_arg = recipe.name if recipe.name in REGISTRY else "/skyspot/recipe.yaml"
+    trainer_overrides = list(overrides)
+    file_mounts: dict[str, Any] = {}
+    store = recipe.storage.store
+    if store and "://" in store:
+        mount_point, mount = _bucket_mount(store, STORE_MOUNT)
+        file_mounts[mount_point] = mount
+    source = recipe.data.source
+    if "://" in source and not source.startswith("hf://"):
+        mount_point, mount = _bucket_mount(source, DATA_MOUNT)
+        file_mounts[mount_point] = mount
+        trainer_overrides.append(f"data.source={mount_point}/{source.partition('://')[2].partition('/')[2]}")
+
+    envs = {
+        "SKYSPOT_RUN_NAME": run_name or recipe.name,
+        "SKYSPOT_STORE": store or "",
+        "SKYSPOT_PACKAGE": f"skyspot=={__version__}",
+        **DIST_ENV,
+    }
+    task: dict[str, Any] = {
+        "name": run_name or f"skyspot-{recipe.name}",
+        "num_nodes": recipe.resources.num_nodes,
+        "resources": {
+            "disk_size": recipe.resources.disk_size,
+            "job_recovery": dict(JOB_RECOVERY),
+            "ordered": [_resource_entry(c, recipe) for c in candidates(recipe)],
+        },
+        "envs": envs,
+    }
+    if recipe.model.gated:
+        task["secrets"] = {"HF_TOKEN": None}
+    if file_mounts:
+        task["file_mounts"] = file_mounts
+    task["setup"] = SETUP_SCRIPT
+    task["run"] = run_script(recipe, recipe_arg, trainer_overrides)
+    return task
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings as `|` blocks, so the run script reads as a script."""
+
+
+def _str_presenter(dumper, data):
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_BlockDumper.add_representer(str, _str_presenter)
+
+
+def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
+    header = (
+        f"# SkyPilot managed-job task rendered by skyspot {__version__} from recipe '{recipe.name}'.\n"
+        f"# {recipe.description}\n"
+        "# Candidates: spot first, then on-demand, each cheapest first (price snapshot).\n"
+        f"# Exit code {RECOVER_EXIT_CODE} = preempted with an emergency checkpoint committed: recover.\n"
+    )
+    return header + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=120)

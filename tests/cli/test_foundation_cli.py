@@ -1,0 +1,120 @@
+"""`skyspot recipes`, `render` and `launch` driven through the real Typer app, plus the real SkyPilot SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from skyspot.cli.main import app
+from tests.conftest import REPO
+
+runner = CliRunner()
+
+
+def invoke(*args, env=None):
+    return runner.invoke(app, list(args), env=env, catch_exceptions=False)
+
+
+def test_recipes_lists_every_recipe_as_json():
+    result = invoke("recipes", "--json")
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)
+    assert [r["name"] for r in rows] == ["llama70b", "llama8b", "tiny"]
+    assert rows[0]["nodes"] == 4 and rows[0]["accelerators"] == ["A100-80GB:8", "H100:8"]
+
+
+def test_ls_is_an_alias_of_recipes():
+    assert invoke("ls", "--json").stdout == invoke("recipes", "--json").stdout
+
+
+def test_render_prints_the_golden_yaml():
+    result = invoke("render", "llama70b")
+    assert result.exit_code == 0
+    assert result.stdout == (REPO / "tasks" / "llama70b.yaml").read_text()
+
+
+def test_render_applies_overrides_and_writes_a_file(tmp_path):
+    target = tmp_path / "task.yaml"
+    result = invoke("render", "tiny", "train.steps=40", "-o", str(target))
+    assert result.exit_code == 0
+    assert "train.steps=40" in yaml.safe_load(target.read_text())["run"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["render", "lama70b"], "unknown recipe 'lama70b'; did you mean 'llama70b'?"),
+    (["render", "tiny", "train.stepz=3"], "names no recipe key; did you mean 'train.steps'?"),
+    (["render", "tiny", "resources.num_nodes=0"], "resources.num_nodes"),
+    (["render", "tiny", "train.steps"], "is not of the form section.key=value"),
+    (["launch", "llama8b", "--dry-run", "--clouds", "aws,oracle"], "resources.clouds"),
+    (["launch", "llama8b", "--dry-run", "--store", "ftp://host/path"], "storage.store"),
+    (["launch", "llama8b", "--dry-run", "--store", "s3://Bad_Bucket/x"], "storage.store"),
+    (["launch", "llama8b", "--dry-run", "-n", "../escape"], "run name '../escape' is not allowed"),
+    (["render", "tiny", "resources.accelerators=[X999:8]"], "unknown accelerator 'X999'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_malformed_recipe_file_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel:\n  hub_id: [oops\n")
+    result = invoke("render", str(bad))
+    assert result.exit_code == 2
+    assert f"{bad}:" in result.stderr and "malformed YAML" in result.stderr
+
+
+def test_render_output_to_a_directory_is_refused_and_nothing_is_written(tmp_path):
+    result = invoke("render", "tiny", "-o", str(tmp_path))
+    assert result.exit_code == 2 and "is a directory" in result.stderr
+
+
+def test_dry_run_shows_yaml_and_candidate_table_and_submits_nothing():
+    result = invoke("launch", "llama70b", "--dry-run", "--store", "s3://my-bucket/runs")
+    assert result.exit_code == 0
+    task = yaml.safe_load(result.stdout)
+    assert len(task["resources"]["ordered"]) == 12
+    assert "CANDIDATES" in result.stderr.upper() and "p5.48xlarge" in result.stderr and "on-demand" in result.stderr
+
+
+def test_cli_startup_imports_no_heavy_module():
+    code = ("import sys; from skyspot.cli.main import app; from skyspot.launch import build; build('llama70b');"
+            "heavy=[m for m in ('torch','deepspeed','sky','boto3','google.cloud.storage') if m in sys.modules];"
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_launch_without_an_enabled_cloud_fails_with_one_clear_line(sky_env):
+    """The real SDK, its real local API server, and no cloud credentials: the state of every machine here."""
+    result = subprocess.run(
+        [sys.executable, "-m", "skyspot.cli.main", "launch", "llama70b", "-y", "--store", "s3://my-bucket/runs"],
+        env={**sky_env, "HF_TOKEN": "hf_canary"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: SkyPilot has no enabled cloud among aws, azure, gcp: run `sky check`")
+    assert "Traceback" not in result.stderr
+    assert "hf_canary" not in result.stderr + result.stdout
+
+
+def test_gated_recipe_without_hf_token_is_refused_before_contacting_skypilot(monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    result = invoke("launch", "llama70b", "-y", "--store", "s3://my-bucket/runs")
+    assert result.exit_code == 2
+    assert "needs the secret HF_TOKEN" in result.stderr
+
+
+def test_cloud_launch_without_store_is_refused(monkeypatch):
+    result = invoke("launch", "llama8b", "-y", env={"HF_TOKEN": "x"})
+    assert result.exit_code == 2 and "needs a store" in result.stderr

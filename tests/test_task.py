@@ -1,0 +1,103 @@
+"""The rendered SkyPilot task: golden files, and SkyPilot's own parser reading it back.
+
+`UPDATE_GOLDEN=1 pytest tests/test_task.py` rewrites tasks/*.yaml after an intended change.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from skyspot.launch import build
+from skyspot.recipe import REGISTRY
+from tests.conftest import REPO
+
+TASKS = REPO / "tasks"
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_rendered_task_matches_golden_file(name):
+    rendered = build(name, environ={}).yaml
+    golden = TASKS / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert golden.read_text() == rendered, f"tasks/{name}.yaml drifted; rerun with UPDATE_GOLDEN=1 if intended"
+
+
+def test_every_file_in_tasks_is_a_registry_recipe():
+    assert sorted(p.stem for p in TASKS.glob("*.yaml")) == sorted(REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def sky():
+    import sky as sky_module
+
+    return sky_module
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_golden_task_parses_with_skypilot(sky, name):
+    task = sky.Task.from_yaml(str(TASKS / f"{name}.yaml"))
+    recipe = build(name, environ={}).recipe
+    res = recipe.resources
+    resources = list(task.resources)
+    per_mode = max(1, len(res.accelerators)) * len(res.clouds)
+    assert task.num_nodes == res.num_nodes
+    assert len(resources) == 2 * per_mode  # spot + on-demand fallback
+    assert sum(r.use_spot for r in resources) == per_mode
+    # spot candidates come before every on-demand one
+    assert [r.use_spot for r in resources] == [True] * per_mode + [False] * per_mode
+    for r in resources:
+        assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
+                                  "recover_on_exit_codes": [75]}
+    assert "torchrun --nnodes \"$SKYPILOT_NUM_NODES\" --node_rank \"$SKYPILOT_NODE_RANK\"" in task.run
+    assert "python -m skyspot.trainer.supervise" in task.run
+
+
+def test_task_with_bucket_store_mounts_it_in_mount_mode(sky):
+    built = build("llama70b", flags={"storage.store": "gs://my-ckpts/team"}, environ={})
+    task = sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict
+    assert built.task["file_mounts"] == {"/skyspot/store/my-ckpts": {"source": "gs://my-ckpts", "mode": "MOUNT"}}
+    storage = task.storage_mounts["/skyspot/store/my-ckpts"]
+    assert storage.mode.value == "MOUNT"
+    assert built.task["envs"]["SKYSPOT_STORE"] == "gs://my-ckpts/team"
+
+
+def test_gated_model_declares_hf_token_secret_without_value(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_canary_secret_value")
+    built = build("llama70b", environ=dict(os.environ))
+    assert built.task["secrets"] == {"HF_TOKEN": None}
+    assert "hf_canary_secret_value" not in built.yaml
+
+
+def test_regions_restrict_candidates_to_their_clouds(sky):
+    built = build("llama8b", ["resources.regions=us-east-1,us-central1"], environ={})
+    entries = built.task["resources"]["ordered"]
+    assert {(e["cloud"], e["region"]) for e in entries} == {("aws", "us-east-1"), ("gcp", "us-central1")}
+    assert len(list(sky.Task.from_yaml_config(copy.deepcopy(built.task)).resources)) == 8
+
+
+def test_no_on_demand_fallback_renders_spot_only(sky):
+    built = build("llama8b", flags={"resources.on_demand_fallback": False}, environ={})
+    assert all(e["use_spot"] for e in built.task["resources"]["ordered"])
+
+
+def test_override_values_reach_the_node_shell_quoted():
+    evil = "$(touch pwned); rm -rf /"
+    built = build("tiny", [f"data.text_field={evil}"], environ={})
+    assert shlex.quote(f"data.text_field={evil}") in built.task["run"]
+    # bash parses the trainer line with the value as one inert word
+    words = shlex.split(built.task["run"].split("-m skyspot.trainer", 1)[1].replace("\\\n", " "))
+    assert f"data.text_field={evil}" in words
+
+
+def test_trainer_overrides_come_from_env_and_cli_with_cli_winning():
+    built = build("tiny", ["train.steps=7"], environ={"SKYSPOT_TRAIN__STEPS": "9", "SKYSPOT_TRAIN__LR": "0.01"})
+    assert built.recipe.train.steps == 7
+    assert "train.steps=7" in built.trainer_overrides and "train.lr=0.01" in built.trainer_overrides
+    assert "train.steps=9" not in built.trainer_overrides
