@@ -1,0 +1,505 @@
+"""What a run cost, what it saved, and what each preemption cost, computed from its events.
+
+Nothing here is typed in: every figure comes from an `events.EventLog` (trainer events, and
+executor events when the local executor ran the job) plus hourly list prices from
+`skyspot.pricing`. docs/cost.md defines each figure and works one example by hand.
+
+Attempts. An attempt is one placement of the job on nodes, numbered by the events'
+`attempt` field.
+
+- With executor events (local executor): it runs from `attempt_start` (nodes provisioned)
+  to `attempt_end`, and `attempt_start.where` says where.
+- Without them (SkyPilot runs, whose controller keeps its own record): from the trainer's
+  first `start` to its last `exit`, or to its last event if it never wrote one. Billing
+  that began before the trainer started (provisioning, setup) is invisible here, so these
+  figures are a floor. A SkyPilot `queue_v2` record, when given, fills what events lack.
+
+Money. An attempt costs (end - start) x nodes x the hourly price of its instance, spot or
+on-demand as `where.spot` says. A local run is priced as the cloud instance its `where`
+names and is reported as simulated. All figures are estimates, not bills.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+from skyspot import pricing
+from skyspot.errors import UsageError
+from skyspot.events import EventLog
+
+END_REASONS = ("complete", "preempted", "error", "cancelled", "running", "unknown")
+
+# Events that mean "this attempt is being taken away": the first one starts the recovery clock.
+_NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_sigterm")
+
+# SkyPilot ManagedJobStatus -> how the last attempt ended, when only the queue record knows.
+_QUEUE_STATUS = {"SUCCEEDED": "complete", "CANCELLED": "cancelled", "FAILED": "error",
+                 "FAILED_SETUP": "error", "FAILED_PRECHECKS": "error", "FAILED_NO_RESOURCE": "error",
+                 "FAILED_CONTROLLER": "error"}
+
+
+@dataclass
+class AttemptCost:
+    """One attempt: where it ran, how long it was billed, and what that cost."""
+
+    attempt: int
+    cloud: Optional[str]
+    region: Optional[str]
+    zone: Optional[str]
+    instance_type: Optional[str]
+    nodes: int
+    spot: bool
+    start: float
+    """Unix time billing starts: nodes provisioned (executor) or trainer started (SkyPilot)."""
+    end: float
+    end_reason: str
+    """complete, preempted, error, cancelled, running (billed up to `now`) or unknown."""
+    seconds: float
+    """Wall time, end - start."""
+    billed_hours: float
+    """Node-hours: seconds / 3600 x nodes."""
+    usd_per_hour: Optional[float]
+    """Per node; None when no price is known (see RunCost.warnings)."""
+    cost_usd: Optional[float]
+    price_source: Optional[str]
+    price_date: Optional[str]
+    price_detail: Optional[str]
+    simulated: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Recovery:
+    """From the first sign of a preemption to the first step done on the next attempt.
+
+    Timestamps are unix seconds (None when the events do not show that moment); each
+    `*_seconds` part is the gap between two of them, and `total_seconds` runs from
+    `notice_at` (or `exit_at` when no notice came, e.g. a bare SIGKILL) to `first_step_at`.
+    """
+
+    from_attempt: int
+    to_attempt: int
+    cause: str
+    notice_at: Optional[float]
+    checkpoint_at: Optional[float]
+    exit_at: float
+    start_at: float
+    restored_at: Optional[float]
+    first_step_at: Optional[float]
+    notice_to_checkpoint_seconds: Optional[float]
+    checkpoint_to_exit_seconds: Optional[float]
+    notice_to_exit_seconds: Optional[float]
+    exit_to_start_seconds: float
+    start_to_restore_seconds: Optional[float]
+    restore_to_first_step_seconds: Optional[float]
+    total_seconds: Optional[float]
+    emergency_checkpoint: bool
+    restored_step: Optional[int]
+    load_seconds: Optional[float]
+    lost_steps: int
+    """Steps run in `from_attempt` that had to be run again (not covered by a checkpoint)."""
+    lost_seconds: float
+    """Sum of those steps' step_seconds."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunCost:
+    """Per-run cost, baseline, savings and recovery figures. Always an estimate."""
+
+    name: str
+    attempts: list[AttemptCost]
+    recovery_details: list[Recovery]
+    cost_usd: float
+    on_demand_cost_usd: Optional[float]
+    """useful_seconds / 3600 x nodes x baseline_usd_per_hour."""
+    baseline_usd_per_hour: Optional[float]
+    baseline_instance: Optional[str]
+    """The cheapest on-demand candidate, as 'cloud instance_type region'."""
+    savings_usd: Optional[float]
+    savings_pct: Optional[float]
+    """100 x savings_usd / on_demand_cost_usd."""
+    sagemaker_savings_pct: Optional[float]
+    """100 x (1 - billed_seconds / training_seconds): SageMaker's managed-spot savings formula,
+    (1 - BillableTimeInSeconds / TrainingTimeInSeconds) * 100 (SageMaker API reference,
+    DescribeTrainingJob, BillableTimeInSeconds). A time ratio, blind to spot prices."""
+    preemptions: int
+    recoveries: int
+    mttr_seconds: Optional[float]
+    lost_steps: int
+    lost_seconds: float
+    checkpoint_overhead_seconds: float
+    useful_steps: int
+    useful_seconds: float
+    billed_seconds: float
+    """Wall seconds with nodes up: sum of attempt seconds (not multiplied by nodes)."""
+    billed_node_hours: float
+    training_seconds: float
+    """Wall span from the first attempt's start to the last attempt's end, gaps included."""
+    goodput: Optional[float]
+    """useful_seconds / billed_seconds."""
+    nodes: int
+    price_source: Optional[str]
+    price_date: Optional[str]
+    simulated: bool
+    estimated: bool = True
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["attempts"] = [a.to_dict() for a in self.attempts]
+        data["recovery_details"] = [r.to_dict() for r in self.recovery_details]
+        return data
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One execution of one training step; `recomputed` when a later attempt ran the step again."""
+
+    attempt: int
+    step: int
+    ts: float
+    seconds: float
+    recomputed: bool
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[Iterable[Any]] = None,
+             queue_record: Any = None, now: Optional[float] = None) -> RunCost:
+    """Every figure for one run.
+
+    `candidates` are the placements the run could have used, for the on-demand baseline:
+    (cloud, instance_type or accelerator, accelerators per node, region) tuples, dicts with
+    those keys, or `skyspot.plan.Candidate` objects. Without them the baseline is the
+    attempts' own instance types, on demand, in their own regions.
+    `queue_record` is SkyPilot's `queue_v2` record for the job, for runs without executor events.
+    `now` bills a still-running last attempt up to that time.
+    """
+    events = sorted(log.events, key=lambda e: e["ts"])
+    by_attempt: dict[int, list[dict]] = {}
+    for event in events:
+        by_attempt.setdefault(int(event.get("attempt", 0)), []).append(event)
+    numbers = sorted(by_attempt)
+    warnings: list[str] = []
+
+    attempts = [_attempt_cost(n, by_attempt[n], last=(n == numbers[-1]), queue_record=queue_record,
+                              now=now, warnings=warnings) for n in numbers]
+    runs = step_runs(log)
+    details = [_recovery(prev, nxt, by_attempt[prev.attempt], by_attempt[nxt.attempt], runs)
+               for prev, nxt in zip(attempts, attempts[1:])]
+
+    useful = [r for r in runs if not r.recomputed]
+    useful_seconds = sum(r.seconds for r in useful)
+    billed_seconds = sum(a.seconds for a in attempts)
+    training_seconds = (attempts[-1].end - attempts[0].start) if attempts else 0.0
+    nodes = max((a.nodes for a in attempts), default=1)
+    cost = sum(a.cost_usd for a in attempts if a.cost_usd is not None)
+
+    baseline = _baseline(candidates, attempts, warnings)
+    on_demand = useful_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
+    savings = on_demand - cost if on_demand is not None else None
+    totals = [r.total_seconds for r in details if r.total_seconds is not None]
+    recoveries = len(details)
+    if queue_record is not None and _get(queue_record, "recovery_count"):
+        recoveries = max(recoveries, int(_get(queue_record, "recovery_count")))
+    prices = [(a.price_source, a.price_date) for a in attempts if a.price_source]
+    if baseline:
+        prices.append((baseline.source, baseline.source_date))
+
+    return RunCost(
+        name=name or (events[0].get("run_id") if events else None) or "",
+        attempts=attempts,
+        recovery_details=details,
+        cost_usd=cost,
+        on_demand_cost_usd=on_demand,
+        baseline_usd_per_hour=baseline.usd_per_hour if baseline else None,
+        baseline_instance=f"{baseline.cloud} {baseline.instance_type} {baseline.region}" if baseline else None,
+        savings_usd=savings,
+        savings_pct=100 * savings / on_demand if on_demand else None,
+        sagemaker_savings_pct=100 * (1 - billed_seconds / training_seconds) if training_seconds > 0 else None,
+        preemptions=sum(a.end_reason == "preempted" for a in attempts),
+        recoveries=recoveries,
+        mttr_seconds=sum(totals) / len(totals) if totals else None,
+        lost_steps=sum(r.recomputed for r in runs),
+        lost_seconds=sum(r.seconds for r in runs if r.recomputed),
+        checkpoint_overhead_seconds=sum(float(e.get("blocked_seconds") or 0.0)
+                                        for e in _one_per_key(events, "checkpoint_end", ("step", "kind"))),
+        useful_steps=len(useful),
+        useful_seconds=useful_seconds,
+        billed_seconds=billed_seconds,
+        billed_node_hours=sum(a.billed_hours for a in attempts),
+        training_seconds=training_seconds,
+        goodput=useful_seconds / billed_seconds if billed_seconds > 0 else None,
+        nodes=nodes,
+        price_source="+".join(sorted({s for s, _ in prices})) or None,
+        price_date="+".join(sorted({d for _, d in prices})) or None,
+        simulated=any(a.simulated for a in attempts),
+        warnings=warnings,
+    )
+
+
+def cost_so_far(log: EventLog, now: Optional[float] = None) -> float:
+    """Estimated USD spent so far, the running attempt billed up to `now` (default: the clock)."""
+    return run_cost(log, now=time.time() if now is None else now).cost_usd
+
+
+def step_runs(log: EventLog) -> list[StepRun]:
+    """Every step execution, oldest first. A step that ran again later is `recomputed`:
+    only its last run counts as useful, since that is the one the final model carries."""
+    events = _one_per_key(sorted(log.events, key=lambda e: e["ts"]), "step", ("step",))
+    last: dict[int, tuple[int, float]] = {}
+    for e in events:
+        last[int(e["step"])] = max(last.get(int(e["step"]), (-1, 0.0)), (int(e.get("attempt", 0)), e["ts"]))
+    return [StepRun(attempt=int(e.get("attempt", 0)), step=int(e["step"]), ts=e["ts"],
+                    seconds=float(e.get("step_seconds") or 0.0),
+                    recomputed=(int(e.get("attempt", 0)), e["ts"]) != last[int(e["step"])])
+            for e in events]
+
+
+# --- attempts ----------------------------------------------------------------------------
+
+
+def _attempt_cost(number: int, events: list[dict], *, last: bool, queue_record, now: Optional[float],
+                  warnings: list[str]) -> AttemptCost:
+    executor_start = _first(events, "attempt_start")
+    executor_end = _last(events, "attempt_end")
+    trainer_starts = [e for e in events if e["type"] == "start"]
+    exits = [e for e in events if e["type"] == "exit"]
+
+    where = dict(executor_start.get("where") or {}) if executor_start else {}
+    for e in trainer_starts:
+        for key, value in (e.get("where") or {}).items():
+            where.setdefault(key, value)
+    if queue_record is not None:
+        for key, value in _where_from_queue(queue_record).items():
+            if where.get(key) in (None, ""):
+                where[key] = value
+
+    start = executor_start["ts"] if executor_start else min(
+        (e["ts"] for e in trainer_starts), default=events[0]["ts"])
+    if executor_end:
+        end, reason = executor_end["ts"], _reason(executor_end.get("reason"))
+    elif exits:
+        final = max(exits, key=lambda e: e["ts"])
+        end, reason = final["ts"], _reason(final.get("reason"))
+    elif not last:
+        # A later attempt exists and this one left no exit: its process was killed with its node.
+        end, reason = events[-1]["ts"], "preempted"
+    elif queue_record is not None and _get(queue_record, "end_at"):
+        end = float(_get(queue_record, "end_at"))
+        reason = _QUEUE_STATUS.get(_status_name(_get(queue_record, "status")), "unknown")
+    elif now is not None:
+        end, reason = max(now, events[-1]["ts"]), "running"
+    else:
+        end, reason = events[-1]["ts"], "unknown"
+
+    nodes = int(where.get("num_nodes") or len({e.get("node_rank") for e in trainer_starts}) or 1)
+    spot = _as_bool(where.get("spot"))
+    seconds = max(0.0, end - start)
+    billed_hours = seconds / 3600 * nodes
+    accelerator, count = _accelerator(where.get("accelerators"))
+    price = None
+    try:
+        price = pricing.hourly_price(where.get("cloud") or "", instance_type=where.get("instance_type") or None,
+                                     accelerator=accelerator, accelerator_count=count,
+                                     region=where.get("region") or None, zone=where.get("zone") or None, spot=spot)
+    except UsageError as missing:
+        warnings.append(f"attempt {number}: {missing}")
+    return AttemptCost(
+        attempt=number, cloud=str(where["cloud"]).lower() if where.get("cloud") else None, region=where.get("region"), zone=where.get("zone"),
+        instance_type=where.get("instance_type") or (price.instance_type if price else None),
+        nodes=nodes, spot=spot, start=start, end=end, end_reason=reason, seconds=seconds,
+        billed_hours=billed_hours,
+        usd_per_hour=price.usd_per_hour if price else None,
+        cost_usd=billed_hours * price.usd_per_hour if price else None,
+        price_source=price.source if price else None,
+        price_date=price.source_date if price else None,
+        price_detail=price.detail if price else None,
+        simulated=_simulated(where),
+    )
+
+
+def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_events: list[dict], next_events: list[dict],
+              runs: list[StepRun]) -> Recovery:
+    notices = [e["ts"] for e in prev_events if e["type"] in _NOTICE_TYPES]
+    notice_at = min(notices) if notices else None
+    checkpoints = [e["ts"] for e in prev_events if e["type"] == "emergency_checkpoint"]
+    checkpoint_at = max(checkpoints) if checkpoints else None
+    exits = [e["ts"] for e in prev_events if e["type"] == "exit"]
+    exit_at = max(exits) if exits else prev.end
+    resumes = [e for e in next_events if e["type"] == "resume"]
+    restored_at = max(e["ts"] for e in resumes) if resumes else None
+    resume = min(resumes, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)) if resumes else None
+    after = restored_at if restored_at is not None else nxt.start
+    first_steps = [e["ts"] for e in next_events if e["type"] == "step" and e["ts"] >= after]
+    first_step_at = min(first_steps) if first_steps else None
+    lost = [r for r in runs if r.attempt == prev.attempt and r.recomputed]
+    return Recovery(
+        from_attempt=prev.attempt, to_attempt=nxt.attempt, cause=prev.end_reason,
+        notice_at=notice_at, checkpoint_at=checkpoint_at, exit_at=exit_at, start_at=nxt.start,
+        restored_at=restored_at, first_step_at=first_step_at,
+        notice_to_checkpoint_seconds=_gap(notice_at, checkpoint_at),
+        checkpoint_to_exit_seconds=_gap(checkpoint_at, exit_at),
+        notice_to_exit_seconds=_gap(notice_at, exit_at),
+        exit_to_start_seconds=nxt.start - exit_at,
+        start_to_restore_seconds=_gap(nxt.start, restored_at),
+        restore_to_first_step_seconds=_gap(restored_at, first_step_at),
+        total_seconds=_gap(notice_at if notice_at is not None else exit_at, first_step_at),
+        emergency_checkpoint=checkpoint_at is not None,
+        restored_step=int(resume["step"]) if resume and resume.get("step") is not None else None,
+        load_seconds=float(resume["load_seconds"]) if resume and resume.get("load_seconds") is not None else None,
+        lost_steps=len(lost),
+        lost_seconds=sum(r.seconds for r in lost),
+    )
+
+
+def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost],
+              warnings: list[str]) -> Optional[pricing.Price]:
+    """The cheapest on-demand hourly price among the candidates (or the attempts' own instances)."""
+    if candidates is not None:
+        asks = [_candidate(c) for c in candidates]
+    else:
+        asks = [(a.cloud, a.instance_type, None, None, a.region) for a in attempts if a.cloud and a.instance_type]
+    prices = []
+    for cloud, instance_type, accelerator, count, region in asks:
+        try:
+            prices.append(pricing.hourly_price(cloud, instance_type=instance_type, accelerator=accelerator,
+                                               accelerator_count=count, region=region, spot=False))
+        except UsageError as missing:
+            warnings.append(f"baseline: {missing}")
+    return min(prices, key=lambda p: p.usd_per_hour, default=None)
+
+
+def _candidate(c: Any) -> tuple:
+    """(cloud, instance_type, accelerator, count, region) from a tuple, a dict or a plan.Candidate."""
+    if isinstance(c, (tuple, list)):
+        cloud, name, count, region = (list(c) + [None] * 4)[:4]
+        c = {"cloud": cloud, "name": name, "count": count, "region": region}
+    get = (lambda k: c.get(k)) if isinstance(c, Mapping) else (lambda k: getattr(c, k, None))
+    cloud, region = get("cloud"), get("region")
+    instance_type = get("instance_type")
+    accelerator, count = _accelerator(get("accelerators"))
+    accelerator = get("accelerator") or accelerator
+    count = get("accelerator_count") or get("count") or count
+    name = get("name")
+    if name and not instance_type and not accelerator:
+        # A bare name is an accelerator ("H100") if some instance carries `count` of it, else an instance type.
+        if count and _is_accelerator(cloud, name, count):
+            accelerator = name
+        else:
+            instance_type = name
+    return cloud, instance_type, accelerator, count, region
+
+
+def _is_accelerator(cloud: Any, name: str, count: Any) -> bool:
+    try:
+        pricing.instance_for(cloud, name, count)
+    except UsageError:
+        return False
+    return True
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _one_per_key(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
+    """One event per (attempt, *keys), the lowest rank's: every rank may log the same step."""
+    chosen: dict[tuple, dict] = {}
+    for e in events:
+        if e["type"] != type:
+            continue
+        key = (e.get("attempt", 0), *(e.get(k) for k in keys))
+        rank = e.get("rank") if e.get("rank") is not None else -1
+        held = chosen.get(key)
+        if held is None or rank < (held.get("rank") if held.get("rank") is not None else -1):
+            chosen[key] = e
+    return sorted(chosen.values(), key=lambda e: e["ts"])
+
+
+def _first(events: list[dict], type: str) -> Optional[dict]:
+    return next((e for e in events if e["type"] == type), None)
+
+
+def _last(events: list[dict], type: str) -> Optional[dict]:
+    return next((e for e in reversed(events) if e["type"] == type), None)
+
+
+def _gap(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else b - a
+
+
+def _reason(text: Any) -> str:
+    """Map the words trainers and executors use onto END_REASONS."""
+    word = str(text or "").strip().lower()
+    if word in END_REASONS:
+        return word
+    if word.startswith("complet") or word in ("done", "finished", "success", "succeeded"):
+        return "complete"
+    if "preempt" in word or word in ("signal", "sigterm", "sigkill", "terminated", "notice"):
+        return "preempted"
+    if "cancel" in word:
+        return "cancelled"
+    if word.startswith("fail") or word in ("exception", "crash", "crashed"):
+        return "error"
+    return word or "unknown"
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "spot")
+    return bool(value)
+
+
+def _simulated(where: Mapping[str, Any]) -> bool:
+    return _as_bool(where.get("simulated")) or where.get("executor") == "local"
+
+
+def _accelerator(value: Any) -> tuple[Optional[str], Optional[int]]:
+    """{"H100": 8} or "H100:8" -> ("H100", 8)."""
+    if isinstance(value, Mapping) and value:
+        name, count = next(iter(value.items()))
+        return str(name), int(float(count))
+    if isinstance(value, str) and value:
+        name, _, count = value.partition(":")
+        return name, int(float(count or 1))
+    return None, None
+
+
+def _get(record: Any, key: str) -> Any:
+    return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
+
+
+def _status_name(status: Any) -> str:
+    return str(getattr(status, "value", status) or "").upper()
+
+
+def _where_from_queue(record: Any) -> dict[str, Any]:
+    """cloud, region, zone, nodes, spot, accelerators and instance type from a queue_v2 record.
+
+    `cluster_resources(_full)` reads like "2x[spot](gpus=H100:8, p5.48xlarge, ...)"
+    (sky.utils.resources_utils.format_resource); the short form truncates long type names.
+    """
+    where: dict[str, Any] = {}
+    for key in ("cloud", "region", "zone"):
+        if _get(record, key):
+            where[key] = str(_get(record, key)).lower() if key == "cloud" else _get(record, key)
+    text = str(_get(record, "cluster_resources_full") or _get(record, "cluster_resources") or "")
+    match = re.match(r"\s*(\d+)x\s*(\[spot\])?\((.*)\)", text)
+    if match:
+        where["num_nodes"] = int(match.group(1))
+        where["spot"] = bool(match.group(2))
+        for part in (p.strip() for p in match.group(3).split(",")):
+            if part.startswith("gpus="):
+                where["accelerators"] = part[len("gpus="):]
+            elif part and "=" not in part and part != "..." and "..." not in part:
+                where.setdefault("instance_type", part)
+    return where

@@ -1,0 +1,150 @@
+"""A picture of one run: where its attempts ran, where they were interrupted, and money over time.
+
+Top panel: one bar per attempt (spot and on-demand coloured apart) with checkpoints as ticks,
+preemption notices and preemptions marked. Bottom panel: cumulative estimated cost against
+the on-demand baseline (useful step time at the baseline price), so the gap is the saving.
+
+matplotlib is imported only when a plot is drawn, and only through `Figure` (no pyplot, no
+global backend), so this works headless and leaves the caller's matplotlib state alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+from skyspot.cost import RunCost, step_runs
+from skyspot.events import EventLog
+
+SPOT_COLOUR = "#2a9d8f"
+ON_DEMAND_COLOUR = "#e76f51"
+NOTICE_COLOUR = "#e9c46a"
+PREEMPT_COLOUR = "#c1121f"
+CHECKPOINT_COLOUR = "#264653"
+BASELINE_COLOUR = "#6c757d"
+
+
+def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
+    """Draw `run_cost` (computed from `log`) to a PNG at `path` and return the path."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    path = Path(path)
+    attempts = run_cost.attempts
+    t0 = attempts[0].start if attempts else min((e["ts"] for e in log.events), default=0.0)
+    span = max([a.end for a in attempts] + [t0]) - t0
+    unit, scale = ("hours", 3600.0) if span >= 2 * 3600 else ("minutes", 60.0)
+
+    def x(ts: float) -> float:
+        return (ts - t0) / scale
+
+    fig = Figure(figsize=(11, 6.2), layout="constrained")
+    timeline, money = fig.subplots(2, 1, sharex=True, height_ratios=(max(1.4, 0.55 * len(attempts) + 0.8), 2.2))
+
+    # --- attempts -------------------------------------------------------------------------
+    rows = {a.attempt: i for i, a in enumerate(attempts)}
+    for a in attempts:
+        y = rows[a.attempt]
+        colour = SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR
+        timeline.barh(y, x(a.end) - x(a.start), left=x(a.start), height=0.5, color=colour, alpha=0.85)
+        price = _usd(a.cost_usd) if a.cost_usd is not None else "no price"
+        kind = "spot" if a.spot else "on-demand"
+        label = f"{a.instance_type or '?'} x{a.nodes} {kind}  {a.region or ''}  {price}  ({a.end_reason})"
+        timeline.text(x(a.start), y - 0.3, label, fontsize=8, va="bottom")
+        if a.end_reason == "preempted":
+            timeline.plot(x(a.end), y, marker="X", markersize=11, color=PREEMPT_COLOUR, zorder=4)
+
+    runs = step_runs(log)
+    for a in attempts:
+        lost = [r for r in runs if r.attempt == a.attempt and r.recomputed]
+        if lost:
+            begin, end = min(r.ts - r.seconds for r in lost), max(r.ts for r in lost)
+            timeline.barh(rows[a.attempt], x(end) - x(begin), left=x(begin), height=0.5, fill=False,
+                          hatch="///", edgecolor=PREEMPT_COLOUR, lw=0)
+
+    for e in log.events:
+        y = rows.get(e.get("attempt"))
+        if y is None:
+            continue
+        if e["type"] == "checkpoint_end" and e.get("rank") in (0, None):
+            timeline.plot(x(e["ts"]), y, marker="|", markersize=16, mew=2, color=CHECKPOINT_COLOUR, zorder=3)
+        elif e["type"] == "emergency_checkpoint" and e.get("rank") in (0, None):
+            timeline.plot(x(e["ts"]), y, marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=4)
+        elif e["type"] in ("preemption_notice", "preempt_notice_sent"):
+            timeline.plot(x(e["ts"]), y + 0.05, marker="v", markersize=10, color=NOTICE_COLOUR,
+                          markeredgecolor="black", zorder=5)
+
+    for prev, nxt in zip(attempts, attempts[1:]):
+        for axis in (timeline, money):
+            axis.axvspan(x(prev.end), x(nxt.start), color=PREEMPT_COLOUR, alpha=0.07, lw=0)
+
+    timeline.set_yticks(range(len(attempts)), [f"attempt {a.attempt}" for a in attempts])
+    timeline.set_ylim(len(attempts) - 0.5, -0.9)
+    timeline.grid(axis="x", alpha=0.3)
+    timeline.legend(handles=[
+        Patch(color=SPOT_COLOUR, label="spot"), Patch(color=ON_DEMAND_COLOUR, label="on-demand"),
+        Line2D([], [], ls="", marker="|", ms=12, mew=2, color=CHECKPOINT_COLOUR, label="checkpoint"),
+        Line2D([], [], ls="", marker="D", color=CHECKPOINT_COLOUR, label="emergency checkpoint"),
+        Line2D([], [], ls="", marker="v", ms=9, color=NOTICE_COLOUR, markeredgecolor="black", label="notice"),
+        Line2D([], [], ls="", marker="X", ms=9, color=PREEMPT_COLOUR, label="preempted"),
+        Patch(fill=False, hatch="///", edgecolor=PREEMPT_COLOUR, lw=0, label="steps run again later"),
+        Patch(color=PREEMPT_COLOUR, alpha=0.15, label="between attempts"),
+    ], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+
+    # --- money ----------------------------------------------------------------------------
+    # Spend rises while nodes are up (in the attempt's colour) and stays flat between attempts.
+    total, last_x = 0.0, 0.0
+    for a in attempts:
+        money.plot([last_x, x(a.start)], [total, total], color=BASELINE_COLOUR, lw=1.2)
+        after = total + (a.cost_usd or 0.0)
+        money.plot([x(a.start), x(a.end)], [total, after], lw=2.4,
+                   color=SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR)
+        total, last_x = after, x(a.end)
+    money.plot([], [], color=SPOT_COLOUR, lw=2.4, label=f"estimated cost  {_usd(total)}")
+
+    if run_cost.baseline_usd_per_hour is not None:
+        rate = run_cost.baseline_usd_per_hour * run_cost.nodes / 3600
+        bx, by, accrued = [0.0], [0.0], 0.0
+        for r in sorted((r for r in runs if not r.recomputed), key=lambda r: r.ts):
+            accrued += r.seconds * rate
+            bx.append(x(r.ts))
+            by.append(accrued)
+        money.plot(bx, by, color=BASELINE_COLOUR, lw=1.8, ls="--", drawstyle="steps-post",
+                   label=f"on-demand baseline  {_usd(accrued)}  ({run_cost.baseline_instance}, useful steps only)")
+    money.set_ylabel("USD (cumulative)")
+    money.set_xlabel(f"{unit} since the first attempt started")
+    money.grid(alpha=0.3)
+    money.legend(loc="upper left", fontsize=8, frameon=False)
+
+    fig.suptitle(_title(run_cost), fontsize=11)
+    timeline.set_title(_footnote(run_cost), fontsize=8, loc="left", color="#555555")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def _title(run: RunCost) -> str:
+    parts = [run.name or "run", f"est. {_usd(run.cost_usd)}"]
+    if run.on_demand_cost_usd is not None and run.savings_pct is not None:
+        parts.append(f"vs {_usd(run.on_demand_cost_usd)} on demand ({run.savings_pct:.0f}% saved)")
+    parts.append(f"{run.preemptions} preemption{'s' * (run.preemptions != 1)}")
+    if run.mttr_seconds is not None:
+        parts.append(f"MTTR {run.mttr_seconds / 60:.1f} min")
+    if run.lost_steps:
+        parts.append(f"{run.lost_steps} steps recomputed")
+    if run.goodput is not None:
+        parts.append(f"goodput {run.goodput:.0%}")
+    return "  ·  ".join(parts)
+
+
+def _usd(value: float) -> str:
+    # A bare "$" starts mathtext in matplotlib; escaped, it prints as a dollar sign.
+    return rf"\${value:,.2f}"
+
+
+def _footnote(run: RunCost) -> str:
+    note = f"Estimates from list prices ({run.price_source or 'no price'} {run.price_date or ''}), not a bill."
+    if run.simulated:
+        note += " Simulated: a local run priced as the cloud instance it stood in for."
+    return note
