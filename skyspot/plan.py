@@ -60,17 +60,18 @@ def _priced(candidate: Candidate) -> Candidate:
     from skyspot import pricing
 
     try:
-        instance = pricing.instance_for(candidate.cloud, candidate.accelerator_name, candidate.accelerator_count)
-    except Exception:  # the snapshot does not cover this pair; SkyPilot's catalog will decide
+        instance = pricing.instance_for(candidate.cloud, candidate.accelerator_name, candidate.accelerator_count,
+                                        snapshot_only=True)
+    except UsageError:  # the snapshot does not cover this pair; SkyPilot's catalog will decide
         return candidate
     if not instance:
         return candidate
     try:
         price = pricing.hourly_price(candidate.cloud, instance_type=instance, accelerator=candidate.accelerator_name,
                                      accelerator_count=candidate.accelerator_count, region=candidate.region,
-                                     spot=candidate.spot)
+                                     spot=candidate.spot, snapshot_only=True)
         usd = price.usd_per_hour
-    except Exception:
+    except UsageError:
         usd = None
     return Candidate(candidate.cloud, candidate.accelerators, candidate.region, candidate.spot, instance, usd)
 

@@ -122,18 +122,20 @@ class _NotFound(Exception):
 
 def hourly_price(cloud: str, instance_type: Optional[str] = None, accelerator: Optional[str] = None,
                  accelerator_count: Optional[int] = None, region: Optional[str] = None,
-                 zone: Optional[str] = None, *, spot: bool) -> Price:
+                 zone: Optional[str] = None, *, spot: bool, snapshot_only: bool = False) -> Price:
     """Price of one `instance_type` node per hour, spot or on-demand.
 
     Without an instance type, the accelerator and count pick one (`instance_for`). Without a
     region, the cheapest region wins; within a region the cheapest zone wins, as SkyPilot's
     optimizer would choose. A zone the data does not list (AWS VMs report account-specific
     zone names, the catalog lists zone IDs) falls back to the region, and `detail` says so.
+    `snapshot_only` ignores SkyPilot's cache, for results that must not depend on the machine
+    (the candidate order of a rendered task).
     """
     cloud = _cloud(cloud)
     accelerator, accelerator_count = _split_accelerator(accelerator, accelerator_count)
     failures = []
-    for table in _tables(cloud):
+    for table in _tables(cloud, snapshot_only):
         try:
             name = instance_type or _instance_for(table, accelerator, accelerator_count)
             offers = _offers(table, name, _gpu_for(cloud, name, accelerator, accelerator_count))
@@ -143,7 +145,7 @@ def hourly_price(cloud: str, instance_type: Optional[str] = None, accelerator: O
     raise UsageError(f"{failures[-1]}; {_HINT}")
 
 
-def instance_for(cloud: str, accelerator: str, count: int) -> str:
+def instance_for(cloud: str, accelerator: str, count: int, *, snapshot_only: bool = False) -> str:
     """The instance type that carries `count` x `accelerator` on `cloud`, e.g. ("aws", "H100", 8) -> "p5.48xlarge".
 
     Derived from the price rows, not a hand-kept table. Where several types fit (AWS H200 x8:
@@ -152,7 +154,7 @@ def instance_for(cloud: str, accelerator: str, count: int) -> str:
     cloud = _cloud(cloud)
     accelerator, count = _split_accelerator(accelerator, count)
     failures = []
-    for table in _tables(cloud):
+    for table in _tables(cloud, snapshot_only):
         try:
             return _instance_for(table, accelerator, count)
         except _NotFound as missing:
@@ -196,8 +198,10 @@ def catalog_path(cloud: str) -> Path:
 # --- tables ------------------------------------------------------------------------------
 
 
-def _tables(cloud: str) -> list[_Table]:
+def _tables(cloud: str, snapshot_only: bool = False) -> list[_Table]:
     """Tables to ask in order: SkyPilot's cached catalog if present, then the snapshot."""
+    if snapshot_only:
+        return [_snapshot_table(cloud)]
     tables = []
     path = catalog_path(cloud)
     try:
