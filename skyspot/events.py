@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ class EventWriter:
         self.path = directory / event_file_name(attempt, node_rank, rank)
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._file = os.fdopen(fd, "a", encoding="utf-8")
+        self._lock = threading.Lock()  # the uploader and watcher threads emit too
 
     def emit(self, type: str, **fields: Any) -> dict[str, Any]:
         if type not in EVENT_TYPES:
@@ -75,15 +77,19 @@ class EventWriter:
         event = {"ts": time.time(), "run_id": self.run_id, "attempt": self.attempt,
                  "node_rank": self.node_rank, "rank": self.rank, "type": type, **fields}
         # One write() per line: O_APPEND keeps lines whole even if two handles share a file.
-        self._file.write(json.dumps(event, separators=(",", ":"), default=str) + "\n")
-        self._file.flush()
+        line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line)
+                self._file.flush()
         return event
 
     def close(self) -> None:
-        try:
-            self._file.close()
-        except OSError:
-            pass
+        with self._lock:
+            try:
+                self._file.close()
+            except OSError:
+                pass
 
 
 @dataclass
@@ -137,3 +143,31 @@ def read_events_dir(directory: str | os.PathLike) -> EventLog:
 
 def iter_attempts(log: EventLog) -> Iterator[int]:
     yield from sorted({e.get("attempt", 0) for e in log.events})
+
+
+class EventTail:
+    """Follow an `events/` directory: each `poll()` returns the whole lines appended since the last one."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[dict[str, Any]]:
+        log = EventLog()
+        if not self.directory.is_dir():
+            return []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = offset + end + 1
+            parse_lines(data[:end].decode("utf-8", errors="replace").splitlines(), str(path), log)
+        log.events.sort(key=lambda e: e["ts"])
+        return log.events

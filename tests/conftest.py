@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.storage_servers"] if (Path(__file__).parent / "storage_servers.py").exists() else []
+pytest_plugins = ["tests.storage_servers"]
 
 
 @pytest.fixture(autouse=True)

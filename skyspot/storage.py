@@ -1,0 +1,804 @@
+"""Where a run's durable state lives: a tiny storage protocol over string URIs.
+
+A run root is `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`, `az://CONTAINER/PREFIX` or a
+local directory (which may be a SkyPilot bucket mount). `gs://…` is not a `Path`, so
+everything above this module speaks in *keys*: `/`-separated names relative to the
+store's root, e.g. `run-1/checkpoints/step_100/COMMITTED`.
+
+    store = open_store("s3://my-bucket/runs")
+    store.put_bytes("run-1/run.json", b"{}")
+    store.list("run-1/checkpoints/")   # -> ["run-1/checkpoints/step_100/COMMITTED", ...]
+
+`parse_store_uri` runs at CLI start-up, so this module imports no cloud SDK at import
+time: boto3 and google-cloud-storage are imported inside the backends, on first use.
+
+Credentials come from each cloud's standard chain only (environment, shared config
+files, instance or workload identity); endpoints can be redirected to emulators with
+`AWS_ENDPOINT_URL` and `STORAGE_EMULATOR_HOST`. SDK failures become `StoreError`s with
+one line that says what is wrong; `TransientStoreError` marks the ones worth retrying
+(unreachable endpoint, throttling, 5xx), which `with_retries` does with backoff.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import random
+import re
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol, TypeVar, runtime_checkable
+
+from skyspot.errors import StoreError, UsageError
+
+T = TypeVar("T")
+
+EXPECTED_FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or a local path"
+
+# One parallel transfer per file; each S3 file is itself split into parallel parts.
+DEFAULT_WORKERS = 8
+
+
+class TransientStoreError(StoreError):
+    """The store could not be reached or asked us to slow down; the same call may work later."""
+
+
+# --------------------------------------------------------------------------- URIs
+
+
+@dataclass(frozen=True)
+class StoreURI:
+    """A parsed, validated store location."""
+
+    scheme: str
+    """"s3", "gs", "az" or "file"."""
+    bucket: str
+    """Bucket (container for Azure); empty for local paths."""
+    prefix: str
+    """Key prefix inside the bucket, without leading or trailing `/`; the absolute directory for "file"."""
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    def __str__(self) -> str:
+        if self.is_local:
+            return self.prefix
+        return f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+
+
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
+    """Validate a store location; raise `UsageError` with one line saying what is wrong and what is expected."""
+    text = os.fspath(uri)
+    if not text.strip():
+        raise UsageError(f"empty store location; expected {EXPECTED_FORMS}")
+    match = _SCHEME_RE.match(text)
+    if match is None:
+        return StoreURI("file", "", os.path.abspath(os.path.expanduser(text)))
+    scheme = match.group(1).lower()
+    rest = text[match.end():]
+    if scheme == "file":
+        host, slash, path = rest.partition("/")
+        if host not in ("", "localhost") or not slash:
+            raise UsageError(f"store {text!r} is not a local file URI; expected file:///ABSOLUTE/PATH")
+        return StoreURI("file", "", os.path.abspath("/" + path))
+    if scheme not in ("s3", "gs", "az"):
+        raise UsageError(f"unsupported store scheme '{scheme}://' in {text!r}; expected {EXPECTED_FORMS}")
+    bucket, _, prefix = rest.partition("/")
+    noun = "container" if scheme == "az" else "bucket"
+    form = f"{scheme}://{noun.upper()}/PREFIX"
+    if not bucket:
+        raise UsageError(f"store {text!r} has no {noun}; expected {form}")
+    problem = _BUCKET_CHECKS[scheme](bucket)
+    if problem:
+        raise UsageError(f"invalid {_CLOUD[scheme]} {noun} name {bucket!r} in {text!r}: {problem}; "
+                         f"expected {form}")
+    prefix = prefix.rstrip("/")
+    if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
+        raise UsageError(f"store {text!r} has an empty, '.' or '..' path segment; expected {form}")
+    return StoreURI(scheme, bucket, prefix)
+
+
+_CLOUD = {"s3": "S3", "gs": "GCS", "az": "Azure"}
+
+
+def _looks_like_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return False
+
+
+def _s3_bucket_problem(name: str) -> str | None:
+    # https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html
+    if not 3 <= len(name) <= 63:
+        return f"must be 3-63 characters long, not {len(name)}"
+    if not re.fullmatch(r"[a-z0-9.-]+", name):
+        return "may contain only lowercase letters, digits, dots and hyphens"
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return "must start and end with a letter or digit"
+    if ".." in name:
+        return "must not contain two adjacent dots"
+    if _looks_like_ip(name):
+        return "must not be an IP address"
+    if name.startswith(("xn--", "sthree-")) or name.endswith(("-s3alias", "--ol-s3")):
+        return "uses a prefix or suffix S3 reserves (xn--, sthree-, -s3alias, --ol-s3)"
+    return None
+
+
+def _gcs_bucket_problem(name: str) -> str | None:
+    # https://cloud.google.com/storage/docs/buckets#naming
+    limit = 222 if "." in name else 63
+    if not 3 <= len(name) <= limit:
+        return f"must be 3-63 characters long (up to 222 with dots), not {len(name)}"
+    if not re.fullmatch(r"[a-z0-9._-]+", name):
+        return "may contain only lowercase letters, digits, dots, hyphens and underscores"
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return "must start and end with a letter or digit"
+    if any(not 1 <= len(part) <= 63 for part in name.split(".")):
+        return "each dot-separated part must be 1-63 characters long"
+    if _looks_like_ip(name):
+        return "must not be an IP address"
+    if name.startswith("goog") or "google" in name:
+        return "must not start with 'goog' or contain 'google'"
+    return None
+
+
+def _azure_container_problem(name: str) -> str | None:
+    # https://learn.microsoft.com/rest/api/storageservices/naming-and-referencing-containers--blobs--and-metadata
+    if not 3 <= len(name) <= 63:
+        return f"must be 3-63 characters long, not {len(name)}"
+    if not re.fullmatch(r"[a-z0-9-]+", name):
+        return "may contain only lowercase letters, digits and hyphens"
+    if not (name[0].isalnum() and name[-1].isalnum()) or "--" in name:
+        return "must start and end with a letter or digit and not contain '--'"
+    return None
+
+
+_BUCKET_CHECKS = {"s3": _s3_bucket_problem, "gs": _gcs_bucket_problem, "az": _azure_container_problem}
+
+
+def join_key(*parts: str) -> str:
+    """Join key parts with `/`, ignoring empty parts (an empty run prefix means the store root)."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+        raise ValueError(f"invalid store key {key!r}: keys are relative, '/'-separated, without '.' or '..'")
+    return key
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the trainer and the ledger need from a store. Keys are relative to `uri`."""
+
+    uri: str
+
+    def put_file(self, local_path: str | os.PathLike, key: str) -> None: ...
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_file(self, key: str, local_path: str | os.PathLike) -> None:
+        """Download to `local_path` (written whole or not at all); FileNotFoundError if the key is missing."""
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every key starting with `prefix` (recursive), sorted."""
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete keys; missing keys are not an error."""
+
+    def upload_dir(self, local_dir: str | os.PathLike, prefix: str, files: list[str],
+                   max_workers: int = DEFAULT_WORKERS) -> None:
+        """Upload `local_dir/F` to `prefix/F` for each relative path F, in parallel."""
+
+    def download_files(self, prefix: str, files: list[str], local_dir: str | os.PathLike,
+                       max_workers: int = DEFAULT_WORKERS) -> None:
+        """Download `prefix/F` to `local_dir/F` for each F, in parallel.
+
+        A missing key raises FileNotFoundError whose `filename` is `<uri>/<key>`."""
+
+
+def open_store(uri: str | os.PathLike | StoreURI) -> Store:
+    """Open the store at a URI. Cheap: no network and no SDK import until the first call."""
+    parsed = uri if isinstance(uri, StoreURI) else parse_store_uri(uri)
+    if parsed.scheme == "file":
+        return LocalStore(parsed.prefix)
+    if parsed.scheme == "s3":
+        return S3Store(parsed.bucket, parsed.prefix)
+    if parsed.scheme == "gs":
+        return GCSStore(parsed.bucket, parsed.prefix)
+    try:
+        import azure.storage.blob  # noqa: F401
+    except ImportError:
+        raise StoreError(f"{parsed} needs the Azure SDK: pip install azure-storage-blob") from None
+    raise StoreError(f"{parsed}: az:// stores are not supported yet; mount the container with "
+                     "SkyPilot (file_mounts, mode: MOUNT) and use its local path instead")
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def backoff_delay(attempt: int, base_delay: float, max_delay: float) -> float:
+    """Exponential backoff with "equal jitter": half the capped delay fixed, half random.
+
+    Jitter spreads out many nodes retrying the same bucket after an outage; keeping half
+    fixed means a retry never comes back immediately
+    (https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/).
+    """
+    capped = min(max_delay, base_delay * 2 ** (attempt - 1))
+    return capped / 2 + random.uniform(0, capped / 2)
+
+
+def with_retries(fn: Callable[[], T], *, attempts: int | None = 5, base_delay: float = 0.5,
+                 max_delay: float = 30.0,
+                 on_retry: Callable[[int, BaseException, float], None] | None = None,
+                 retry_on: tuple[type[BaseException], ...] = (TransientStoreError,),
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call `fn` until it succeeds, retrying `retry_on` errors with exponential backoff and jitter.
+
+    `attempts=None` retries forever (the uploader ends that loop by raising from `sleep`).
+    `on_retry(attempt, error, delay)` runs before each sleep, e.g. to warn once.
+    Anything else raised by `fn`, or the last error once attempts run out, propagates.
+    """
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except retry_on as error:
+            if attempts is not None and attempt >= attempts:
+                raise
+            delay = backoff_delay(attempt, base_delay, max_delay)
+            if on_retry is not None:
+                on_retry(attempt, error, delay)
+            sleep(delay)
+            attempt += 1
+
+
+# --------------------------------------------------------------------------- parallel helpers
+
+
+def _run_parallel(fn: Callable[[str], None], items: list[str], max_workers: int) -> None:
+    """Run fn over items in a thread pool; the first error cancels what has not started and propagates."""
+    if not items:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items))),
+                            thread_name_prefix="skyspot-transfer") as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _temp_sibling(path: Path) -> Path:
+    """A hidden name next to `path`: same filesystem, so os.replace is atomic."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.partial")
+
+
+_TEMP_RE = re.compile(r"^\..*\.[0-9a-f]{12}\.partial$")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (and FUSE bucket mounts) refuse fsync on a directory
+    finally:
+        os.close(fd)
+
+
+def _replace_into(write: Callable[[Path], None], target: Path, durable: bool = True) -> None:
+    """Write via `write(temp)` then rename onto `target`, so a reader never sees half a file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = _temp_sibling(target)
+    try:
+        write(temp)
+        if durable:
+            with open(temp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_dir(target.parent)
+
+
+# --------------------------------------------------------------------------- local
+
+
+class LocalStore:
+    """A directory: a local disk, a shared filesystem, or a SkyPilot bucket mount.
+
+    Writes go to a hidden temporary name, are fsynced, then renamed into place, so a
+    reader never sees half a file. (On FUSE bucket mounts a rename is a copy; the
+    object still appears whole, just not atomically with its temp name's removal.)
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def _os_error(self, error: OSError, key: str) -> StoreError:
+        return StoreError(f"cannot use {self.root / key}: {error.strerror or error}")
+
+    def put_file(self, local_path, key):
+        try:
+            _replace_into(lambda temp: shutil.copyfile(local_path, temp), self._path(key))
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise self._os_error(error, key) from None
+
+    def put_bytes(self, key, data):
+        try:
+            _replace_into(lambda temp: temp.write_bytes(data), self._path(key))
+        except OSError as error:
+            raise self._os_error(error, key) from None
+
+    def get_file(self, key, local_path):
+        source = self._path(key)
+        if not source.is_file():
+            raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}")
+        try:
+            _replace_into(lambda temp: shutil.copyfile(source, temp), Path(local_path), durable=False)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise self._os_error(error, key) from None
+
+    def get_bytes(self, key):
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as error:
+            raise self._os_error(error, key) from None
+
+    def exists(self, key):
+        return self._path(key).is_file()
+
+    def list(self, prefix=""):
+        # Walk only the deepest directory the prefix names, then filter by string prefix like S3 does.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self.root / base if base else self.root
+        keys = []
+        for dirpath, _dirs, names in os.walk(start):
+            rel_dir = Path(dirpath).relative_to(self.root).as_posix()
+            for name in names:
+                if _TEMP_RE.match(name):
+                    continue
+                key = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, keys):
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise self._os_error(error, key) from None
+            # Prune directories left empty, so a deleted checkpoint leaves no step_N/ behind.
+            parent = path.parent
+            while parent != self.root and self.root in parent.parents:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+
+    def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
+        _run_parallel(lambda rel: self.put_file(Path(local_dir) / rel, join_key(prefix, rel)),
+                      list(files), max_workers)
+
+    def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
+        _run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
+                      list(files), max_workers)
+
+
+# --------------------------------------------------------------------------- S3
+
+# S3 caps a DeleteObjects request at 1,000 keys (DeleteObjects API reference).
+_S3_DELETE_BATCH = 1000
+# AWS suggests 8-16 MB parts for throughput; s3transfer raises the part size by itself
+# for files that would exceed S3's 10,000-part limit.
+_S3_PART_BYTES = 16 * 1024 * 1024
+_S3_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                       "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500"}
+
+
+class S3Store:
+    """An S3 (or S3-compatible) bucket through boto3.
+
+    boto3 (>= 1.28) honours `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3` itself, which is
+    how tests and S3-compatible stores redirect it. Large files go through
+    `client.upload_file`, i.e. multipart with parallel parts.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, sdk_attempts: int = 3,
+                 connect_timeout: float = 10.0, read_timeout: float = 120.0):
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"s3://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self._options = (sdk_attempts, connect_timeout, read_timeout)
+        self._client = None
+        self._transfer_config = None
+        self._lock = threading.Lock()
+
+    def _s3(self):
+        with self._lock:
+            if self._client is None:
+                import boto3
+                from boto3.s3.transfer import TransferConfig
+                from botocore.config import Config
+
+                attempts, connect_timeout, read_timeout = self._options
+                # The SDK retries briefly; long outages are the caller's with_retries' job,
+                # so a stuck endpoint surfaces within seconds, not minutes.
+                config = Config(retries={"max_attempts": attempts, "mode": "standard"},
+                                connect_timeout=connect_timeout, read_timeout=read_timeout,
+                                max_pool_connections=64)
+                try:
+                    self._client = boto3.session.Session().client("s3", config=config)
+                except Exception as error:  # e.g. a malformed AWS config file or endpoint
+                    raise StoreError(f"cannot set up an S3 client for {self.uri}: {error}") from None
+                self._transfer_config = TransferConfig(
+                    multipart_threshold=_S3_PART_BYTES, multipart_chunksize=_S3_PART_BYTES,
+                    max_concurrency=4)
+            return self._client
+
+    def _key(self, key: str) -> str:
+        return join_key(self.prefix, _check_key(key))
+
+    def _error(self, error: BaseException, action: str, key: str = "") -> StoreError:
+        return _s3_error(error, f"{action} {self.uri}/{key}".rstrip("/"), self._client)
+
+    def put_file(self, local_path, key):
+        client = self._s3()
+        try:
+            client.upload_file(os.fspath(local_path), self.bucket, self._key(key),
+                               Config=self._transfer_config)
+        except Exception as error:
+            raise self._error(error, "upload to", key) from None
+
+    def put_bytes(self, key, data):
+        client = self._s3()
+        try:
+            client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except Exception as error:
+            raise self._error(error, "write", key) from None
+
+    def get_file(self, key, local_path):
+        client = self._s3()
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # s3transfer downloads to a temporary name and renames it into place itself.
+            client.download_file(self.bucket, self._key(key), os.fspath(local_path),
+                                 Config=self._transfer_config)
+        except Exception as error:
+            if _s3_code(error) in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}") from None
+            raise self._error(error, "download", key) from None
+
+    def get_bytes(self, key):
+        client = self._s3()
+        try:
+            return client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except Exception as error:
+            if _s3_code(error) in ("404", "NoSuchKey"):
+                return None
+            raise self._error(error, "read", key) from None
+
+    def exists(self, key):
+        client = self._s3()
+        try:
+            client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except Exception as error:
+            if _s3_code(error) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise self._error(error, "check", key) from None
+
+    def list(self, prefix=""):
+        client = self._s3()
+        root = f"{self.prefix}/" if self.prefix else ""
+        keys = []
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=root + prefix):
+                keys.extend(item["Key"][len(root):] for item in page.get("Contents", ()))
+        except Exception as error:
+            raise self._error(error, "list", prefix) from None
+        return sorted(keys)
+
+    def delete(self, keys):
+        client = self._s3()
+        keys = [self._key(k) for k in keys]
+        for start in range(0, len(keys), _S3_DELETE_BATCH):
+            batch = keys[start:start + _S3_DELETE_BATCH]
+            try:
+                response = client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            except Exception as error:
+                raise self._error(error, "delete from") from None
+            failed = response.get("Errors") or []
+            if failed:
+                first = failed[0]
+                raise StoreError(f"cannot delete s3://{self.bucket}/{first.get('Key')}: "
+                                 f"{first.get('Code')} ({len(failed)} keys failed)")
+
+    def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
+        self._s3()
+        _run_parallel(lambda rel: self.put_file(Path(local_dir) / rel, join_key(prefix, rel)),
+                      list(files), max_workers)
+
+    def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
+        self._s3()
+        _run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
+                      list(files), max_workers)
+
+
+def _s3_code(error: BaseException) -> str | None:
+    """The S3 error code of a ClientError, also when boto3 wrapped it (S3UploadFailedError)."""
+    from botocore.exceptions import ClientError
+
+    for candidate in (error, error.__cause__, error.__context__):
+        if isinstance(candidate, ClientError):
+            return str(candidate.response.get("Error", {}).get("Code"))
+    return None
+
+
+def _s3_error(error: BaseException, what: str, client) -> StoreError:
+    from botocore import exceptions as bce
+
+    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None) or "S3"
+    cause = error
+    if type(error).__name__ == "S3UploadFailedError" and error.__context__ is not None:
+        cause = error.__context__  # boto3 re-raises upload errors as this, losing the type
+    if isinstance(cause, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+        return StoreError(f"cannot {what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role")
+    if isinstance(cause, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError,
+                          bce.ConnectionClosedError, bce.ConnectionError)):
+        return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(cause).__name__})")
+    code = _s3_code(error)
+    if code is not None:
+        status = None
+        if isinstance(cause, bce.ClientError):
+            status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code in _S3_TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
+            return TransientStoreError(f"cannot {what}: S3 answered {code} (throttled or unavailable)")
+        if code == "NoSuchBucket":
+            return StoreError(f"cannot {what}: the bucket does not exist; create it or fix the store URI")
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+            return StoreError(f"cannot {what}: access denied ({code}); check the AWS credentials "
+                              "and the bucket policy")
+        return StoreError(f"cannot {what}: S3 answered {code}")
+    return StoreError(f"cannot {what}: {type(cause).__name__}: {cause}")
+
+
+# --------------------------------------------------------------------------- GCS
+
+
+class GCSStore:
+    """A Google Cloud Storage bucket through google-cloud-storage.
+
+    With `STORAGE_EMULATOR_HOST` set (fake-gcs-server in tests) the client talks to the
+    emulator anonymously under a placeholder project; otherwise it uses Application
+    Default Credentials (env key file, gcloud login, or the VM's service account).
+
+    Bulk transfers use `transfer_manager.upload_many` / `download_many` with threads.
+    Not `upload_chunks_concurrently`: it uses the XML multipart API, which
+    fake-gcs-server does not implement (404), so big files go as one resumable upload.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", *, sdk_retry_seconds: float = 10.0,
+                 timeout: tuple[float, float] = (10.0, 120.0)):
+        self.bucket_name = bucket
+        self.prefix = prefix.strip("/")
+        self.uri = f"gs://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self._retry_seconds = sdk_retry_seconds
+        self._timeout = timeout
+        self._bucket = None
+        self._retry = None
+        self._lock = threading.Lock()
+
+    def _gcs(self):
+        with self._lock:
+            if self._bucket is None:
+                from google.cloud import storage
+                from google.cloud.storage.retry import DEFAULT_RETRY
+
+                try:
+                    if os.environ.get("STORAGE_EMULATOR_HOST"):
+                        from google.auth.credentials import AnonymousCredentials
+
+                        client = storage.Client(project="test", credentials=AnonymousCredentials())
+                    else:
+                        client = storage.Client()
+                except Exception as error:
+                    raise _gcs_error(error, f"connect to {self.uri}") from None
+                # The SDK's own retry loop would run for 120 s by default; keep it short and
+                # let the caller's with_retries handle long outages (and warn about them).
+                self._retry = DEFAULT_RETRY.with_timeout(self._retry_seconds) if self._retry_seconds else None
+                self._bucket = client.bucket(self.bucket_name)
+            return self._bucket
+
+    def _blob(self, key: str):
+        return self._gcs().blob(join_key(self.prefix, _check_key(key)))
+
+    def _error(self, error: BaseException, action: str, key: str = "") -> StoreError:
+        return _gcs_error(error, f"{action} {self.uri}/{key}".rstrip("/"))
+
+    def put_file(self, local_path, key):
+        blob = self._blob(key)
+        try:
+            blob.upload_from_filename(os.fspath(local_path), retry=self._retry, timeout=self._timeout)
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            raise self._error(error, "upload to", key) from None
+
+    def put_bytes(self, key, data):
+        blob = self._blob(key)
+        try:
+            blob.upload_from_string(data, retry=self._retry, timeout=self._timeout)
+        except Exception as error:
+            raise self._error(error, "write", key) from None
+
+    def get_file(self, key, local_path):
+        blob = self._blob(key)
+        target = Path(local_path)
+        try:
+            _replace_into(lambda temp: blob.download_to_filename(
+                os.fspath(temp), retry=self._retry, timeout=self._timeout), target, durable=False)
+        except Exception as error:
+            if _is_not_found(error):
+                raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}") from None
+            raise self._error(error, "download", key) from None
+
+    def get_bytes(self, key):
+        blob = self._blob(key)
+        try:
+            return blob.download_as_bytes(retry=self._retry, timeout=self._timeout)
+        except Exception as error:
+            if _is_not_found(error):
+                return None
+            raise self._error(error, "read", key) from None
+
+    def exists(self, key):
+        blob = self._blob(key)
+        try:
+            return blob.exists(retry=self._retry, timeout=self._timeout)
+        except Exception as error:
+            raise self._error(error, "check", key) from None
+
+    def list(self, prefix=""):
+        bucket = self._gcs()
+        root = f"{self.prefix}/" if self.prefix else ""
+        try:
+            names = [b.name[len(root):] for b in bucket.client.list_blobs(
+                bucket, prefix=root + prefix, retry=self._retry, timeout=self._timeout)]
+        except Exception as error:
+            raise self._error(error, "list", prefix) from None
+        return sorted(names)
+
+    def delete(self, keys):
+        def delete_one(key: str) -> None:
+            try:
+                self._blob(key).delete(retry=self._retry, timeout=self._timeout)
+            except Exception as error:
+                if not _is_not_found(error):
+                    raise self._error(error, "delete", key) from None
+
+        _run_parallel(delete_one, list(keys), DEFAULT_WORKERS)
+
+    def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
+        from google.cloud.storage import transfer_manager
+
+        files = list(files)
+        pairs = [(os.fspath(Path(local_dir) / rel), self._blob(join_key(prefix, rel))) for rel in files]
+        results = transfer_manager.upload_many(
+            pairs, worker_type=transfer_manager.THREAD, max_workers=max_workers,
+            upload_kwargs={"retry": self._retry, "timeout": self._timeout})
+        for rel, result in zip(files, results):
+            if isinstance(result, FileNotFoundError):
+                raise result
+            if isinstance(result, BaseException):
+                raise self._error(result, "upload to", join_key(prefix, rel))
+
+    def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
+        from google.cloud.storage import transfer_manager
+
+        files = list(files)
+        targets = [Path(local_dir) / rel for rel in files]
+        temps = [_temp_sibling(t) for t in targets]
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        pairs = [(self._blob(join_key(prefix, rel)), os.fspath(temp)) for rel, temp in zip(files, temps)]
+        try:
+            results = transfer_manager.download_many(
+                pairs, worker_type=transfer_manager.THREAD, max_workers=max_workers,
+                download_kwargs={"retry": self._retry, "timeout": self._timeout})
+            for rel, temp, target, result in zip(files, temps, targets, results):
+                key = join_key(prefix, rel)
+                if result is None:
+                    os.replace(temp, target)
+                elif _is_not_found(result):
+                    raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}")
+                else:
+                    raise self._error(result, "download", key)
+        finally:
+            for temp in temps:
+                temp.unlink(missing_ok=True)
+
+
+def _is_not_found(error: BaseException) -> bool:
+    from google.api_core.exceptions import NotFound
+
+    return isinstance(error, NotFound) or getattr(getattr(error, "response", None), "status_code", None) == 404
+
+
+def _gcs_error(error: BaseException, what: str) -> StoreError:
+    import requests
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
+    if isinstance(error, auth_exc.DefaultCredentialsError):
+        return StoreError(f"cannot {what}: no Google Cloud credentials found; run `gcloud auth "
+                          "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS")
+    if isinstance(error, gexc.RetryError) and error.cause is not None:
+        error = error.cause
+    if isinstance(error, (requests.ConnectionError, requests.Timeout, ConnectionError,
+                          auth_exc.TransportError)):
+        return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(error).__name__})")
+    status = getattr(error, "code", None)
+    if status is None:
+        status = getattr(getattr(error, "response", None), "status_code", None)
+    if isinstance(status, int):
+        if status in (408, 429) or status >= 500:
+            return TransientStoreError(f"cannot {what}: GCS answered HTTP {status} (throttled or unavailable)")
+        if status in (401, 403):
+            return StoreError(f"cannot {what}: access denied (HTTP {status}); check the Google "
+                              "credentials and the bucket's IAM")
+        if status == 404:
+            return StoreError(f"cannot {what}: the bucket does not exist; create it or fix the store URI")
+        return StoreError(f"cannot {what}: GCS answered HTTP {status}")
+    if isinstance(error, auth_exc.RefreshError):
+        return StoreError(f"cannot {what}: Google credentials could not be refreshed; log in again")
+    return StoreError(f"cannot {what}: {type(error).__name__}: {error}")

@@ -1,0 +1,620 @@
+"""Background upload of committed local checkpoints to the run's store, and reading them back.
+
+The trainer saves to a local fast tier and hands each committed checkpoint to one
+`Uploader` per node (the caller runs it on local rank 0); the training loop never waits
+on the network:
+
+    uploader = Uploader(open_store(store_uri), run_id, events, keep=3, warn=log.warning)
+    uploader.submit(step, run_dir / "checkpoints" / f"step_{step}")   # returns at once
+    ...
+    uploader.flush_until(notice_deadline)      # emergency path: make the newest one durable if it fits
+    uploader.close()
+
+Local checkpoint contract (written by the checkpoint module): `step_<N>/` holds
+DeepSpeed's files, `manifest.json` with `"files": {relpath: {"size", "sha256"}}`, and
+the `COMMITTED` marker written last. Remote layout under `<run_prefix>/`:
+
+    checkpoints/step_<N>/<files>, manifest.json, COMMITTED     (uploaded in that order)
+    events/*.jsonl                                             (sync_events)
+    attempts.json                                              (next_attempt)
+
+A remote checkpoint is durable only once its `COMMITTED` marker exists, and the marker
+is uploaded after every other file, so a marker never stands for incomplete files.
+When a newer checkpoint arrives while an older one is uploading, the older one is
+abandoned at the next file boundary (unless only its manifest and marker are left) and
+never gets a marker; the retention pass deletes its partial files once the newer one is
+durable. So the checkpoint interval must exceed the upload time, or nothing ever
+becomes durable; `upload_end` events with `durable: false` make that visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from skyspot.errors import CheckpointError, StoreError
+from skyspot.events import EVENTS_DIR, EventWriter
+from skyspot.storage import Store, TransientStoreError, join_key, with_retries
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHECKPOINTS_DIR = "checkpoints"
+MANIFEST = "manifest.json"
+COMMIT_MARKER = "COMMITTED"
+ATTEMPTS_KEY = "attempts.json"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_HASH_CHUNK = 8 * 1024 * 1024
+
+
+def checkpoint_prefix(run_prefix: str, step: int) -> str:
+    """The key prefix of one checkpoint: `<run_prefix>/checkpoints/step_<N>`."""
+    return join_key(run_prefix, CHECKPOINTS_DIR, f"step_{step}")
+
+
+class _Abandoned(Exception):
+    """Raised inside an upload to stop it at a file boundary (superseded, failed elsewhere, closing)."""
+
+
+@dataclass
+class _Job:
+    step: int
+    local_dir: Path
+    stop_reason: str | None = None
+    total_bytes: int = 0
+    done_bytes: int = 0
+
+
+class Uploader:
+    """Uploads committed local checkpoints in a background thread and keeps the newest `keep` remotely.
+
+    `submit` only enqueues. Only the newest submission waits: a newer one replaces a
+    queued older one and abandons one in flight. Transient store trouble (unreachable,
+    throttled) is retried with backoff for as long as it lasts, with one `warn` per
+    outage and a log line on recovery. Remote retention deletes only durable
+    checkpoints beyond the newest `keep` (marker first), and partial leftovers older
+    than the newest durable one; local checkpoints are never touched.
+    """
+
+    def __init__(self, store: Store, run_prefix: str, events: EventWriter | None = None,
+                 keep: int | None = 3, warn: Callable[[str], None] = log.warning, *,
+                 max_workers: int = 8, retry_base_delay: float = 1.0, retry_max_delay: float = 60.0,
+                 events_dir: str | os.PathLike | None = None, events_every: float = 30.0):
+        """`keep=None` keeps every durable checkpoint. With `events_dir`, the run's event files
+        are synced every `events_every` seconds (and at close), so the bucket alone tells the
+        run's story."""
+        if keep is not None and keep < 1:
+            raise ValueError("keep must be at least 1 (or None to keep every checkpoint)")
+        self.store = store
+        self.run_prefix = run_prefix.strip("/")
+        self.events = events
+        self.keep = keep
+        self.warn = warn
+        self.max_workers = max_workers
+        self.retry_base_delay = retry_base_delay
+        self.retry_max_delay = retry_max_delay
+
+        self._cv = threading.Condition()
+        self._pending: _Job | None = None
+        self._current: _Job | None = None
+        self._last_submitted: int | None = None
+        self._durable: set[int] = set()
+        self._given_up: dict[int, str] = {}  # step -> why it will never become durable here
+        self._closing = False
+        self._throughput_bps: float | None = None
+
+        self._outage_lock = threading.Lock()
+        self._outage_since: float | None = None
+
+        self._sync_lock = threading.Lock()
+        self._synced: dict[str, tuple[int, int]] = {}
+
+        self._thread = threading.Thread(target=self._run, name="skyspot-uploader", daemon=True)
+        self._thread.start()
+        self._events_dir = Path(events_dir) if events_dir is not None else None
+        self._events_stop = threading.Event()
+        self._events_thread = None
+        if self._events_dir is not None:
+            self._events_thread = threading.Thread(target=self._sync_events_loop, args=(events_every,),
+                                                   name="skyspot-events-sync", daemon=True)
+            self._events_thread.start()
+
+    # ------------------------------------------------------------------ public
+
+    def submit(self, step: int, local_dir: str | os.PathLike) -> None:
+        """Queue a committed local checkpoint for upload; returns at once."""
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("Uploader.submit after close()")
+            if self._pending is not None and self._pending.step != step:
+                self._give_up(self._pending.step, f"superseded by step {step} before it started", 0, 0.0)
+            self._pending = _Job(step, Path(local_dir))
+            self._last_submitted = step
+            self._given_up.pop(step, None)
+            self._cv.notify_all()
+
+    def is_durable(self, step: int) -> bool:
+        """Whether the checkpoint's remote marker exists (as far as this uploader knows)."""
+        with self._cv:
+            return step in self._durable
+
+    def durable_steps(self) -> list[int]:
+        """Steps known durable remotely: uploaded here, or seen at the last retention pass."""
+        with self._cv:
+            return sorted(self._durable)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is queued or uploading; return whether that happened in time."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._pending is None and self._current is None, timeout)
+
+    def flush_until(self, deadline_ts: float) -> bool:
+        """Emergency path: wait for the newest submitted checkpoint to become durable by `deadline_ts`.
+
+        Returns False early when it cannot make it: it was abandoned or failed, or the
+        bytes left at the throughput measured so far would not fit before the deadline
+        (`deadline_ts` is wall-clock, as in a preemption notice). The upload itself goes
+        on in the background either way.
+        """
+        with self._cv:
+            target = self._last_submitted
+            if target is None:
+                return True
+            while True:
+                if target in self._durable:
+                    return True
+                if target in self._given_up:
+                    return False
+                left = deadline_ts - time.time()
+                if left <= 0 or not self._fits(target, left):
+                    return False
+                self._cv.wait(min(left, 0.25))
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` (None: until done) for queued uploads, then stop.
+
+        What is still in flight then is abandoned at the next file boundary. The event
+        files are synced one last time. Returns whether the newest submitted checkpoint
+        is durable.
+        """
+        self.wait(timeout)
+        with self._cv:
+            self._closing = True
+            if self._current is not None and self._current.stop_reason is None:
+                self._current.stop_reason = "uploader closed"
+            self._cv.notify_all()
+        self._thread.join()
+        if self._events_thread is not None:
+            self._events_stop.set()
+            self._events_thread.join()
+            self.sync_events(self._events_dir)
+        with self._cv:
+            return self._last_submitted is None or self._last_submitted in self._durable
+
+    def sync_small(self, local_path: str | os.PathLike, key: str) -> bool:
+        """Upload one small file (run.json, an events file) to `<run_prefix>/<key>`.
+
+        Blocking, with a few quick retries; never raises a StoreError: a failure is
+        warned about and reported as False, so training goes on.
+        """
+        try:
+            data = Path(local_path).read_bytes()
+            with_retries(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data),
+                         attempts=3, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
+        except StoreError as error:
+            self._warn_outage(error)
+            return False
+        self._note_success()
+        return True
+
+    def sync_events(self, local_events_dir: str | os.PathLike) -> int:
+        """Upload the `*.jsonl` files of a local events dir that changed since the last sync.
+
+        Files are read whole and written as whole objects (writers keep appending; a
+        torn last line is skipped by readers). Returns how many files were uploaded.
+        """
+        uploaded = 0
+        with self._sync_lock:
+            for path in sorted(Path(local_events_dir).glob("*.jsonl")):
+                try:
+                    stat = path.stat()
+                    signature = (stat.st_size, stat.st_mtime_ns)
+                    if self._synced.get(path.name) == signature:
+                        continue
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                try:
+                    self.store.put_bytes(join_key(self.run_prefix, EVENTS_DIR, path.name), data)
+                except StoreError as error:
+                    self._warn_outage(error)
+                    return uploaded
+                self._synced[path.name] = signature
+                uploaded += 1
+        if uploaded:
+            self._note_success()
+        return uploaded
+
+    # ------------------------------------------------------------------ worker
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._pending is not None or self._closing)
+                if self._closing:
+                    if self._pending is not None:
+                        self._give_up(self._pending.step, "uploader closed before it started", 0, 0.0)
+                        self._pending = None
+                    self._cv.notify_all()
+                    return
+                job, self._pending = self._pending, None
+                self._current = job
+            try:
+                self._upload(job)
+            except Exception as error:  # a bug must not kill the thread silently
+                log.exception("checkpoint upload of step %s crashed", job.step)
+                with self._cv:
+                    self._give_up(job.step, f"{type(error).__name__}: {error}", 0, 0.0)
+            finally:
+                with self._cv:
+                    self._current = None
+                    self._cv.notify_all()
+
+    def _upload(self, job: _Job) -> None:
+        start = time.monotonic()
+        prefix = checkpoint_prefix(self.run_prefix, job.step)
+        try:
+            files = _local_files(job.local_dir)
+        except (OSError, ValueError) as error:
+            self._fail(job, f"local checkpoint not uploadable: {error}", start)
+            return
+        job.total_bytes = sum(files.values())
+        marker_key = join_key(prefix, COMMIT_MARKER)
+        uploaded: list[str] = []
+        try:
+            if self._retry(job, lambda: self.store.exists(marker_key)):
+                # An earlier attempt got this step durable. The same checkpoint (a resume from it)
+                # needs no upload; a different one replaces it, and the old marker must not vouch
+                # for half-replaced files, so it goes first.
+                remote = self._retry(job, lambda: self.store.get_bytes(join_key(prefix, MANIFEST)))
+                if remote == (job.local_dir / MANIFEST).read_bytes():
+                    self._succeed(job, start, 0)
+                    return
+                self._retry(job, lambda: self.store.delete([marker_key]))
+            self._put_all(job, prefix, list(files), uploaded)
+            # Two small files from durable: finished even if a newer checkpoint just arrived.
+            for name in (MANIFEST, COMMIT_MARKER):
+                self._put_one(job, prefix, name, os.path.getsize(job.local_dir / name), uploaded, check=False)
+        except _Abandoned as stop:
+            # No cleanup here: the partial files carry no marker, so they never count, and the
+            # retention pass after the next durable upload deletes them. That keeps the path of
+            # the newer (often emergency) upload, and of close(), free of extra store calls.
+            self._fail(job, str(stop), start, warn=False)
+            return
+        except StoreError as error:
+            self._cleanup(prefix, uploaded)
+            self._fail(job, str(error), start)
+            return
+        except OSError as error:  # the local checkpoint vanished or is unreadable mid-upload
+            self._cleanup(prefix, uploaded)
+            self._fail(job, f"local checkpoint not readable: {error}", start)
+            return
+
+        self._succeed(job, start, job.total_bytes)
+
+    def _succeed(self, job: _Job, start: float, nbytes: int) -> None:
+        seconds = time.monotonic() - start
+        with self._cv:
+            self._durable.add(job.step)
+            if seconds > 0 and nbytes > 0:
+                self._throughput_bps = nbytes / seconds
+            self._cv.notify_all()
+        self._emit(job.step, nbytes, seconds, durable=True, error=None)
+        self._apply_retention()
+
+    def _put_all(self, job: _Job, prefix: str, names: list[str], uploaded: list[str]) -> None:
+        """Upload the data files in parallel; the first failure stops the others at a file boundary."""
+        if not names:
+            return
+        sizes = {name: os.path.getsize(job.local_dir / name) for name in names}
+        # Largest first, so one big shard does not start last and stretch the upload.
+        names = sorted(names, key=lambda n: -sizes[n])
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(names))),
+                                thread_name_prefix="skyspot-upload") as pool:
+            futures = [pool.submit(self._put_one, job, prefix, name, sizes[name], uploaded) for name in names]
+            try:
+                wait_futures(futures, return_when=FIRST_EXCEPTION)
+                for future in futures:
+                    if future.done():
+                        future.result()
+            except BaseException as error:
+                with self._cv:
+                    if job.stop_reason is None:
+                        job.stop_reason = f"stopped after an error: {error}"
+                    self._cv.notify_all()
+                for future in futures:
+                    future.cancel()
+                raise
+            for future in futures:
+                future.result()
+
+    def _put_one(self, job: _Job, prefix: str, name: str, size: int, uploaded: list[str],
+                 check: bool = True) -> None:
+        if check:
+            self._check_stop(job)
+        key = join_key(prefix, name)
+        with self._cv:
+            uploaded.append(key)
+        self._retry(job, lambda: self.store.put_file(job.local_dir / name, key))
+        with self._cv:
+            job.done_bytes += size
+
+    # ------------------------------------------------------------------ retries and outages
+
+    def _check_stop(self, job: _Job) -> None:
+        with self._cv:
+            if job.stop_reason is None and self._pending is not None and self._pending.step > job.step:
+                job.stop_reason = f"superseded by step {self._pending.step}"
+            if job.stop_reason is not None:
+                raise _Abandoned(job.stop_reason)
+
+    def _retry(self, job: _Job, fn: Callable[[], T]) -> T:
+        """Run one store call, retrying transient errors until it works or the job is stopped."""
+        def sleep(delay: float) -> None:
+            # Wait on the condition, not time.sleep, so a newer submission or close() cuts the wait short.
+            with self._cv:
+                self._cv.wait_for(lambda: job.stop_reason is not None or self._closing
+                                  or (self._pending is not None and self._pending.step > job.step), delay)
+            self._check_stop(job)
+
+        result = with_retries(fn, attempts=None, base_delay=self.retry_base_delay,
+                              max_delay=self.retry_max_delay,
+                              on_retry=lambda _attempt, error, _delay: self._warn_outage(error), sleep=sleep)
+        self._note_success()
+        return result
+
+    def _warn_outage(self, error: BaseException) -> None:
+        with self._outage_lock:
+            if self._outage_since is not None:
+                return
+            self._outage_since = time.monotonic()
+        what = "cannot reach the store" if isinstance(error, TransientStoreError) else "store error"
+        self.warn(f"{what} ({error}); uploads retry with backoff while training continues")
+
+    def _note_success(self) -> None:
+        with self._outage_lock:
+            since, self._outage_since = self._outage_since, None
+        if since is not None:
+            log.warning("store %s reachable again after %.0f s; uploads resumed",
+                        self.store.uri, time.monotonic() - since)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _fits(self, target: int, seconds_left: float) -> bool:
+        current = self._current
+        if current is None or current.step != target or not self._throughput_bps:
+            return True  # nothing measured yet: keep trying until the deadline
+        return (current.total_bytes - current.done_bytes) / self._throughput_bps <= seconds_left
+
+    def _fail(self, job: _Job, reason: str, start: float, warn: bool = True) -> None:
+        seconds = time.monotonic() - start
+        with self._cv:
+            self._give_up(job.step, reason, job.done_bytes, seconds)
+        if warn:
+            self.warn(f"checkpoint step {job.step} was not uploaded: {reason}")
+
+    def _give_up(self, step: int, reason: str, done_bytes: int, seconds: float) -> None:
+        """Record that a step will not become durable here (caller holds the lock)."""
+        self._given_up[step] = reason
+        self._cv.notify_all()
+        self._emit(step, done_bytes, seconds, durable=False, error=reason)
+
+    def _emit(self, step: int, nbytes: int, seconds: float, durable: bool, error: str | None) -> None:
+        if self.events is None:
+            return
+        try:
+            self.events.emit("upload_end", step=step, bytes=nbytes, seconds=round(seconds, 3),
+                             throughput_bps=round(nbytes / seconds) if seconds > 0 else None,
+                             durable=durable, error=error)
+        except (OSError, ValueError):
+            log.exception("cannot write upload_end event")
+
+    def _cleanup(self, prefix: str, uploaded: list[str]) -> None:
+        """Best effort: delete a failed upload's files. Without a marker they never count anyway."""
+        keys = [k for k in uploaded if not k.endswith("/" + COMMIT_MARKER)]
+        try:
+            self.store.delete(keys)
+        except StoreError as error:
+            log.info("left partial upload under %s/%s (no marker, ignored): %s", self.store.uri, prefix, error)
+
+    def _apply_retention(self) -> None:
+        """Keep the newest `keep` durable checkpoints remotely; also drop partial leftovers older than those.
+
+        Markers go first, so an interrupted deletion leaves files that no longer count,
+        never a marker over missing files.
+        """
+        try:
+            listing = _remote_listing(self.store, self.run_prefix)
+            durable = sorted(step for step, keys in listing.items() if join_key(
+                checkpoint_prefix(self.run_prefix, step), COMMIT_MARKER) in keys)
+            doomed = durable[:-self.keep] if self.keep is not None else []
+            for step in doomed:
+                self.store.delete([join_key(checkpoint_prefix(self.run_prefix, step), COMMIT_MARKER)])
+                with self._cv:
+                    self._durable.discard(step)
+                self.store.delete(sorted(listing[step]))
+            if durable:
+                for step, keys in listing.items():
+                    if step < durable[-1] and step not in durable:
+                        self.store.delete(sorted(keys))
+            with self._cv:
+                self._durable.update(set(durable) - set(doomed))
+        except StoreError as error:
+            log.warning("checkpoint retention skipped, will retry after the next upload: %s", error)
+
+    def _sync_events_loop(self, every: float) -> None:
+        while not self._events_stop.wait(every):
+            try:
+                self.sync_events(self._events_dir)
+            except Exception:
+                log.exception("events sync failed")
+
+
+# ---------------------------------------------------------------------- reading back
+
+
+def _local_files(local_dir: Path) -> dict[str, int]:
+    """The data files a committed local checkpoint lists, with sizes checked against its manifest."""
+    if not (local_dir / COMMIT_MARKER).is_file():
+        raise ValueError(f"{local_dir} has no {COMMIT_MARKER} marker")
+    try:
+        files = _manifest_files(json.loads((local_dir / MANIFEST).read_text(encoding="utf-8")))
+    except ValueError as error:
+        raise ValueError(f"{local_dir / MANIFEST}: {error}") from None
+    sizes = {}
+    for rel, meta in files.items():
+        size = (local_dir / rel).stat().st_size
+        if size != meta["size"]:
+            raise ValueError(f"{rel} is {size} bytes, the manifest says {meta['size']}")
+        sizes[rel] = size
+    return sizes
+
+
+def _manifest_files(manifest: object) -> dict[str, dict]:
+    """The manifest's file table, checked: paths stay inside the checkpoint, each has a size and sha256."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError("no 'files' table")
+    for rel, meta in files.items():
+        parts = rel.split("/")
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or rel in (MANIFEST, COMMIT_MARKER):
+            raise ValueError(f"unsafe path {rel!r}")
+        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int)
+                and isinstance(meta.get("sha256"), str)):
+            raise ValueError(f"entry {rel!r} lacks an integer size and a sha256")
+    return files
+
+
+def _remote_listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
+    root = join_key(run_prefix, CHECKPOINTS_DIR) + "/"
+    steps: dict[int, set[str]] = {}
+    for key in store.list(root):
+        match = _STEP_RE.match(key[len(root):].split("/", 1)[0])
+        if match:
+            steps.setdefault(int(match.group(1)), set()).add(key)
+    return steps
+
+
+def remote_checkpoints(store: Store, run_prefix: str) -> list[int]:
+    """Steps whose remote `COMMITTED` marker exists, oldest first (their files are verified on download)."""
+    listing = _remote_listing(store, run_prefix)
+    return sorted(step for step, keys in listing.items()
+                  if join_key(checkpoint_prefix(run_prefix, step), COMMIT_MARKER) in keys)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
+                        max_workers: int = 8) -> Path:
+    """Download a durable checkpoint to `local_dir`, verifying every file against its manifest.
+
+    Files land in a hidden sibling directory that is renamed into place once all of
+    them check out, so a half download never looks like a checkpoint. Raises
+    `CheckpointError` naming the file when one is missing or corrupt (the caller falls
+    back to an earlier checkpoint); `StoreError` when the store stays unreachable.
+    """
+    target = Path(local_dir)
+    prefix = checkpoint_prefix(run_prefix, step)
+    where = f"checkpoint step_{step} in {store.uri}"
+
+    def get(fn):
+        return with_retries(fn, attempts=4, base_delay=0.5, max_delay=5.0)
+
+    marker = get(lambda: store.get_bytes(join_key(prefix, COMMIT_MARKER)))
+    if marker is None:
+        raise CheckpointError(f"{where} has no {COMMIT_MARKER} marker; it is incomplete")
+    raw = get(lambda: store.get_bytes(join_key(prefix, MANIFEST)))
+    if raw is None:
+        raise CheckpointError(f"{where}: {MANIFEST} is missing")
+    try:
+        files = _manifest_files(json.loads(raw))
+    except ValueError as error:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{where}: {MANIFEST} is unusable ({error})") from None
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
+    temp.mkdir()
+    try:
+        def missing() -> list[str]:
+            return [rel for rel, meta in files.items()
+                    if not (temp / rel).is_file() or (temp / rel).stat().st_size != meta["size"]]
+
+        try:
+            # A retry after a transient error fetches only what is not there yet.
+            get(lambda: store.download_files(prefix, missing(), temp, max_workers))
+        except FileNotFoundError as error:
+            rel = str(error.filename).removeprefix(f"{store.uri}/{prefix}/")
+            raise CheckpointError(f"{where}: file {rel!r} is missing from the store") from None
+
+        def verify(rel: str) -> None:
+            meta = files[rel]
+            size = (temp / rel).stat().st_size
+            if size != meta["size"]:
+                raise CheckpointError(
+                    f"{where}: file {rel!r} is corrupt ({size} bytes, the manifest says {meta['size']})")
+            if _sha256(temp / rel) != meta["sha256"].lower():
+                raise CheckpointError(f"{where}: file {rel!r} is corrupt (sha256 does not match the manifest)")
+
+        # hashlib releases the GIL on large buffers, so hashing in threads uses several cores.
+        with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+            for _ in pool.map(verify, sorted(files)):
+                pass
+        (temp / MANIFEST).write_bytes(raw)
+        (temp / COMMIT_MARKER).write_bytes(marker)  # last, as when the checkpoint was written
+        if target.exists():
+            stale = target.with_name(f".{target.name}.stale-{uuid.uuid4().hex[:8]}")
+            os.replace(target, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(temp, target)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return target
+
+
+def next_attempt(store: Store, run_prefix: str) -> int:
+    """Count one more start of the run in `<run_prefix>/attempts.json` and return it (1 for the first).
+
+    Best effort, not atomic: two racers could read the same count. That is fine because
+    only rank 0 of node 0 calls it, once per start. An unreadable counter restarts at 1
+    rather than stopping training.
+    """
+    key = join_key(run_prefix, ATTEMPTS_KEY)
+    raw = with_retries(lambda: store.get_bytes(key), attempts=4, base_delay=0.5, max_delay=5.0)
+    previous = 0
+    if raw is not None:
+        try:
+            previous = int(json.loads(raw)["attempt"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s/%s is unreadable; counting attempts from 1 again", store.uri, key)
+    attempt = previous + 1
+    body = json.dumps({"attempt": attempt, "updated": time.time()}).encode()
+    with_retries(lambda: store.put_bytes(key, body), attempts=4, base_delay=0.5, max_delay=5.0)
+    return attempt

@@ -1,0 +1,273 @@
+"""skyspot.storage: URI validation, then one behaviour suite over a directory, moto S3 and fake-gcs-server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skyspot.errors import StoreError, UsageError
+from skyspot.storage import (GCSStore, LocalStore, S3Store, StoreURI, TransientStoreError, backoff_delay,
+                             open_store, parse_store_uri, with_retries)
+
+FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or a local path"
+
+
+# --------------------------------------------------------------------------- URIs
+
+
+@pytest.mark.parametrize("uri, expected", [
+    ("s3://my-bucket/runs/llama", StoreURI("s3", "my-bucket", "runs/llama")),
+    ("s3://my.bucket-1", StoreURI("s3", "my.bucket-1", "")),
+    ("S3://abc/x/", StoreURI("s3", "abc", "x")),
+    ("gs://under_score/p", StoreURI("gs", "under_score", "p")),
+    ("gs://" + ".".join(["a" * 60] * 3), StoreURI("gs", ".".join(["a" * 60] * 3), "")),
+    ("az://container-1/runs", StoreURI("az", "container-1", "runs")),
+    ("/abs/path", StoreURI("file", "", "/abs/path")),
+    ("file:///abs/path", StoreURI("file", "", "/abs/path")),
+])
+def test_valid_uris_parse(uri, expected):
+    assert parse_store_uri(uri) == expected
+
+
+def test_relative_local_path_becomes_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_store_uri("runs") == StoreURI("file", "", str(tmp_path / "runs"))
+    assert str(parse_store_uri("s3://abc/x")) == "s3://abc/x"
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("http://host/x", f"unsupported store scheme 'http://' in 'http://host/x'; expected {FORMS}"),
+    ("ftp://a/b", f"unsupported store scheme 'ftp://' in 'ftp://a/b'; expected {FORMS}"),
+    ("", f"empty store location; expected {FORMS}"),
+    ("s3://", "store 's3://' has no bucket; expected s3://BUCKET/PREFIX"),
+    ("s3://My_Bucket/x", "invalid S3 bucket name 'My_Bucket' in 's3://My_Bucket/x': may contain only "
+                         "lowercase letters, digits, dots and hyphens; expected s3://BUCKET/PREFIX"),
+    ("s3://ab", "invalid S3 bucket name 'ab' in 's3://ab': must be 3-63 characters long, not 2; "
+                "expected s3://BUCKET/PREFIX"),
+    ("s3://-abc", "invalid S3 bucket name '-abc' in 's3://-abc': must start and end with a letter or "
+                  "digit; expected s3://BUCKET/PREFIX"),
+    ("s3://a..b", "invalid S3 bucket name 'a..b' in 's3://a..b': must not contain two adjacent dots; "
+                  "expected s3://BUCKET/PREFIX"),
+    ("s3://10.0.0.1", "invalid S3 bucket name '10.0.0.1' in 's3://10.0.0.1': must not be an IP address; "
+                      "expected s3://BUCKET/PREFIX"),
+    ("s3://under_score", "invalid S3 bucket name 'under_score' in 's3://under_score': may contain only "
+                         "lowercase letters, digits, dots and hyphens; expected s3://BUCKET/PREFIX"),
+    ("gs://" + "a" * 64, f"invalid GCS bucket name '{'a' * 64}' in 'gs://{'a' * 64}': must be 3-63 "
+                         "characters long (up to 222 with dots), not 64; expected gs://BUCKET/PREFIX"),
+    ("gs://google-ckpt", "invalid GCS bucket name 'google-ckpt' in 'gs://google-ckpt': must not start "
+                         "with 'goog' or contain 'google'; expected gs://BUCKET/PREFIX"),
+    ("az://Container", "invalid Azure container name 'Container' in 'az://Container': may contain only "
+                       "lowercase letters, digits and hyphens; expected az://CONTAINER/PREFIX"),
+    ("s3://abc/a//b", "store 's3://abc/a//b' has an empty, '.' or '..' path segment; "
+                      "expected s3://BUCKET/PREFIX"),
+    ("gs://abc/../x", "store 'gs://abc/../x' has an empty, '.' or '..' path segment; "
+                      "expected gs://BUCKET/PREFIX"),
+    ("file://host/x", "store 'file://host/x' is not a local file URI; expected file:///ABSOLUTE/PATH"),
+])
+def test_bad_uris_say_what_is_wrong_and_what_is_expected(uri, message):
+    with pytest.raises(UsageError) as caught:
+        parse_store_uri(uri)
+    assert str(caught.value) == message
+    assert "\n" not in str(caught.value)
+
+
+def test_parsing_imports_no_cloud_sdk():
+    code = ("import sys, skyspot.storage as s; s.parse_store_uri('gs://abc/x'); s.open_store('s3://abc/x'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'google')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_azure_without_sdk_says_what_to_install():
+    try:
+        import azure.storage.blob  # noqa: F401
+        pytest.skip("azure-storage-blob is installed")
+    except ImportError:
+        pass
+    with pytest.raises(StoreError, match=r"pip install azure-storage-blob"):
+        open_store("az://ckpt/runs")
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def test_with_retries_retries_transient_errors_then_succeeds():
+    calls, retries, sleeps = [], [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientStoreError("endpoint unreachable")
+        return "ok"
+
+    result = with_retries(flaky, attempts=5, base_delay=1.0, max_delay=1.5,
+                          on_retry=lambda n, e, d: retries.append((n, str(e))), sleep=sleeps.append)
+    assert result == "ok"
+    assert retries == [(1, "endpoint unreachable"), (2, "endpoint unreachable")]
+    assert 0.5 <= sleeps[0] <= 1.0 and 0.75 <= sleeps[1] <= 1.5  # equal jitter, capped at max_delay
+
+
+def test_with_retries_gives_up_after_attempts_and_never_retries_permanent_errors():
+    calls = []
+
+    def down():
+        calls.append(1)
+        raise TransientStoreError("down")
+
+    with pytest.raises(TransientStoreError):
+        with_retries(down, attempts=3, base_delay=0, max_delay=0, sleep=lambda d: None)
+    assert len(calls) == 3
+
+    def denied():
+        calls.append(1)
+        raise StoreError("access denied")
+
+    calls.clear()
+    with pytest.raises(StoreError, match="access denied"):
+        with_retries(denied, attempts=3, sleep=lambda d: None)
+    assert len(calls) == 1
+
+
+def test_backoff_grows_exponentially_up_to_the_cap():
+    for attempt, cap in [(1, 1), (2, 2), (3, 4), (10, 30)]:
+        delay = backoff_delay(attempt, base_delay=1, max_delay=30)
+        assert cap / 2 <= delay <= cap
+
+
+# --------------------------------------------------------------------------- one suite, three stores
+
+
+@pytest.fixture(params=["local", "s3", "gs"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return open_store(tmp_path / "store")
+    server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[request.param])
+    return open_store(server.bucket() + "/runs")
+
+
+def test_put_get_list_delete(store, tmp_path):
+    store.put_bytes("r1/run.json", b'{"a": 1}')
+    store.put_bytes("r1/events/e.jsonl", b"line\n")
+    store.put_bytes("r2/run.json", b"{}")
+    assert store.get_bytes("r1/run.json") == b'{"a": 1}'
+    assert store.get_bytes("r1/nothing") is None
+    assert store.exists("r1/run.json") and not store.exists("r1/nothing")
+    assert store.list("r1/") == ["r1/events/e.jsonl", "r1/run.json"]
+    assert store.list("r") == ["r1/events/e.jsonl", "r1/run.json", "r2/run.json"]
+    assert store.list("zz/") == []
+
+    local = tmp_path / "in.bin"
+    local.write_bytes(b"x" * 1000)
+    store.put_file(local, "r1/file.bin")
+    store.get_file("r1/file.bin", tmp_path / "out" / "file.bin")
+    assert (tmp_path / "out" / "file.bin").read_bytes() == b"x" * 1000
+    with pytest.raises(FileNotFoundError, match="r1/missing.bin"):
+        store.get_file("r1/missing.bin", tmp_path / "out" / "missing.bin")
+    assert not (tmp_path / "out" / "missing.bin").exists()
+
+    store.delete(["r1/run.json", "r1/never-existed"])
+    assert store.list("r1/") == ["r1/events/e.jsonl", "r1/file.bin"]
+
+
+def test_parallel_upload_and_download_of_a_directory(store, tmp_path):
+    src = tmp_path / "src"
+    files = {"big.bin": os.urandom(20 * 1024 * 1024),  # over the 16 MiB multipart threshold: 2 S3 parts
+             "sub/a.txt": b"a", "sub/b.txt": b"b" * 4097, "empty": b""}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    store.upload_dir(src, "ckpt", sorted(files), max_workers=4)
+    assert store.list("ckpt/") == sorted(f"ckpt/{rel}" for rel in files)
+
+    dst = tmp_path / "dst"
+    store.download_files("ckpt", sorted(files), dst, max_workers=4)
+    for rel, data in files.items():
+        assert (dst / rel).read_bytes() == data
+    assert sorted(p.name for p in dst.rglob("*.partial")) == []
+
+    with pytest.raises(FileNotFoundError, match="ckpt/nope"):
+        store.download_files("ckpt", ["sub/a.txt", "nope"], tmp_path / "dst2")
+
+
+def test_local_store_never_shows_half_written_files(tmp_path):
+    store = LocalStore(tmp_path)
+    store.put_bytes("a/b/c.json", b"{}")
+    (tmp_path / "a" / "b" / ".c.json.0123456789ab.partial").write_bytes(b"half")  # a writer killed mid-write
+    assert store.list("") == ["a/b/c.json"]
+    store.delete(["a/b/c.json"])
+    assert not (tmp_path / "a" / "b" / "c.json").exists()
+    with pytest.raises(ValueError, match="invalid store key"):
+        store.put_bytes("../escape", b"x")
+
+
+# --------------------------------------------------------------------------- failures, one line each
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_s3_unreachable_endpoint_is_a_transient_store_error(s3_server, monkeypatch):
+    url = _closed_port_url()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    with pytest.raises(TransientStoreError) as caught:
+        S3Store("ckpt", "runs", sdk_attempts=1).get_bytes("run.json")
+    assert str(caught.value) == (f"cannot read s3://ckpt/runs/run.json: endpoint {url} unreachable "
+                                 "(EndpointConnectionError)")
+
+
+def test_s3_missing_credentials_say_how_to_provide_them(s3_server, monkeypatch, tmp_path):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StoreError) as caught:
+        S3Store("ckpt", sdk_attempts=1).put_bytes("x", b"1")
+    assert str(caught.value).startswith("cannot write s3://ckpt/x: no AWS credentials found; set AWS_ACCESS_KEY_ID")
+    assert not isinstance(caught.value, TransientStoreError)
+
+
+def test_s3_missing_bucket_is_named(s3_server):
+    with pytest.raises(StoreError, match=r"s3://no-such-bucket-1/k: the bucket does not exist"):
+        open_store("s3://no-such-bucket-1").put_bytes("k", b"1")
+
+
+def test_gcs_unreachable_endpoint_is_a_transient_store_error(gcs_server, monkeypatch):
+    url = _closed_port_url()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+    with pytest.raises(TransientStoreError) as caught:
+        GCSStore("ckpt", "runs", sdk_retry_seconds=0).get_bytes("run.json")
+    assert str(caught.value) == f"cannot read gs://ckpt/runs/run.json: endpoint {url} unreachable (ConnectionError)"
+
+
+def test_gcs_missing_credentials_say_how_to_provide_them(tmp_path):
+    # A fresh interpreter: google-auth reads its metadata-server variables once, at import, and
+    # must never probe the real metadata address. NO_GCE_CHECK skips the probe; the addresses
+    # point at a closed loopback port in case a version ignores it.
+    closed = _closed_port_url().removeprefix("http://")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")}
+    env.update(CLOUDSDK_CONFIG=str(tmp_path), NO_GCE_CHECK="true", GCE_METADATA_HOST=closed,
+               GCE_METADATA_IP=closed, HOME=str(tmp_path))
+    code = ("from skyspot.storage import GCSStore\n"
+            "try:\n    GCSStore('ckpt', sdk_retry_seconds=0).get_bytes('x')\n"
+            "except Exception as e:\n    print(type(e).__name__ + ': ' + str(e))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == (
+        "StoreError: cannot connect to gs://ckpt: no Google Cloud credentials found; run "
+        "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"), out.stderr
+
+
+def test_gcs_missing_bucket_is_named(gcs_server):
+    with pytest.raises(StoreError, match=r"gs://no-such-bucket-1/k: the bucket does not exist"):
+        open_store("gs://no-such-bucket-1").put_bytes("k", b"1")

@@ -1,0 +1,330 @@
+"""skyspot.trainer.uploader against a directory, moto's S3 server and fake-gcs-server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from skyspot.errors import CheckpointError, StoreError
+from skyspot.events import EventWriter, read_events_dir
+from skyspot.storage import GCSStore, S3Store, open_store, parse_store_uri
+from skyspot.trainer.uploader import (Uploader, download_checkpoint, next_attempt, remote_checkpoints)
+
+RUN = "run-1"
+FAST = dict(retry_base_delay=0.05, retry_max_delay=0.2)
+
+
+def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = None) -> Path:
+    """A committed local checkpoint as the checkpoint module writes it: files, manifest, marker last."""
+    if files is None:
+        files = {"model_states.pt": os.urandom(3000), "zero/optim_rank0.pt": os.urandom(5000)}
+    directory = run_dir / "checkpoints" / f"step_{step}"
+    for rel, data in files.items():
+        (directory / rel).parent.mkdir(parents=True, exist_ok=True)
+        (directory / rel).write_bytes(data)
+    manifest = {"step": step, "files": {rel: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                                        for rel, data in files.items()}}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    (directory / "COMMITTED").write_text(json.dumps({"step": step}))
+    return directory
+
+
+def step_keys(store, step: int) -> list[str]:
+    return store.list(f"{RUN}/checkpoints/step_{step}/")
+
+
+class Warnings(list):
+    def __call__(self, message: str) -> None:
+        self.append(message)
+
+
+class Wrapped:
+    """Our Store protocol with a hook before each put_file; everything else goes to the real store."""
+
+    def __init__(self, store, before_put):
+        self._store = store
+        self._before_put = before_put
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def put_file(self, local_path, key):
+        self._before_put(key)
+        self._store.put_file(local_path, key)
+
+
+@pytest.fixture(params=["local", "s3", "gs"])
+def store_uri(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "bucket")
+    return request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[request.param]).bucket()
+
+
+@pytest.fixture
+def events(tmp_path):
+    writer = EventWriter(tmp_path / "run", RUN, attempt=1, node_rank=0, rank=0)
+    yield writer
+    writer.close()
+
+
+def upload_ends(tmp_path) -> list[dict]:
+    return [{k: e[k] for k in ("step", "bytes", "durable", "error")}
+            for e in read_events_dir(tmp_path / "run" / "events").of_type("upload_end")]
+
+
+def test_checkpoint_roundtrip_is_verified_file_by_file(store_uri, tmp_path, events):
+    store = open_store(store_uri)
+    files = {"big.pt": os.urandom(20 * 1024 * 1024), "small/a.pt": b"a" * 100, "empty": b""}
+    local = make_checkpoint(tmp_path / "run", 10, files)
+    uploader = Uploader(store, RUN, events, keep=2, **FAST)
+    uploader.submit(10, local)
+    assert uploader.wait(timeout=30)
+    assert uploader.is_durable(10) and uploader.durable_steps() == [10]
+    assert remote_checkpoints(store, RUN) == [10]
+    assert uploader.close()
+
+    target = download_checkpoint(store, RUN, 10, tmp_path / "resume" / "step_10", max_workers=4)
+    for rel, data in files.items():
+        assert (target / rel).read_bytes() == data
+    assert (target / "COMMITTED").exists()
+    assert (target / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
+    assert [p.name for p in target.parent.iterdir()] == ["step_10"]  # no temp dir left behind
+    [end] = upload_ends(tmp_path)
+    assert end == {"step": 10, "bytes": sum(map(len, files.values())), "durable": True, "error": None}
+
+
+def test_marker_is_uploaded_last_after_every_file_is_remote(store_uri, tmp_path):
+    store = open_store(store_uri)
+    local = make_checkpoint(tmp_path / "run", 5, {f"shard_{i}.pt": os.urandom(100) for i in range(6)})
+    order, remote_at_marker = [], []
+
+    def before_put(key):
+        order.append(key.rsplit("/", 1)[-1])
+        if key.endswith("/COMMITTED"):
+            remote_at_marker.extend(store.list(f"{RUN}/checkpoints/step_5/"))
+
+    uploader = Uploader(Wrapped(store, before_put), RUN, keep=2, **FAST)
+    uploader.submit(5, local)
+    assert uploader.close(timeout=30)
+    assert order[-2:] == ["manifest.json", "COMMITTED"]
+    assert sorted(order[:-2]) == [f"shard_{i}.pt" for i in range(6)]
+    assert sorted(k.rsplit("/", 1)[-1] for k in remote_at_marker) == sorted(order[:-1])
+
+
+def test_a_failed_file_upload_leaves_no_marker(store_uri, tmp_path, events):
+    store = open_store(store_uri)
+    local = make_checkpoint(tmp_path / "run", 7)
+
+    def before_put(key):
+        if key.endswith("optim_rank0.pt"):
+            raise StoreError("cannot upload: access denied (AccessDenied)")
+
+    warnings = Warnings()
+    uploader = Uploader(Wrapped(store, before_put), RUN, events, keep=2, warn=warnings, **FAST)
+    uploader.submit(7, local)
+    assert not uploader.close(timeout=30)
+    assert not uploader.is_durable(7)
+    assert remote_checkpoints(store, RUN) == []
+    assert not store.exists(f"{RUN}/checkpoints/step_7/COMMITTED")
+    assert warnings == ["checkpoint step 7 was not uploaded: cannot upload: access denied (AccessDenied)"]
+    assert upload_ends(tmp_path)[0]["durable"] is False
+    assert sorted(p.name for p in local.iterdir()) == ["COMMITTED", "manifest.json", "model_states.pt", "zero"]
+
+
+def test_newer_checkpoint_abandons_the_older_upload_at_a_file_boundary(store_uri, tmp_path, events):
+    store = open_store(store_uri)
+    old = make_checkpoint(tmp_path / "run", 1, {f"f{i}.pt": os.urandom(1000) for i in range(4)})
+    new = make_checkpoint(tmp_path / "run", 2)
+    started, release = threading.Event(), threading.Event()
+
+    def before_put(key):
+        if "/step_1/" in key:
+            started.set()
+            assert release.wait(10)
+
+    uploader = Uploader(Wrapped(store, before_put), RUN, events, keep=3, max_workers=1, **FAST)
+    uploader.submit(1, old)
+    assert started.wait(10)  # step 1 is mid-upload, holding its first file
+    uploader.submit(2, new)
+    release.set()
+    assert uploader.close(timeout=30)
+
+    assert uploader.durable_steps() == [2]
+    assert remote_checkpoints(store, RUN) == [2]
+    assert step_keys(store, 1) == []  # never got a marker; retention removed its partial file
+    assert upload_ends(tmp_path) == [
+        {"step": 1, "bytes": 1000, "durable": False, "error": "superseded by step 2"},
+        {"step": 2, "bytes": 8000, "durable": True, "error": None}]
+
+
+def test_retention_keeps_the_newest_durable_checkpoints(store_uri, tmp_path):
+    store = open_store(store_uri)
+    uploader = Uploader(store, RUN, keep=2, **FAST)
+    for step in (100, 200, 300, 400):
+        uploader.submit(step, make_checkpoint(tmp_path / "run", step))
+        assert uploader.wait(timeout=30)
+    uploader.close()
+    assert remote_checkpoints(store, RUN) == [300, 400]
+    assert uploader.durable_steps() == [300, 400]
+    assert step_keys(store, 100) == step_keys(store, 200) == []
+    assert len(step_keys(store, 400)) == 4
+    # Retention is remote only: every local checkpoint is still there.
+    assert all((tmp_path / "run" / "checkpoints" / f"step_{s}" / "COMMITTED").exists() for s in (100, 200))
+
+
+def test_partial_leftovers_older_than_the_newest_durable_checkpoint_are_removed(store_uri, tmp_path):
+    store = open_store(store_uri)
+    store.put_bytes(f"{RUN}/checkpoints/step_50/model_states.pt", b"half")  # a preempted upload
+    uploader = Uploader(store, RUN, keep=2, **FAST)
+    uploader.submit(60, make_checkpoint(tmp_path / "run", 60))
+    uploader.close(timeout=30)
+    assert step_keys(store, 50) == []
+    assert remote_checkpoints(store, RUN) == [60]
+
+
+def test_corrupt_or_missing_remote_file_is_named_and_nothing_is_left_locally(store_uri, tmp_path):
+    store = open_store(store_uri)
+    files = {"model_states.pt": os.urandom(4096), "zero/optim_rank0.pt": os.urandom(4096)}
+    uploader = Uploader(store, RUN, **FAST)
+    uploader.submit(3, make_checkpoint(tmp_path / "run", 3, files))
+    assert uploader.close(timeout=30)
+
+    key = f"{RUN}/checkpoints/step_3/zero/optim_rank0.pt"
+    store.put_bytes(key, os.urandom(4096))  # same size, different bytes: bit rot
+    target = tmp_path / "resume" / "step_3"
+    with pytest.raises(CheckpointError) as caught:
+        download_checkpoint(store, RUN, 3, target)
+    assert str(caught.value) == (f"checkpoint step_3 in {store.uri}: file 'zero/optim_rank0.pt' is corrupt "
+                                 "(sha256 does not match the manifest)")
+    assert not target.parent.exists() or list(target.parent.iterdir()) == []
+
+    store.delete([key])
+    with pytest.raises(CheckpointError, match=r"file 'zero/optim_rank0.pt' is missing from the store"):
+        download_checkpoint(store, RUN, 3, target)
+    assert not target.parent.exists() or list(target.parent.iterdir()) == []
+
+    with pytest.raises(CheckpointError, match=r"step_4 .* has no COMMITTED marker"):
+        download_checkpoint(store, RUN, 4, target)
+
+
+def test_resubmitting_a_checkpoint_that_is_already_durable_uploads_nothing(store_uri, tmp_path, events):
+    store = open_store(store_uri)
+    local = make_checkpoint(tmp_path / "run", 9)
+    first = Uploader(store, RUN, **FAST)
+    first.submit(9, local)
+    assert first.close(timeout=30)
+    second = Uploader(Wrapped(store, lambda key: pytest.fail(f"uploaded {key} again")), RUN, events, **FAST)
+    second.submit(9, local)  # e.g. resumed from it and saved it again under the same step
+    assert second.close(timeout=30)
+    assert upload_ends(tmp_path) == [{"step": 9, "bytes": 0, "durable": True, "error": None}]
+
+
+def test_uncommitted_local_checkpoint_is_not_uploaded(tmp_path):
+    store = open_store(tmp_path / "bucket")
+    local = make_checkpoint(tmp_path / "run", 4)
+    (local / "COMMITTED").unlink()
+    warnings = Warnings()
+    uploader = Uploader(store, RUN, warn=warnings, **FAST)
+    uploader.submit(4, local)
+    assert not uploader.close(timeout=30)
+    assert step_keys(store, 4) == []
+    assert warnings == [f"checkpoint step 4 was not uploaded: local checkpoint not uploadable: "
+                        f"{local} has no COMMITTED marker"]
+
+
+def test_flush_until_reports_whether_the_newest_checkpoint_became_durable(tmp_path):
+    store = open_store(tmp_path / "bucket")
+    release = threading.Event()
+    uploader = Uploader(Wrapped(store, lambda key: release.wait(10)), RUN, **FAST)
+    assert uploader.flush_until(time.time() + 1)  # nothing submitted, nothing to lose
+    uploader.submit(1, make_checkpoint(tmp_path / "run", 1))
+    assert not uploader.flush_until(time.time() + 0.2)  # held up past the deadline
+    release.set()
+    assert uploader.flush_until(time.time() + 10)
+    uploader.close()
+
+
+def test_training_never_waits_on_submit(tmp_path):
+    release = threading.Event()
+    store = Wrapped(open_store(tmp_path / "bucket"), lambda key: release.wait(10))
+    uploader = Uploader(store, RUN, **FAST)
+    start = time.monotonic()
+    for step in range(1, 6):
+        uploader.submit(step, make_checkpoint(tmp_path / "run", step))
+    assert time.monotonic() - start < 0.5
+    release.set()
+    assert uploader.close(timeout=30)
+    assert uploader.durable_steps()[-1] == 5
+
+
+@pytest.mark.parametrize("backend", ["s3", "gs"])
+def test_outage_is_retried_and_caught_up_with_one_warning(backend, tmp_path, events, request):
+    server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[backend])
+    uri = parse_store_uri(server.bucket())
+    # Short SDK retries so the test sees our backoff, not the SDK's.
+    store = S3Store(uri.bucket, sdk_attempts=1) if backend == "s3" else GCSStore(uri.bucket, sdk_retry_seconds=0)
+    local = make_checkpoint(tmp_path / "run", 20)
+    before = {p: p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    warnings = Warnings()
+    uploader = Uploader(store, RUN, events, keep=2, warn=warnings, **FAST)
+    server.stop()
+    try:
+        uploader.submit(20, local)
+        deadline = time.monotonic() + 15
+        while not warnings and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # several more failed tries while the store is down
+        assert not uploader.is_durable(20)
+    finally:
+        server.start()
+    assert uploader.wait(timeout=30)
+    assert uploader.is_durable(20) and remote_checkpoints(store, RUN) == [20]
+    assert len(warnings) == 1 and "cannot reach the store" in warnings[0] and "training continues" in warnings[0]
+    assert {p: p.read_bytes() for p in local.rglob("*") if p.is_file()} == before
+    uploader.submit(21, make_checkpoint(tmp_path / "run", 21))
+    assert uploader.close(timeout=30)
+    assert len(warnings) == 1
+    assert [e["durable"] for e in upload_ends(tmp_path)] == [True, True]
+
+
+def test_event_files_are_synced_when_they_change(store_uri, tmp_path, events):
+    store = open_store(store_uri)
+    uploader = Uploader(store, RUN, **FAST)
+    events.emit("step", step=1, loss=2.5, lr=1e-4, step_seconds=0.1, samples=8, tokens=1024)
+    events_dir = tmp_path / "run" / "events"
+    assert uploader.sync_events(events_dir) == 1
+    assert uploader.sync_events(events_dir) == 0
+    events.emit("step", step=2, loss=2.4, lr=1e-4, step_seconds=0.1, samples=8, tokens=1024)
+    assert uploader.sync_events(events_dir) == 1
+    assert store.get_bytes(f"{RUN}/events/{events.path.name}") == events.path.read_bytes()
+
+    (tmp_path / "run.json").write_text("{}")
+    assert uploader.sync_small(tmp_path / "run.json", "run.json")
+    assert store.get_bytes(f"{RUN}/run.json") == b"{}"
+    uploader.close()
+
+
+def test_attempt_counter_increments_per_start(store_uri):
+    store = open_store(store_uri)
+    assert [next_attempt(store, RUN) for _ in range(3)] == [1, 2, 3]
+    assert next_attempt(store, "other-run") == 1
+
+
+def test_event_files_are_synced_in_the_background_and_at_close(tmp_path, events):
+    store = open_store(tmp_path / "bucket")
+    uploader = Uploader(store, RUN, events_dir=tmp_path / "run" / "events", events_every=0.05, **FAST)
+    events.emit("signal", signum=15, name="SIGTERM")
+    remote = f"{RUN}/events/{events.path.name}"
+    deadline = time.monotonic() + 10
+    while store.get_bytes(remote) != events.path.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.get_bytes(remote) == events.path.read_bytes()
+    events.emit("exit", code=0, reason="done", step=1)
+    uploader.close()
+    assert store.get_bytes(remote) == events.path.read_bytes()
