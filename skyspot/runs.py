@@ -41,3 +41,66 @@ def _info(built) -> dict[str, Any]:
     return {"candidates": [{"cloud": c.cloud, "region": c.region, "accelerators": c.accelerators,
                             "instance_type": c.instance_type, "spot": c.spot} for c in built.candidates],
             "recipe_fingerprint": built.recipe.fingerprint()}
+
+
+# --------------------------------------------------------------------------- reading runs back
+
+def run_events(run, *, store_ok: bool = True):
+    """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
+    from pathlib import Path
+
+    from skyspot.events import EVENTS_DIR, EventLog, parse_lines, read_events_dir
+
+    if run.run_dir and Path(run.run_dir, EVENTS_DIR).is_dir():
+        return read_events_dir(Path(run.run_dir) / EVENTS_DIR)
+    log = EventLog()
+    if not (store_ok and run.store):
+        return log
+    from skyspot.storage import join_key, open_store
+
+    store = open_store(run.store)
+    prefix = join_key(run.name, EVENTS_DIR)
+    for key in sorted(store.list(prefix)):
+        if key.endswith(".jsonl"):
+            data = store.get_bytes(key) or b""
+            parse_lines(data.decode("utf-8", errors="replace").splitlines(), key, log)
+    log.events.sort(key=lambda e: e["ts"])
+    return log
+
+
+def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
+    """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far."""
+    from skyspot.cost import cost_so_far
+
+    now = now or time.time()
+    events = log.events
+    steps = [e["step"] for e in events if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
+    where = next((e.get("where") for e in reversed(events) if e.get("type") in ("attempt_start", "start")
+                  and isinstance(e.get("where"), dict)), None) or {}
+    attempts = {e.get("attempt") for e in events if e.get("type") in ("attempt_start", "start")}
+    durable = [e.get("step") for e in events if e.get("type") == "upload_end" and e.get("durable")]
+    committed = [e.get("step") for e in events if e.get("type") == "checkpoint_end"]
+    status = run.status
+    recoveries = max(0, len(attempts) - 1)
+    if queue_record:
+        status = queue_record.get("status") or status
+        recoveries = int(queue_record.get("recovery_count") or recoveries)
+        where = {**where, "cloud": where.get("cloud") or queue_record.get("cloud"),
+                 "region": where.get("region") or queue_record.get("region")}
+    end = run.ended_at if run.terminal and run.ended_at else now
+    try:
+        cost = round(cost_so_far(log, now=end), 4) if events else 0.0
+    except Exception:  # prices unknown for this instance: show no figure rather than fail the listing
+        cost = None
+    last_ckpt = max(durable) if durable else (max(committed) if committed else None)
+    return {
+        "name": run.name, "recipe": run.recipe, "executor": run.executor, "status": status,
+        "cloud": where.get("cloud"), "region": where.get("region"),
+        "spot": where.get("spot"), "instance_type": where.get("instance_type"),
+        "step": max(steps) if steps else 0, "total_steps": run.total_steps,
+        "recoveries": recoveries,
+        "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
+        "elapsed_seconds": round(end - run.created_at, 1),
+        "cost_so_far_usd": cost, "simulated": bool(where.get("simulated")),
+        "job_id": run.job_id, "malformed_event_lines": log.malformed,
+    }

@@ -6,7 +6,9 @@ import typer
 
 from skyspot import __version__
 from skyspot.cli.launch import launch_command
+from skyspot.cli.cost import cost_report_command, prices_command
 from skyspot.cli.recipes import recipes_command, render_command
+from skyspot.cli.runs import cancel_command, logs_command, status_command
 
 app = typer.Typer(
     name="skyspot",
@@ -35,6 +37,11 @@ app.command("recipes")(recipes_command)
 app.command("ls", hidden=True)(recipes_command)
 app.command("render")(render_command)
 app.command("launch", context_settings={"allow_extra_args": False})(launch_command)
+app.command("status")(status_command)
+app.command("logs")(logs_command)
+app.command("cancel")(cancel_command)
+app.command("cost-report")(cost_report_command)
+app.command("prices")(prices_command)
 
 
 def main() -> None:  # console entry point

@@ -75,3 +75,57 @@ def submit(built: Built, *, name: str, detach: bool) -> dict[str, Any]:
     job_ids = result[0] if isinstance(result, tuple) else result
     job_id = job_ids[0] if isinstance(job_ids, list) and job_ids else job_ids
     return {"job_id": job_id}
+
+
+# Fields `status` and `cost-report` read from SkyPilot's managed-job queue (queue_v2 `fields`).
+QUEUE_FIELDS = ["job_id", "job_name", "status", "recovery_count", "job_duration", "submitted_at", "end_at",
+                "cloud", "region", "cluster_resources", "resources"]
+
+
+def api_server_healthy() -> bool:
+    """Whether SkyPilot's API server answers, without starting one (status must stay quick and quiet)."""
+    from sky.server import common as server_common
+
+    try:
+        return server_common.get_api_server_status().status == server_common.ApiServerStatus.HEALTHY
+    except Exception:
+        return False
+
+
+def queue(job_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """SkyPilot's records for these managed jobs, keyed by job id. Raises SkyspotError when unreachable."""
+    if not api_server_healthy():
+        raise SkyspotError("the SkyPilot API server is not running")
+    import sky
+
+    try:
+        result = sky.get(sky.jobs.queue_v2(refresh=False, job_ids=list(job_ids), fields=QUEUE_FIELDS))
+    except Exception as error:
+        raise SkyspotError(f"SkyPilot's job queue could not be read: {_one_line(error)}") from None
+    records = result[0] if isinstance(result, tuple) else result
+    out: dict[int, dict[str, Any]] = {}
+    for record in records or []:
+        data = record if isinstance(record, dict) else getattr(record, "model_dump", lambda: vars(record))()
+        status = data.get("status")
+        data["status"] = getattr(status, "value", status)
+        out[int(data["job_id"])] = data
+    return out
+
+
+def cancel(job_id: int) -> None:
+    import sky
+
+    try:
+        sky.get(sky.jobs.cancel(job_ids=[job_id]))
+    except Exception as error:
+        raise SkyspotError(f"SkyPilot could not cancel managed job {job_id}: {_one_line(error)}") from None
+
+
+def tail_logs(job_id: int, follow: bool) -> int:
+    import sky
+
+    try:
+        code = sky.jobs.tail_logs(job_id=job_id, follow=follow)
+    except Exception as error:
+        raise SkyspotError(f"SkyPilot could not stream the logs of managed job {job_id}: {_one_line(error)}") from None
+    return int(code or 0)

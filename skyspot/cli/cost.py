@@ -1,0 +1,189 @@
+"""`skyspot cost-report` and `skyspot prices`: estimated cost, savings and recovery figures per run."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from skyspot.cli.common import display, err, handle_errors, out
+from skyspot.errors import UsageError
+
+# Stable field names of the one-row-per-run report (JSON and CSV).
+SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",
+                  "savings_pct", "sagemaker_savings_pct", "preemptions", "recoveries", "mttr_seconds",
+                  "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "goodput", "billed_node_hours",
+                  "price_source", "price_date", "simulated", "estimated"]
+
+
+def _report(run):
+    from skyspot.cost import run_cost
+    from skyspot.runs import run_events
+
+    log = run_events(run)
+    candidates = (run.info or {}).get("candidates") or None
+    queue_record = None
+    if run.executor == "sky" and run.job_id is not None:
+        from skyspot.cli.runs import _sky_records
+
+        records, note = _sky_records([run])
+        queue_record = records.get(run.job_id)
+        if note:
+            err.print(note)
+    report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record)
+    data = report.to_dict()
+    data.update(recipe=run.recipe, executor=run.executor, status=run.status)
+    if log.malformed:
+        data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
+    return report, log, data
+
+
+@handle_errors
+def cost_report_command(
+    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="One run's breakdown; all runs when omitted."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (stable field names)."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print CSV (stable field names)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline PNG (attempts, notices, checkpoints, cost vs on-demand)."),
+) -> None:
+    """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput."""
+    from skyspot.ledger import Ledger
+
+    if as_json and as_csv:
+        raise UsageError("pick one of --json and --csv")
+    if plot and not run_name:
+        raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
+    ledger = Ledger()
+    try:
+        runs = [ledger.get(run_name)] if run_name else ledger.runs()
+    finally:
+        ledger.close()
+    reports = []
+    for run in runs:
+        try:
+            reports.append(_report(run))
+        except UsageError as error:  # e.g. an instance the price data does not know
+            err.print(f"{run.name}: no estimate ({error})")
+    if run_name and reports:
+        _one(reports[0], as_json=as_json, as_csv=as_csv, plot=plot)
+        return
+    rows = [data for _, _, data in reports]
+    if as_csv:
+        _write_csv(rows, SUMMARY_FIELDS)
+        return
+    if as_json:
+        display([{k: r.get(k) for k in SUMMARY_FIELDS} for r in rows], [], as_json=True)
+        return
+    for r in rows:
+        _format(r)
+    display(rows, [("name", "NAME"), ("status", "STATUS"), ("cost", "EST. COST"), ("baseline", "ON-DEMAND"),
+                   ("saved", "SAVED"), ("preemptions", "PREEMPTIONS"), ("mttr", "MTTR"), ("lost_steps", "LOST STEPS"),
+                   ("goodput_pct", "GOODPUT"), ("source", "PRICES")],
+            as_json=False, title="Estimated cost per run (estimates from published list prices, not a bill)",
+            empty="no runs yet: `skyspot launch tiny --local` starts one")
+
+
+def _format(r: dict) -> None:
+    money = lambda v: "-" if v is None else f"${v:,.2f}"  # noqa: E731
+    r["cost"] = money(r.get("cost_usd")) + (" (sim)" if r.get("simulated") else "")
+    r["baseline"] = money(r.get("on_demand_cost_usd"))
+    r["saved"] = "-" if r.get("savings_usd") is None else f"{money(r['savings_usd'])} ({r['savings_pct']:.0f}%)"
+    r["mttr"] = "-" if r.get("mttr_seconds") is None else f"{r['mttr_seconds']:.1f}s"
+    r["goodput_pct"] = "-" if r.get("goodput") is None else f"{100 * r['goodput']:.0f}%"
+    r["source"] = f"{r.get('price_source')} {r.get('price_date')}"
+
+
+def _write_csv(rows: list[dict], fields: list[str]) -> None:
+    writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: row.get(k) for k in fields})
+
+
+def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> None:
+    report, log, data = report_tuple
+    if plot:
+        from skyspot.cost_plot import plot_run
+
+        plot_run(report, log, plot)
+        err.print(f"wrote {plot}")
+    if as_json:
+        display([data], [], as_json=True)
+        return
+    if as_csv:
+        _write_csv([a | {"name": data["name"]} for a in data["attempts"]],
+                   ["name", "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end",
+                    "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source"])
+        return
+    _format(data)
+    display([_attempt_row(a) for a in data["attempts"]],
+            [("attempt", "ATTEMPT"), ("where", "WHERE"), ("instance_type", "INSTANCE"), ("nodes", "NODES"),
+             ("capacity", "CAPACITY"), ("duration", "DURATION"), ("end_reason", "ENDED"), ("billed_hours", "NODE-HOURS"),
+             ("cost", "EST. COST")], as_json=False, title=f"{data['name']}: attempts")
+    if data["recovery_details"]:
+        display([_recovery_row(r) for r in data["recovery_details"]],
+                [("n", "#"), ("cause", "CAUSE"), ("notice_to_checkpoint", "NOTICE->CKPT"), ("checkpoint_to_exit", "CKPT->EXIT"),
+                 ("exit_to_start", "PROVISIONING"), ("start_to_restore", "RESTORE"), ("restore_to_first_step", "FIRST STEP"),
+                 ("total", "RECOVERY"), ("lost_steps", "LOST STEPS")], as_json=False, title="recoveries")
+    sim = " Prices are those of the simulated instance this local run stands for." if data.get("simulated") else ""
+    out.print(
+        f"estimated cost {data['cost']}   on-demand baseline {data['baseline']}   saved {data['saved']}\n"
+        f"preemptions {data['preemptions']}   recoveries {data['recoveries']}   MTTR {data['mttr']}   "
+        f"lost steps {data['lost_steps']} ({data['lost_seconds']:.1f}s)   checkpoint overhead "
+        f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}   "
+        f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}\n"
+        f"prices: {data['source']} (estimates from published list prices, not a bill).{sim}")
+    for warning in data.get("warnings") or []:
+        err.print(f"note: {warning}")
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _secs(value) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _attempt_row(a: dict) -> dict:
+    return {**a, "where": "/".join(x for x in (a.get("cloud"), a.get("region")) if x),
+            "capacity": "spot" if a.get("spot") else "on-demand", "duration": _secs(a.get("seconds")),
+            "cost": "-" if a.get("cost_usd") is None else f"${a['cost_usd']:,.4f}"}
+
+
+def _recovery_row(r: dict) -> dict:
+    return {"n": r.get("to_attempt"), "cause": r.get("cause"),
+            "notice_to_checkpoint": _secs(r.get("notice_to_checkpoint_seconds")),
+            "checkpoint_to_exit": _secs(r.get("checkpoint_to_exit_seconds")),
+            "exit_to_start": _secs(r.get("exit_to_start_seconds")),
+            "start_to_restore": _secs(r.get("start_to_restore_seconds")),
+            "restore_to_first_step": _secs(r.get("restore_to_first_step_seconds")),
+            "total": _secs(r.get("total_seconds")), "lost_steps": r.get("lost_steps")}
+
+
+@handle_errors
+def prices_command(
+    cloud: Optional[str] = typer.Option(None, "--cloud", help="Only this cloud: aws, gcp or azure."),
+    instance: Optional[str] = typer.Option(None, "--instance", help="Only this instance type."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+) -> None:
+    """What the shipped price snapshot holds (cheapest zone per instance type and region)."""
+    from skyspot.pricing import SNAPSHOT_DATE, snapshot_rows
+
+    rows = snapshot_rows(cloud)
+    if instance:
+        rows = [r for r in rows if r["instance_type"] == instance]
+        if not rows:
+            raise UsageError(f"the snapshot has no instance type '{instance}'; `skyspot prices` lists them")
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["cloud"], r["instance_type"], r["region"])
+        if key not in best or (r["usd_per_hour"] or 1e18) < (best[key]["usd_per_hour"] or 1e18):
+            best[key] = r
+    rows = list(best.values())
+    display(rows, [("cloud", "CLOUD"), ("instance_type", "INSTANCE"), ("accelerator", "GPU"),
+                   ("accelerator_count", "#"), ("region", "REGION"), ("usd_per_hour", "ON-DEMAND $/H"),
+                   ("spot_usd_per_hour", "SPOT $/H")], as_json=as_json,
+            title=f"Price snapshot {SNAPSHOT_DATE} (SkyPilot catalog; see skyspot/pricing_data/SOURCE.md)")

@@ -1,0 +1,162 @@
+"""`skyspot status`, `skyspot logs` and `skyspot cancel`: local runs and SkyPilot managed jobs together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from skyspot.cli.common import confirm, display, err, handle_errors, out
+
+
+@handle_errors
+def status_command(
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of objects instead of a table."),
+    all_runs: bool = typer.Option(False, "-a", "--all", help="Include finished runs."),
+) -> None:
+    """Every run: status, where, spot or on-demand, step, #RECOVERIES, last checkpoint, elapsed, cost so far."""
+    from skyspot.ledger import Ledger
+    from skyspot.runs import run_events, summarize
+
+    ledger = Ledger()
+    try:
+        runs = ledger.runs(include_finished=True)
+    finally:
+        ledger.close()
+    if not all_runs:
+        # Finished runs are hidden, except the newest few, so a just-finished run is still seen.
+        recent = [r for r in runs if r.terminal][:5]
+        runs = [r for r in runs if not r.terminal or r in recent]
+    records, note = _sky_records([r for r in runs if r.executor == "sky"])
+    rows, skipped = [], 0
+    for run in runs:
+        try:
+            log = run_events(run, store_ok=run.executor == "sky")
+        except Exception:  # an unreachable store: still list the run, from the ledger alone
+            from skyspot.events import EventLog
+
+            log = EventLog()
+        row = summarize(run, log, records.get(run.job_id) if run.job_id is not None else None)
+        skipped += log.malformed
+        rows.append(row)
+    for row in rows:
+        row["where"] = "/".join(x for x in (row["cloud"], row["region"]) if x) or "-"
+        row["capacity"] = None if row["spot"] is None else ("spot" if row["spot"] else "on-demand")
+        row["progress"] = f"{row['step']}/{row['total_steps'] or '?'}"
+        row["cost"] = None if row["cost_so_far_usd"] is None else f"${row['cost_so_far_usd']:,.2f}" + (
+            " (sim)" if row["simulated"] else "")
+        row["elapsed"] = _duration(row["elapsed_seconds"])
+    display(rows, [("name", "NAME"), ("recipe", "RECIPE"), ("executor", "EXECUTOR"), ("status", "STATUS"),
+                   ("where", "WHERE"), ("capacity", "CAPACITY"), ("progress", "STEP"), ("recoveries", "#RECOVERIES"),
+                   ("last_checkpoint", "LAST CKPT"), ("elapsed", "ELAPSED"), ("cost", "EST. COST")],
+            as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one")
+    if note:
+        err.print(note)
+    if skipped:
+        err.print(f"skipped {skipped} malformed event line(s)")
+
+
+def _sky_records(sky_runs) -> tuple[dict, str | None]:
+    job_ids = [r.job_id for r in sky_runs if r.job_id is not None]
+    if not job_ids:
+        return {}, None
+    from skyspot.errors import SkyspotError
+    from skyspot.executors import sky as sky_executor
+
+    try:
+        return sky_executor.queue(job_ids), None
+    except SkyspotError as error:
+        return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+
+
+@handle_errors
+def logs_command(
+    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status -a`)."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."),
+) -> None:
+    """Show a run's log; -f follows it across recoveries."""
+    from skyspot.ledger import Ledger
+
+    ledger = Ledger()
+    try:
+        run = ledger.get(run_name)
+        if run.executor == "sky":
+            from skyspot.executors import sky as sky_executor
+
+            raise typer.Exit(sky_executor.tail_logs(run.job_id, follow))
+        path = Path(run.run_dir) / "logs" / "run.log"
+        offset = 0
+        while True:
+            offset = _copy_new(path, offset)
+            if not follow or ledger.get(run_name).terminal:
+                offset = _copy_new(path, offset)
+                break
+            time.sleep(0.5)
+    finally:
+        ledger.close()
+
+
+def _copy_new(path: Path, offset: int) -> int:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+    return offset + len(data)
+
+
+@handle_errors
+def cancel_command(
+    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status`)."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+) -> None:
+    """Stop a run gracefully (emergency checkpoint, then stop) and mark it CANCELLED."""
+    from skyspot.ledger import Ledger
+
+    ledger = Ledger()
+    try:
+        run = ledger.get(run_name)
+        if run.terminal:
+            err.print(f"run '{run_name}' already ended: {run.status}")
+            return
+        if not confirm(f"Cancel run '{run_name}'?", yes):
+            err.print("not cancelled")
+            raise typer.Exit(1)
+        if run.executor == "sky":
+            from skyspot.executors import sky as sky_executor
+
+            sky_executor.cancel(run.job_id)
+            ledger.update(run_name, status="CANCELLED")
+            err.print(f"cancelled managed job {run.job_id} ('{run_name}')")
+            return
+        ledger.update(run_name, status="CANCELLING")
+        try:
+            os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
+        except (ProcessLookupError, TypeError):
+            ledger.update(run_name, status="CANCELLED")
+            err.print(f"run '{run_name}' had no live controller; marked CANCELLED")
+            return
+        deadline = time.time() + 300
+        while time.time() < deadline and not ledger.get(run_name).terminal:
+            time.sleep(0.5)
+        run = ledger.get(run_name)
+        err.print(f"run '{run_name}' {run.status}")
+    finally:
+        ledger.close()

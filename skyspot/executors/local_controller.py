@@ -1,0 +1,356 @@
+"""The local controller: runs one local run to the end, as SkyPilot's managed-jobs controller would.
+
+    python -m skyspot.executors.local_controller RUN_NAME
+
+It is started by `skyspot launch --local` in its own session (so a run survives the
+terminal) and does, per attempt:
+
+1. "provision" a node group (waits --provision-delay after a preemption), choosing spot or,
+   after --fallback-after preemptions or when the trace says capacity is gone, on-demand;
+2. start the task's `run` script once per node, each in its own process group, with the
+   environment a SkyPilot node sees (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES,
+   SKYPILOT_NUM_GPUS_PER_NODE, a SKYPILOT_TASK_ID stable across recoveries, SKYPILOT_CLUSTER_INFO
+   naming the simulated cloud) and the metadata endpoints pointed at a loopback server;
+3. inject preemptions the way a cloud does: a notice through that metadata server, SIGTERM to
+   the node's processes at the deadline, SIGKILL after the grace period;
+4. recover (exit code 75 or a preemption it injected), retry on other errors up to the task's
+   max_restarts_on_errors, or finish (SUCCEEDED, FAILED, CANCELLED).
+
+`setup` is skipped: the controller runs the trainer from the very environment skyspot is
+installed in, which is what the setup script would produce.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Optional
+
+from skyspot.events import EVENTS_DIR, EventWriter, read_events_dir
+from skyspot.ledger import Ledger
+
+RECOVER_EXIT_CODE = 75
+POLL_SECONDS = 0.2
+
+# Where the simulated node "is", per cloud: a region, a zone, and for CPU recipes a stand-in
+# 8-GPU instance type the cost report prices the run as (docs/local.md).
+SIMULATED_PLACES = {
+    "aws": {"region": "us-east-1", "zone": "us-east-1a", "stand_in": "g5.48xlarge"},
+    "gcp": {"region": "us-central1", "zone": "us-central1-a", "stand_in": "g2-standard-96"},
+    "azure": {"region": "eastus", "zone": None, "stand_in": "Standard_ND96asr_v4"},
+}
+
+
+@dataclass
+class Spec:
+    """What `launch --local` hands the controller (local.json in the run root; never secrets)."""
+
+    name: str
+    recipe: str
+    run_script: str
+    task_envs: dict[str, str]
+    num_nodes: int
+    total_steps: int
+    cloud: str
+    instance_type: str
+    accelerators: Optional[str]
+    max_restarts_on_errors: int
+    preempt_every: Optional[float] = None
+    preempt_at_steps: list[int] = field(default_factory=list)
+    trace_times: list[float] = field(default_factory=list)
+    capacity_gone_after: Optional[int] = None
+    notice: float = 30.0
+    grace: float = 30.0
+    provision_delay: float = 2.0
+    fallback_after: Optional[int] = None
+    notice_poll_seconds: float = 0.5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Controller:
+    def __init__(self, run_dir: Path, spec: Spec, ledger: Ledger):
+        self.run_dir = run_dir
+        self.spec = spec
+        self.ledger = ledger
+        self.cancel = threading.Event()
+        self.preemptions = 0
+        self.errors = 0
+        self.launched_at = time.time()
+        self.log_path = run_dir / "logs" / "run.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.log: IO[str] = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+        self._log_lock = threading.Lock()
+        self.pending_steps = list(spec.preempt_at_steps)
+        self.pending_trace = list(spec.trace_times)
+
+    # ------------------------------------------------------------------ helpers
+    def say(self, line: str) -> None:
+        with self._log_lock:
+            self.log.write(f"[skyspot local] {time.strftime('%H:%M:%S')} {line}\n")
+
+    def spot_available(self) -> bool:
+        spec = self.spec
+        if spec.fallback_after is not None and self.preemptions >= spec.fallback_after:
+            return False
+        if spec.capacity_gone_after is not None and self.preemptions >= spec.capacity_gone_after:
+            return False
+        return True
+
+    def next_attempt_number(self) -> int:
+        # The trainer numbers each start (attempt counter in its run root or store). It starts
+        # from the same run root here, so the next start is one past the highest it has logged.
+        seen = [e.get("attempt", 0) for e in read_events_dir(self.run_dir / EVENTS_DIR).events
+                if e.get("rank") is not None]
+        return (max(seen) if seen else 0) + 1
+
+    def where(self, spot: bool) -> dict:
+        place = SIMULATED_PLACES[self.spec.cloud]
+        return {"cloud": self.spec.cloud, "region": place["region"], "zone": place["zone"],
+                "instance_type": self.spec.instance_type, "spot": spot, "accelerators": self.spec.accelerators,
+                "num_nodes": self.spec.num_nodes, "simulated": True}
+
+    def node_env(self, node_rank: int, where: dict, metadata_env: dict, port: int) -> dict[str, str]:
+        spec = self.spec
+        bin_dir = str(Path(sys.executable).parent)
+        cluster_info = {"cluster_name": f"{spec.name}-local", "cloud": where["cloud"].upper() if where["cloud"] != "azure"
+                        else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": spec.num_nodes,
+                        "instance_type": where["instance_type"], "use_spot": where["spot"], "simulated": True}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}
+        env.update(spec.task_envs)
+        env.update(metadata_env)
+        env.update({
+            "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
+            "SKYPILOT_NODE_RANK": str(node_rank),
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * spec.num_nodes),
+            "SKYPILOT_NUM_NODES": str(spec.num_nodes),
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+            "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
+            "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info),
+            "SKYSPOT_RUN_NAME": spec.name,
+            "SKYSPOT_RUN_DIR": str(self.run_dir),
+            "SKYSPOT_MASTER_PORT": str(port),
+            "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds),
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def _pump(self, stream: IO[bytes], prefix: str) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            with self._log_lock:
+                self.log.write(prefix + line if prefix else line)
+        stream.close()
+
+    # ------------------------------------------------------------------ one attempt
+    def run_attempt(self, attempt: int, spot: bool, metadata) -> tuple[int, str]:
+        spec = self.spec
+        where = self.where(spot)
+        events = EventWriter(self.run_dir, spec.name, attempt, 0, None)
+        events.emit("attempt_start", where=where)
+        metadata.reset()
+        port = free_port()
+        procs: list[subprocess.Popen] = []
+        pumps = []
+        for node_rank in range(spec.num_nodes):
+            proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.run_dir,
+                                    env=self.node_env(node_rank, where, metadata.env_for(), port),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(proc)
+            prefix = f"(node-{node_rank}) " if spec.num_nodes > 1 else ""
+            pump = threading.Thread(target=self._pump, args=(proc.stdout, prefix), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        self.ledger.update(spec.name, status="RUNNING", controller_pid=os.getpid(),
+                           info={**self._info(), "where": where, "attempt": attempt})
+        self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
+                 f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {spec.num_nodes} node(s)")
+
+        attempt_started = time.time()
+        steps_file = self.run_dir / EVENTS_DIR / f"attempt-{attempt}.node-0.rank-0.jsonl"
+        step, offset = 0, 0
+        notice_deadline: Optional[float] = None
+        sigterm_at: Optional[float] = None
+        killed = cancelled = False
+        first_failure: Optional[float] = None
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            now = time.time()
+            step, offset = _latest_step(steps_file, step, offset)
+            if any(c not in (None, 0) for c in codes) and first_failure is None:
+                first_failure = now  # a node died; the others must fail fast on their own
+            if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
+                self.say("a node failed and the others did not stop; killing them")
+                _signal_all(procs, signal.SIGKILL)
+            if self.cancel.is_set() and sigterm_at is None and not cancelled:
+                cancelled = True
+                self.say("cancel requested: SIGTERM to the nodes (emergency checkpoint), then stop")
+                _signal_all(procs, signal.SIGTERM)
+                sigterm_at = now
+            if notice_deadline is None and not cancelled and spot and self._should_preempt(step, attempt_started, now):
+                notice_deadline = now + spec.notice
+                metadata.announce_preemption(notice_deadline)
+                events.emit("preempt_notice_sent", deadline=notice_deadline, step=step)
+                self.say(f"preemption notice at step {step}: the node goes in {spec.notice:.0f}s")
+            if notice_deadline is not None and sigterm_at is None and now >= notice_deadline:
+                _signal_all(procs, signal.SIGTERM)
+                sigterm_at = now
+                events.emit("preempt_sigterm")
+                self.say("preemption: SIGTERM to the node's processes")
+            if sigterm_at is not None and not killed and now >= sigterm_at + spec.grace:
+                _signal_all(procs, signal.SIGKILL)
+                killed = True
+                events.emit("preempt_sigkill")
+                self.say("grace period over: SIGKILL")
+            time.sleep(POLL_SECONDS)
+        for pump in pumps:
+            pump.join(timeout=5)
+        codes = [p.returncode for p in procs]
+        code = 0 if all(c == 0 for c in codes) else (RECOVER_EXIT_CODE if RECOVER_EXIT_CODE in codes
+                                                     else next(c for c in codes if c != 0))
+        if code == 0:
+            reason = "complete"
+        elif cancelled:
+            reason = "cancelled"
+        elif notice_deadline is not None:
+            reason = "preempted"
+        elif code == RECOVER_EXIT_CODE:
+            reason = "preempted"  # a SIGTERM from elsewhere; the trainer saved and asked to be recovered
+        else:
+            reason = "error"
+        events.emit("attempt_end", code=code, reason=reason, node_codes=codes)
+        events.close()
+        return code, reason
+
+    def _should_preempt(self, step: int, attempt_started: float, now: float) -> bool:
+        spec = self.spec
+        if self.pending_steps and step >= self.pending_steps[0]:
+            self.pending_steps.pop(0)
+            return True
+        if self.pending_trace and now - self.launched_at >= self.pending_trace[0]:
+            self.pending_trace.pop(0)
+            return True
+        return spec.preempt_every is not None and now - attempt_started >= spec.preempt_every
+
+    def _info(self) -> dict:
+        run = self.ledger.get(self.spec.name)
+        return {**run.info, "preemptions": self.preemptions, "log": str(self.log_path)}
+
+    # ------------------------------------------------------------------ the whole run
+    def run(self) -> int:
+        from skyspot.metadata_server import MetadataServer
+
+        spec = self.spec
+        self.say(f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
+                 "and its dependencies (what the task's setup installs)")
+        metadata = MetadataServer().start()
+        try:
+            first = True
+            while True:
+                if self.cancel.is_set():
+                    return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
+                if not first:
+                    self.ledger.update(spec.name, status="RECOVERING", info=self._info())
+                    self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
+                    if self.cancel.wait(spec.provision_delay):
+                        return self._finish("CANCELLED", RECOVER_EXIT_CODE)
+                else:
+                    self.ledger.update(spec.name, status="STARTING", controller_pid=os.getpid())
+                spot = self.spot_available()
+                if not spot and self.preemptions and first is False:
+                    self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
+                first = False
+                code, reason = self.run_attempt(self.next_attempt_number(), spot, metadata)
+                self.say(f"attempt ended: {reason} (exit {code})")
+                if reason == "complete":
+                    return self._finish("SUCCEEDED", 0)
+                if reason == "cancelled":
+                    return self._finish("CANCELLED", code)
+                if reason == "preempted":
+                    self.preemptions += 1
+                    continue
+                self.errors += 1
+                if self.errors > spec.max_restarts_on_errors:
+                    return self._finish("FAILED", code)
+                self.say(f"restart {self.errors}/{spec.max_restarts_on_errors} after an error")
+        finally:
+            metadata.stop()
+
+    def _finish(self, status: str, code: int) -> int:
+        self.ledger.update(self.spec.name, status=status, exit_code=code, info=self._info())
+        self.say(f"run {status}")
+        self.log.close()
+        return 0 if status == "SUCCEEDED" else (code or 1)
+
+
+def _latest_step(path: Path, step: int, offset: int) -> tuple[int, int]:
+    """Read new `step` events from rank 0's events file (incrementally, from a byte offset)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return step, offset
+    end = data.rfind(b"\n")
+    if end < 0:
+        return step, offset
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") in ("step", "resume") and isinstance(event.get("step"), int):
+            step = max(step, event["step"])
+    return step, offset + end + 1
+
+
+def _signal_all(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m skyspot.executors.local_controller RUN_NAME", file=sys.stderr)
+        return 2
+    ledger = Ledger()
+    run = ledger.get(argv[0])
+    run_dir = Path(run.run_dir)
+    spec = Spec(**json.loads((run_dir / "local.json").read_text()))
+    controller = Controller(run_dir, spec, ledger)
+
+    def request_cancel(signum, frame):
+        controller.cancel.set()
+
+    signal.signal(signal.SIGTERM, request_cancel)
+    signal.signal(signal.SIGINT, request_cancel)
+    try:
+        return controller.run()
+    except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
+        ledger.update(spec.name, status="FAILED", exit_code=1)
+        controller.say(f"controller failed: {type(error).__name__}: {error}")
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
