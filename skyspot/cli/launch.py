@@ -46,6 +46,7 @@ def launch_command(
 
     if dry_run or not run_local:
         _show_plan(built)
+        show_window_check(built.recipe, warn_only=not dry_run)
     if dry_run:
         out.file.write(built.yaml)
         return
@@ -102,3 +103,33 @@ def _show_plan(built) -> None:
         price = "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:,.2f}"
         table.add_row(str(r["n"]), r["cloud"], r["region"], r["accelerators"], r["instance"], r["capacity"], price)
     err.print(table)
+
+
+def show_window_check(recipe, *, warn_only: bool) -> None:
+    """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
+    from rich.table import Table
+
+    from skyspot.planning import check_notice_windows
+
+    report = check_notice_windows(recipe)
+    if not report.state.known:
+        err.print(f"notice-window check skipped: {report.state.note}")
+        return
+    failing = [c for c in report.checks if c.verdict != "durable in time"]
+    if warn_only:
+        if failing:
+            err.print(f"warning: an emergency checkpoint cannot become durable within the notice window on "
+                      f"{', '.join(c.cloud for c in failing)}; a preemption there falls back to the last durable "
+                      f"interval checkpoint. `skyspot launch {recipe.name} --dry-run` shows the figures and fixes.")
+        return
+    gb = report.state.bytes_per_node / 1e9
+    table = Table(title=f"Emergency checkpoint vs notice window ({gb:,.1f} GB of ZeRO-3 state per node)",
+                  header_style="bold")
+    for header in ("CLOUD", "WINDOW", "LOCAL COMMIT", "DURABLE IN BUCKET", "VERDICT"):
+        table.add_column(header)
+    for check in report.checks:
+        table.add_row(check.cloud, f"{check.window_s:.0f}s", f"{check.local_at_s:,.0f}s", f"{check.durable_at_s:,.0f}s",
+                      check.verdict)
+    err.print(table)
+    for line in report.advice:
+        err.print(f"- {line}", markup=False)
