@@ -16,6 +16,7 @@ EVENT_TYPES and documented in docs/events.md.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -104,6 +105,69 @@ class EventLog:
         return [e for e in self.events if e.get("type") in types]
 
 
+# Fields readers compute with, and what they must hold when present. A line that disagrees
+# (a torn write, a foreign file, a hand edit) is skipped and counted, so one bad line can
+# never crash `status` or `cost-report` or skew a figure. Other fields are not checked.
+_INT = "int"  # an int (not a bool) or null
+_SECONDS = "seconds"  # a finite number or null
+_LABEL = "label"  # a string or null (used as a key)
+_FIELD_KINDS: dict[str, str] = {
+    "node_rank": _INT, "rank": _INT, "step": _INT, "run_id": _LABEL, "kind": _LABEL,
+    "step_seconds": _SECONDS, "blocked_seconds": _SECONDS, "load_seconds": _SECONDS,
+}
+_WHERE_KINDS: dict[str, str] = {
+    "cloud": _LABEL, "region": _LABEL, "zone": _LABEL, "instance_type": _LABEL, "num_nodes": _INT,
+}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if value is None:
+        return True
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == _SECONDS:
+        return _is_number(value)
+    return isinstance(value, str)
+
+
+def _valid_where(where: Any) -> bool:
+    if where is None:
+        return True
+    if not isinstance(where, dict):
+        return False
+    if not all(_fits(where.get(key), kind) for key, kind in _WHERE_KINDS.items()):
+        return False
+    if isinstance(where.get("num_nodes"), int) and where["num_nodes"] < 1:
+        return False
+    if not isinstance(where.get("spot"), (bool, str, type(None))):
+        return False
+    accelerators = where.get("accelerators")
+    if isinstance(accelerators, dict):
+        return all(isinstance(k, str) and _is_number(v) and v >= 0 for k, v in accelerators.items())
+    if isinstance(accelerators, str) and accelerators:
+        count = accelerators.partition(":")[2]
+        return not count or count.isascii() and count.isdigit()
+    return accelerators is None or accelerators == ""
+
+
+def valid_event(event: Any) -> bool:
+    """Whether a decoded line is an event readers can use (see _FIELD_KINDS)."""
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str) or not _is_number(event.get("ts")):
+        return False
+    attempt = event.get("attempt", 0)
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        return False
+    if not all(_fits(event.get(key), kind) for key, kind in _FIELD_KINDS.items()):
+        return False
+    if event["type"] == "step" and not isinstance(event.get("step"), int):
+        return False
+    return _valid_where(event.get("where"))
+
+
 def parse_lines(lines: Iterable[str], source: str, log: EventLog) -> None:
     """Parse JSON lines into `log`, skipping (and counting) anything that is not a valid event."""
     for number, line in enumerate(lines, 1):
@@ -112,11 +176,9 @@ def parse_lines(lines: Iterable[str], source: str, log: EventLog) -> None:
             continue
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             event = None
-        if (not isinstance(event, dict) or not isinstance(event.get("type"), str)
-                or not isinstance(event.get("ts"), (int, float))
-                or not isinstance(event.get("attempt", 0), int)):
+        if not valid_event(event):
             log.malformed += 1
             log.malformed_where.append(f"{source}:{number}")
             continue
@@ -131,12 +193,13 @@ def read_events_dir(directory: str | os.PathLike) -> EventLog:
         return log
     for path in sorted(directory.glob("*.jsonl")):
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            # Bytes, not text mode: universal newlines would split a line at a stray "\r".
+            text = path.read_bytes().decode("utf-8", errors="replace")
         except OSError:
             log.malformed += 1
             log.malformed_where.append(str(path))
             continue
-        parse_lines(text.splitlines(), str(path), log)
+        parse_lines(text.split("\n"), str(path), log)
     log.events.sort(key=lambda e: e["ts"])
     return log
 
@@ -168,6 +231,6 @@ class EventTail:
             if end < 0:
                 continue
             self._offsets[path] = offset + end + 1
-            parse_lines(data[:end].decode("utf-8", errors="replace").splitlines(), str(path), log)
+            parse_lines(data[:end].decode("utf-8", errors="replace").split("\n"), str(path), log)
         log.events.sort(key=lambda e: e["ts"])
         return log.events

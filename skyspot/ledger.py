@@ -10,6 +10,7 @@ run at once without corrupting anything. Files are private to the user (0600/070
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
@@ -46,7 +47,13 @@ STATUSES = {"PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING"} | TERM
 
 def skyspot_home() -> Path:
     home = Path(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as error:
+        raise SkyspotError(f"cannot use {home} as skyspot's home ({error.strerror or error}); "
+                           "set SKYSPOT_HOME to a directory you own") from None
+    if not home.is_dir():
+        raise SkyspotError(f"{home} is not a directory; set SKYSPOT_HOME to a directory you own")
     return home
 
 
@@ -73,32 +80,68 @@ class Run:
         return self.status in TERMINAL
 
 
+# Column -> the Python types a row may hold there; a row that disagrees is damaged.
+_NUMBER = (int, float)
+_COLUMN_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "recipe": (str,), "executor": (str,), "status": (str,),
+    "created_at": _NUMBER, "updated_at": _NUMBER, "ended_at": _NUMBER + (type(None),),
+    "run_dir": (str, type(None)), "store": (str, type(None)),
+    "job_id": (int, type(None)), "controller_pid": (int, type(None)), "total_steps": (int, type(None)),
+    "num_nodes": (int, type(None)), "exit_code": (int, type(None)), "info": (str, type(None)),
+}
+
+
 class Ledger:
     def __init__(self, path: Optional[Path] = None):
         self.path = Path(path) if path else skyspot_home() / "ledger.db"
-        new = not self.path.exists()
-        if new:
-            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
-            os.close(fd)
+        self.skipped_rows = 0
+        """Damaged rows `runs()` left out (wrong types in a column)."""
+        try:
+            if not self.path.exists():
+                fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+                os.close(fd)
+            elif self.path.is_file() and self.path.stat().st_mode & 0o077 and self.path.stat().st_uid == os.getuid():
+                os.chmod(self.path, 0o600)  # a ledger from an older version or a copy: make it private again
+        except OSError as error:
+            raise SkyspotError(f"cannot open the ledger {self.path} ({error.strerror or error}); "
+                               "check SKYSPOT_HOME") from None
         try:
             self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout=30000")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(SCHEMA)
+            self._columns = [d[0] for d in self._db.execute("SELECT * FROM runs LIMIT 0").description]
         except sqlite3.DatabaseError as error:
-            raise SkyspotError(f"the ledger {self.path} is damaged ({error}); move it aside to start a new one") from None
+            raise self._damaged(error) from None
+
+    def _damaged(self, error: Exception) -> SkyspotError:
+        return SkyspotError(f"the ledger {self.path} is damaged ({error}); move it aside to start a new one")
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as error:
+            raise self._damaged(error) from None
 
     def close(self) -> None:
         self._db.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as error:
+            raise self._damaged(error) from None
         try:
             yield self._db
             self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
+        except BaseException as error:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.DatabaseError:
+                pass
+            if isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.IntegrityError):
+                raise self._damaged(error) from None
             raise
 
     def add(self, name: str, recipe: str, executor: str, *, status: str = "PENDING", **fields: Any) -> None:
@@ -125,33 +168,48 @@ class Ledger:
             db.execute(f"UPDATE runs SET {assignments} WHERE name = ?", [*fields.values(), name])
 
     def get(self, name: str) -> Run:
-        row = self._db.execute("SELECT * FROM runs WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            names = [r[0] for r in self._db.execute("SELECT name FROM runs ORDER BY created_at DESC LIMIT 200")]
+        rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
+        if not rows:
+            names = [r[0] for r in self._query("SELECT name FROM runs ORDER BY created_at DESC LIMIT 200")
+                     if isinstance(r[0], str)]
             import difflib
 
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise UsageError(f"no run named '{name}'{hint} `skyspot status -a` lists runs")
-        return self._row(row)
+        try:
+            return self._row(rows[0])
+        except ValueError as error:
+            raise SkyspotError(f"the ledger's row for run '{name}' is damaged ({error}); "
+                               f"move {self.path} aside to start a new ledger") from None
 
     def runs(self, include_finished: bool = True) -> list[Run]:
-        rows = self._db.execute("SELECT * FROM runs ORDER BY created_at DESC").fetchall()
+        # Sorted here, not by SQLite: a damaged created_at must not reorder or break the listing.
         runs = []
-        for row in rows:
+        self.skipped_rows = 0
+        for row in self._query("SELECT * FROM runs"):
             try:
                 run = self._row(row)
-            except (ValueError, TypeError):
-                continue  # a damaged row: skip it rather than fail the listing
+            except ValueError:
+                self.skipped_rows += 1  # a damaged row: skip it rather than fail the listing
+                continue
             if include_finished or not run.terminal:
                 runs.append(run)
+        runs.sort(key=lambda r: r.created_at, reverse=True)
         return runs
 
     def _row(self, row: tuple) -> Run:
-        columns = [d[0] for d in self._db.execute("SELECT * FROM runs LIMIT 0").description]
-        data = dict(zip(columns, row))
+        """A row as a Run; ValueError when a column holds what this version never writes there."""
+        data = dict(zip(self._columns, row))
+        for column, types in _COLUMN_TYPES.items():
+            value = data.get(column)
+            if not isinstance(value, types) or isinstance(value, bool):
+                raise ValueError(f"column {column} holds {type(value).__name__}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"column {column} holds {value}")
         try:
-            data["info"] = json.loads(data.get("info") or "{}")
+            info = json.loads(data.get("info") or "{}")
         except ValueError:
-            data["info"] = {}
-        return Run(**data)
+            info = {}  # what was launched still shows; only the extras are lost
+        data["info"] = info if isinstance(info, dict) else {}
+        return Run(**{column: data.get(column) for column in _COLUMN_TYPES})

@@ -18,10 +18,10 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from skyspot.errors import RecipeError, UsageError
 
@@ -45,19 +45,47 @@ KNOWN_ACCELERATORS = (
 
 ENV_PREFIX = "SKYSPOT_"
 
+# Bounds on what a recipe file can ask for. Recipe values end up in YAML, shell commands,
+# SQLite INTEGER columns (int64) and the trainer, so nothing unbounded gets through.
+MAX_RECIPE_BYTES = 1 << 20
+MAX_RECIPE_NODES = 100_000  # YAML scalars after aliases are expanded (a "billion laughs" file stops here)
+BIG = 10**12  # steps, samples and the like: far beyond any run, far below int64
+
+# Hugging Face repo ids: `name` or `org/name`, letters, digits, '-', '_', '.', no '..' (huggingface_hub validate_repo_id).
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?")
+
+
+def _one_line(value: str) -> str:
+    # A recipe string reaches a YAML comment, a shell variable or a log line: a line break or a
+    # control character there could inject a key, break the YAML or forge a line.
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ValueError(f"must be one line of printable text (found {bad!r})")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_one_line)]
+
+
+def _hub_id(value: Optional[str]) -> Optional[str]:
+    if value is not None and (not _HUB_ID.fullmatch(value) or ".." in value):
+        # repr: the message crosses into pydantic-core, which cannot carry lone surrogates.
+        raise ValueError(f"{value!r} is not a Hugging Face repo id (org/name)")
+    return value
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
-    hub_id: Optional[str] = None
+    hub_id: Annotated[Optional[str], AfterValidator(_hub_id)] = None
     """Hugging Face hub id of the base model (e.g. meta-llama/Llama-3.1-70B)."""
     config: Optional[dict[str, Any]] = None
     """An inline transformers config (LlamaConfig fields) for a model built from scratch, no download."""
     gated: bool = False
     """The hub model needs an access token: HF_TOKEN is passed to the task as a secret."""
-    tokenizer: Optional[str] = None
+    tokenizer: Annotated[Optional[str], AfterValidator(lambda v: v if v == "bytes" else _hub_id(v))] = None
     """Tokenizer hub id; default the model's own. `bytes` is the built-in byte tokenizer (no download)."""
 
     @model_validator(mode="after")
@@ -70,32 +98,50 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    source: str
-    """`synthetic`, a hub dataset `hf://org/name`, or a JSONL/text file path or URI (s3://, gs://)."""
-    text_field: str = "text"
+    source: Text = Field(min_length=1)
+    """`synthetic`, a hub dataset `hf://org/name`, or a JSONL/text file path or URI (s3://, gs://, az://)."""
+    text_field: Text = "text"
     """The field of each JSONL record (or hub dataset row) that holds the text."""
-    split: str = "train"
+    split: Text = "train"
     """Hub dataset split."""
-    num_samples: int = Field(4096, ge=1)
+    num_samples: int = Field(4096, ge=1, le=BIG)
     """Synthetic set only: how many sequences it holds."""
     shuffle: bool = True
     """Shuffle the sample order each epoch (deterministically, from train.seed and the epoch)."""
 
+    @field_validator("source")
+    @classmethod
+    def _valid_source(cls, value: str) -> str:
+        # The task mounts a bucket source and hands the mount path to the trainer, so only
+        # bucket URIs the store knows (s3, gs, az) or hf:// may carry a scheme.
+        if value.startswith("hf://"):
+            return "hf://" + _hub_id(value[len("hf://"):])
+        if "://" in value:
+            from skyspot.storage import parse_store_uri  # import-light: no cloud SDKs
+            try:
+                uri = parse_store_uri(value)
+            except UsageError as err:
+                raise ValueError(str(err).replace("store", "data source", 1)
+                                 + " (or synthetic, or hf://ORG/NAME)") from None
+            if uri.scheme == "file":
+                return uri.prefix  # file:///x is the local path /x
+        return value
+
 
 class TrainSection(_Section):
-    steps: int = Field(ge=1)
+    steps: int = Field(ge=1, le=BIG)
     """Optimizer steps to train."""
-    micro_batch_size: int = Field(ge=1)
+    micro_batch_size: int = Field(ge=1, le=1 << 20)
     """Sequences per rank per forward pass."""
-    grad_accum: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1, le=1 << 20)
     """Micro-batches accumulated per optimizer step."""
     lr: float = Field(gt=0)
     """Peak learning rate."""
-    seq_len: int = Field(ge=8)
+    seq_len: int = Field(ge=8, le=1 << 24)
     """Tokens per packed sequence."""
-    seed: int = 1234
-    """Seed for model init, data order and dropout."""
-    warmup_steps: int = Field(0, ge=0)
+    seed: int = Field(1234, ge=0, lt=2**32)
+    """Seed for model init, data order and dropout (numpy and torch both take 0 <= seed < 2**32)."""
+    warmup_steps: int = Field(0, ge=0, le=BIG)
     """Linear warm-up steps, then cosine decay to lr * min_lr_ratio."""
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """Final learning rate as a fraction of the peak."""
@@ -103,7 +149,7 @@ class TrainSection(_Section):
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, ge=0)
     """Gradient norm clipping (0 disables)."""
-    log_every: int = Field(10, ge=1)
+    log_every: int = Field(10, ge=1, le=BIG)
     """Print a loss line every N steps (rank 0)."""
 
 
@@ -123,11 +169,11 @@ class DeepSpeedSection(_Section):
 
 
 class CheckpointSection(_Section):
-    every_steps: Optional[int] = Field(None, ge=1)
+    every_steps: Optional[int] = Field(None, ge=1, le=BIG)
     """Interval checkpoint every N steps."""
     every_seconds: Optional[Union[float, Literal["auto"]]] = None
     """Interval checkpoint every N seconds of training; `auto` plans it from the preemption rate."""
-    keep: int = Field(3, ge=1)
+    keep: int = Field(3, ge=1, le=1000)
     """Committed checkpoints kept per tier (the newest valid one is never deleted)."""
 
     @field_validator("every_seconds")
@@ -139,23 +185,23 @@ class CheckpointSection(_Section):
 
 
 class ResourcesSection(_Section):
-    accelerators: list[str] = Field(default_factory=list)
+    accelerators: list[Text] = Field(default_factory=list)
     """Accelerator candidates per node as SkyPilot spells them, e.g. `H100:8`. Empty: CPU nodes."""
-    num_nodes: int = Field(ge=1)
+    num_nodes: int = Field(ge=1, le=1024)
     """Nodes in the cluster."""
     clouds: list[Cloud] = Field(default_factory=lambda: list(CLOUDS))
     """Clouds to place the job on."""
-    regions: list[str] = Field(default_factory=list)
+    regions: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]] = Field(default_factory=list)
     """Optional: restrict placement to these regions (each belongs to one of the clouds)."""
     spot: bool = True
     """Use spot/preemptible capacity first."""
     on_demand_fallback: bool = True
     """Add on-demand candidates after every spot candidate."""
-    cpu_ranks: Optional[int] = Field(None, ge=1)
+    cpu_ranks: Optional[int] = Field(None, ge=1, le=1024)
     """Ranks per node when there are no accelerators (CPU training)."""
-    cpus: Optional[str] = None
+    cpus: Optional[Annotated[str, Field(pattern=r"^[0-9]{1,4}(\.[0-9]{1,2})?\+?$")]] = None
     """vCPUs per node as SkyPilot spells them (`8+`)."""
-    disk_size: int = Field(256, ge=50)
+    disk_size: int = Field(256, ge=50, le=65536)
     """Disk per node in GB (the fast checkpoint tier lives there)."""
     local_only: bool = False
     """The recipe is meant for the embedded local executor (e.g. `tiny`): `launch` runs it locally."""
@@ -183,9 +229,9 @@ class ResourcesSection(_Section):
             if name not in KNOWN_ACCELERATORS:
                 close = difflib.get_close_matches(name.upper(), KNOWN_ACCELERATORS, n=1, cutoff=0.5)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
-                problems.append(f"unknown accelerator '{name}'{hint} (known: {', '.join(KNOWN_ACCELERATORS)})")
-            elif count and (not count.isdigit() or int(count) < 1):
-                problems.append(f"accelerator count in '{spec}' must be a positive integer")
+                problems.append(f"unknown accelerator {name!r}{hint} (known: {', '.join(KNOWN_ACCELERATORS)})")
+            elif count and (not re.fullmatch(r"[0-9]{1,3}", count) or not 1 <= int(count) <= 64):
+                problems.append(f"accelerator count in {spec!r} must be an integer from 1 to 64")
         if problems:
             raise ValueError("; ".join(problems))
         return value
@@ -208,7 +254,7 @@ class ResourcesSection(_Section):
 
 
 class StorageSection(_Section):
-    store: Optional[str] = None
+    store: Optional[Text] = None
     """Where the run's checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."""
 
     @field_validator("store")
@@ -217,16 +263,18 @@ class StorageSection(_Section):
         if value:
             from skyspot.storage import parse_store_uri  # import-light: no cloud SDKs
             try:
-                parse_store_uri(value)
+                uri = parse_store_uri(value)
             except UsageError as err:
                 raise ValueError(str(err)) from None
+            if uri.scheme == "file" and "://" in value:
+                return uri.prefix  # file:///x is the local path /x, not a bucket to mount
         return value
 
 
 class Recipe(_Section):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     """Recipe name (lowercase letters, digits, hyphens)."""
-    description: str = ""
+    description: Text = Field("", max_length=500)
     """One line: what this recipe trains."""
     model: ModelSection
     data: DataSection
@@ -278,11 +326,28 @@ def _key_lines(text: str) -> dict[str, int]:
     return lines
 
 
+def _too_big(data: Any, budget: int = MAX_RECIPE_NODES) -> bool:
+    """Whether `data` expands to more than `budget` values (aliases counted each time they are used)."""
+    stack, seen = [data], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > budget:
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple, set)):
+            stack.extend(node)
+    return False
+
+
 def _parse_value(raw: str) -> Any:
     try:
-        return yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except (yaml.YAMLError, RecursionError):
         return raw
+    return raw if _too_big(value, 10_000) else value
 
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[str, Any]]:
@@ -357,9 +422,16 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     path = recipe_path(name_or_path)
     source = str(path) if name_or_path not in REGISTRY else f"recipes/{REGISTRY[name_or_path]}"
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read recipe '{path}': {err}") from None
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_RECIPE_BYTES + 1)
+    except OSError as err:
+        raise UsageError(f"cannot read recipe '{path}': {err.strerror or err}") from None
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise RecipeError(source, [f"the file is larger than {MAX_RECIPE_BYTES >> 10} KiB; a recipe is a short YAML file"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RecipeError(source, [f"not UTF-8 text (byte {err.start})"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -367,8 +439,13 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise RecipeError(where, [f"malformed YAML: {problem}"]) from None
+    except RecursionError:
+        raise RecipeError(source, ["malformed YAML: nested too deeply"]) from None
     if not isinstance(data, dict):
         raise RecipeError(source, ["a recipe must be a YAML mapping of sections"])
+    if _too_big(data):
+        raise RecipeError(source, [f"more than {MAX_RECIPE_NODES} values once YAML aliases are expanded "
+                                   "(or an alias that refers to itself)"])
 
     problems: list[str] = []
     env_pairs = env_overrides(environ if environ is not None else os.environ)
@@ -389,7 +466,10 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
-        lines = _key_lines(text)
+        try:
+            lines = _key_lines(text)
+        except RecursionError:
+            lines = {}
         for error in err.errors():
             loc = ".".join(str(p) for p in error["loc"] if not isinstance(p, int))
             message = error["msg"].removeprefix("Value error, ")

@@ -10,11 +10,12 @@ from typing import Any, Optional
 from skyspot.errors import UsageError
 
 # A run name becomes a directory and a SkyPilot job name: no separators, no dots, nothing to escape with.
-RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+RUN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
 def check_run_name(name: str) -> str:
-    if not RUN_NAME.match(name or ""):
+    # fullmatch: `$` in re.match would also accept a trailing newline.
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
         raise UsageError(f"run name '{name}' is not allowed: use 1-63 lowercase letters, digits and hyphens, "
                          "starting with a letter or digit")
     return name
@@ -63,7 +64,7 @@ def run_events(run, *, store_ok: bool = True):
     for key in sorted(store.list(prefix)):
         if key.endswith(".jsonl"):
             data = store.get_bytes(key) or b""
-            parse_lines(data.decode("utf-8", errors="replace").splitlines(), key, log)
+            parse_lines(data.decode("utf-8", errors="replace").split("\n"), key, log)
     log.events.sort(key=lambda e: e["ts"])
     return log
 
@@ -78,8 +79,9 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
     where = next((e.get("where") for e in reversed(events) if e.get("type") in ("attempt_start", "start")
                   and isinstance(e.get("where"), dict)), None) or {}
     attempts = {e.get("attempt") for e in events if e.get("type") in ("attempt_start", "start")}
-    durable = [e.get("step") for e in events if e.get("type") == "upload_end" and e.get("durable")]
-    committed = [e.get("step") for e in events if e.get("type") == "checkpoint_end"]
+    durable = [e["step"] for e in events
+               if e.get("type") == "upload_end" and e.get("durable") is True and isinstance(e.get("step"), int)]
+    committed = [e["step"] for e in events if e.get("type") == "checkpoint_end" and isinstance(e.get("step"), int)]
     status = run.status
     recoveries = max(0, len(attempts) - 1)
     if queue_record:

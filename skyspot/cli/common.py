@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from typing import Any, Callable, Iterable, Sequence
@@ -20,8 +21,15 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, emoji=False)
     return typer.Exit(code)
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and control characters escaped, so an error stays one line
+    whatever the user typed (a name with a newline, a byte that is not UTF-8)."""
+    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
 
 
 def handle_errors(fn: Callable) -> Callable:
@@ -32,7 +40,7 @@ def handle_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except SkyspotError as error:
-            raise fail(_escape(str(error)), error.exit_code) from None
+            raise fail(_escape(one_line(str(error))), error.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
@@ -50,7 +58,7 @@ def display(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], 
             title: str | None = None, empty: str = "nothing to show") -> None:
     """Render rows as a rich table (columns: (key, header)) or as a JSON list of the full row dicts."""
     if as_json:
-        sys.stdout.write(json.dumps(list(rows), indent=2, default=str) + "\n")
+        sys.stdout.write(json.dumps(_finite(list(rows)), indent=2, default=str, allow_nan=False) + "\n")
         return
     if not rows:
         err.print(empty)
@@ -61,6 +69,17 @@ def display(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], 
     for row in rows:
         table.add_row(*[_cell(row.get(key)) for key, _ in columns])
     out.print(table)
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as null: they are not JSON, and a figure that is not finite is unknown."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _cell(value: Any) -> str:
@@ -97,3 +116,45 @@ def confirm(question: str, assume_yes: bool) -> bool:
 
 def join(items: Iterable[Any]) -> str:
     return ", ".join(str(i) for i in items)
+
+
+# --------------------------------------------------------------------------- usage errors on one line
+# Click reports a bad option or a missing argument as "Usage: ... Try ... Error: ..." over four
+# lines. These classes (Typer(cls=OneLineGroup), app.command(cls=OneLineCommand)) make it the
+# same one line every other error is: `error: ...`, exit 2.
+try:  # recent Typer vendors Click as typer._click; older releases use Click itself
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as _click_exceptions
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
+
+
+class _OneLineUsageError(_click_exceptions.ClickException):
+    exit_code = 2
+
+    def show(self, file=None) -> None:
+        err.print(f"[bold red]error:[/] {_escape(one_line(self.format_message()))} (see --help)",
+                  markup=True, highlight=False, emoji=False)
+
+
+class _OneLineUsage:
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except _click_exceptions.UsageError as error:
+            raise _OneLineUsageError(error.format_message()) from None
+
+    def resolve_command(self, ctx, args):
+        try:
+            return super().resolve_command(ctx, args)
+        except _click_exceptions.UsageError as error:
+            raise _OneLineUsageError(error.format_message()) from None
+
+
+class OneLineCommand(_OneLineUsage, TyperCommand):
+    """A command whose usage errors are one `error:` line."""
+
+
+class OneLineGroup(_OneLineUsage, TyperGroup):
+    """The application group: unknown commands are one `error:` line too."""
+

@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import display, err, handle_errors, out
-from skyspot.errors import UsageError
+from skyspot.cli.common import display, err, handle_errors, one_line, out
+from skyspot.errors import SkyspotError, UsageError
 
 # Stable field names of the one-row-per-run report (JSON and CSV).
 SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",
@@ -24,7 +24,9 @@ def _report(run):
     from skyspot.runs import run_events
 
     log = run_events(run)
-    candidates = (run.info or {}).get("candidates") or None
+    candidates = run.info.get("candidates") or None
+    if not (isinstance(candidates, list) and all(isinstance(c, dict) for c in candidates)):
+        candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
     queue_record = None
     if run.executor == "sky" and run.job_id is not None:
         from skyspot.cli.runs import _sky_records
@@ -33,7 +35,11 @@ def _report(run):
         queue_record = records.get(run.job_id)
         if note:
             err.print(note)
-    report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record)
+    try:
+        report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record)
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
+        # Events passed the reader's checks yet still do not add up: say so for this run only.
+        raise SkyspotError(f"the events of run '{run.name}' do not add up ({type(error).__name__}: {error})") from None
     data = report.to_dict()
     data.update(recipe=run.recipe, executor=run.executor, status=run.status)
     if log.malformed:
@@ -58,17 +64,27 @@ def cost_report_command(
     ledger = Ledger()
     try:
         runs = [ledger.get(run_name)] if run_name else ledger.runs()
+        damaged_rows = ledger.skipped_rows
     finally:
         ledger.close()
     reports = []
     for run in runs:
         try:
             reports.append(_report(run))
-        except UsageError as error:  # e.g. an instance the price data does not know
-            err.print(f"{run.name}: no estimate ({error})")
+        except SkyspotError as error:  # e.g. an instance the price data does not know, a store out of reach
+            if run_name:
+                raise
+            err.print(one_line(f"{run.name}: no estimate ({error})"), markup=False)
+    if damaged_rows:
+        err.print(f"skipped {damaged_rows} damaged ledger row(s)")
+    malformed = sum(log.malformed for _, log, _ in reports)
     if run_name and reports:
         _one(reports[0], as_json=as_json, as_csv=as_csv, plot=plot)
+        if malformed and (as_json or as_csv):
+            err.print(f"skipped {malformed} malformed event line(s)")
         return
+    if malformed:
+        err.print(f"skipped {malformed} malformed event line(s)")
     rows = [data for _, _, data in reports]
     if as_csv:
         _write_csv(rows, SUMMARY_FIELDS)
@@ -89,10 +105,12 @@ def _format(r: dict) -> None:
     money = lambda v: "-" if v is None else f"${v:,.2f}"  # noqa: E731
     r["cost"] = money(r.get("cost_usd")) + (" (sim)" if r.get("simulated") else "")
     r["baseline"] = money(r.get("on_demand_cost_usd"))
-    r["saved"] = "-" if r.get("savings_usd") is None else f"{money(r['savings_usd'])} ({r['savings_pct']:.0f}%)"
+    # savings_pct is None when there is no baseline yet (a run with no events): show the amount alone.
+    r["saved"] = "-" if r.get("savings_usd") is None else money(r["savings_usd"]) + (
+        "" if r.get("savings_pct") is None else f" ({r['savings_pct']:.0f}%)")
     r["mttr"] = "-" if r.get("mttr_seconds") is None else f"{r['mttr_seconds']:.1f}s"
     r["goodput_pct"] = "-" if r.get("goodput") is None else f"{100 * r['goodput']:.0f}%"
-    r["source"] = f"{r.get('price_source')} {r.get('price_date')}"
+    r["source"] = f"{r.get('price_source')} {r.get('price_date')}" if r.get("price_source") else "-"
 
 
 def _write_csv(rows: list[dict], fields: list[str]) -> None:
@@ -107,7 +125,10 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
     if plot:
         from skyspot.cost_plot import plot_run
 
-        plot_run(report, log, plot)
+        try:
+            plot_run(report, log, plot)
+        except OSError as error:
+            raise UsageError(f"cannot write {plot}: {error.strerror or error}") from None
         err.print(f"wrote {plot}")
     if as_json:
         display([data], [], as_json=True)
@@ -121,7 +142,8 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
     display([_attempt_row(a) for a in data["attempts"]],
             [("attempt", "ATTEMPT"), ("where", "WHERE"), ("instance_type", "INSTANCE"), ("nodes", "NODES"),
              ("capacity", "CAPACITY"), ("duration", "DURATION"), ("end_reason", "ENDED"), ("billed_hours", "NODE-HOURS"),
-             ("cost", "EST. COST")], as_json=False, title=f"{data['name']}: attempts")
+             ("cost", "EST. COST")], as_json=False, title=f"{data['name']}: attempts",
+            empty=f"run '{data['name']}' has no events yet")
     if data["recovery_details"]:
         display([_recovery_row(r) for r in data["recovery_details"]],
                 [("n", "#"), ("cause", "CAUSE"), ("notice_to_checkpoint", "NOTICE->CKPT"), ("checkpoint_to_exit", "CKPT->EXIT"),

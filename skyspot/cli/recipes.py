@@ -52,12 +52,37 @@ def render_command(
     if output is None:
         out.file.write(text)
         return
-    if output.exists() and output.is_dir():
+    if output.is_dir():
         raise UsageError(f"-o {output} is a directory; name a file")
-    tmp = output.with_name(output.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(output)
-    except OSError as error:
-        raise UsageError(f"cannot write {output}: {error.strerror}") from None
+    _write_atomically(output, text)
     err.print(f"wrote {output}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` or leave it untouched. The temp file is created exclusively
+    (mkstemp), so a planted `FILE.tmp` symlink cannot redirect the write."""
+    import os
+    import tempfile
+
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

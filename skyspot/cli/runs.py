@@ -25,6 +25,7 @@ def status_command(
     ledger = Ledger()
     try:
         runs = ledger.runs(include_finished=True)
+        damaged_rows = ledger.skipped_rows
     finally:
         ledger.close()
     if not all_runs:
@@ -58,6 +59,8 @@ def status_command(
         err.print(note)
     if skipped:
         err.print(f"skipped {skipped} malformed event line(s)")
+    if damaged_rows:
+        err.print(f"skipped {damaged_rows} damaged ledger row(s); `skyspot cost-report` skips them too")
 
 
 def _sky_records(sky_runs) -> tuple[dict, str | None]:
@@ -97,6 +100,10 @@ def logs_command(
             from skyspot.executors import sky as sky_executor
 
             raise typer.Exit(sky_executor.tail_logs(run.job_id, follow))
+        if not run.run_dir:
+            from skyspot.errors import SkyspotError
+
+            raise SkyspotError(f"run '{run_name}' has no local run directory in the ledger, so no log to show")
         path = Path(run.run_dir) / "logs" / "run.log"
         offset = 0
         while True:

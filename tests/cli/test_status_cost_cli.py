@@ -1,0 +1,370 @@
+"""`status` and `cost-report` on runs built by hand (a ledger row plus event lines, no training):
+their stable fields, and what they do with damaged event logs and a damaged ledger."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from skyspot.cli.cost import SUMMARY_FIELDS
+from skyspot.cli.main import app
+from skyspot.events import EVENTS_DIR, event_file_name
+from skyspot.ledger import Ledger, skyspot_home
+
+runner = CliRunner()
+
+T0 = 1_700_000_000.0
+WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g5.48xlarge",
+         "spot": True, "accelerators": None, "num_nodes": 1, "simulated": True}
+STATUS_FIELDS = {"name", "recipe", "executor", "status", "recoveries", "step", "total_steps"}
+
+
+def invoke(*args):
+    result = runner.invoke(app, list(args), catch_exceptions=True)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.stdout + result.stderr
+    return result
+
+
+def one_line_error(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code != 0 and result.stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def _ev(ts, type, attempt, rank=0, **fields):
+    return {"ts": ts, "run_id": "run-1", "attempt": attempt, "node_rank": 0, "rank": rank, "type": type, **fields}
+
+
+def preempted_once_events() -> dict[str, list[dict]]:
+    """Attempt 0 runs steps 1-30 (checkpoint at 25) and is preempted; attempt 1 resumes at 25 and ends at 40."""
+    trainer0 = [_ev(T0 + 5, "start", 0, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=1)]
+    trainer0 += [_ev(T0 + 5 + 10 * k, "step", 0, step=k, loss=2.0 - k / 100, step_seconds=10.0) for k in range(1, 31)]
+    trainer0 += [_ev(T0 + 256, "checkpoint_end", 0, step=25, kind="interval", blocked_seconds=1.0),
+                 _ev(T0 + 310, "exit", 0, code=75, reason="preempted", step=30)]
+    executor0 = [_ev(T0, "attempt_start", 0, rank=None, where=WHERE),
+                 _ev(T0 + 306, "preempt_notice_sent", 0, rank=None, deadline=T0 + 336),
+                 _ev(T0 + 320, "attempt_end", 0, rank=None, code=75, reason="preempted")]
+    trainer1 = [_ev(T0 + 405, "start", 1, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=2),
+                _ev(T0 + 410, "resume", 1, step=25, checkpoint="step_25", source="local", load_seconds=2.0)]
+    trainer1 += [_ev(T0 + 410 + 10 * (k - 25), "step", 1, step=k, loss=1.7, step_seconds=10.0) for k in range(26, 41)]
+    trainer1 += [_ev(T0 + 562, "checkpoint_end", 1, step=40, kind="final", blocked_seconds=1.5),
+                 _ev(T0 + 565, "exit", 1, code=0, reason="complete", step=40)]
+    executor1 = [_ev(T0 + 400, "attempt_start", 1, rank=None, where=WHERE),
+                 _ev(T0 + 570, "attempt_end", 1, rank=None, code=0, reason="complete")]
+    return {event_file_name(0, 0, 0): trainer0, event_file_name(0, 0, None): executor0,
+            event_file_name(1, 0, 0): trainer1, event_file_name(1, 0, None): executor1}
+
+
+def write_events(run_dir: Path, files: dict[str, list[dict]], junk: dict[str, list[bytes]] | None = None) -> None:
+    events = run_dir / EVENTS_DIR
+    events.mkdir(parents=True, exist_ok=True)
+    for name, lines in files.items():
+        data = b"".join(json.dumps(e).encode() + b"\n" for e in lines)
+        data += b"".join(line + b"\n" for line in (junk or {}).get(name, []))
+        (events / name).write_bytes(data)
+
+
+def make_run(name: str = "run-1", status: str = "SUCCEEDED", files=None, info=None) -> Path:
+    run_dir = skyspot_home() / "runs" / name
+    write_events(run_dir, preempted_once_events() if files is None else files)
+    ledger = Ledger()
+    try:
+        ledger.add(name, "tiny", "local", run_dir=str(run_dir), total_steps=40, num_nodes=1,
+                   info={"cloud": "aws"} if info is None else info)
+        ledger.update(name, status=status)
+    finally:
+        ledger.close()
+    return run_dir
+
+
+def status_rows(*extra) -> list[dict]:
+    result = invoke("status", "--json", *extra)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# --------------------------------------------------------------------------- stable fields
+
+
+def test_status_json_shows_a_hand_built_run():
+    make_run()
+    rows = status_rows()
+    assert len(rows) == 1
+    row = rows[0]
+    assert STATUS_FIELDS <= set(row)
+    assert {k: row[k] for k in STATUS_FIELDS} == {
+        "name": "run-1", "recipe": "tiny", "executor": "local", "status": "SUCCEEDED",
+        "recoveries": 1, "step": 40, "total_steps": 40}
+    assert row["cloud"] == "aws" and row["spot"] is True and row["simulated"] is True
+    assert row["last_checkpoint"] == 40 and row["malformed_event_lines"] == 0
+    assert row["cost_so_far_usd"] > 0
+
+
+def test_cost_report_json_and_csv_have_stable_fields():
+    make_run()
+    rows = json.loads(invoke("cost-report", "--json").stdout)
+    assert len(rows) == 1 and list(rows[0]) == SUMMARY_FIELDS
+    row = rows[0]
+    assert (row["name"], row["recipe"], row["executor"], row["status"]) == ("run-1", "tiny", "local", "SUCCEEDED")
+    assert row["preemptions"] == 1 and row["recoveries"] == 1
+    assert row["lost_steps"] == 5 and row["lost_seconds"] == pytest.approx(50.0)  # steps 26-30 ran twice
+    assert row["checkpoint_overhead_seconds"] == pytest.approx(2.5)
+    assert row["simulated"] is True and row["estimated"] is True and row["cost_usd"] > 0
+
+    table = list(csv.reader(io.StringIO(invoke("cost-report", "--csv").stdout)))
+    assert table[0] == SUMMARY_FIELDS and len(table) == 2 and table[1][0] == "run-1"
+
+    one = json.loads(invoke("cost-report", "run-1", "--json").stdout)[0]
+    assert [a["attempt"] for a in one["attempts"]] == [0, 1]
+    assert [a["end_reason"] for a in one["attempts"]] == ["preempted", "complete"]
+    attempts = list(csv.DictReader(io.StringIO(invoke("cost-report", "run-1", "--csv").stdout)))
+    assert [a["attempt"] for a in attempts] == ["0", "1"] and attempts[0]["instance_type"] == "g5.48xlarge"
+
+
+def test_a_plot_that_cannot_be_written_is_one_line(tmp_path):
+    make_run()
+    (tmp_path / "a-file").write_text("x")
+    line = one_line_error(invoke("cost-report", "run-1", "--plot", str(tmp_path / "a-file" / "plot.png")))
+    assert "cannot write" in line
+
+
+def test_logs_of_a_row_without_a_run_dir_is_one_line():
+    make_run()
+    _raw("UPDATE runs SET run_dir = NULL WHERE name = 'run-1'")
+    assert "no local run directory" in one_line_error(invoke("logs", "run-1"))
+
+
+def test_cost_report_table_of_one_run_reads_the_same_figures():
+    make_run()
+    result = invoke("cost-report", "run-1")
+    assert result.exit_code == 0
+    assert "preemptions 1" in result.stdout and "lost steps 5" in result.stdout
+
+
+# --------------------------------------------------------------------------- damaged event logs
+
+JUNK_LINES = [
+    b'{"ts": 1700000001.0, "run_id": "run-1", "attempt": 0, "type": "st',  # truncated by a kill
+    b"\x00\xff\xfe\x80garbage\x1b[31m",
+    b'{"ts": "yesterday", "attempt": 0, "type": "step", "step": 3}',
+    b'{"ts": null, "attempt": 0, "type": "step", "step": 3}',
+    b'{"ts": NaN, "attempt": 0, "type": "step", "step": 3}',
+    b'{"ts": Infinity, "attempt": 0, "type": "attempt_end"}',
+    b'{"ts": true, "attempt": 0, "type": "step", "step": 3}',
+    b'{"ts": 1700000001.0, "attempt": "zero", "type": "step", "step": 3}',
+    b'{"ts": 1700000001.0, "attempt": -1, "type": "step", "step": 3}',
+    b'{"ts": 1700000001.0, "attempt": 1.5, "type": "step", "step": 3}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "step", "step": "three"}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "step", "step": null}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "step", "step": 3.5, "step_seconds": 1}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "step", "step": 3, "step_seconds": "slow"}',
+    b'{"ts": 1700000001.0, "attempt": 0, "rank": "0", "type": "step", "step": 3}',
+    b'{"ts": 1700000001.0, "attempt": 0, "node_rank": [0], "type": "start"}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "attempt_start", "where": "aws"}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "attempt_start", "where": {"num_nodes": "two"}}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "attempt_start", "where": {"accelerators": "H100:x"}}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "checkpoint_end", "step": 5, "blocked_seconds": [1]}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": "resume", "step": 5, "load_seconds": "fast"}',
+    b'{"ts": 1700000001.0, "attempt": 0, "type": 7}',
+    b'["ts", 1700000001.0]',
+    b"1700000001.0",
+    b'"just a string"',
+    b"[" * 5000,
+    b"{" + b'"a":' * 3000 + b"1" + b"}" * 3000,
+]
+
+
+def test_malformed_event_lines_are_skipped_counted_and_change_no_figure():
+    make_run("clean")
+    files = preempted_once_events()
+    junk = {name: JUNK_LINES[i::len(files)] for i, name in enumerate(files)}
+    write_events(make_run("damaged", files=files), files, junk)
+
+    result = invoke("status", "--json")
+    assert result.exit_code == 0
+    rows = {r["name"]: r for r in json.loads(result.stdout)}
+    assert rows["damaged"]["malformed_event_lines"] == len(JUNK_LINES)
+    assert f"skipped {len(JUNK_LINES)} malformed event line(s)" in result.stderr
+    ignore = {"name", "malformed_event_lines", "elapsed_seconds", "cost_so_far_usd"}
+    assert {k: v for k, v in rows["damaged"].items() if k not in ignore} == \
+           {k: v for k, v in rows["clean"].items() if k not in ignore}
+    assert rows["damaged"]["cost_so_far_usd"] == pytest.approx(rows["clean"]["cost_so_far_usd"])
+
+    table = invoke("status")
+    assert table.exit_code == 0 and "damaged" in table.stdout and "malformed" in table.stderr
+
+    result = invoke("cost-report", "--json")
+    assert result.exit_code == 0 and f"skipped {len(JUNK_LINES)} malformed event line(s)" in result.stderr
+    reports = {r["name"]: r for r in json.loads(result.stdout)}
+    assert {k: v for k, v in reports["damaged"].items() if k != "name"} == \
+           {k: v for k, v in reports["clean"].items() if k != "name"}
+    one = invoke("cost-report", "damaged")
+    assert one.exit_code == 0 and f"skipped {len(JUNK_LINES)} malformed event line(s)" in one.stderr
+
+
+def _junk_line():
+    valid = json.dumps(preempted_once_events()[event_file_name(0, 0, 0)][3]).encode()
+    truncated = st.integers(1, len(valid) - 1).map(lambda n: valid[:n])
+    binary = st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"\n", b"") + b"\x00junk")
+    bad_value = st.one_of(st.text(max_size=5), st.none(), st.booleans(), st.floats(allow_nan=True).filter(
+        lambda f: f != f), st.lists(st.integers(), max_size=2), st.just(-1), st.just(1.5))
+    wrong_type = st.tuples(st.sampled_from(["ts", "attempt", "step"]), bad_value).map(
+        lambda kv: json.dumps({**json.loads(valid), kv[0]: kv[1]}).encode())
+    return st.one_of(truncated, binary, wrong_type).filter(_is_invalid)
+
+
+def _is_invalid(line: bytes) -> bool:
+    # A wrong "type" that still is the right one (e.g. attempt 0 drawn for attempt) is not junk.
+    from skyspot.events import valid_event
+
+    try:
+        return not valid_event(json.loads(line.decode("utf-8", "replace")))
+    except ValueError:
+        return True
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(junk=st.lists(st.tuples(st.integers(0, 3), _junk_line()), min_size=1, max_size=6))
+def test_any_junk_in_event_files_is_skipped_and_counted(tmp_path, monkeypatch, junk):
+    monkeypatch.setenv("SKYSPOT_HOME", str(tmp_path / f"home-{len(list(tmp_path.iterdir()))}"))
+    files = preempted_once_events()
+    names = sorted(files)
+    by_file: dict[str, list[bytes]] = {}
+    for index, line in junk:
+        by_file.setdefault(names[index], []).append(line)
+    make_run("r", files=files)
+    write_events(skyspot_home() / "runs" / "r", files, by_file)
+    row = status_rows()[0]
+    assert row["malformed_event_lines"] == len(junk)
+    assert (row["step"], row["recoveries"], row["last_checkpoint"]) == (40, 1, 40)
+    report = invoke("cost-report", "--json")
+    assert report.exit_code == 0 and f"skipped {len(junk)} malformed event line(s)" in report.stderr
+    assert json.loads(report.stdout)[0]["lost_steps"] == 5
+
+
+def test_unreadable_and_odd_event_files_do_not_crash(tmp_path):
+    run_dir = make_run()
+    (run_dir / EVENTS_DIR / "attempt-9.node-0.rank-0.jsonl").mkdir()  # a directory where a file should be
+    (run_dir / EVENTS_DIR / "attempt-8.executor.jsonl").write_bytes(b"\xff" * 100)
+    rows = status_rows()
+    assert rows[0]["step"] == 40 and rows[0]["malformed_event_lines"] == 2
+    assert invoke("cost-report", "--json").exit_code == 0
+
+
+def test_a_run_whose_events_are_gone_still_lists():
+    run_dir = make_run()
+    for path in (run_dir / EVENTS_DIR).iterdir():
+        path.unlink()
+    (run_dir / EVENTS_DIR).rmdir()
+    row = status_rows()[0]
+    assert row["name"] == "run-1" and row["step"] == 0 and row["cost_so_far_usd"] == 0.0
+    for args in (["cost-report", "--json"], ["cost-report"], ["cost-report", "run-1"], ["status"]):
+        result = invoke(*args)
+        assert result.exit_code == 0 and "run-1" in result.stdout + result.stderr, result.stderr
+
+
+# --------------------------------------------------------------------------- damaged ledger
+
+
+@pytest.mark.parametrize("content", [b"this is not a database\n" * 50, b"\x00" * 8192,
+                                     b"SQLite format 3\x00" + b"\xff" * 4000])
+def test_a_garbage_ledger_is_one_line_telling_to_move_it_aside(content):
+    (skyspot_home() / "ledger.db").write_bytes(content)
+    for args in (["status"], ["status", "--json"], ["cost-report"], ["cost-report", "--csv"], ["cost-report", "x"]):
+        line = one_line_error(invoke(*args))
+        assert "ledger" in line and "damaged" in line and "move it aside" in line
+
+
+def test_a_truncated_ledger_is_one_line_telling_to_move_it_aside():
+    for i in range(4):
+        make_run(f"run-{i}", files={})
+    path = skyspot_home() / "ledger.db"
+    ledger = Ledger()
+    ledger._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    ledger.close()
+    data = path.read_bytes()
+    assert len(data) > 4096
+    path.write_bytes(data[:4096])  # page 1 (header, schema) survives, the table's pages do not
+    for args in (["status", "-a"], ["cost-report"], ["cost-report", "run-3"]):
+        assert "move it aside" in one_line_error(invoke(*args))
+
+
+def test_skyspot_home_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+    home = tmp_path / "home-file"
+    home.write_text("x")
+    monkeypatch.setenv("SKYSPOT_HOME", str(home))
+    assert "SKYSPOT_HOME" in one_line_error(invoke("status"))
+
+
+def _raw(sql: str, *params) -> None:
+    db = sqlite3.connect(skyspot_home() / "ledger.db")
+    db.execute(sql, params)
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("info", ["{not json", "[1, 2]", '"a string"', "null", "", '{"candidates": "junk"}',
+                                  '{"candidates": [1, "x", null]}'])
+def test_a_row_with_bad_info_still_shows_and_reports(info):
+    make_run()
+    _raw("UPDATE runs SET info = ? WHERE name = 'run-1'", info)
+    row = status_rows()[0]
+    assert row["name"] == "run-1" and row["step"] == 40
+    for args in (["cost-report", "--json"], ["cost-report", "run-1", "--json"]):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)[0]["preemptions"] == 1
+
+
+@pytest.mark.parametrize("column, value", [("created_at", "yesterday"), ("total_steps", "forty"),
+                                           ("ended_at", "x"), ("run_dir", b"\xff\x00"), ("created_at", None),
+                                           ("job_id", 1.5), ("created_at", float("inf")), ("name", b"bad")])
+def test_a_row_with_wrong_types_is_skipped_and_reported(column, value):
+    make_run("good")
+    make_run("bad")
+    if value is None:
+        _set_null_created("bad")
+    else:
+        _raw(f"UPDATE runs SET {column} = ? WHERE name = 'bad'", value)
+    result = invoke("status", "--json", "-a")
+    assert result.exit_code == 0, result.stderr
+    assert [r["name"] for r in json.loads(result.stdout)] == ["good"]
+    assert "skipped 1 damaged ledger row(s)" in result.stderr
+    result = invoke("cost-report", "--json")
+    assert result.exit_code == 0 and [r["name"] for r in json.loads(result.stdout)] == ["good"]
+    assert "skipped 1 damaged ledger row(s)" in result.stderr
+    if column != "name":
+        assert "damaged" in one_line_error(invoke("cost-report", "bad"))
+
+
+def _set_null_created(name: str) -> None:
+    # created_at is NOT NULL in the schema: a damaged copy without the constraint is what holds a NULL.
+    db = sqlite3.connect(skyspot_home() / "ledger.db")
+    db.executescript("""
+        PRAGMA writable_schema = ON;
+        UPDATE sqlite_master SET sql = replace(sql, 'created_at REAL NOT NULL', 'created_at REAL') WHERE name = 'runs';
+        PRAGMA writable_schema = OFF;
+    """)
+    db.close()
+    db = sqlite3.connect(skyspot_home() / "ledger.db")
+    db.execute("UPDATE runs SET created_at = NULL WHERE name = ?", (name,))
+    db.commit()
+    db.close()
+
+
+def test_status_and_cost_report_of_an_empty_ledger():
+    result = invoke("status", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout) == []
+    result = invoke("cost-report", "--csv")
+    assert result.exit_code == 0 and result.stdout.splitlines() == [",".join(SUMMARY_FIELDS)]
+    assert "no run named 'nope'" in one_line_error(invoke("cost-report", "nope"))
