@@ -25,7 +25,8 @@ import yaml
 
 from skyspot import __version__
 from skyspot.plan import Candidate, candidates
-from skyspot.recipe import REGISTRY, Recipe
+from skyspot.recipe import Recipe
+from skyspot.storage import parse_store_uri
 
 RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rendering stays import-light
 
@@ -96,20 +97,23 @@ SETUP_SCRIPT = "\n".join([
 ]) + "\n"
 
 
-def render(recipe: Recipe, *, recipe_arg: Optional[str] = None, overrides: Sequence[str] = (),
+RECIPE_MOUNT = "/skyspot/recipe.yaml"
+
+
+def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None, overrides: Sequence[str] = (),
            run_name: Optional[str] = None) -> dict[str, Any]:
     """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
 
-    `recipe_arg` is what the node passes to the trainer: the registry name, or the
-    recipe file mounted at /skyspot/recipe.yaml. `overrides` reach the trainer as
-    `key=value` arguments, shell-quoted.
+    `recipe_arg` is what the node passes to the trainer: a registry name, or (with
+    `recipe_file`, the user's own recipe file) the path that file is mounted at.
+    `overrides` reach the trainer as `key=value` arguments, shell-quoted.
     """
-    if recipe_arg is None:
-        recipe_arg = recipe.name if recipe.name in REGISTRY else "/skyspot/recipe.yaml"
     trainer_overrides = list(overrides)
     file_mounts: dict[str, Any] = {}
+    if recipe_file:
+        file_mounts[recipe_arg] = recipe_file
     store = recipe.storage.store
-    if store and "://" in store:
+    if store and not parse_store_uri(store).is_local:
         mount_point, mount = _bucket_mount(store, STORE_MOUNT)
         file_mounts[mount_point] = mount
     source = recipe.data.source
@@ -156,9 +160,10 @@ _BlockDumper.add_representer(str, _str_presenter)
 
 
 def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
+    description = "".join(f"# {line}\n" for line in recipe.description.splitlines())  # never a raw line
     header = (
         f"# SkyPilot managed-job task rendered by skyspot {__version__} from recipe '{recipe.name}'.\n"
-        f"# {recipe.description}\n"
+        f"{description}"
         "# Candidates: spot first, then on-demand, each cheapest first (price snapshot).\n"
         f"# Exit code {RECOVER_EXIT_CODE} = preempted with an emergency checkpoint committed: recover.\n"
     )

@@ -43,6 +43,8 @@ def launch_command(
     run_name = check_run_name(name) if name is not None else None
     built = build(recipe, overrides or [], flags=flags, run_name=run_name)
     run_local = built.recipe.resources.local_only if local is None else local
+    if run_local and not dry_run:
+        built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=True)
 
     if dry_run or not run_local:
         _show_plan(built)

@@ -6,12 +6,14 @@ import typer
 
 from skyspot import __version__
 from skyspot.cli.launch import launch_command
+from skyspot.cli.common import OneLineCommand, OneLineGroup
 from skyspot.cli.cost import cost_report_command, prices_command
 from skyspot.cli.recipes import recipes_command, render_command
 from skyspot.cli.runs import cancel_command, logs_command, status_command
 
 app = typer.Typer(
     name="skyspot",
+    cls=OneLineGroup,
     help="Fine-tune LLMs on spot GPUs across AWS, GCP and Azure through SkyPilot managed jobs, "
          "losing nothing to preemptions. Try: skyspot launch tiny --local --preempt-at-steps 60,130",
     no_args_is_help=True,
@@ -33,15 +35,15 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """skyspot: spot-instance LLM fine-tuning that is boringly reliable."""
 
 
-app.command("recipes")(recipes_command)
-app.command("ls", hidden=True)(recipes_command)
-app.command("render")(render_command)
-app.command("launch", context_settings={"allow_extra_args": False})(launch_command)
-app.command("status")(status_command)
-app.command("logs")(logs_command)
-app.command("cancel")(cancel_command)
-app.command("cost-report")(cost_report_command)
-app.command("prices")(prices_command)
+app.command("recipes", cls=OneLineCommand)(recipes_command)
+app.command("ls", hidden=True, cls=OneLineCommand)(recipes_command)
+app.command("render", cls=OneLineCommand)(render_command)
+app.command("launch", cls=OneLineCommand)(launch_command)
+app.command("status", cls=OneLineCommand)(status_command)
+app.command("logs", cls=OneLineCommand)(logs_command)
+app.command("cancel", cls=OneLineCommand)(cancel_command)
+app.command("cost-report", cls=OneLineCommand)(cost_report_command)
+app.command("prices", cls=OneLineCommand)(prices_command)
 
 
 def main() -> None:  # console entry point

@@ -86,6 +86,8 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
     name = name or new_run_name(built.recipe.name)
     spec = make_spec(built, name, options)
     run_dir = runs_dir() / name
+    if run_dir.exists():
+        raise UsageError(f"a run named '{name}' exists already ({run_dir}); pick another -n/--name")
     ledger = Ledger()
     try:
         ledger.add(name, built.recipe.name, "local", status="PENDING", run_dir=str(run_dir),
@@ -94,8 +96,12 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
                    info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
                          "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
                          "recipe_fingerprint": built.recipe.fingerprint()})
-        run_dir.mkdir(mode=0o700)
-        (run_dir / "logs").mkdir(mode=0o700)
+        try:
+            run_dir.mkdir(mode=0o700)
+            (run_dir / "logs").mkdir(mode=0o700)
+        except OSError as error:  # never leave a PENDING row behind for a run that cannot start
+            ledger.update(name, status="FAILED", exit_code=1)
+            raise UsageError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
         spec_path = run_dir / "local.json"
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
