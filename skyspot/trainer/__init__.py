@@ -1,0 +1,28 @@
+"""The bundled trainer: DeepSpeed ZeRO-3 on every node, exact resume, atomic async checkpoints.
+
+Launch (one line per node; `supervise` turns the trainer's own exit code into the process's):
+
+    python -m skyspot.trainer.supervise --run-dir DIR -- \\
+        torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir DIR train.steps=40
+
+Modules, one concept each, in the order a start goes through them:
+
+    loop         setup, resume, loop, save, cleanup (the entry point, `python -m skyspot.trainer`)
+    cluster      where this process runs: SkyPilot's and torchrun's variables
+    rundir       the run directory: layout, run.json, attempts.json, the writer lock, --fresh
+    model        the model (hub id or inline config, under zero.Init) and the byte tokenizer
+    data         datasets, packing, and the deterministic resumable sample order
+    engine       the DeepSpeed config and engine built from a recipe
+    determinism  threads, seeds, RNG capture/restore, and what makes resume bitwise exact
+    checkpoint   the checkpoint manager: when, where, what to resume from, retention, hooks
+    snapshot     the in-memory snapshot (the only part of a save the loop waits for)
+    writer       the background writer and the commit protocol
+    manifest     what makes a directory a checkpoint: manifest, marker, validation
+    preemption   SIGTERM/SIGUSR1/notices -> a flag the ranks agree on at each step boundary
+    export       final/: a Hugging Face model directory
+    exit_codes   the exit codes and the exit record the supervisor reads
+    supervise    runs torchrun and exits with the trainer's code
+    faults       test-only fault injection points (inert unless SKYSPOT_FAULT is set)
+
+Import-light: nothing here imports torch until a module that needs it is imported.
+"""

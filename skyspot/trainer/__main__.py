@@ -1,0 +1,5 @@
+"""`python -m skyspot.trainer RECIPE --run-dir DIR ...` (under torchrun); see loop.py."""
+
+from skyspot.trainer.loop import main
+
+raise SystemExit(main())

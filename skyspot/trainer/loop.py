@@ -1,0 +1,517 @@
+"""The trainer: DeepSpeed ZeRO-3 on every rank, resumed exactly, checkpointed atomically.
+
+Launch, one line per node (the task's `run` and the local executor do exactly this):
+
+    python -m skyspot.trainer.supervise --run-dir DIR -- \\
+        torchrun --nnodes N --node_rank R --master_addr A --nproc_per_node P \\
+        -m skyspot.trainer RECIPE --run-dir DIR [--store URI] [--run-name NAME] [--fresh] [key=value ...]
+
+On this machine (2 CPU ranks, gloo):
+
+    torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir runs/t1 train.steps=40
+
+RECIPE is a registry name or a recipe file; key=value overrides as in the CLI. Every start
+resumes from the newest valid checkpoint in DIR/checkpoints (or exits 3 when the run has
+checkpoints but none is usable); --fresh moves earlier work aside and starts from step 0.
+Exit codes: exit_codes.py (0 complete, 75 preempted and saved: recover me, 3, 2, 1).
+
+Reads top to bottom: setup, resume, loop, save, cleanup. `main()` closes everything in `finally`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from skyspot.trainer import cluster
+from skyspot.trainer.exit_codes import (COMPLETE, ERROR, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
+                                        describe, write_exit_record)
+from skyspot.trainer.preemption import Pending, PreemptionWatch
+
+
+
+def say(line: str) -> None:
+    """Diagnostics go to stderr (stdout carries the loss lines)."""
+    print(f"[skyspot] {line}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m skyspot.trainer",
+        description="Train a recipe with DeepSpeed ZeRO-3; resume automatically from DIR/checkpoints.")
+    parser.add_argument("recipe", metavar="RECIPE", help="registry name (e.g. tiny) or a recipe file")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, e.g. train.steps=40")
+    parser.add_argument("--run-dir", required=True, type=Path, help="the run's local directory (fast tier)")
+    parser.add_argument("--store", default=None, help="the run's store (s3://, gs://, az:// or a path); recorded in run.json")
+    parser.add_argument("--run-name", default=None, help="run id (default: SKYSPOT_RUN_NAME, SKYPILOT_TASK_ID, DIR's name)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start from step 0: earlier checkpoints and final/ are moved to DIR/superseded/")
+    return parser.parse_intermixed_args(argv)
+
+
+# --------------------------------------------------------------------------- setup
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    recipe: Any
+    placement: cluster.Placement
+    run_id: str
+    attempt: int
+    events: Any
+    comm: Any
+    watch: PreemptionWatch
+    ckpt: Any = None
+    engine: Any = None
+    tokenizer: Any = None
+    samples: Any = None
+    order: Any = None
+    device: Any = None
+    keepalive: Any = None
+    lock: Any = None
+    notice_watcher: Any = None
+    resumed: Any = None
+    step: Optional[int] = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.args.run_dir
+
+    def emit(self, type: str, **fields: Any) -> None:
+        """Run-level events come from global rank 0."""
+        if self.placement.is_global_zero and self.events is not None:
+            self.events.emit(type, **fields)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this worker if torchrun dies, so an orphan can never write into DIR beside the next start."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    parent = os.getppid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(ERROR)
+
+
+def _standalone_env() -> None:
+    """Allow `python -m skyspot.trainer` without torchrun: a world of one on loopback."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
+    import deepspeed.utils.logging as ds_logging
+
+    ds_logging.logger.setLevel(logging.WARNING)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
+    from skyspot.recipe import load_recipe
+
+    _die_with_parent()
+    _standalone_env()
+    placement = cluster.from_environment()
+    recipe = load_recipe(args.recipe, args.overrides, flags={"storage.store": args.store})
+
+    _quiet_libraries()
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from skyspot.events import EventWriter
+    from skyspot.trainer.comm import Comm
+    from skyspot.trainer.determinism import configure_threads
+    from skyspot.trainer.rundir import RunLock, move_aside, next_attempt, write_run_json
+
+    threads = configure_threads(placement.local_world_size)
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(placement.local_rank)
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), verbose=False)
+    comm = Comm()
+    device = torch.device(accelerator.current_device_name())
+    run_id = cluster.run_id(args.run_name, args.run_dir)
+
+    # One trainer per run directory: a second start while one runs would write beside it.
+    lock = RunLock(args.run_dir) if placement.is_node_leader else None
+    holder = lock.acquire() if lock is not None else None
+    holders = [h for h in comm.all_gather_object(holder) if h]
+    if holders:
+        from skyspot.errors import UsageError
+
+        raise UsageError(f"{args.run_dir} is in use by another trainer ({holders[0]}); one trainer per run directory")
+
+    if args.fresh and placement.is_node_leader:
+        moved = move_aside(args.run_dir)
+        say(f"--fresh: moved earlier checkpoints and final/ to {moved}; starting from step 0" if moved
+            else "--fresh: nothing to move aside; starting from step 0")
+    comm.barrier()
+
+    attempt = comm.broadcast_int(next_attempt(args.run_dir) if placement.rank == 0 else 0, device)
+    events = EventWriter(args.run_dir, run_id, attempt, placement.node_rank, placement.rank)
+    run = Run(args, recipe, placement, run_id, attempt, events, comm, watch, device=device, lock=lock)
+    if placement.is_node_leader:
+        _, warning = write_run_json(args.run_dir, run_id=run_id, recipe=recipe, store=args.store,
+                                    world_size=placement.world_size, where=placement.where, fresh=args.fresh)
+        if warning and placement.is_global_zero:
+            say(warning)
+    run.emit("start", where=placement.where, world_size=placement.world_size, total_steps=recipe.train.steps,
+             recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(), threads=threads,
+             store=args.store, fresh=bool(args.fresh))
+    if placement.is_node_leader:
+        run.notice_watcher = _start_notice_watcher(watch)
+    return run
+
+
+def _start_notice_watcher(watch: PreemptionWatch):
+    """The node leader watches the cloud's metadata for a preemption notice (notice.py); the flag
+    then reaches every rank through the step-boundary vote."""
+    try:
+        from skyspot.trainer.notice import start_notice_watcher
+    except ImportError:
+        return None
+    raw = os.environ.get("SKYSPOT_NOTICE_POLL_SECONDS", "").strip()
+    try:
+        poll = float(raw) if raw else None
+    except ValueError:
+        poll = None
+    return start_notice_watcher(
+        on_notice=lambda n: watch.request_emergency(n.deadline, n.source, n.action),
+        on_rebalance=lambda n: watch.request_checkpoint(f"{n.source} rebalance"),
+        poll_interval=poll if poll and poll > 0 else None)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: obj}
+
+
+def reconcile_recipe(recipe, saved: Optional[dict[str, Any]]):
+    """The recipe to continue with, and one line per difference from the checkpoint's.
+
+    The architecture (model.*) comes from the checkpoint; everything else from the recipe.
+    """
+    from skyspot.recipe import ModelSection
+
+    if not saved:
+        return recipe, []
+    sections = ("model", "data", "train", "deepspeed", "checkpoint")
+    now = _flatten({k: v for k, v in recipe.model_dump(mode="json").items() if k in sections})
+    then = _flatten({k: v for k, v in saved.items() if k in sections})
+    lines = []
+    for key in sorted(set(now) | set(then)):
+        if now.get(key) != then.get(key):
+            winner = "the checkpoint's" if key.startswith("model.") else "the recipe's"
+            lines.append(f"recipe differs from the checkpoint: {key} {then.get(key)!r} -> {now.get(key)!r} "
+                         f"({winner} value is used)")
+    if "model" in saved and saved["model"] != recipe.model.model_dump(mode="json"):
+        recipe = recipe.model_copy(update={"model": ModelSection.model_validate(saved["model"])})
+    return recipe, lines
+
+
+def build(run: Run) -> None:
+    """Find the resume point, then build data, model and engine, and restore the state."""
+    from skyspot.trainer.checkpoint import CheckpointManager
+    from skyspot.trainer.data import DataOrder, build_samples
+    from skyspot.trainer.determinism import seed_everything
+    from skyspot.trainer.engine import deepspeed_config, initialize
+    from skyspot.trainer.model import build_model, load_tokenizer
+
+    p = run.placement
+    run.ckpt = CheckpointManager(run.run_dir, p, run.recipe, run_id=run.run_id, attempt=run.attempt,
+                                 events=run.events if p.is_global_zero else None, comm=run.comm, warn=say)
+    point = run.ckpt.find()
+    if point is not None:
+        run.recipe, lines = reconcile_recipe(run.recipe, point.manifest.get("recipe"))
+        if p.is_global_zero:
+            for line in lines:
+                say(line)
+    recipe = run.recipe
+
+    run.tokenizer = load_tokenizer(recipe.model)
+    run.samples = build_samples(recipe, run.tokenizer)
+    run.order = DataOrder(len(run.samples), recipe.train.seed, recipe.data.shuffle, p.rank, p.world_size,
+                          recipe.train.micro_batch_size, recipe.train.grad_accum)
+
+    ds_config = deepspeed_config(recipe)
+    seed_everything(recipe.train.seed)  # the same initial weights on every rank, every start
+    model, run.keepalive = build_model(recipe, ds_config, run.tokenizer)
+    run.engine = initialize(recipe, model, ds_config)
+    run.ckpt.attach(run.engine)
+
+    run.resumed = run.ckpt.load(point)
+    if run.resumed is None:
+        seed_everything(recipe.train.seed + 1000 * p.rank)  # dropout etc. differ per rank
+    else:
+        _apply_schedule(run)
+        if point.manifest.get("data", {}).get("num_samples") not in (None, len(run.samples)) and p.is_global_zero:
+            say(f"the data set has {len(run.samples)} samples, the checkpoint's had "
+                f"{point.manifest['data']['num_samples']}: the order continues by position, not by sample")
+        if p.is_global_zero:
+            s = run.resumed.state
+            say(f"resumed from {point.path} (step {s.step}, {s.samples} samples) in {run.resumed.load_seconds:.2f} s")
+
+
+def _apply_schedule(run: Run) -> None:
+    """The LR schedule comes from the recipe, the step count from the checkpoint.
+
+    For an unchanged recipe this recomputes exactly the value that was restored (same formula,
+    same inputs), so resume stays bitwise; a changed lr or train.steps takes effect at once.
+    """
+    from skyspot.trainer.engine import lr_factor
+
+    scheduler = run.engine.lr_scheduler
+    train = run.recipe.train
+    factor = lr_factor(train.warmup_steps, train.steps, train.min_lr_ratio)
+    scheduler.base_lrs = [train.lr for _ in scheduler.base_lrs]
+    lrs = [base * factor(scheduler.last_epoch) for base in scheduler.base_lrs]
+    for group, lr in zip(run.engine.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+# --------------------------------------------------------------------------- loop
+
+
+@dataclass
+class Vote:
+    """What the ranks agreed at a step boundary (one all-gather of a few numbers per rank)."""
+
+    loss: float
+    tokens: int
+    emergency: bool
+    checkpoint: bool
+    time_due: bool
+    first_seen: Optional[float]
+    deadline: Optional[float]
+    seconds: float
+
+
+def _vote(run: Run, loss: float, tokens: int, pending: Pending, time_due: bool) -> Vote:
+    import torch
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    mine = torch.tensor([loss, float(tokens), float(pending.emergency), float(pending.checkpoint),
+                         float(time_due), pending.first_seen or 0.0, pending.deadline or 0.0],
+                        dtype=torch.float64, device=run.device)
+    everyone = torch.empty(run.placement.world_size * mine.numel(), dtype=torch.float64, device=run.device)
+    dist.all_gather_into_tensor(everyone, mine)
+    rows = everyone.view(run.placement.world_size, -1).cpu().tolist()
+    seen = [r[5] for r in rows if r[5] > 0]
+    deadlines = [r[6] for r in rows if r[6] > 0]
+    return Vote(loss=sum(r[0] for r in rows) / len(rows), tokens=int(sum(r[1] for r in rows)),
+                emergency=any(r[2] > 0 for r in rows), checkpoint=any(r[3] > 0 for r in rows),
+                time_due=rows[0][4] > 0, first_seen=min(seen) if seen else None,
+                deadline=min(deadlines) if deadlines else None, seconds=time.perf_counter() - start)
+
+
+def _report_local(run: Run, pending: Pending) -> None:
+    """Signals and notices are reported by the rank that saw them."""
+    for signum, name, ts in pending.signals:
+        run.events.emit("signal", signum=signum, name=name, received=ts)
+        say(f"rank {run.placement.rank}: {name}: emergency checkpoint at the next step boundary")
+    for notice in pending.notices:
+        run.events.emit("preemption_notice", source=notice["source"], deadline=notice["deadline"],
+                        action=notice["action"], received=notice["received"])
+
+
+def _boundary(run: Run, loss: float = 0.0, tokens: int = 0) -> Vote:
+    pending = run.watch.take()
+    _report_local(run, pending)
+    time_due = run.placement.is_global_zero and run.ckpt.time_due()
+    return _vote(run, loss, tokens, pending, time_due)
+
+
+def _batch(run: Run, indices) -> tuple[Any, Any]:
+    import torch
+
+    ids = torch.from_numpy(run.samples[indices]).to(run.device)
+    labels = ids.clone()
+    pad = getattr(run.tokenizer, "pad_token_id", None)
+    if pad is not None:
+        labels[ids == pad] = -100
+    return ids, labels
+
+
+def train(run: Run) -> int:
+    """The loop. Returns the final step when training is complete; raises Preempted after an emergency save."""
+    from skyspot.trainer.checkpoint import TrainState
+    from skyspot.trainer.faults import fault_point
+
+    recipe, engine, order = run.recipe, run.engine, run.order
+    total = recipe.train.steps
+    state = run.resumed.state if run.resumed else TrainState(0, 0, 0, order.state(0))
+    run.step = state.step
+
+    vote = _boundary(run)  # a signal during setup still gets its (trivial) emergency exit
+    if vote.emergency:
+        _emergency(run, state, vote)
+
+    while state.step < total:
+        start = time.perf_counter()
+        lr = engine.get_lr()[0]
+        losses = []
+        tokens = 0
+        for indices in order.step_indices(state.samples):
+            ids, labels = _batch(run, indices)
+            loss = engine(input_ids=ids, labels=labels).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+            tokens += int((labels != -100).sum())
+        state = TrainState(state.step + 1, state.samples + order.global_batch, state.tokens, {})
+        run.step = state.step
+        fault_point("step_end", state.step)
+        vote = _boundary(run, sum(losses) / len(losses), tokens)
+        state.tokens += vote.tokens
+        state.data = order.state(state.samples)
+        step_seconds = time.perf_counter() - start
+        run.ckpt.poll()
+        run.emit("step", step=state.step, loss=vote.loss, lr=lr, step_seconds=round(step_seconds, 6),
+                 samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6))
+        if run.placement.is_global_zero and (state.step % recipe.train.log_every == 0 or state.step == total):
+            print(f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
+                  f"{step_seconds * 1000:.0f} ms/step | {vote.tokens / step_seconds:.0f} tok/s", flush=True)
+
+        if vote.emergency:
+            _emergency(run, state, vote)
+        if state.step == total:
+            break
+        if run.ckpt.due(state.step, vote.checkpoint or vote.time_due):
+            run.ckpt.save(state.step, "requested" if vote.checkpoint else "interval", state)
+
+    # ------------------------------------------------------------------ save (complete)
+    _finish(run, state)
+    return state.step
+
+
+def _emergency(run: Run, state, vote: Vote) -> None:
+    """Every rank: commit an emergency checkpoint of this step together, then unwind to exit 75."""
+    if state.step == 0 and run.resumed is None:
+        raise Preempted(0, "preempted before the first step: nothing to save")
+    result = run.ckpt.save(state.step, "emergency", state, blocking=True)
+    committed = result is not None and result.committed
+    if committed:
+        first = vote.first_seen or result.committed_at
+        run.emit("emergency_checkpoint", step=state.step,
+                 signal_to_commit_seconds=round(result.committed_at - first, 6),
+                 durable_before_deadline=None,  # the store tier reports durability (upload_end)
+                 deadline=vote.deadline,
+                 committed_before_deadline=None if vote.deadline is None else result.committed_at <= vote.deadline,
+                 write_seconds=round(result.write_seconds, 6), blocked_seconds=round(result.blocked_seconds, 6),
+                 bytes=result.bytes)
+        raise Preempted(state.step, f"preempted: emergency checkpoint step_{state.step} committed")
+    raise Preempted(state.step, f"preempted: emergency checkpoint failed ({result.error if result else 'no result'}); "
+                                f"resume from step_{run.ckpt.last_committed}")
+
+
+def _finish(run: Run, state) -> None:
+    """Training complete: a final checkpoint (so a restart knows), then final/."""
+    from skyspot.trainer.export import export_final
+
+    if run.ckpt.last_committed != state.step:
+        result = run.ckpt.save(state.step, "final", state, blocking=True)
+        if result is None or not result.committed:
+            raise RuntimeError(f"final checkpoint failed: {result.error if result else 'no result'}")
+    target = export_final(run.engine, run.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero)
+    if target is not None:
+        say(f"training complete at step {state.step}; model written to {target}")
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    watch = PreemptionWatch()
+    watch.install()  # first: a SIGTERM during setup must not kill the process
+    run: Optional[Run] = None
+    code, reason, step = ERROR, "error", None
+    try:
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+        run = setup(args, watch)
+        build(run)
+        step = train(run)
+        code, reason = COMPLETE, "training complete"
+    except BaseException as err:  # noqa: BLE001 - every ending gets its exit code and record
+        code = code_for(err)
+        step = err.step if isinstance(err, Preempted) else (run.step if run else None)
+        reason = str(err) if code != ERROR else f"{type(err).__name__}: {err}"
+        if code == ERROR:
+            traceback.print_exc()
+        elif code != PREEMPTED:
+            say(str(err))
+    finally:
+        code = cleanup(run, args, code, reason, step)
+        watch.uninstall()
+    return code
+
+
+def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str, step: Optional[int]) -> int:
+    """Close everything; record the exit code; keep ranks together on collective endings."""
+    is_leader = run.placement.is_node_leader if run else os.environ.get("LOCAL_RANK", "0") == "0"
+    if run is not None:
+        if run.notice_watcher is not None:
+            run.notice_watcher.stop()
+        if run.ckpt is not None:
+            # A normal ending waits for the last write; after an error, a peer may be gone.
+            run.ckpt.close(timeout=None if code in (COMPLETE, PREEMPTED) else 10.0)
+    if is_leader:
+        try:
+            write_exit_record(args.run_dir, code, reason=reason, attempt=run.attempt if run else None, step=step)
+        except OSError as err:
+            say(f"could not write the exit record: {err}")
+    if run is not None:
+        run.emit("exit", code=code, reason=reason, step=step, meaning=describe(code), where=run.placement.where)
+        if code in (COMPLETE, PREEMPTED, NO_VALID_CHECKPOINT):
+            # Every rank reached this ending together; none may exit first, or torchrun would
+            # tear the others down mid-commit.
+            try:
+                run.comm.barrier()
+            except Exception:
+                pass
+        run.events.close()
+        if run.lock is not None:
+            run.lock.release()
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+    if code == PREEMPTED and (run is None or run.placement.is_global_zero):
+        say(f"exit {code}: {reason}")
+    return code

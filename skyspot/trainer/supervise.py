@@ -1,0 +1,129 @@
+"""Run the trainer's launcher and exit with the code the trainer recorded for this start.
+
+    python -m skyspot.trainer.supervise --run-dir DIR [--grace SECONDS] -- torchrun ... -m skyspot.trainer ...
+
+Why: torchrun exits 1 whenever a worker fails, whatever code the worker used, so SkyPilot's
+`recover_on_exit_codes: [75]` and the local executor would never see "preempted, recover me".
+The trainer writes DIR/exit.json just before exiting (exit_codes.py); this process exits with
+that code when the record carries the token it gave this start, else with the command's own
+code (128 + N when the command died of signal N).
+
+Signals: SIGTERM, SIGINT, SIGUSR1 and SIGHUP received here are forwarded once to the command's
+process group (the command runs in its own group, so a signal to ours is not delivered twice).
+For torchrun the command's environment gets, unless already set:
+    PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1   torchrun forwards SIGUSR1 too
+                                                                  (by default SIGUSR1 kills it)
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT=<grace>                        how long torchrun lets workers
+                                                                  finish the emergency checkpoint
+                                                                  before SIGKILL (default 30 s)
+If this process is killed outright, the command is SIGKILLed with it (PR_SET_PDEATHSIG), and the
+trainer's workers die with torchrun the same way, so nothing keeps writing into DIR.
+
+The CLI is stable: the rendered SkyPilot task and the local executor call it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from skyspot.trainer.exit_codes import TOKEN_ENV, USAGE, describe, read_exit_record
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+DEFAULT_GRACE_S = 120.0  # AWS's notice window; GCP and Azure give about 30 s
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m skyspot.trainer.supervise",
+                                     description="Run the trainer and exit with the code it recorded.")
+    parser.add_argument("--run-dir", required=True, type=Path, help="the trainer's --run-dir")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+                        help="seconds torchrun gives workers after a signal before SIGKILL (default %(default)s)")
+    if "--" not in argv:
+        parser.error("give the command after --, e.g. -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir DIR")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if not command:
+        parser.error("no command after --")
+    return args, command
+
+
+def _child_setup() -> None:
+    """In the child, before exec: its own process group, and die with the supervisor."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
+        say=lambda line: print(f"[skyspot.supervise] {line}", file=sys.stderr, flush=True)) -> int:
+    token = uuid.uuid4().hex
+    env = dict(os.environ)
+    env[TOKEN_ENV] = token
+    env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(grace)))
+    started = time.time()
+    child: Optional[subprocess.Popen] = None
+    pending: list[int] = []
+
+    def forward(signum, frame):
+        if child is None:
+            pending.append(signum)
+            return
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        try:
+            child = subprocess.Popen(command, env=env, preexec_fn=_child_setup)
+        except OSError as err:
+            say(f"cannot run {command[0]!r}: {err}")
+            return 127
+        for signum in pending:
+            forward(signum, None)
+        while True:
+            try:
+                returncode = child.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    command_code = 128 - returncode if returncode < 0 else returncode
+    record = read_exit_record(run_dir, token=token, since=started)
+    if record is None:
+        say(f"no exit record from the trainer; exiting with the command's code {command_code}")
+        return command_code
+    code = record["code"]
+    if code != command_code:
+        say(f"trainer exit {code} ({describe(code)}: {record.get('reason')}); {command[0]} exited {command_code}")
+    return code
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args, command = parse_args(argv)
+    except SystemExit as exit:
+        return exit.code if isinstance(exit.code, int) else USAGE
+    return run(args.run_dir, command, args.grace)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

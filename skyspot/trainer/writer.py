@@ -1,0 +1,250 @@
+"""The background checkpoint writer and the commit protocol.
+
+One writer thread per rank. The loop hands it a batch (one checkpoint's snapshotted files) and
+goes on training; the thread then, for that batch:
+
+1. writes each file with torch.save (DeepSpeed's format), hashing the bytes as they are written,
+   then fsyncs the file, and finally the directory;
+2. exchanges (all ranks, on a dedicated gloo group so it never interleaves with the training
+   loop's collectives) each rank's file list and any error: a barrier that proves every rank's
+   files are on disk;
+3. on the node leader (local rank 0) only, if no rank failed: writes manifest.json (this node's
+   files with size and sha256), fsyncs it, then writes the COMMITTED marker and fsyncs it and the
+   directory. The marker is the commit point; nothing is ever written to the directory after it;
+4. exchanges again, so every rank learns whether every node committed. Only then is the step
+   "globally committed": the leader updates the advisory `latest`, runs the on_committed hooks
+   (the uploader) and retention.
+
+A kill at any point leaves either a directory without a marker (not a checkpoint) or a complete
+one. A signal only sets a flag (preemption.py), so a write in progress always finishes. The
+manager never submits a batch while one is in flight, so there is one writer per directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from skyspot.trainer.faults import fault_point
+from skyspot.trainer.files import atomic_write_bytes, fsync_dir
+from skyspot.trainer.manifest import write_manifest, write_marker
+
+Exchange = Callable[[Any], list]
+
+
+@dataclass
+class WriteResult:
+    step: int
+    kind: str
+    path: Path
+    committed: bool
+    error: Optional[str] = None
+    bytes: int = 0
+    """Bytes this node wrote for the checkpoint (the leader's manifest total; 0 on failure)."""
+    blocked_seconds: float = 0.0
+    write_seconds: float = 0.0
+    committed_at: Optional[float] = None
+
+
+@dataclass
+class _Batch:
+    step: int
+    kind: str
+    directory: Path
+    files: list[tuple[Path, Any]] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=dict)
+    blocked_seconds: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[WriteResult] = None
+
+
+class _HashingFile:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, f, on_first_write: Callable[[], None]):
+        self._f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self._first = on_first_write
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._f.write(view)
+        self.sha.update(view)
+        self.size += len(view)
+        if self._first is not None:
+            first, self._first = self._first, None
+            first()
+        return len(view)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+class CheckpointWriter:
+    def __init__(self, *, rank: int, node_rank: int, is_node_leader: bool, exchange: Exchange,
+                 on_committed: Optional[list[Callable[[int, Path], None]]] = None,
+                 after_commit: Optional[Callable[[int, Path], None]] = None,
+                 warn: Callable[[str], None] = print):
+        self.rank = rank
+        self.node_rank = node_rank
+        self.is_node_leader = is_node_leader
+        self.exchange = exchange
+        self.on_committed = on_committed if on_committed is not None else []
+        self.after_commit = after_commit
+        self.warn = warn
+        self._open: Optional[_Batch] = None
+        self._last: Optional[_Batch] = None
+        self._reported: Optional[_Batch] = None
+        self._queue: "queue.Queue[Optional[_Batch]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"skyspot-ckpt-writer-{rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ main thread
+    def begin(self, step: int, kind: str, directory: Path) -> None:
+        if self.in_flight:
+            raise RuntimeError("a checkpoint is still being written; wait() first")
+        self._open = _Batch(step, kind, Path(directory))
+
+    def add(self, path: Path, obj: Any) -> None:
+        if self._open is None:
+            raise RuntimeError("CheckpointWriter.add outside a checkpoint (begin() first)")
+        self._open.files.append((Path(path), obj))
+
+    def submit(self, manifest: dict[str, Any], blocked_seconds: float) -> None:
+        batch, self._open = self._open, None
+        if batch is None:
+            raise RuntimeError("submit() without begin()")
+        batch.manifest = manifest
+        batch.blocked_seconds = blocked_seconds
+        self._last = batch
+        self._queue.put(batch)
+
+    def abandon(self) -> None:
+        """Drop an open batch whose snapshot failed (nothing was queued)."""
+        self._open = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._last is not None and not self._last.done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[WriteResult]:
+        """Block until the last submitted checkpoint is committed or failed; its result."""
+        batch = self._last
+        if batch is None:
+            return None
+        if not batch.done.wait(timeout):
+            return None
+        return batch.result
+
+    def poll(self) -> Optional[WriteResult]:
+        """The result of the last checkpoint once it is done, exactly once."""
+        batch = self._last
+        if batch is None or batch is self._reported or not batch.done.is_set():
+            return None
+        self._reported = batch
+        return batch.result
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        self.wait(timeout)
+        self._queue.put(None)
+        self._thread.join(timeout=1.0 if timeout is not None else None)
+
+    # ------------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            if batch is None:
+                return
+            try:
+                batch.result = self._write(batch)
+            except BaseException as err:  # never leave the loop waiting on a dead thread
+                batch.result = WriteResult(batch.step, batch.kind, batch.directory, False,
+                                           f"{type(err).__name__}: {err}", blocked_seconds=batch.blocked_seconds)
+            finally:
+                batch.done.set()
+
+    def _write_file(self, path: Path, obj: Any, step: int, first: bool) -> dict[str, Any]:
+        def mid_file():
+            f.flush()
+            os.fsync(f.fileno())
+            fault_point("mid_file", step)
+
+        with open(path, "wb") as f:
+            hashing = _HashingFile(f, mid_file if first else None)
+            torch.save(obj, hashing)
+            f.flush()
+            os.fsync(f.fileno())
+        return {"size": hashing.size, "sha256": hashing.sha.hexdigest(), "rank": self.rank}
+
+    def _write(self, batch: _Batch) -> WriteResult:
+        start = time.monotonic()
+        entries: dict[str, dict[str, Any]] = {}
+        error = None
+        try:
+            fault_point("write_begin", batch.step)
+            for i, (path, obj) in enumerate(batch.files):
+                rel = path.relative_to(batch.directory).as_posix()
+                entries[rel] = self._write_file(path, obj, batch.step, first=(i == 0))
+            batch.files.clear()  # drop references; the buffers stay in the pool
+            fsync_dir(batch.directory)
+        except Exception as err:
+            error = f"rank {self.rank}: {type(err).__name__}: {err}"
+        gathered = self.exchange({"rank": self.rank, "node_rank": self.node_rank, "entries": entries,
+                                  "error": error})
+        errors = [g["error"] for g in gathered if g.get("error")]
+        node_bytes = 0
+        marker_error = None
+        if not errors and self.is_node_leader:
+            try:
+                files: dict[str, dict[str, Any]] = {}
+                for g in sorted(gathered, key=lambda g: g["rank"]):
+                    if g["node_rank"] == self.node_rank:
+                        files.update(g["entries"])
+                node_bytes = sum(meta["size"] for meta in files.values())
+                manifest = dict(batch.manifest, files=files, bytes=node_bytes,
+                                ranks=sorted({meta["rank"] for meta in files.values()}),
+                                write_seconds=round(time.monotonic() - start, 6),
+                                blocked_seconds=round(batch.blocked_seconds, 6))
+                fault_point("before_manifest", batch.step)
+                manifest_sha = write_manifest(batch.directory, manifest)
+                fault_point("before_marker", batch.step)
+                write_marker(batch.directory, batch.step, manifest_sha)
+                fault_point("after_marker", batch.step)
+            except Exception as err:
+                marker_error = f"node {self.node_rank}: {type(err).__name__}: {err}"
+        outcome = self.exchange({"rank": self.rank, "error": marker_error})
+        errors += [g["error"] for g in outcome if g.get("error")]
+        write_seconds = time.monotonic() - start
+        if errors:
+            return WriteResult(batch.step, batch.kind, batch.directory, False, "; ".join(errors),
+                               blocked_seconds=batch.blocked_seconds, write_seconds=write_seconds)
+        result = WriteResult(batch.step, batch.kind, batch.directory, True, None, node_bytes,
+                             batch.blocked_seconds, write_seconds, time.time())
+        if self.is_node_leader:
+            self._after_global_commit(batch)
+        return result
+
+    def _after_global_commit(self, batch: _Batch) -> None:
+        try:
+            atomic_write_bytes(batch.directory.parent / "latest", batch.directory.name.encode())
+        except OSError as err:
+            self.warn(f"could not update {batch.directory.parent / 'latest'} (advisory): {err}")
+        for hook in list(self.on_committed):
+            try:
+                hook(batch.step, batch.directory)
+            except Exception as err:  # a hook (the uploader) must never break training
+                self.warn(f"on_committed hook {getattr(hook, '__name__', hook)!r} failed: {err}")
+        if self.after_commit is not None:
+            try:
+                self.after_commit(batch.step, batch.directory)
+            except Exception as err:
+                self.warn(f"checkpoint retention failed: {err}")

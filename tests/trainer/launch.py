@@ -1,0 +1,89 @@
+"""Helpers to run the trainer end to end under torchrun (and the supervisor), as a node would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TORCHRUN = str(BIN / "torchrun")
+
+# Small enough to train in seconds on 2 CPU ranks; checkpoints every 4 steps.
+TINY = ["train.steps=16", "checkpoint.every_steps=4", "train.log_every=4", "checkpoint.keep=3"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_", "PET_", "TORCH_ELASTIC"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def torchrun_command(run_dir: Path, overrides: list[str], nproc: int = 2) -> list[str]:
+    return [TORCHRUN, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
+            *overrides]
+
+
+def start(run_dir: Path, overrides: list[str] = TINY, *, supervised: bool = True, log_name: str = "log",
+          **env: str) -> subprocess.Popen:
+    """Start a node: `supervise -- torchrun ... -m skyspot.trainer`, in its own session."""
+    command = torchrun_command(run_dir, overrides)
+    if supervised:
+        command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--", *command]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir.parent / f"{run_dir.name}.{log_name}.txt", "wb")
+    return subprocess.Popen(command, cwd=REPO, env=trainer_env(**env), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (code {proc.returncode}) before {path.name} appeared")
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not appear within {timeout} s")
+
+
+def events(run_dir: Path, type: Optional[str] = None) -> list[dict]:
+    out = []
+    for path in sorted((run_dir / "events").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                event = json.loads(line)
+                if type is None or event["type"] == type:
+                    out.append(event)
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def log_text(run_dir: Path, log_name: str = "log") -> str:
+    path = run_dir.parent / f"{run_dir.name}.{log_name}.txt"
+    return path.read_text(errors="replace") if path.exists() else ""
