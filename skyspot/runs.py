@@ -53,7 +53,15 @@ def run_events(run, *, store_ok: bool = True):
     from skyspot.events import EVENTS_DIR, EventLog, parse_lines, read_events_dir
 
     if run.run_dir and Path(run.run_dir, EVENTS_DIR).is_dir():
-        return read_events_dir(Path(run.run_dir) / EVENTS_DIR)
+        log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
+        # Local multi-node runs: the other nodes' own disks (signals and notices they saw).
+        for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
+            more = read_events_dir(node_events)
+            log.events.extend(more.events)
+            log.malformed += more.malformed
+            log.malformed_where.extend(more.malformed_where)
+        log.events.sort(key=lambda e: e["ts"])
+        return log
     log = EventLog()
     if not (store_ok and run.store):
         return log

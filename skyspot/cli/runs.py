@@ -26,29 +26,38 @@ def status_command(
     try:
         runs = ledger.runs(include_finished=True)
         damaged_rows = ledger.skipped_rows
+        if not all_runs:
+            # Finished runs are hidden, except the newest few, so a just-finished run is still seen.
+            recent = [r for r in runs if r.terminal][:5]
+            runs = [r for r in runs if not r.terminal or r in recent]
+        records, note = _sky_records([r for r in runs if r.executor == "sky"])
+        rows, skipped = [], 0
+        for run in runs:
+            cached = run.info.get("summary") if run.terminal and run.executor == "local" else None
+            if isinstance(cached, dict) and cached.get("status") == run.status:
+                rows.append(cached)  # a finished local run's events no longer change
+                continue
+            try:
+                log = run_events(run, store_ok=run.executor == "sky")
+            except Exception:  # an unreachable store: still list the run, from the ledger alone
+                from skyspot.events import EventLog
+
+                log = EventLog()
+            row = summarize(run, log, records.get(run.job_id) if run.job_id is not None else None)
+            skipped += log.malformed
+            rows.append(row)
+            if run.terminal and run.executor == "local":
+                try:
+                    ledger.update(run.name, info={**run.info, "summary": row})
+                except Exception:  # a read-only or busy ledger: the cache is only an optimisation
+                    pass
     finally:
         ledger.close()
-    if not all_runs:
-        # Finished runs are hidden, except the newest few, so a just-finished run is still seen.
-        recent = [r for r in runs if r.terminal][:5]
-        runs = [r for r in runs if not r.terminal or r in recent]
-    records, note = _sky_records([r for r in runs if r.executor == "sky"])
-    rows, skipped = [], 0
-    for run in runs:
-        try:
-            log = run_events(run, store_ok=run.executor == "sky")
-        except Exception:  # an unreachable store: still list the run, from the ledger alone
-            from skyspot.events import EventLog
-
-            log = EventLog()
-        row = summarize(run, log, records.get(run.job_id) if run.job_id is not None else None)
-        skipped += log.malformed
-        rows.append(row)
     for row in rows:
         row["where"] = "/".join(x for x in (row["cloud"], row["region"]) if x) or "-"
         row["capacity"] = None if row["spot"] is None else ("spot" if row["spot"] else "on-demand")
         row["progress"] = f"{row['step']}/{row['total_steps'] or '?'}"
-        row["cost"] = None if row["cost_so_far_usd"] is None else f"${row['cost_so_far_usd']:,.2f}" + (
+        row["cost"] = None if row["cost_so_far_usd"] is None else _usd(row["cost_so_far_usd"]) + (
             " (sim)" if row["simulated"] else "")
         row["elapsed"] = _duration(row["elapsed_seconds"])
     display(rows, [("name", "NAME"), ("recipe", "RECIPE"), ("executor", "EXECUTOR"), ("status", "STATUS"),
@@ -74,6 +83,10 @@ def _sky_records(sky_runs) -> tuple[dict, str | None]:
         return sky_executor.queue(job_ids), None
     except SkyspotError as error:
         return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.4f}" if abs(value) < 1 else f"${value:,.2f}"
 
 
 def _duration(seconds: float | None) -> str:

@@ -123,6 +123,15 @@ class Controller:
                 "instance_type": self.spec.instance_type, "spot": spot, "accelerators": self.spec.accelerators,
                 "num_nodes": self.spec.num_nodes, "simulated": True}
 
+    def node_dir(self, node_rank: int) -> Path:
+        """Each simulated node has its own disk, as on a cloud: node 0 uses the run root (where its
+        events and checkpoints are read back), node k the run root's nodes/node-k."""
+        if node_rank == 0:
+            return self.run_dir
+        path = self.run_dir / "nodes" / f"node-{node_rank}"
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
     def node_env(self, node_rank: int, where: dict, metadata_env: dict, port: int) -> dict[str, str]:
         spec = self.spec
         bin_dir = str(Path(sys.executable).parent)
@@ -141,7 +150,7 @@ class Controller:
             "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
             "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info),
             "SKYSPOT_RUN_NAME": spec.name,
-            "SKYSPOT_RUN_DIR": str(self.run_dir),
+            "SKYSPOT_RUN_DIR": str(self.node_dir(node_rank)),
             "SKYSPOT_MASTER_PORT": str(port),
             "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds),
             "PYTHONUNBUFFERED": "1",
@@ -166,7 +175,7 @@ class Controller:
         procs: list[subprocess.Popen] = []
         pumps = []
         for node_rank in range(spec.num_nodes):
-            proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.run_dir,
+            proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.node_dir(node_rank),
                                     env=self.node_env(node_rank, where, metadata.env_for(), port),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(proc)
@@ -180,7 +189,7 @@ class Controller:
                  f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {spec.num_nodes} node(s)")
 
         attempt_started = time.time()
-        steps_file = self.run_dir / EVENTS_DIR / f"attempt-{attempt}.node-0.rank-0.jsonl"
+        steps_file: Optional[Path] = None
         step, offset = 0, 0
         notice_deadline: Optional[float] = None
         sigterm_at: Optional[float] = None
@@ -191,7 +200,10 @@ class Controller:
             if all(c is not None for c in codes):
                 break
             now = time.time()
-            step, offset = _latest_step(steps_file, step, offset)
+            if steps_file is None:
+                steps_file = self._trainer_events_file(attempt)
+            if steps_file is not None:
+                step, offset = _latest_step(steps_file, step, offset)
             if any(c not in (None, 0) for c in codes) and first_failure is None:
                 first_failure = now  # a node died; the others must fail fast on their own
             if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
@@ -236,6 +248,19 @@ class Controller:
         events.emit("attempt_end", code=code, reason=reason, node_codes=codes)
         events.close()
         return code, reason
+
+    def _trainer_events_file(self, attempt: int) -> Optional[Path]:
+        """Rank 0's events file for this attempt (the trainer numbers its starts; take the newest
+        numbered at least `attempt`, should the two counts ever differ)."""
+        found = []
+        for path in (self.run_dir / EVENTS_DIR).glob("attempt-*.node-0.rank-0.jsonl"):
+            try:
+                number = int(path.name.split(".")[0].split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if number >= attempt:
+                found.append((number, path))
+        return max(found)[1] if found else None
 
     def _should_preempt(self, step: int, attempt_started: float, now: float) -> bool:
         spec = self.spec

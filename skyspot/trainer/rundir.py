@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import getpass
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -28,6 +29,9 @@ RUN_JSON = "run.json"
 ATTEMPTS = "attempts.json"
 SUPERSEDED = "superseded"
 LOCK = ".lock"
+# Trainer event files only (skyspot.events): an executor's `attempt-N.executor.jsonl` numbers the
+# executor's attempts, and counting it would make a first start attempt 2.
+_TRAINER_EVENTS = re.compile(r"^attempt-(\d+)\.node-\d+\.rank-\d+\.jsonl$")
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
@@ -38,22 +42,26 @@ def next_attempt(run_dir: Path) -> int:
     """Count one more start in DIR/attempts.json and return it (1 for the first start).
 
     Same format as the store's counter (uploader.next_attempt), which replaces this one when
-    the run has a store. An unreadable counter restarts at one more than the highest attempt
-    seen in the events, so event files are never reused.
+    the run has a store (record_attempt mirrors it here). An unreadable counter restarts at one
+    more than the highest attempt in the trainer's event files, so they are never reused.
     """
     record = read_json(Path(run_dir) / ATTEMPTS)
     previous = record.get("attempt") if isinstance(record, dict) else None
     if not isinstance(previous, int):
         previous = 0
         events = Path(run_dir) / "events"
-        for path in events.glob("attempt-*.jsonl") if events.is_dir() else []:
-            try:
-                previous = max(previous, int(path.name.split(".")[0].split("-")[1]))
-            except (IndexError, ValueError):
-                pass
+        for path in events.iterdir() if events.is_dir() else []:
+            match = _TRAINER_EVENTS.match(path.name)
+            if match:
+                previous = max(previous, int(match.group(1)))
     attempt = previous + 1
-    atomic_write_json(Path(run_dir) / ATTEMPTS, {"attempt": attempt, "updated": time.time()})
+    record_attempt(run_dir, attempt)
     return attempt
+
+
+def record_attempt(run_dir: Path, attempt: int) -> None:
+    """Write DIR/attempts.json (the store's count mirrored locally, or the local count)."""
+    atomic_write_json(Path(run_dir) / ATTEMPTS, {"attempt": attempt, "updated": time.time()})
 
 
 def write_run_json(run_dir: Path, *, run_id: str, recipe, store: Optional[str], world_size: int,

@@ -118,7 +118,7 @@ def test_two_nodes_recover_to_the_uninterrupted_result(reference):
 
 
 def test_detached_concurrent_runs_logs_follow_and_cancel():
-    first = launch("-d", "-n", "left", *OVERRIDES, "train.steps=400")
+    first = launch("-d", "-n", "left", *OVERRIDES, "train.steps=100000")  # runs until cancelled
     second = launch("-d", "-n", "right", *OVERRIDES, "train.steps=12", "--preempt-at-steps", "4", *FAST)
     assert first.exit_code == 0 and second.exit_code == 0
     # `logs -f` follows "right" across its recovery to the end.
