@@ -77,6 +77,24 @@ def run_events(run, *, store_ok: bool = True):
     return log
 
 
+def events_signature(run) -> Optional[str]:
+    """Names, sizes and modification times of a local run's event files: a cached summary is
+    reused only while this is unchanged."""
+    from pathlib import Path
+
+    if not run.run_dir:
+        return None
+    root = Path(run.run_dir)
+    parts = []
+    for path in sorted([*root.glob("events/*.jsonl"), *root.glob("nodes/node-*/events/*.jsonl")]):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        parts.append(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)
+
+
 def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
     """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far."""
     from skyspot.cost import cost_so_far

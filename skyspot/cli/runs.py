@@ -20,7 +20,7 @@ def status_command(
 ) -> None:
     """Every run: status, where, spot or on-demand, step, #RECOVERIES, last checkpoint, elapsed, cost so far."""
     from skyspot.ledger import Ledger
-    from skyspot.runs import run_events, summarize
+    from skyspot.runs import events_signature, run_events, summarize
 
     ledger = Ledger()
     try:
@@ -33,9 +33,13 @@ def status_command(
         records, note = _sky_records([r for r in runs if r.executor == "sky"])
         rows, skipped = [], 0
         for run in runs:
-            cached = run.info.get("summary") if run.terminal and run.executor == "local" else None
-            if isinstance(cached, dict) and cached.get("status") == run.status:
-                rows.append(cached)  # a finished local run's events no longer change
+            cacheable = run.terminal and run.executor == "local"
+            signature = events_signature(run) if cacheable else None
+            cached = run.info.get("summary") if cacheable else None
+            if (isinstance(cached, dict) and cached.get("status") == run.status
+                    and run.info.get("summary_of") == signature):
+                rows.append(cached)  # a finished local run whose events have not changed since
+                skipped += int(cached.get("malformed_event_lines") or 0)
                 continue
             try:
                 log = run_events(run, store_ok=run.executor == "sky")
@@ -48,7 +52,7 @@ def status_command(
             rows.append(row)
             if run.terminal and run.executor == "local":
                 try:
-                    ledger.update(run.name, info={**run.info, "summary": row})
+                    ledger.update(run.name, info={**run.info, "summary": row, "summary_of": signature})
                 except Exception:  # a read-only or busy ledger: the cache is only an optimisation
                     pass
     finally:
