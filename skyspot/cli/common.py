@@ -7,7 +7,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Optional, Any, Callable, Iterable, Sequence
 
 import typer
 from rich.console import Console
@@ -16,8 +16,15 @@ from rich.table import Table
 from skyspot.errors import SkyspotError
 
 # Data to stdout, diagnostics to stderr; rich honours NO_COLOR and drops colour off a TTY.
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+def _width(stream) -> Optional[int]:
+    """Off a terminal rich assumes 80 columns and folds every table; use COLUMNS, else a wide page."""
+    if os.environ.get("COLUMNS") or stream.isatty():
+        return None
+    return 160
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":

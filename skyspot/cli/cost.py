@@ -27,6 +27,8 @@ def _report(run):
     candidates = run.info.get("candidates") or None
     if not (isinstance(candidates, list) and all(isinstance(c, dict) for c in candidates)):
         candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
+    elif not any(c.get("instance_type") for c in candidates):
+        candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
     queue_record = None
     if run.executor == "sky" and run.job_id is not None:
         from skyspot.cli.runs import _sky_records

@@ -53,7 +53,7 @@ class RunView:
             return None
         if kind == "checkpoint_end" and event.get("rank") in (0, None):
             self.last_ckpt, self.last_ckpt_ts = event.get("step"), event["ts"]
-            if event.get("kind") != "interval":
+            if event.get("kind") not in ("interval", "emergency"):  # emergency: its own event says more
                 return f"{event.get('kind')} checkpoint committed at step {event.get('step')}"
             return None
         if kind == "preempt_notice_sent":
