@@ -14,6 +14,9 @@ from skyspot.errors import UsageError
 @handle_errors
 def recipes_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+    verbose: bool = typer.Option(False, "-v", "--verbose",
+                                 help="Also check, per cloud, whether an emergency checkpoint becomes durable "
+                                      "within the preemption notice window (docs/planning.md)."),
 ) -> None:
     """List the recipes: model, nodes x accelerator candidates, clouds."""
     from skyspot.recipe import list_recipes
@@ -34,8 +37,27 @@ def recipes_command(
             "local_only": res.local_only,
             "description": recipe.description,
         })
-    display(rows, [("name", "RECIPE"), ("model", "MODEL"), ("nodes", "NODES"), ("per_node", "PER NODE"),
-                   ("clouds", "CLOUDS")], as_json=as_json)
+        if verbose:
+            rows[-1].update(_window_fields(recipe))
+    columns = [("name", "RECIPE"), ("model", "MODEL"), ("nodes", "NODES"), ("per_node", "PER NODE"),
+               ("clouds", "CLOUDS")]
+    if verbose:
+        columns += [("state_per_node", "STATE/NODE"), ("window", "EMERGENCY CKPT VS NOTICE WINDOW")]
+    display(rows, columns, as_json=as_json)
+
+
+def _window_fields(recipe) -> dict:
+    from skyspot.planning import check_notice_windows
+
+    report = check_notice_windows(recipe)
+    if not report.state.known:
+        return {"state_per_node": None, "window": "unknown model size", "window_checks": []}
+    return {
+        "state_per_node": f"{report.state.bytes_per_node / 1e9:,.1f} GB",
+        "window": "; ".join(f"{c.cloud} {c.window_s:.0f}s: {c.verdict} (durable after {c.durable_at_s:,.0f}s)"
+                            for c in report.checks),
+        "window_checks": [c.to_dict() for c in report.checks],
+    }
 
 
 @handle_errors

@@ -118,3 +118,19 @@ def test_gated_recipe_without_hf_token_is_refused_before_contacting_skypilot(mon
 def test_cloud_launch_without_store_is_refused(monkeypatch):
     result = invoke("launch", "llama8b", "-y", env={"HF_TOKEN": "x"})
     assert result.exit_code == 2 and "needs a store" in result.stderr
+
+
+def test_recipes_verbose_checks_the_notice_window_per_cloud():
+    rows = {r["name"]: r for r in json.loads(invoke("recipes", "-v", "--json").stdout)}
+    checks = {c["cloud"]: c for c in rows["llama70b"]["window_checks"]}
+    assert set(checks) == {"aws", "gcp", "azure"}
+    assert (checks["aws"]["window_s"], checks["gcp"]["window_s"], checks["azure"]["window_s"]) == (120, 30, 30)
+    # 70.6e9 parameters x 12 bytes of checkpointed ZeRO-3 state over 4 nodes (docs/planning.md)
+    assert checks["aws"]["bytes_per_node"] == 70_553_706_496 * 12 // 4
+    assert all(c["verdict"] == "not in time" for c in checks.values())
+    assert all(c["verdict"] == "durable in time" for c in rows["tiny"]["window_checks"])
+
+
+def test_dry_run_shows_the_window_check_and_launch_warns():
+    result = invoke("launch", "llama70b", "--dry-run", "--store", "s3://my-bucket/runs")
+    assert "Emergency checkpoint vs notice window" in result.stderr and "not in time" in result.stderr
