@@ -106,13 +106,13 @@ def test_marker_is_uploaded_last_after_every_file_is_remote(store_uri, tmp_path)
 
     def before_put(key):
         order.append(key.rsplit("/", 1)[-1])
-        if key.endswith("/COMMITTED"):
+        if key.endswith("/COMMITTED.node-0-of-1"):
             remote_at_marker.extend(store.list(f"{RUN}/checkpoints/step_5/"))
 
     uploader = Uploader(Wrapped(store, before_put), RUN, keep=2, **FAST)
     uploader.submit(5, local)
     assert uploader.close(timeout=30)
-    assert order[-2:] == ["manifest.json", "COMMITTED"]
+    assert order[-2:] == ["manifest.node-0.json", "COMMITTED.node-0-of-1"]
     assert sorted(order[:-2]) == [f"shard_{i}.pt" for i in range(6)]
     assert sorted(k.rsplit("/", 1)[-1] for k in remote_at_marker) == sorted(order[:-1])
 
@@ -131,7 +131,7 @@ def test_a_failed_file_upload_leaves_no_marker(store_uri, tmp_path, events):
     assert not uploader.close(timeout=30)
     assert not uploader.is_durable(7)
     assert remote_checkpoints(store, RUN) == []
-    assert not store.exists(f"{RUN}/checkpoints/step_7/COMMITTED")
+    assert not store.exists(f"{RUN}/checkpoints/step_7/COMMITTED.node-0-of-1")
     assert warnings == ["checkpoint step 7 was not uploaded: cannot upload: access denied (AccessDenied)"]
     assert upload_ends(tmp_path)[0]["durable"] is False
     assert sorted(p.name for p in local.iterdir()) == ["COMMITTED", "manifest.json", "model_states.pt", "zero"]
@@ -209,7 +209,7 @@ def test_corrupt_or_missing_remote_file_is_named_and_nothing_is_left_locally(sto
         download_checkpoint(store, RUN, 3, target)
     assert not target.parent.exists() or list(target.parent.iterdir()) == []
 
-    with pytest.raises(CheckpointError, match=r"step_4 .* has no COMMITTED marker"):
+    with pytest.raises(CheckpointError, match=r"step_4 .* is not durable: it lacks a COMMITTED marker of every node"):
         download_checkpoint(store, RUN, 4, target)
 
 
@@ -328,3 +328,138 @@ def test_event_files_are_synced_in_the_background_and_at_close(tmp_path, events)
     events.emit("exit", code=0, reason="done", step=1)
     uploader.close()
     assert store.get_bytes(remote) == events.path.read_bytes()
+
+
+# ---------------------------------------------------------------------- several nodes
+
+
+def node_checkpoint(run_dir: Path, step: int, node: int) -> Path:
+    """Node `node`'s part of a checkpoint: its ranks' files only (names unique per rank, as DeepSpeed's are)."""
+    return make_checkpoint(run_dir, step, {f"zero_pp_rank_{node}_model_states.pt": os.urandom(2000 + node),
+                                           f"trainer_state_rank_{node}.pt": os.urandom(300)})
+
+
+def test_durability_needs_every_nodes_marker_and_the_marker_says_how_many_nodes():
+    from skyspot.trainer.uploader import is_durable_listing
+
+    assert is_durable_listing(["s/COMMITTED.node-0-of-1"])
+    assert not is_durable_listing(["s/COMMITTED.node-0-of-2", "s/manifest.node-1.json"])
+    assert is_durable_listing(["s/COMMITTED.node-1-of-2", "s/COMMITTED.node-0-of-2"])
+    assert not is_durable_listing(["s/COMMITTED.node-0-of-2", "s/COMMITTED.node-1-of-3"])
+    assert not is_durable_listing(["s/COMMITTED", "s/manifest.json"])  # no node markers: not ours
+
+
+def test_a_checkpoint_written_by_two_nodes_is_durable_only_once_both_uploaded(store_uri, tmp_path):
+    store = open_store(store_uri)
+    nodes = [Uploader(store, RUN, keep=2, node_rank=k, num_nodes=2, **FAST) for k in (0, 1)]
+    parts = [node_checkpoint(tmp_path / f"node{k}", 6, k) for k in (0, 1)]
+
+    nodes[0].submit(6, parts[0])
+    assert nodes[0].wait(timeout=30)
+    assert nodes[0].is_uploaded(6) and not nodes[0].is_durable(6)
+    assert remote_checkpoints(store, RUN) == []
+    with pytest.raises(CheckpointError, match=r"not durable: .* \(has node 0 of 2\)"):
+        download_checkpoint(store, RUN, 6, tmp_path / "early" / "step_6", node_rank=0)
+
+    nodes[1].submit(6, parts[1])
+    assert nodes[1].wait(timeout=30)
+    assert nodes[1].is_durable(6)  # the last node to finish sees every marker
+    assert remote_checkpoints(store, RUN) == [6]
+    assert nodes[0].refresh_durable() == [6] and nodes[0].is_durable(6)
+    names = sorted(k.rsplit("/", 1)[-1] for k in step_keys(store, 6))
+    assert names == ["COMMITTED.node-0-of-2", "COMMITTED.node-1-of-2", "manifest.node-0.json",
+                     "manifest.node-1.json", "trainer_state_rank_0.pt", "trainer_state_rank_1.pt",
+                     "zero_pp_rank_0_model_states.pt", "zero_pp_rank_1_model_states.pt"]
+
+    # Each node gets back exactly what it wrote, under the local names.
+    for k in (0, 1):
+        target = download_checkpoint(store, RUN, 6, tmp_path / f"fresh{k}" / "step_6", node_rank=k)
+        assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in parts[k].iterdir())
+        for path in parts[k].iterdir():
+            assert (target / path.name).read_bytes() == path.read_bytes()
+    for uploader in nodes:
+        uploader.close()
+
+
+def test_re_uploading_one_nodes_part_withdraws_its_marker_first(tmp_path):
+    store = open_store(tmp_path / "bucket")
+    for k in (0, 1):
+        uploader = Uploader(store, RUN, node_rank=k, num_nodes=2, **FAST)
+        uploader.submit(3, node_checkpoint(tmp_path / f"node{k}", 3, k))
+        assert uploader.close(timeout=30)
+    assert remote_checkpoints(store, RUN) == [3]
+
+    # Node 1 saves step 3 again with other bytes (e.g. resumed from an older step): while its files
+    # are replaced, the checkpoint must not count.
+    seen = []
+    again = node_checkpoint(tmp_path / "again", 3, 1)
+    wrapped = Wrapped(store, lambda key: seen.append(remote_checkpoints(store, RUN)))
+    uploader = Uploader(wrapped, RUN, node_rank=1, num_nodes=2, **FAST)
+    uploader.submit(3, again)
+    assert uploader.close(timeout=30)
+    assert seen[0] == [] and seen[-1] == []  # not durable from the first file to the marker
+    assert remote_checkpoints(store, RUN) == [3]
+    target = download_checkpoint(store, RUN, 3, tmp_path / "check" / "step_3", node_rank=1)
+    assert (target / "trainer_state_rank_1.pt").read_bytes() == (again / "trainer_state_rank_1.pt").read_bytes()
+
+
+def test_only_node_0_deletes_and_a_partly_uploaded_step_is_a_leftover(tmp_path):
+    store = open_store(tmp_path / "bucket")
+    n0 = Uploader(store, RUN, keep=1, node_rank=0, num_nodes=2, **FAST)
+    n1 = Uploader(store, RUN, keep=1, node_rank=1, num_nodes=2, **FAST)
+    for step in (1, 2):
+        n1.submit(step, node_checkpoint(tmp_path / "node1", step, 1))
+        assert n1.wait(timeout=30)
+        n0.submit(step, node_checkpoint(tmp_path / "node0", step, 0))
+        assert n0.wait(timeout=30)
+    n0.submit(3, node_checkpoint(tmp_path / "node0", 3, 0))  # node 1 never finishes step 3
+    assert n0.wait(timeout=30)
+    n1.close(), n0.close()
+    assert remote_checkpoints(store, RUN) == [2]
+    assert step_keys(store, 1) == []  # node 0 applied keep=1 after step 2 was durable
+    assert len(step_keys(store, 3)) == 4  # newer than the newest durable one: never touched
+
+
+def test_local_copy_may_go_once_it_or_a_newer_checkpoint_is_durable(tmp_path):
+    store = open_store(tmp_path / "bucket")
+    uploader = Uploader(store, RUN, **FAST)
+    uploader.note_durable([5])
+    assert [uploader.can_delete_local(s) for s in (3, 5, 7)] == [True, True, False]
+    uploader.close()
+
+
+@pytest.mark.parametrize("left, new, rate, seconds, keep", [
+    (100, 1000, 100.0, 5.0, True),    # the older one finishes in 1 s, the new one needs 10 s: keep it
+    (100, 300, 100.0, 5.0, True),     # both fit, one after the other: keep, then the new one
+    (100, 450, 100.0, 5.0, False),    # only the new one fits, and only if the older one goes
+    (1000, 1000, 100.0, 5.0, False),  # neither fits: newest wins (the estimate may be pessimistic)
+    (100, 1000, None, 5.0, False),    # nothing measured yet: newest wins
+])
+def test_an_emergency_upload_abandons_the_one_in_flight_only_when_that_helps(left, new, rate, seconds, keep):
+    from skyspot.trainer.uploader import keep_in_flight
+
+    assert keep_in_flight(left, new, rate, seconds) is keep
+
+
+def test_an_emergency_checkpoint_that_cannot_make_it_waits_behind_an_upload_that_can(tmp_path, events):
+    store = open_store(tmp_path / "bucket")
+    small = {f"f{i}.pt": os.urandom(1000) for i in range(4)}
+    interval_started = threading.Event()
+
+    def before_put(key):
+        time.sleep(0.25)  # a slow link: about 3 kB/s for these small files
+        if "/step_10/" in key:
+            interval_started.set()
+
+    warnings = Warnings()
+    uploader = Uploader(Wrapped(store, before_put), RUN, events, warn=warnings, max_workers=1, **FAST)
+    uploader.submit(9, make_checkpoint(tmp_path / "run", 9, small))  # measures the throughput
+    assert uploader.wait(timeout=30)
+    uploader.submit(10, make_checkpoint(tmp_path / "run", 10, small))
+    assert interval_started.wait(10)  # 10 is in flight: 4 kB left, seconds away
+    uploader.set_deadline(time.time() + 60)
+    uploader.submit(12, make_checkpoint(tmp_path / "run", 12, {"big.pt": os.urandom(400_000)}))  # minutes away
+    assert not uploader.flush_until(time.time() + 60)  # answered early, once 12 runs: it cannot make it
+    assert uploader.is_durable(10)  # and 10 was not thrown away for it
+    assert any("queued behind step 10" in w for w in warnings)
+    uploader.close(timeout=0)

@@ -19,6 +19,8 @@ Modules, one concept each, in the order a start goes through them:
     writer       the background writer and the commit protocol
     manifest     what makes a directory a checkpoint: manifest, marker, validation
     preemption   SIGTERM/SIGUSR1/notices -> a flag the ranks agree on at each step boundary
+    durable      the store tier from the trainer's side: start-up probe, resume source, deadlines
+    uploader     background upload of committed checkpoints and event files; download, retention
     export       final/: a Hugging Face model directory
     exit_codes   the exit codes and the exit record the supervisor reads
     supervise    runs torchrun and exits with the trainer's code

@@ -19,17 +19,22 @@ Resume rules:
 - a directory without a valid marker or with a file that disagrees with the manifest is not a
   checkpoint: it is skipped with a one-line warning and the previous one is used; `latest` is
   advisory and never read;
-- the newest step valid on every node wins, then newer ones offered by a resume source (the store);
+- a node "has" a step when its local copy is valid or the resume source (the store) holds it
+  durable; the newest step every node has wins. A node lacking it locally downloads its own part
+  (in parallel, verified); a missing or corrupt file there makes that node drop the step, with a
+  one-line warning, and the ranks agree again on an older one;
 - when the run has committed checkpoints but none is usable, find() raises CheckpointError
   (exit 3) rather than starting over; directories that were never committed (a write cut short)
-  alone do not count, and training starts from step 0 with a warning;
+  alone do not count, and training starts from step 0 with a warning; when the store could not
+  be listed and no node has a local checkpoint, find() raises StoreError (exit 1) rather than
+  start over beside progress it cannot see;
 - `--fresh` moves everything aside first (rundir.move_aside) and says so.
 
 Hooks for the store tier (uploader.py), all optional:
     ckpt.on_committed.append(fn(step, path))    called on each node leader once a step is committed
                                                 on every node (from the writer thread: keep it quick)
     ckpt.can_delete.append(fn(step) -> bool)    retention asks before deleting a committed checkpoint
-    ckpt.resume_sources.append(source)          see ResumeSource
+    ckpt.resume_source = source                 see ResumeSource (durable.StoreTier)
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from skyspot.errors import CheckpointError
+from skyspot.errors import CheckpointError, StoreError
 from skyspot.trainer import manifest as mf
 from skyspot.trainer.files import fsync_dir
 from skyspot.trainer.rundir import checkpoints_dir
@@ -51,16 +56,16 @@ DEFAULT_AUTO_SECONDS = 1800.0
 
 
 class ResumeSource(Protocol):
-    """Somewhere else checkpoints may be (the run's store). The same on every rank."""
+    """Somewhere else checkpoints may be (the run's store). The same answer on every rank."""
 
     name: str
 
-    def steps(self) -> list[int]:
-        """Steps this source holds committed (cheap: a listing)."""
+    def steps(self) -> Optional[list[int]]:
+        """Steps this source holds durable; None when it could not be asked (unreachable)."""
 
     def fetch(self, step: int, checkpoints_dir: Path) -> None:
-        """Materialise `checkpoints_dir/step_<N>/` (files, manifest, marker last). Called on each
-        node leader; the result is then validated like any local checkpoint."""
+        """Materialise this node's `checkpoints_dir/step_<N>/` (files, manifest, marker last), or raise.
+        Called on node leaders; the result is then validated like any local checkpoint."""
 
 
 @dataclass
@@ -97,11 +102,18 @@ class Choice:
     """Why nothing can be resumed although checkpoints exist (raise: exit 3)."""
 
 
-def choose(views: list[list[mf.Verdict]]) -> Choice:
-    """The newest step valid on every node (one list of verdicts per node). Pure."""
+def choose(views: list[list[mf.Verdict]], remote: Optional[list[set[int]]] = None,
+           remote_failed: tuple[str, ...] = ()) -> Choice:
+    """The newest step every node has (one list of local verdicts per node). Pure.
+
+    A node has a step when its local copy is valid or `remote[node]` (steps the store offers that
+    node) holds it. `remote_failed` names store checkpoints that turned out unusable: like corrupt
+    local ones, they mean the run had checkpoints, so finding none is a problem, not a fresh start.
+    """
     if not views:
         return Choice(None, [])
-    valid_sets = [{v.step for v in view if v.state == "valid"} for view in views]
+    remote = remote if remote is not None else [set() for _ in views]
+    valid_sets = [{v.step for v in view if v.state == "valid"} | set(offered) for view, offered in zip(views, remote)]
     common = set.intersection(*valid_sets)
     step = max(common) if common else None
     warnings = []
@@ -115,8 +127,8 @@ def choose(views: list[list[mf.Verdict]]) -> Choice:
         return Choice(step, warnings)
     corrupt = [v for view in views for v in view if v.state == "corrupt"]
     partial = [v for view in views for v in view if v.state == "valid"]
-    if corrupt or partial:
-        what = "; ".join(str(v) for v in (corrupt or partial)[:3])
+    if corrupt or partial or remote_failed:
+        what = "; ".join([str(v) for v in (corrupt or partial)[:3]] + list(remote_failed[:2]))
         return Choice(None, warnings, f"the run has committed checkpoints but none is usable ({what})")
     return Choice(None, warnings)
 
@@ -168,7 +180,7 @@ class CheckpointManager:
         self.warn = warn
         self.on_committed: list[Callable[[int, Path], None]] = []
         self.can_delete: list[Callable[[int], bool]] = []
-        self.resume_sources: list[ResumeSource] = []
+        self.resume_source: Optional[ResumeSource] = None
         self.engine = None
         self.writer = None
         self.last_committed: Optional[int] = None
@@ -203,63 +215,81 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ resume
     def find(self) -> Optional[ResumePoint]:
-        """Agree with every rank on the checkpoint to resume from (collective). None: fresh start."""
-        excluded: set[int] = set()
+        """Agree with every rank on the checkpoint to resume from (collective). None: fresh start.
+
+        Each node leader offers its local verdicts and the store's durable steps it has not found
+        unusable; the newest step every node has is chosen; a node that lacks it locally (or whose
+        copy fails its checksums) fetches its own part from the store. If any node fails, it drops
+        that step and the ranks choose again, so every round offers strictly less.
+        """
+        source = self.resume_source
+        offered = source.steps() if source is not None else []
+        unreachable = source is not None and offered is None
+        remote = set(offered or [])
+        verified: dict[int, mf.Verdict] = {}  # full-checksum verdicts, kept across rounds
+        bad_remote: set[int] = set()
+        failed: list[str] = []
+        notes: list[str] = []
         while True:
             mine = None
             if self.placement.is_node_leader:
-                mine = [v for v in mf.scan(self.root, stop_at_first_valid=True) if v.step not in excluded]
+                scanned = [verified.get(v.step, v) for v in mf.scan(self.root, stop_at_first_valid=True)]
+                mine = (scanned, sorted(remote - bad_remote), list(failed))
             views = [view for view in self.comm.all_gather_object(mine) if view is not None]
-            choice = choose(views)
-            point = self._from_sources(choice)
-            if point is not None:
-                return point
+            all_failed = tuple(line for view in views for line in view[2])
+            choice = choose([view[0] for view in views], [set(view[1]) for view in views], all_failed)
             if choice.step is None:
-                for line in choice.warnings:
+                for line in choice.warnings + notes:
                     self._say(line)
                 if choice.problem:
                     raise CheckpointError(
                         f"{self.root}: {choice.problem}. Nothing was started over. Repair or move the "
                         "checkpoints, or pass --fresh to start from step 0 (old checkpoints are moved aside, not deleted)")
+                if unreachable:
+                    raise StoreError(
+                        f"cannot list the store {source.name}, and no node has a local checkpoint: nothing was "
+                        "started, since starting over could overwrite the run's progress there. Start again "
+                        "when the store is reachable")
                 return None
-            # Checksums of the chosen step may not have been read yet (stop_at_first_valid).
-            ok = True
-            verdict = None
+            ok, fetched, note = True, False, None
             if self.placement.is_node_leader:
-                verdict = next(v for v in mine if v.step == choice.step)
-                if not verdict.verified:
-                    verdict = mf.inspect(verdict.path, verify_checksums=True)
-                ok = verdict.state == "valid"
-            if all(self.comm.all_gather_object(ok)):
-                if verdict is None:
-                    verdict = mf.inspect(self.root / mf.step_dir_name(choice.step), verify_checksums=False)
-                for line in choice.warnings:
+                ok, fetched, note = self._have(choice.step, mine[0], remote - bad_remote, verified)
+                if not ok and choice.step in remote and choice.step not in bad_remote and fetched:
+                    bad_remote.add(choice.step)
+                    failed.append(note)
+                fetched = fetched and ok
+            outcome = self.comm.all_gather_object((ok, fetched, note))
+            notes += [n for _, _, n in outcome if n]
+            if all(o for o, _, _ in outcome):
+                for line in choice.warnings + notes:
                     self._say(line)
-                return ResumePoint(choice.step, self.root / mf.step_dir_name(choice.step), "local",
-                                   verdict.manifest or {}, choice.warnings)
-            excluded.add(choice.step)
+                path = self.root / mf.step_dir_name(choice.step)
+                verdict = mf.inspect(path, verify_checksums=False)
+                source_name = "store" if any(f for _, f, _ in outcome) else "local"
+                return ResumePoint(choice.step, path, source_name, verdict.manifest or {}, choice.warnings + notes)
 
-    def _from_sources(self, choice: Choice) -> Optional[ResumePoint]:
-        """A newer checkpoint from a resume source (the store), fetched and validated on every node."""
-        for source in self.resume_sources:
-            try:
-                offered = sorted((s for s in source.steps() if choice.step is None or s > choice.step), reverse=True)
-            except Exception as err:
-                self._say(f"resume source {source.name}: cannot list checkpoints ({err})")
-                continue
-            for step in offered:
-                ok = True
-                if self.placement.is_node_leader:
-                    try:
-                        source.fetch(step, self.root)
-                        ok = mf.inspect(self.root / mf.step_dir_name(step)).state == "valid"
-                    except Exception as err:
-                        self._say(f"resume source {source.name}: step_{step} unusable ({err})")
-                        ok = False
-                if all(self.comm.all_gather_object(ok)):
-                    verdict = mf.inspect(self.root / mf.step_dir_name(step), verify_checksums=False)
-                    return ResumePoint(step, verdict.path, source.name, verdict.manifest or {}, choice.warnings)
-        return None
+    def _have(self, step: int, scanned: list[mf.Verdict], remote: set[int],
+              verified: dict[int, mf.Verdict]) -> tuple[bool, bool, Optional[str]]:
+        """Node leader: make sure `step` is valid here. (ok, tried the store, one-line note)."""
+        local = next((v for v in scanned if v.step == step), None)
+        if local is not None and local.state == "valid" and not local.verified:
+            local = verified[step] = mf.inspect(local.path, verify_checksums=True)
+        if local is not None and local.state == "valid":
+            return True, False, None
+        if local is not None:
+            verified[step] = local
+        if step not in remote:
+            return False, False, None
+        try:
+            self.resume_source.fetch(step, self.root)
+            verdict = mf.inspect(self.root / mf.step_dir_name(step), verify_checksums=False)
+            if verdict.state != "valid":
+                raise CheckpointError(f"checkpoint step_{step} from {self.resume_source.name}: {verdict}")
+        except (CheckpointError, StoreError, OSError) as err:
+            return False, True, f"node {self.placement.node_rank}: {err}; falling back to an earlier checkpoint"
+        verified[step] = verdict
+        prefix = f"node {self.placement.node_rank}: local step_{step} {local.state}; " if local is not None else ""
+        return True, True, (prefix + f"downloaded step_{step} from {self.resume_source.name}") if prefix else None
 
     def _say(self, line: str) -> None:
         if self.placement.is_global_zero:

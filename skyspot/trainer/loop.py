@@ -11,8 +11,10 @@ On this machine (2 CPU ranks, gloo):
     torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir runs/t1 train.steps=40
 
 RECIPE is a registry name or a recipe file; key=value overrides as in the CLI. Every start
-resumes from the newest valid checkpoint in DIR/checkpoints (or exits 3 when the run has
-checkpoints but none is usable); --fresh moves earlier work aside and starts from step 0.
+resumes from the newest checkpoint valid on every node, in DIR/checkpoints or in the store
+(or exits 3 when the run has checkpoints but none is usable); --fresh moves earlier work aside
+and starts from step 0. With a store (--store or storage.store) each node leader uploads its
+committed checkpoints and event files in the background (durable.py, uploader.py).
 Exit codes: exit_codes.py (0 complete, 75 preempted and saved: recover me, 3, 2, 1).
 
 Reads top to bottom: setup, resume, loop, save, cleanup. `main()` closes everything in `finally`.
@@ -53,7 +55,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("recipe", metavar="RECIPE", help="registry name (e.g. tiny) or a recipe file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, e.g. train.steps=40")
     parser.add_argument("--run-dir", required=True, type=Path, help="the run's local directory (fast tier)")
-    parser.add_argument("--store", default=None, help="the run's store (s3://, gs://, az:// or a path); recorded in run.json")
+    parser.add_argument("--store", default=None,
+                        help="the run's store (s3://, gs://, az:// or a path): durable checkpoints, events, run.json")
     parser.add_argument("--run-name", default=None, help="run id (default: SKYSPOT_RUN_NAME, SKYPILOT_TASK_ID, DIR's name)")
     parser.add_argument("--fresh", action="store_true",
                         help="start from step 0: earlier checkpoints and final/ are moved to DIR/superseded/")
@@ -84,6 +87,12 @@ class Run:
     notice_watcher: Any = None
     resumed: Any = None
     step: Optional[int] = None
+    tier: Any = None
+    """durable.StoreTier when the run has a store (every rank)."""
+    uploader: Any = None
+    """uploader.Uploader on node leaders when the run has a store."""
+    upload_deadline: Optional[float] = None
+    """Set by the emergency path: uploads end by then."""
 
     @property
     def run_dir(self) -> Path:
@@ -142,10 +151,12 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     import torch
     from deepspeed.accelerator import get_accelerator
 
+    from skyspot.errors import StoreError, UsageError
     from skyspot.events import EventWriter
     from skyspot.trainer.comm import Comm
     from skyspot.trainer.determinism import configure_threads
-    from skyspot.trainer.rundir import RunLock, move_aside, next_attempt, write_run_json
+    from skyspot.trainer.durable import Probe, StoreTier, restore_run_json
+    from skyspot.trainer.rundir import RunLock, move_aside, next_attempt, record_attempt, write_run_json
 
     threads = configure_threads(placement.local_world_size)
     accelerator = get_accelerator()
@@ -161,9 +172,24 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     holder = lock.acquire() if lock is not None else None
     holders = [h for h in comm.all_gather_object(holder) if h]
     if holders:
-        from skyspot.errors import UsageError
-
         raise UsageError(f"{args.run_dir} is in use by another trainer ({holders[0]}); one trainer per run directory")
+
+    # The store, asked once by global rank 0 (attempt counter, durable checkpoints, run.json).
+    store_uri = recipe.storage.store
+    tier, probe = None, None
+    if store_uri:
+        try:
+            tier = StoreTier(store_uri, run_id, placement, warn=say)
+        except StoreError as err:  # e.g. az:// without its SDK
+            raise UsageError(str(err)) from None
+        if placement.rank == 0:
+            probe = tier.probe(fresh=bool(args.fresh))
+        probe = comm.all_gather_object(probe)[0] or Probe()
+        if probe.usage_error:
+            raise UsageError(probe.usage_error)
+        if probe.warning and placement.is_global_zero:
+            say(probe.warning)
+        tier.adopt(probe)
 
     if args.fresh and placement.is_node_leader:
         moved = move_aside(args.run_dir)
@@ -171,17 +197,30 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
             else "--fresh: nothing to move aside; starting from step 0")
     comm.barrier()
 
-    attempt = comm.broadcast_int(next_attempt(args.run_dir) if placement.rank == 0 else 0, device)
+    attempt = 0
+    if placement.rank == 0:
+        if probe is not None and probe.attempt is not None:
+            attempt = probe.attempt  # the store counts starts across machines; mirrored locally
+            record_attempt(args.run_dir, attempt)
+        else:
+            attempt = next_attempt(args.run_dir)
+    attempt = comm.broadcast_int(attempt, device)
     events = EventWriter(args.run_dir, run_id, attempt, placement.node_rank, placement.rank)
-    run = Run(args, recipe, placement, run_id, attempt, events, comm, watch, device=device, lock=lock)
+    run = Run(args, recipe, placement, run_id, attempt, events, comm, watch, device=device, lock=lock, tier=tier)
     if placement.is_node_leader:
-        _, warning = write_run_json(args.run_dir, run_id=run_id, recipe=recipe, store=args.store,
+        if probe is not None:
+            restore_run_json(args.run_dir, probe, bool(args.fresh))
+        _, warning = write_run_json(args.run_dir, run_id=run_id, recipe=recipe, store=store_uri,
                                     world_size=placement.world_size, where=placement.where, fresh=args.fresh)
         if warning and placement.is_global_zero:
             say(warning)
+        if tier is not None:
+            run.uploader = tier.uploader(events, args.run_dir, recipe.checkpoint.keep)
+            if placement.is_global_zero and probe.attempt is not None and (args.fresh or probe.run_json is None):
+                run.uploader.sync_small(args.run_dir / "run.json", "run.json")
     run.emit("start", where=placement.where, world_size=placement.world_size, total_steps=recipe.train.steps,
              recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(), threads=threads,
-             store=args.store, fresh=bool(args.fresh))
+             store=store_uri, fresh=bool(args.fresh))
     if placement.is_node_leader:
         run.notice_watcher = _start_notice_watcher(watch)
     return run
@@ -251,6 +290,10 @@ def build(run: Run) -> None:
     p = run.placement
     run.ckpt = CheckpointManager(run.run_dir, p, run.recipe, run_id=run.run_id, attempt=run.attempt,
                                  events=run.events if p.is_global_zero else None, comm=run.comm, warn=say)
+    run.ckpt.resume_source = run.tier
+    if run.uploader is not None:
+        run.ckpt.on_committed.append(run.uploader.submit)  # from the writer thread: only enqueues
+        run.ckpt.can_delete.append(run.uploader.can_delete_local)  # answered from memory
     point = run.ckpt.find()
     if point is not None:
         run.recipe, lines = reconcile_recipe(run.recipe, point.manifest.get("recipe"))
@@ -418,23 +461,47 @@ def train(run: Run) -> int:
 
 
 def _emergency(run: Run, state, vote: Vote) -> None:
-    """Every rank: commit an emergency checkpoint of this step together, then unwind to exit 75."""
+    """Every rank: commit an emergency checkpoint of this step together, push it to the store as far
+    as the deadline allows, then unwind to exit 75."""
+    from skyspot.trainer.durable import emergency_deadline
+
     if state.step == 0 and run.resumed is None:
         raise Preempted(0, "preempted before the first step: nothing to save")
+    run.upload_deadline = emergency_deadline(vote.deadline, vote.first_seen, run.placement.where.get("cloud"))
+    if run.uploader is not None:
+        run.uploader.set_deadline(run.upload_deadline)  # before the commit hook submits the emergency step
     result = run.ckpt.save(state.step, "emergency", state, blocking=True)
     committed = result is not None and result.committed
+    durable, newest_durable = _push_before_deadline(run, state.step, committed)
     if committed:
         first = vote.first_seen or result.committed_at
         run.emit("emergency_checkpoint", step=state.step,
                  signal_to_commit_seconds=round(result.committed_at - first, 6),
-                 durable_before_deadline=None,  # the store tier reports durability (upload_end)
-                 deadline=vote.deadline,
+                 durable_before_deadline=durable, newest_durable_step=newest_durable,
+                 deadline=vote.deadline, upload_deadline=round(run.upload_deadline, 3),
                  committed_before_deadline=None if vote.deadline is None else result.committed_at <= vote.deadline,
                  write_seconds=round(result.write_seconds, 6), blocked_seconds=round(result.blocked_seconds, 6),
                  bytes=result.bytes)
-        raise Preempted(state.step, f"preempted: emergency checkpoint step_{state.step} committed")
+        raise Preempted(state.step, f"preempted: emergency checkpoint step_{state.step} committed"
+                        + ("" if durable is None else " and durable" if durable else ", not durable in the store"))
     raise Preempted(state.step, f"preempted: emergency checkpoint failed ({result.error if result else 'no result'}); "
                                 f"resume from step_{run.ckpt.last_committed}")
+
+
+def _push_before_deadline(run: Run, step: int, committed: bool) -> tuple[Optional[bool], Optional[int]]:
+    """Every rank (collective when there is a store): did every node get its part of `step` into the
+    store before the deadline, and which is the newest checkpoint every node has there?"""
+    if run.tier is None:
+        return None, None
+    mine = None
+    if run.uploader is not None:
+        uploaded = run.uploader.flush_until(run.upload_deadline) if committed else False
+        have = set(run.uploader.durable_steps()) | {s for s in (step,) if uploaded}
+        mine = (uploaded, sorted(have))
+    views = [v for v in run.comm.all_gather_object(mine) if v is not None]
+    durable = committed and bool(views) and all(v[0] for v in views)
+    common = set.intersection(*(set(v[1]) for v in views)) if views else set()
+    return durable, (max(common) if common else None)
 
 
 def _finish(run: Run, state) -> None:
@@ -448,6 +515,8 @@ def _finish(run: Run, state) -> None:
     target = export_final(run.engine, run.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero)
     if target is not None:
         say(f"training complete at step {state.step}; model written to {target}")
+        if run.uploader is not None and run.uploader.put_tree(target, "final"):
+            say(f"model uploaded to {run.tier.uri}/{run.run_id}/final")
 
 
 # --------------------------------------------------------------------------- cleanup
@@ -466,17 +535,45 @@ def main(argv: Optional[list[str]] = None) -> int:
         step = train(run)
         code, reason = COMPLETE, "training complete"
     except BaseException as err:  # noqa: BLE001 - every ending gets its exit code and record
+        from skyspot.errors import SkyspotError
+
         code = code_for(err)
         step = err.step if isinstance(err, Preempted) else (run.step if run else None)
-        reason = str(err) if code != ERROR else f"{type(err).__name__}: {err}"
-        if code == ERROR:
+        known = isinstance(err, SkyspotError)  # one line that says what to do; a bug gets its traceback
+        reason = str(err) if code != ERROR or known else f"{type(err).__name__}: {err}"
+        if code == ERROR and not known:
             traceback.print_exc()
-        elif code != PREEMPTED:
+        elif code != PREEMPTED and (run.placement.is_global_zero if run else os.environ.get("RANK", "0") == "0"):
             say(str(err))
     finally:
         code = cleanup(run, args, code, reason, step)
         watch.uninstall()
     return code
+
+
+def _close_uploader(run: Run, code: int) -> None:
+    """Let the uploads finish as far as this ending allows, then sync the event files one last time.
+
+    Complete: wait for the final checkpoint (durable.FINAL_UPLOAD_S). Preempted: until the
+    emergency deadline. Otherwise briefly: the newest committed checkpoint is worth a try.
+    """
+    from skyspot.trainer.durable import FINAL_UPLOAD_S
+
+    if code == COMPLETE:
+        timeout = FINAL_UPLOAD_S
+    elif code == PREEMPTED and run.upload_deadline is not None:
+        timeout = max(0.0, run.upload_deadline - time.time())
+        run.uploader.sync_events(run.run_dir / "events")  # the exit is in the bucket even if the VM goes now
+    else:
+        timeout = 10.0
+    try:
+        done = run.uploader.close(timeout=timeout, join_timeout=min(30.0, timeout + 5.0))
+    except Exception as err:  # never let the store change the exit code
+        say(f"closing the uploader failed: {err}")
+        return
+    if code == COMPLETE and not done:
+        say(f"the final checkpoint is not durable in {run.tier.uri} (the store did not answer within "
+            f"{timeout:.0f} s); it is in {run.run_dir / 'checkpoints'}")
 
 
 def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str, step: Optional[int]) -> int:
@@ -502,6 +599,8 @@ def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str
                 run.comm.barrier()
             except Exception:
                 pass
+        if run.uploader is not None:
+            _close_uploader(run, code)  # after the barrier: every local rank's exit event is on disk
         run.events.close()
         if run.lock is not None:
             run.lock.release()

@@ -4,27 +4,36 @@ The trainer saves to a local fast tier and hands each committed checkpoint to on
 `Uploader` per node (the caller runs it on local rank 0); the training loop never waits
 on the network:
 
-    uploader = Uploader(open_store(store_uri), run_id, events, keep=3, warn=log.warning)
+    uploader = Uploader(open_store(store_uri), run_id, events, keep=3, warn=log.warning,
+                        node_rank=0, num_nodes=1)
     uploader.submit(step, run_dir / "checkpoints" / f"step_{step}")   # returns at once
     ...
-    uploader.flush_until(notice_deadline)      # emergency path: make the newest one durable if it fits
+    uploader.set_deadline(notice_deadline)     # emergency path: later submissions race it
+    uploader.flush_until(notice_deadline)      # make the newest one durable if it fits
     uploader.close()
 
-Local checkpoint contract (written by the checkpoint module): `step_<N>/` holds
-DeepSpeed's files, `manifest.json` with `"files": {relpath: {"size", "sha256"}}`, and
-the `COMMITTED` marker written last. Remote layout under `<run_prefix>/`:
+Local checkpoint contract (written by the checkpoint module): `step_<N>/` holds the files
+this node's ranks wrote, `manifest.json` with `"files": {relpath: {"size", "sha256"}}`,
+and the `COMMITTED` marker written last. Remote layout under `<run_prefix>/`:
 
-    checkpoints/step_<N>/<files>, manifest.json, COMMITTED     (uploaded in that order)
+    checkpoints/step_<N>/<files of every node>                 file names are unique per rank
+    checkpoints/step_<N>/manifest.node-<K>.json                node K's manifest
+    checkpoints/step_<N>/COMMITTED.node-<K>-of-<NODES>         node K's marker, its last upload
     events/*.jsonl                                             (sync_events)
+    run.json, final/...                                        (sync_small, put_tree)
     attempts.json                                              (next_attempt)
 
-A remote checkpoint is durable only once its `COMMITTED` marker exists, and the marker
-is uploaded after every other file, so a marker never stands for incomplete files.
-When a newer checkpoint arrives while an older one is uploading, the older one is
-abandoned at the next file boundary (unless only its manifest and marker are left) and
-never gets a marker; the retention pass deletes its partial files once the newer one is
-durable. So the checkpoint interval must exceed the upload time, or nothing ever
-becomes durable; `upload_end` events with `durable: false` make that visible.
+Each node uploads its own files, then its manifest, then its marker. A remote checkpoint
+is *durable* only when the markers of all NODES nodes exist (the marker's name carries
+NODES, so one listing decides), and each marker is uploaded after that node's other
+files, so a durable checkpoint never stands for incomplete files. When a newer
+checkpoint arrives while an older one is uploading, the older one is abandoned at the
+next file boundary (unless only its manifest and marker are left) and never gets a
+marker; the retention pass deletes its partial files once a newer one is durable. So the
+checkpoint interval must exceed the upload time, or nothing ever becomes durable;
+`upload_end` events with `durable: false` make that visible. An emergency checkpoint
+submitted after `set_deadline` abandons the upload in flight only when that is what lets
+it become durable before the deadline (see `keep_in_flight`).
 """
 
 from __future__ import annotations
@@ -55,13 +64,58 @@ CHECKPOINTS_DIR = "checkpoints"
 MANIFEST = "manifest.json"
 COMMIT_MARKER = "COMMITTED"
 ATTEMPTS_KEY = "attempts.json"
+RUN_JSON_KEY = "run.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
+_MARKER_RE = re.compile(r"^COMMITTED\.node-(\d+)-of-(\d+)$")
 _HASH_CHUNK = 8 * 1024 * 1024
 
 
 def checkpoint_prefix(run_prefix: str, step: int) -> str:
     """The key prefix of one checkpoint: `<run_prefix>/checkpoints/step_<N>`."""
     return join_key(run_prefix, CHECKPOINTS_DIR, f"step_{step}")
+
+
+def manifest_name(node_rank: int) -> str:
+    """Node K's manifest in the store (locally it is `manifest.json`)."""
+    return f"manifest.node-{node_rank}.json"
+
+
+def marker_name(node_rank: int, num_nodes: int) -> str:
+    """Node K's commit marker in the store (locally `COMMITTED`); the name says how many nodes there are."""
+    return f"COMMITTED.node-{node_rank}-of-{num_nodes}"
+
+
+def _markers(keys) -> set[tuple[int, int]]:
+    """(node, nodes) of every node marker among a checkpoint's keys."""
+    found = set()
+    for key in keys:
+        match = _MARKER_RE.match(key.rsplit("/", 1)[-1])
+        if match:
+            found.add((int(match.group(1)), int(match.group(2))))
+    return found
+
+
+def is_durable_listing(keys) -> bool:
+    """Whether a checkpoint's keys include the markers of every node (for some node count). Pure."""
+    markers = _markers(keys)
+    return any(all((k, n) in markers for k in range(n)) for n in {n for _, n in markers})
+
+
+def keep_in_flight(current_left_bytes: int, new_bytes: int, bytes_per_second: float | None,
+                   seconds_left: float) -> bool:
+    """Emergency submission: should the upload in flight go on (the new one waiting behind it)? Pure.
+
+    Newest-wins abandons the older upload. Before a deadline that can lose both: the older one
+    would have finished, the newer one cannot. So the older one is kept when it can finish in
+    time and either the new one cannot make it anyway, or both fit one after the other. With
+    nothing measured yet, newest wins.
+    """
+    if not bytes_per_second or bytes_per_second <= 0:
+        return False
+    current_fits = current_left_bytes / bytes_per_second <= seconds_left
+    new_fits = new_bytes / bytes_per_second <= seconds_left
+    both_fit = (current_left_bytes + new_bytes) / bytes_per_second <= seconds_left
+    return current_fits and (both_fit or not new_fits)
 
 
 class _Abandoned(Exception):
@@ -75,33 +129,42 @@ class _Job:
     stop_reason: str | None = None
     total_bytes: int = 0
     done_bytes: int = 0
+    started: float | None = None
+    supersedes: bool = True
+    """False for an emergency submission that waits for the upload in flight instead of abandoning it."""
 
 
 class Uploader:
-    """Uploads committed local checkpoints in a background thread and keeps the newest `keep` remotely.
+    """Uploads this node's committed local checkpoints in a background thread; keeps the newest `keep` remotely.
 
     `submit` only enqueues. Only the newest submission waits: a newer one replaces a
     queued older one and abandons one in flight. Transient store trouble (unreachable,
     throttled) is retried with backoff for as long as it lasts, with one `warn` per
-    outage and a log line on recovery. Remote retention deletes only durable
-    checkpoints beyond the newest `keep` (marker first), and partial leftovers older
-    than the newest durable one; local checkpoints are never touched.
+    outage and a log line on recovery. Remote retention (node 0 only) deletes only
+    durable checkpoints beyond the newest `keep` (markers first), and partial leftovers
+    older than the newest durable one; local checkpoints are never touched here (the
+    checkpoint module asks `can_delete_local` first).
     """
 
     def __init__(self, store: Store, run_prefix: str, events: EventWriter | None = None,
                  keep: int | None = 3, warn: Callable[[str], None] = log.warning, *,
+                 node_rank: int = 0, num_nodes: int = 1,
                  max_workers: int = 8, retry_base_delay: float = 1.0, retry_max_delay: float = 60.0,
                  events_dir: str | os.PathLike | None = None, events_every: float = 30.0):
-        """`keep=None` keeps every durable checkpoint. With `events_dir`, the run's event files
+        """`keep=None` keeps every durable checkpoint. With `events_dir`, the node's event files
         are synced every `events_every` seconds (and at close), so the bucket alone tells the
-        run's story."""
+        run's story; with several nodes that loop also refreshes which checkpoints are durable."""
         if keep is not None and keep < 1:
             raise ValueError("keep must be at least 1 (or None to keep every checkpoint)")
+        if not 0 <= node_rank < num_nodes:
+            raise ValueError(f"node_rank {node_rank} is not in 0..{num_nodes - 1}")
         self.store = store
         self.run_prefix = run_prefix.strip("/")
         self.events = events
         self.keep = keep
         self.warn = warn
+        self.node_rank = node_rank
+        self.num_nodes = num_nodes
         self.max_workers = max_workers
         self.retry_base_delay = retry_base_delay
         self.retry_max_delay = retry_max_delay
@@ -110,9 +173,11 @@ class Uploader:
         self._pending: _Job | None = None
         self._current: _Job | None = None
         self._last_submitted: int | None = None
-        self._durable: set[int] = set()
+        self._uploaded: set[int] = set()  # steps whose marker for this node is remote
+        self._durable: set[int] = set()  # steps with every node's marker (as far as known)
         self._given_up: dict[int, str] = {}  # step -> why it will never become durable here
         self._closing = False
+        self._deadline: float | None = None
         self._throughput_bps: float | None = None
 
         self._outage_lock = threading.Lock()
@@ -135,23 +200,53 @@ class Uploader:
 
     def submit(self, step: int, local_dir: str | os.PathLike) -> None:
         """Queue a committed local checkpoint for upload; returns at once."""
+        job = _Job(step, Path(local_dir))
         with self._cv:
             if self._closing:
                 raise RuntimeError("Uploader.submit after close()")
+            current, deadline = self._current, self._deadline
+        if deadline is not None and current is not None and current.step < step and current.stop_reason is None:
+            job.supersedes = not self._keep_current(current, job, deadline)
+        with self._cv:
             if self._pending is not None and self._pending.step != step:
                 self._give_up(self._pending.step, f"superseded by step {step} before it started", 0, 0.0)
-            self._pending = _Job(step, Path(local_dir))
+            self._pending = job
             self._last_submitted = step
             self._given_up.pop(step, None)
             self._cv.notify_all()
 
+    def set_deadline(self, deadline_ts: float | None) -> None:
+        """From now on, submissions race this wall-clock deadline (a preemption's): see `keep_in_flight`."""
+        with self._cv:
+            self._deadline = deadline_ts
+
+    def note_durable(self, steps) -> None:
+        """Steps known durable from elsewhere (the resume listing), so local retention may let them go."""
+        with self._cv:
+            self._durable.update(steps)
+
     def is_durable(self, step: int) -> bool:
-        """Whether the checkpoint's remote marker exists (as far as this uploader knows)."""
+        """Whether every node's remote marker for the checkpoint exists (as far as this uploader knows)."""
         with self._cv:
             return step in self._durable
 
+    def is_uploaded(self, step: int) -> bool:
+        """Whether this node's part of the checkpoint is in the store, marker included."""
+        with self._cv:
+            return step in self._uploaded
+
+    def can_delete_local(self, step: int) -> bool:
+        """Local retention's veto: a local checkpoint may go once it, or a newer one, is durable.
+
+        A newer durable checkpoint makes an older one that never got there (abandoned for a newer
+        one, or cut off by an outage) useless as a resume point; keeping it would only fill the
+        disk after every outage. Answered from memory: it runs on the writer thread.
+        """
+        with self._cv:
+            return step in self._durable or any(s > step for s in self._durable)
+
     def durable_steps(self) -> list[int]:
-        """Steps known durable remotely: uploaded here, or seen at the last retention pass."""
+        """Steps known durable remotely: uploaded here (one node), or seen at the last listing."""
         with self._cv:
             return sorted(self._durable)
 
@@ -161,19 +256,21 @@ class Uploader:
             return self._cv.wait_for(lambda: self._pending is None and self._current is None, timeout)
 
     def flush_until(self, deadline_ts: float) -> bool:
-        """Emergency path: wait for the newest submitted checkpoint to become durable by `deadline_ts`.
+        """Emergency path: wait for this node's part of the newest submitted checkpoint to be uploaded by `deadline_ts`.
 
         Returns False early when it cannot make it: it was abandoned or failed, or the
         bytes left at the throughput measured so far would not fit before the deadline
-        (`deadline_ts` is wall-clock, as in a preemption notice). The upload itself goes
-        on in the background either way.
+        (`deadline_ts` is wall-clock, as in a preemption notice). An older upload kept in
+        flight (see `keep_in_flight`) is waited for meanwhile. The uploads go on in the
+        background either way. With several nodes, the checkpoint is durable when every
+        node's call returned True.
         """
         with self._cv:
             target = self._last_submitted
             if target is None:
                 return True
             while True:
-                if target in self._durable:
+                if target in self._uploaded:
                     return True
                 if target in self._given_up:
                     return False
@@ -182,12 +279,12 @@ class Uploader:
                     return False
                 self._cv.wait(min(left, 0.25))
 
-    def close(self, timeout: float | None = None) -> bool:
+    def close(self, timeout: float | None = None, join_timeout: float | None = None) -> bool:
         """Wait up to `timeout` (None: until done) for queued uploads, then stop.
 
-        What is still in flight then is abandoned at the next file boundary. The event
-        files are synced one last time. Returns whether the newest submitted checkpoint
-        is durable.
+        What is still in flight then is abandoned at the next file boundary (waiting at most
+        `join_timeout` for it). The event files are synced one last time. Returns whether
+        this node's part of the newest submitted checkpoint is in the store.
         """
         self.wait(timeout)
         with self._cv:
@@ -195,13 +292,13 @@ class Uploader:
             if self._current is not None and self._current.stop_reason is None:
                 self._current.stop_reason = "uploader closed"
             self._cv.notify_all()
-        self._thread.join()
+        self._thread.join(join_timeout)
         if self._events_thread is not None:
             self._events_stop.set()
-            self._events_thread.join()
+            self._events_thread.join(join_timeout)
             self.sync_events(self._events_dir)
         with self._cv:
-            return self._last_submitted is None or self._last_submitted in self._durable
+            return self._last_submitted is None or self._last_submitted in self._uploaded
 
     def sync_small(self, local_path: str | os.PathLike, key: str) -> bool:
         """Upload one small file (run.json, an events file) to `<run_prefix>/<key>`.
@@ -213,6 +310,23 @@ class Uploader:
             data = Path(local_path).read_bytes()
             with_retries(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data),
                          attempts=3, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
+        except StoreError as error:
+            self._warn_outage(error)
+            return False
+        self._note_success()
+        return True
+
+    def put_tree(self, local_dir: str | os.PathLike, key_prefix: str) -> bool:
+        """Upload every file under `local_dir` to `<run_prefix>/<key_prefix>/` (e.g. the final model).
+
+        Blocking, with a few retries; never raises a StoreError (warns and returns False).
+        """
+        root = Path(local_dir)
+        files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        try:
+            with_retries(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
+                                                       self.max_workers),
+                         attempts=5, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
         except StoreError as error:
             self._warn_outage(error)
             return False
@@ -247,6 +361,14 @@ class Uploader:
             self._note_success()
         return uploaded
 
+    def refresh_durable(self) -> list[int]:
+        """List the store and update which checkpoints are durable (every node's marker there)."""
+        durable = _durable_steps(_remote_listing(self.store, self.run_prefix))
+        with self._cv:
+            self._durable = set(durable)
+            self._cv.notify_all()
+        return durable
+
     # ------------------------------------------------------------------ worker
 
     def _run(self) -> None:
@@ -274,6 +396,7 @@ class Uploader:
 
     def _upload(self, job: _Job) -> None:
         start = time.monotonic()
+        job.started = start
         prefix = checkpoint_prefix(self.run_prefix, job.step)
         try:
             files = _local_files(job.local_dir)
@@ -281,22 +404,26 @@ class Uploader:
             self._fail(job, f"local checkpoint not uploadable: {error}", start)
             return
         job.total_bytes = sum(files.values())
-        marker_key = join_key(prefix, COMMIT_MARKER)
+        manifest_key = join_key(prefix, manifest_name(self.node_rank))
+        marker_key = join_key(prefix, marker_name(self.node_rank, self.num_nodes))
         uploaded: list[str] = []
         try:
-            if self._retry(job, lambda: self.store.exists(marker_key)):
-                # An earlier attempt got this step durable. The same checkpoint (a resume from it)
-                # needs no upload; a different one replaces it, and the old marker must not vouch
-                # for half-replaced files, so it goes first.
-                remote = self._retry(job, lambda: self.store.get_bytes(join_key(prefix, MANIFEST)))
-                if remote == (job.local_dir / MANIFEST).read_bytes():
+            existing = self._retry(job, lambda: self.store.list(prefix + "/"))
+            mine = [k for k in existing if (m := _MARKER_RE.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank]
+            if mine:
+                # An earlier attempt got this node's part there. The same checkpoint (a resume from
+                # it) needs no upload; a different one replaces it, and the old marker must not
+                # vouch for half-replaced files, so it goes first.
+                remote = self._retry(job, lambda: self.store.get_bytes(manifest_key))
+                if marker_key in mine and remote == (job.local_dir / MANIFEST).read_bytes():
                     self._succeed(job, start, 0)
                     return
-                self._retry(job, lambda: self.store.delete([marker_key]))
+                self._retry(job, lambda: self.store.delete(mine))
             self._put_all(job, prefix, list(files), uploaded)
-            # Two small files from durable: finished even if a newer checkpoint just arrived.
-            for name in (MANIFEST, COMMIT_MARKER):
-                self._put_one(job, prefix, name, os.path.getsize(job.local_dir / name), uploaded, check=False)
+            # Two small files from done: finished even if a newer checkpoint just arrived.
+            for name, key in ((MANIFEST, manifest_key), (COMMIT_MARKER, marker_key)):
+                self._put_one(job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded,
+                              check=False)
         except _Abandoned as stop:
             # No cleanup here: the partial files carry no marker, so they never count, and the
             # retention pass after the next durable upload deletes them. That keeps the path of
@@ -317,12 +444,16 @@ class Uploader:
     def _succeed(self, job: _Job, start: float, nbytes: int) -> None:
         seconds = time.monotonic() - start
         with self._cv:
-            self._durable.add(job.step)
+            self._uploaded.add(job.step)
+            if self.num_nodes == 1:
+                self._durable.add(job.step)
             if seconds > 0 and nbytes > 0:
                 self._throughput_bps = nbytes / seconds
             self._cv.notify_all()
-        self._emit(job.step, nbytes, seconds, durable=True, error=None)
         self._apply_retention()
+        with self._cv:
+            durable = job.step in self._durable
+        self._emit(job.step, nbytes, seconds, durable=durable, error=None)
 
     def _put_all(self, job: _Job, prefix: str, names: list[str], uploaded: list[str]) -> None:
         """Upload the data files in parallel; the first failure stops the others at a file boundary."""
@@ -333,7 +464,8 @@ class Uploader:
         names = sorted(names, key=lambda n: -sizes[n])
         with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(names))),
                                 thread_name_prefix="skyspot-upload") as pool:
-            futures = [pool.submit(self._put_one, job, prefix, name, sizes[name], uploaded) for name in names]
+            futures = [pool.submit(self._put_one, job, job.local_dir / name, join_key(prefix, name), sizes[name],
+                                   uploaded) for name in names]
             try:
                 wait_futures(futures, return_when=FIRST_EXCEPTION)
                 for future in futures:
@@ -350,23 +482,30 @@ class Uploader:
             for future in futures:
                 future.result()
 
-    def _put_one(self, job: _Job, prefix: str, name: str, size: int, uploaded: list[str],
+    def _put_one(self, job: _Job, local_path: Path, key: str, size: int, uploaded: list[str],
                  check: bool = True) -> None:
         if check:
             self._check_stop(job)
-        key = join_key(prefix, name)
         with self._cv:
             uploaded.append(key)
-        self._retry(job, lambda: self.store.put_file(job.local_dir / name, key))
+        self._retry(job, lambda: self.store.put_file(local_path, key))
         with self._cv:
             job.done_bytes += size
 
     # ------------------------------------------------------------------ retries and outages
 
+    def _superseded_by(self, job: _Job) -> int | None:
+        """The newer step that stops `job` (caller holds the lock)."""
+        pending = self._pending
+        if pending is not None and pending.step > job.step and pending.supersedes:
+            return pending.step
+        return None
+
     def _check_stop(self, job: _Job) -> None:
         with self._cv:
-            if job.stop_reason is None and self._pending is not None and self._pending.step > job.step:
-                job.stop_reason = f"superseded by step {self._pending.step}"
+            newer = self._superseded_by(job)
+            if job.stop_reason is None and newer is not None:
+                job.stop_reason = f"superseded by step {newer}"
             if job.stop_reason is not None:
                 raise _Abandoned(job.stop_reason)
 
@@ -376,7 +515,7 @@ class Uploader:
             # Wait on the condition, not time.sleep, so a newer submission or close() cuts the wait short.
             with self._cv:
                 self._cv.wait_for(lambda: job.stop_reason is not None or self._closing
-                                  or (self._pending is not None and self._pending.step > job.step), delay)
+                                  or self._superseded_by(job) is not None, delay)
             self._check_stop(job)
 
         result = with_retries(fn, attempts=None, base_delay=self.retry_base_delay,
@@ -402,11 +541,40 @@ class Uploader:
 
     # ------------------------------------------------------------------ bookkeeping
 
+    def _rate(self, job: _Job | None) -> float | None:
+        """Bytes per second: the last finished upload's, else the one in flight's so far."""
+        if self._throughput_bps:
+            return self._throughput_bps
+        if job is not None and job.started is not None and job.done_bytes > 0:
+            elapsed = time.monotonic() - job.started
+            return job.done_bytes / elapsed if elapsed > 0 else None
+        return None
+
+    def _keep_current(self, current: _Job, job: _Job, deadline: float) -> bool:
+        try:
+            new_bytes = sum(_local_files(job.local_dir).values())
+        except (OSError, ValueError):
+            return False
+        with self._cv:
+            if self._current is not current or current.stop_reason is not None:
+                return False
+            left_bytes = max(0, current.total_bytes - current.done_bytes)
+            rate = self._rate(current)
+        keep = keep_in_flight(left_bytes, new_bytes, rate, deadline - time.time())
+        if keep:
+            self.warn(f"checkpoint step {job.step} is queued behind step {current.step}'s upload: "
+                      f"{left_bytes} bytes left of that one fit before the deadline, and abandoning it "
+                      "would not make the newer one durable in time")
+        return keep
+
     def _fits(self, target: int, seconds_left: float) -> bool:
         current = self._current
-        if current is None or current.step != target or not self._throughput_bps:
-            return True  # nothing measured yet: keep trying until the deadline
-        return (current.total_bytes - current.done_bytes) / self._throughput_bps <= seconds_left
+        if current is None or current.step != target:
+            return True  # not started yet (or waiting behind a kept upload): keep trying until the deadline
+        rate = self._rate(current)
+        if not rate:
+            return True  # nothing measured yet
+        return (current.total_bytes - current.done_bytes) / rate <= seconds_left
 
     def _fail(self, job: _Job, reason: str, start: float, warn: bool = True) -> None:
         seconds = time.monotonic() - start
@@ -427,40 +595,41 @@ class Uploader:
         try:
             self.events.emit("upload_end", step=step, bytes=nbytes, seconds=round(seconds, 3),
                              throughput_bps=round(nbytes / seconds) if seconds > 0 else None,
-                             durable=durable, error=error)
+                             durable=durable, error=error, node=self.node_rank, nodes=self.num_nodes)
         except (OSError, ValueError):
             log.exception("cannot write upload_end event")
 
     def _cleanup(self, prefix: str, uploaded: list[str]) -> None:
         """Best effort: delete a failed upload's files. Without a marker they never count anyway."""
-        keys = [k for k in uploaded if not k.endswith("/" + COMMIT_MARKER)]
+        keys = [k for k in uploaded if not _MARKER_RE.match(k.rsplit("/", 1)[-1])]
         try:
             self.store.delete(keys)
         except StoreError as error:
             log.info("left partial upload under %s/%s (no marker, ignored): %s", self.store.uri, prefix, error)
 
     def _apply_retention(self) -> None:
-        """Keep the newest `keep` durable checkpoints remotely; also drop partial leftovers older than those.
+        """Learn which checkpoints are durable; on node 0, keep the newest `keep` of them and drop older leftovers.
 
         Markers go first, so an interrupted deletion leaves files that no longer count,
-        never a marker over missing files.
+        never a marker over missing files. Only node 0 deletes, so nodes never race each
+        other over the same keys.
         """
         try:
             listing = _remote_listing(self.store, self.run_prefix)
-            durable = sorted(step for step, keys in listing.items() if join_key(
-                checkpoint_prefix(self.run_prefix, step), COMMIT_MARKER) in keys)
-            doomed = durable[:-self.keep] if self.keep is not None else []
+            durable = _durable_steps(listing)
+            doomed = durable[:-self.keep] if self.keep is not None and self.node_rank == 0 else []
+            with self._cv:
+                self._durable = set(durable)
             for step in doomed:
-                self.store.delete([join_key(checkpoint_prefix(self.run_prefix, step), COMMIT_MARKER)])
                 with self._cv:
                     self._durable.discard(step)
-                self.store.delete(sorted(listing[step]))
-            if durable:
+                keys = sorted(listing[step])
+                self.store.delete([k for k in keys if k.rsplit("/", 1)[-1].startswith(COMMIT_MARKER)])
+                self.store.delete([k for k in keys if not k.rsplit("/", 1)[-1].startswith(COMMIT_MARKER)])
+            if durable and self.node_rank == 0:
                 for step, keys in listing.items():
                     if step < durable[-1] and step not in durable:
                         self.store.delete(sorted(keys))
-            with self._cv:
-                self._durable.update(set(durable) - set(doomed))
         except StoreError as error:
             log.warning("checkpoint retention skipped, will retry after the next upload: %s", error)
 
@@ -468,6 +637,10 @@ class Uploader:
         while not self._events_stop.wait(every):
             try:
                 self.sync_events(self._events_dir)
+                if self.num_nodes > 1:
+                    self.refresh_durable()  # another node may have finished its part since
+            except StoreError as error:
+                self._warn_outage(error)
             except Exception:
                 log.exception("events sync failed")
 
@@ -492,6 +665,10 @@ def _local_files(local_dir: Path) -> dict[str, int]:
     return sizes
 
 
+def _reserved(name: str) -> bool:
+    return name in (MANIFEST, COMMIT_MARKER) or name.startswith(("manifest.node-", "COMMITTED."))
+
+
 def _manifest_files(manifest: object) -> dict[str, dict]:
     """The manifest's file table, checked: paths stay inside the checkpoint, each has a size and sha256."""
     files = manifest.get("files") if isinstance(manifest, dict) else None
@@ -499,7 +676,7 @@ def _manifest_files(manifest: object) -> dict[str, dict]:
         raise ValueError("no 'files' table")
     for rel, meta in files.items():
         parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or rel in (MANIFEST, COMMIT_MARKER):
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or _reserved(rel):
             raise ValueError(f"unsafe path {rel!r}")
         if not (isinstance(meta, dict) and isinstance(meta.get("size"), int)
                 and isinstance(meta.get("sha256"), str)):
@@ -517,11 +694,13 @@ def _remote_listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
     return steps
 
 
+def _durable_steps(listing: dict[int, set[str]]) -> list[int]:
+    return sorted(step for step, keys in listing.items() if is_durable_listing(keys))
+
+
 def remote_checkpoints(store: Store, run_prefix: str) -> list[int]:
-    """Steps whose remote `COMMITTED` marker exists, oldest first (their files are verified on download)."""
-    listing = _remote_listing(store, run_prefix)
-    return sorted(step for step, keys in listing.items()
-                  if join_key(checkpoint_prefix(run_prefix, step), COMMIT_MARKER) in keys)
+    """Durable steps (every node's marker exists), oldest first. Their files are verified on download."""
+    return _durable_steps(_remote_listing(store, run_prefix))
 
 
 def _sha256(path: Path) -> str:
@@ -533,13 +712,15 @@ def _sha256(path: Path) -> str:
 
 
 def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
-                        max_workers: int = 8) -> Path:
-    """Download a durable checkpoint to `local_dir`, verifying every file against its manifest.
+                        max_workers: int = 8, *, node_rank: int = 0) -> Path:
+    """Download node `node_rank`'s part of a durable checkpoint to `local_dir`, verifying every file.
 
-    Files land in a hidden sibling directory that is renamed into place once all of
-    them check out, so a half download never looks like a checkpoint. Raises
-    `CheckpointError` naming the file when one is missing or corrupt (the caller falls
-    back to an earlier checkpoint); `StoreError` when the store stays unreachable.
+    Only the files the node's manifest lists come down (each node's directory holds only
+    what its ranks wrote), as `manifest.json` and `COMMITTED` locally. Files land in a
+    hidden sibling directory that is renamed into place once all of them check out, so a
+    half download never looks like a checkpoint. Raises `CheckpointError` naming the file
+    when one is missing or corrupt (the caller falls back to an earlier checkpoint);
+    `StoreError` when the store stays unreachable.
     """
     target = Path(local_dir)
     prefix = checkpoint_prefix(run_prefix, step)
@@ -548,16 +729,30 @@ def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str
     def get(fn):
         return with_retries(fn, attempts=4, base_delay=0.5, max_delay=5.0)
 
-    marker = get(lambda: store.get_bytes(join_key(prefix, COMMIT_MARKER)))
+    keys = get(lambda: store.list(prefix + "/"))
+    if not is_durable_listing(keys):
+        have = sorted(f"node {k} of {n}" for k, n in _markers(keys))
+        raise CheckpointError(f"{where} is not durable: it lacks a {COMMIT_MARKER} marker of every node"
+                              + (f" (has {', '.join(have)})" if have else ""))
+    nodes = max(n for _, n in _markers(keys) if all((k, n) in _markers(keys) for k in range(n)))
+    if node_rank >= nodes:
+        raise CheckpointError(f"{where} was written by {nodes} nodes; this is node {node_rank}")
+    marker = get(lambda: store.get_bytes(join_key(prefix, marker_name(node_rank, nodes))))
     if marker is None:
-        raise CheckpointError(f"{where} has no {COMMIT_MARKER} marker; it is incomplete")
-    raw = get(lambda: store.get_bytes(join_key(prefix, MANIFEST)))
+        raise CheckpointError(f"{where}: the marker of node {node_rank} is missing")
+    raw = get(lambda: store.get_bytes(join_key(prefix, manifest_name(node_rank))))
     if raw is None:
-        raise CheckpointError(f"{where}: {MANIFEST} is missing")
+        raise CheckpointError(f"{where}: {manifest_name(node_rank)} is missing")
+    try:
+        expected = json.loads(marker).get("manifest_sha256")
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{where}: the marker of node {node_rank} is not valid JSON") from None
+    if expected is not None and hashlib.sha256(raw).hexdigest() != expected:
+        raise CheckpointError(f"{where}: {manifest_name(node_rank)} does not match its marker's hash")
     try:
         files = _manifest_files(json.loads(raw))
     except ValueError as error:  # json.JSONDecodeError is a ValueError
-        raise CheckpointError(f"{where}: {MANIFEST} is unusable ({error})") from None
+        raise CheckpointError(f"{where}: {manifest_name(node_rank)} is unusable ({error})") from None
 
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
@@ -599,15 +794,18 @@ def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str
     return target
 
 
-def next_attempt(store: Store, run_prefix: str) -> int:
+def next_attempt(store: Store, run_prefix: str, *, attempts: int = 4, base_delay: float = 0.5,
+                 max_delay: float = 5.0) -> int:
     """Count one more start of the run in `<run_prefix>/attempts.json` and return it (1 for the first).
 
     Best effort, not atomic: two racers could read the same count. That is fine because
     only rank 0 of node 0 calls it, once per start. An unreadable counter restarts at 1
-    rather than stopping training.
+    rather than stopping training. Transient errors are retried `attempts` times; then
+    the `StoreError` propagates.
     """
     key = join_key(run_prefix, ATTEMPTS_KEY)
-    raw = with_retries(lambda: store.get_bytes(key), attempts=4, base_delay=0.5, max_delay=5.0)
+    retry = dict(attempts=attempts, base_delay=base_delay, max_delay=max_delay)
+    raw = with_retries(lambda: store.get_bytes(key), **retry)
     previous = 0
     if raw is not None:
         try:
@@ -616,5 +814,5 @@ def next_attempt(store: Store, run_prefix: str) -> int:
             log.warning("%s/%s is unreadable; counting attempts from 1 again", store.uri, key)
     attempt = previous + 1
     body = json.dumps({"attempt": attempt, "updated": time.time()}).encode()
-    with_retries(lambda: store.put_bytes(key, body), attempts=4, base_delay=0.5, max_delay=5.0)
+    with_retries(lambda: store.put_bytes(key, body), **retry)
     return attempt

@@ -36,9 +36,11 @@ def trainer_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun_command(run_dir: Path, overrides: list[str], nproc: int = 2) -> list[str]:
-    return [TORCHRUN, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
+def torchrun_command(run_dir: Path, overrides: list[str], nproc: int = 2, *, nnodes: int = 1, node_rank: int = 0,
+                     port: Optional[int] = None) -> list[str]:
+    nodes = ["--nnodes", str(nnodes), "--node_rank", str(node_rank)] if nnodes > 1 else []
+    return [TORCHRUN, *nodes, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+            "--master_port", str(port or free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
             *overrides]
 
 
@@ -52,6 +54,24 @@ def start(run_dir: Path, overrides: list[str] = TINY, *, supervised: bool = True
     log = open(run_dir.parent / f"{run_dir.name}.{log_name}.txt", "wb")
     return subprocess.Popen(command, cwd=REPO, env=trainer_env(**env), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+def start_nodes(run_dirs: list[Path], overrides: list[str] = TINY, *, log_name: str = "log",
+                **env: str) -> list[subprocess.Popen]:
+    """Start one node per run directory, one rank each, as SkyPilot would on separate machines:
+    each node has its own run directory (its own disk) and SKYPILOT_NODE_RANK / SKYPILOT_NUM_NODES."""
+    port = free_port()
+    procs = []
+    for node, run_dir in enumerate(run_dirs):
+        command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
+                   *torchrun_command(run_dir, overrides, 1, nnodes=len(run_dirs), node_rank=node, port=port)]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = open(run_dir.parent / f"{run_dir.name}.{log_name}.txt", "wb")
+        procs.append(subprocess.Popen(
+            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=trainer_env(SKYPILOT_NODE_RANK=str(node), SKYPILOT_NUM_NODES=str(len(run_dirs)),
+                            SKYPILOT_NODE_IPS="\n".join(["127.0.0.1"] * len(run_dirs)), **env)))
+    return procs
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> int:

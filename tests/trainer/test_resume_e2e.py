@@ -9,7 +9,7 @@ One uninterrupted reference run, and one run stopped three times and resumed eac
     start 4   skips the half-written step_16, resumes at 12, finishes
 
 All starts go through `python -m skyspot.trainer.supervise`, as on a SkyPilot node. The runs are
-shared by the tests below (module-scoped), so the suite pays for five trainings.
+shared by the tests below (module-scoped; the reference is session-scoped, conftest.py).
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ from skyspot.trainer.exit_codes import NO_VALID_CHECKPOINT, PREEMPTED
 from tests.trainer.launch import TINY, events, finish, log_text, start, wait_for_file
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("e2e") / "reference"
-    code = finish(start(run_dir, TINY))
-    assert code == 0, log_text(run_dir)
-    return run_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,177 @@
+"""The durable tier as the trainer uses it: the run's store at start, as a resume source, and at exit.
+
+    tier = StoreTier(uri, run_id, placement)   # every rank; no network yet
+    probe = tier.probe(fresh=...)              # global rank 0 at start: attempt counter, listing, run.json
+    tier.adopt(probe)                          # every rank, with rank 0's probe
+    ckpt.resume_source = tier                  # steps() from the probe; fetch() downloads this node's part
+    uploader = tier.uploader(events, ...)      # node leaders: checkpoint hooks, events sync
+
+The store's run root is `<store>/<run_id>/` (see uploader.py for the layout). What happens
+when the store misbehaves at start:
+
+    no credentials, access denied, no bucket    UsageError: one line, exit 2, nothing started
+    unreachable or throttling (after retries)   one warning; resume from local checkpoints;
+                                                with none on any node, StoreError: exit 1, since
+                                                starting over could overwrite the run's progress
+    --fresh while the store holds checkpoints   UsageError: the store's are never deleted
+
+During training, store trouble never stops the loop: the uploader retries in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+from skyspot.errors import StoreError
+from skyspot.storage import Store, TransientStoreError, join_key, open_store, with_retries
+
+# Notice windows per cloud (their sources are in notice.py and docs/notices.md). A SIGTERM that
+# came without a notice gets its cloud's window; elsewhere (local runs, unknown clouds) 30 s.
+DEFAULT_WINDOW_S = 30.0
+# Kept free before the deadline to record the exit and sync the event files.
+EXIT_MARGIN_S = 3.0
+# How long the start retries a store that does not answer before giving up on it (about 30 s).
+START_RETRIES = dict(attempts=6, base_delay=1.0, max_delay=8.0)
+# How long a completed run waits for its final checkpoint to become durable before exiting.
+FINAL_UPLOAD_S = 900.0
+
+
+def notice_windows() -> dict[str, float]:
+    try:
+        from skyspot.trainer.notice import AWS_NOTICE_WINDOW_S, AZURE_NOTICE_WINDOW_S, GCP_NOTICE_WINDOW_S
+    except ImportError:
+        return {}
+    return {"aws": AWS_NOTICE_WINDOW_S, "gcp": GCP_NOTICE_WINDOW_S, "azure": AZURE_NOTICE_WINDOW_S}
+
+
+def emergency_deadline(notice_deadline: Optional[float], first_seen: Optional[float], cloud: Optional[str],
+                       environ: Mapping[str, str] = os.environ, now: Optional[float] = None) -> float:
+    """The wall-clock time by which the emergency checkpoint's upload must be done. Pure.
+
+    A notice's own deadline; else the first signal plus the cloud's notice window (30 s when the
+    cloud is unknown); never later than torchrun's own SIGKILL (TORCH_ELASTIC_SHUTDOWN_TIMEOUT after
+    the signal); minus EXIT_MARGIN_S to record the exit and sync the events.
+    """
+    seen = first_seen or (time.time() if now is None else now)
+    deadline = notice_deadline or seen + notice_windows().get(cloud or "", DEFAULT_WINDOW_S)
+    raw = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "").strip()
+    try:
+        shutdown = float(raw) if raw else None
+    except ValueError:
+        shutdown = None
+    if shutdown and shutdown > 0:
+        deadline = min(deadline, seen + shutdown)
+    return deadline - EXIT_MARGIN_S
+
+
+def _env_seconds(name: str, default: float, environ: Mapping[str, str] = os.environ) -> float:
+    raw = environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+@dataclass
+class Probe:
+    """What global rank 0 learnt from the store at start (sent to every rank)."""
+
+    attempt: Optional[int] = None
+    """The store's attempt counter after counting this start; None when the store did not answer."""
+    remote_steps: Optional[list[int]] = None
+    """Durable checkpoints in the store; None when unknown (unreachable)."""
+    run_json: Optional[bytes] = None
+    """The store's run.json, when it has one."""
+    warning: Optional[str] = None
+    usage_error: Optional[str] = None
+
+
+class StoreTier:
+    """The run's store, seen from one trainer process (a ResumeSource for the checkpoint manager)."""
+
+    def __init__(self, uri: str, run_id: str, placement, *, warn: Callable[[str], None] = print,
+                 store: Optional[Store] = None):
+        self.store = store if store is not None else open_store(uri)
+        self.uri = self.store.uri
+        self.name = self.uri
+        self.run_id = run_id
+        self.placement = placement
+        self.warn = warn
+        self.remote_steps: Optional[list[int]] = None
+
+    # ------------------------------------------------------------------ start (global rank 0)
+    def probe(self, *, fresh: bool = False, retries: Optional[dict] = None) -> Probe:
+        """Ask the store what a start needs: is the run there, which checkpoints are durable, which attempt this is."""
+        from skyspot.trainer.uploader import RUN_JSON_KEY, next_attempt, remote_checkpoints
+
+        retries = START_RETRIES if retries is None else retries
+        where = f"{self.uri}/{self.run_id}"
+        try:
+            steps = with_retries(lambda: remote_checkpoints(self.store, self.run_id), **retries)
+            if fresh and steps:
+                return Probe(usage_error=(
+                    f"--fresh cannot start {self.run_id!r} over: {where} holds its checkpoints "
+                    f"(steps {', '.join(map(str, steps))}), and the store's are never deleted; use another "
+                    "--run-name, or delete that prefix yourself"))
+            run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON_KEY)), **retries)
+            attempt = next_attempt(self.store, self.run_id, **retries)
+        except TransientStoreError as err:
+            return Probe(warning=(f"cannot reach the store {where} ({err}); resuming from local checkpoints if "
+                                  "there are any; uploads retry in the background"))
+        except StoreError as err:
+            return Probe(usage_error=f"store {where}: {err}")
+        return Probe(attempt=attempt, remote_steps=steps, run_json=run_json)
+
+    def adopt(self, probe: Probe) -> None:
+        """Every rank: take rank 0's view of the store."""
+        self.remote_steps = None if probe.remote_steps is None else list(probe.remote_steps)
+
+    # ------------------------------------------------------------------ resume source
+    def steps(self) -> Optional[list[int]]:
+        """Durable checkpoints in the store as of the start; None when the store did not answer."""
+        return self.remote_steps
+
+    def fetch(self, step: int, checkpoints_dir: Path) -> None:
+        """This node's part of `step`, downloaded in parallel and verified, renamed into place."""
+        from skyspot.trainer.uploader import download_checkpoint
+
+        download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / f"step_{step}",
+                            node_rank=self.placement.node_rank)
+
+    # ------------------------------------------------------------------ uploads (node leaders)
+    def uploader(self, events, run_dir: Path, keep: int, environ: Mapping[str, str] = os.environ):
+        """The node's uploader: committed checkpoints, this node's event files, retention.
+
+        SKYSPOT_STORE_RETRY_MAX_SECONDS caps the backoff between tries during an outage (60 s);
+        SKYSPOT_EVENTS_SYNC_SECONDS is how often event files are synced (30 s).
+        """
+        from skyspot.events import EVENTS_DIR
+        from skyspot.trainer.uploader import Uploader
+
+        uploader = Uploader(self.store, self.run_id, events, keep=keep, warn=self.warn,
+                            node_rank=self.placement.node_rank, num_nodes=self.placement.num_nodes,
+                            retry_max_delay=_env_seconds("SKYSPOT_STORE_RETRY_MAX_SECONDS", 60.0, environ),
+                            events_dir=Path(run_dir) / EVENTS_DIR,
+                            events_every=_env_seconds("SKYSPOT_EVENTS_SYNC_SECONDS", 30.0, environ))
+        uploader.note_durable(self.remote_steps or [])
+        return uploader
+
+
+def restore_run_json(run_dir: Path, probe: Probe, fresh: bool) -> None:
+    """A fresh run directory on a new machine takes the store's run.json (the run's first start)."""
+    from skyspot.trainer.files import atomic_write_bytes
+    from skyspot.trainer.rundir import RUN_JSON
+
+    path = Path(run_dir) / RUN_JSON
+    if probe.run_json and not fresh and not path.exists():
+        try:
+            json.loads(probe.run_json)
+        except ValueError:
+            return
+        atomic_write_bytes(path, probe.run_json)
