@@ -23,6 +23,9 @@ def run(results: Results, quick: bool) -> None:
     from skyspot.storage import open_store
     from skyspot.trainer.uploader import Uploader
 
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request to stderr
     size_mb = 64 if quick else 256
     repeats = 2 if quick else 3
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
