@@ -1,0 +1,587 @@
+"""Random SIGKILLs against `tiny`: every resume loads a valid checkpoint, nothing committed is lost,
+and the final parameters equal an uninterrupted run's, bitwise.
+
+    python scripts/random_kills.py --seed 7 --kills 50 --steps 60                 # the long form
+    python scripts/random_kills.py --seed 7 --kills 12 --steps 30 --store         # medium, with uploads
+    python scripts/random_kills.py --seed 7 --kills 4 --steps 24                  # about what CI runs
+
+The seed is printed first; the figures come last, as one line (and as JSON with --json FILE).
+Exit 0 when every invariant held, 1 otherwise. tests/reliability/test_random_kills.py runs a
+bounded form in CI; docs/reliability.md has the figures of the latest long run.
+
+Every start runs as on a node (`python -m skyspot.trainer.supervise --run-dir D -- torchrun
+--nproc_per_node 2 -m skyspot.trainer tiny --run-dir D ...`), with checkpoint.every_steps=1 by
+default so that a background write is in flight at most moments. Kill moments cycle through
+four kinds, in a seeded random order:
+
+    startup   a random moment before the first step (imports, rendezvous, resume scan, model build)
+    step      a random moment within a random step
+    write     while a checkpoint writer is held at a random point (SKYSPOT_FAULT=<point>@<step>/<rank>:hold):
+              before any file, mid-file, before the manifest, before the marker, just after the marker
+    worker    one rank only, at a random moment within a random step (torchrun tears down the other)
+
+The first three kill either every process of the tree at once (a VM taken away) or only the
+supervisor's process group (torchrun and the workers must then die with it: PR_SET_PDEATHSIG).
+With --store, checkpoints are also uploaded to a local-directory store, so kills land during
+uploads too.
+
+Checked after every kill (a full sha256 scan of checkpoints/, and the store's markers):
+    no checkpoint directory is ever corrupt: a kill leaves a complete checkpoint or one without a marker;
+    the newest valid checkpoint never goes back, and a committed one disappears only when retention
+    removed it because `keep` newer ones exist: no committed checkpoint is lost;
+    no killed process survives into the next start.
+Checked per start: its `resume` event names the newest valid checkpoint seen before it started
+(newest of the local ones and the store's durable ones); a start never trains from step 0 while a
+valid checkpoint exists. At the end: exit 0, every logged step's loss and lr equal the
+reference's, and final/model.safetensors equals the reference's tensor for tensor (torch.equal).
+"Lost steps" is the work a kill cost: the last step reached minus the step the next start resumed at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import psutil  # noqa: E402
+
+from skyspot.trainer import manifest as mf  # noqa: E402
+
+BIN = Path(sys.executable).parent
+KINDS = ("startup", "step", "write", "worker")
+WRITE_POINTS = ("write_begin", "mid_file", "before_manifest", "before_marker", "after_marker")
+LEADER_ONLY = {"before_manifest", "before_marker", "after_marker"}  # only the node leader commits
+START_TIMEOUT_S = 600.0
+GRACE_S = 15  # torchrun's wait for a surviving worker after a kill (supervise --grace)
+MAX_MISSES = 5
+
+
+@dataclass
+class Kill:
+    number: int
+    kind: str
+    target: str  # "tree", "group" or "rank-<R>"
+    attempt: Optional[int]
+    resumed_from: Optional[int]
+    """The newest valid checkpoint before this start (what it had to resume from)."""
+    planned: str
+    phase: str = ""
+    """Where the kill landed: "startup" (no step yet), "step <N>", or the fault point that held."""
+    reached: int = 0
+    """The last step any event shows this start reached."""
+    lost_steps: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Result:
+    seed: int
+    kills_planned: int
+    steps: int
+    every_steps: int
+    keep: int
+    store: bool
+    kills: list[Kill] = field(default_factory=list)
+    starts: int = 0
+    resumes: int = 0
+    resumes_from_store: int = 0
+    lost_steps: int = 0
+    lost_committed: int = 0
+    corrupt_seen: int = 0
+    incomplete_seen: int = 0
+    orphans: int = 0
+    durable_uploads: int = 0
+    """Checkpoints the uploader made durable in the store (with --store)."""
+    violations: list[str] = field(default_factory=list)
+    steps_compared: int = 0
+    final_equal: bool = False
+    final_code: Optional[int] = None
+    seconds: float = 0.0
+    work: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and self.final_equal and self.final_code == 0
+
+    def summary(self) -> str:
+        kinds = {k: sum(1 for x in self.kills if x.kind == k) for k in KINDS}
+        uploads = f"{self.durable_uploads} uploads made durable, " if self.store else ""
+        return (f"seed {self.seed}: {len(self.kills)} kills ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
+                f"{self.starts} starts, {self.resumes} resumes ({self.resumes_from_store} from the store), "
+                f"{self.lost_steps} steps recomputed, {self.lost_committed} committed checkpoints lost, "
+                f"{self.corrupt_seen} corrupt, {self.incomplete_seen} cut writes skipped, {self.orphans} orphans, "
+                f"{uploads}{self.steps_compared} step losses compared, final params "
+                f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
+                f"{self.seconds:.0f} s")
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_", "PET_", "TORCH_ELASTIC"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def launch(run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Path] = None,
+           **env: str) -> subprocess.Popen:
+    """One node: `supervise -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny`, in its own session."""
+    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--grace", str(GRACE_S),
+               "--", str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
+               "--run-name", run_dir.name, *(["--store", str(store)] if store else []), *overrides]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, cwd=REPO, env=node_env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def overrides_for(steps: int, every: int, keep: int) -> list[str]:
+    return [f"train.steps={steps}", f"checkpoint.every_steps={every}", f"checkpoint.keep={keep}",
+            f"train.log_every={steps}"]
+
+
+# --------------------------------------------------------------------------- reading a run
+
+
+def read_events(run_dir: Path, pattern: str = "*.jsonl") -> list[dict]:
+    """Every readable event line (a kill may tear the last line of a file: skipped)."""
+    out = []
+    for path in sorted((run_dir / "events").glob(pattern)):
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "type" in event:
+                out.append(event)
+    return sorted(out, key=lambda e: e.get("ts", 0))
+
+
+def attempts_seen(run_dir: Path) -> set[int]:
+    found = set()
+    for path in (run_dir / "events").glob("attempt-*.node-*.rank-*.jsonl"):
+        try:
+            found.add(int(path.name.split(".")[0].split("-")[1]))
+        except (IndexError, ValueError):
+            pass
+    return found
+
+
+def rank0_steps(run_dir: Path, attempts: set[int]) -> tuple[int, list[float]]:
+    """The newest step rank 0 logged in these attempts, and the step times."""
+    newest, times = 0, []
+    for attempt in attempts:
+        for event in read_events(run_dir, f"attempt-{attempt}.node-0.rank-0.jsonl"):
+            if event["type"] == "step":
+                newest = max(newest, event["step"])
+                times.append(event.get("step_seconds") or 0.0)
+    return newest, times
+
+
+def valid_steps(run_dir: Path, result: Result, where: str) -> list[int]:
+    """A full-checksum scan: valid steps, newest first. Counts what a kill left behind."""
+    valid = []
+    for verdict in mf.scan(run_dir / "checkpoints"):
+        if verdict.state == "valid":
+            valid.append(verdict.step)
+        elif verdict.state == "corrupt":
+            result.corrupt_seen += 1
+            result.violations.append(f"{where}: {verdict} (a kill must never leave a corrupt checkpoint)")
+    return valid
+
+
+def incomplete_dirs(run_dir: Path) -> set[str]:
+    return {v.path.name for v in mf.scan(run_dir / "checkpoints", verify_checksums=False) if v.state == "incomplete"}
+
+
+def durable_steps(store: Optional[Path], run_name: str) -> list[int]:
+    """Steps the store holds durable (a single node: its marker is the last upload)."""
+    if store is None:
+        return []
+    root = store / run_name / "checkpoints"
+    return sorted((int(p.parent.name.split("_")[1]) for p in root.glob("step_*/COMMITTED.node-0-of-1")), reverse=True)
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def environ_rank(p: psutil.Process) -> Optional[int]:
+    try:
+        value = p.environ().get("RANK")
+        return int(value) if value is not None and "LOCAL_RANK" in p.environ() else None
+    except (psutil.Error, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+class Harness:
+    def __init__(self, *, seed: int, kills: int, steps: int, every: int, keep: int, work: Path,
+                 reference: Optional[Path], store: bool, say=None):
+        self.rng = random.Random(seed)
+        self.result = Result(seed, kills, steps, every, keep, store, work=str(work))
+        self.steps, self.every, self.keep = steps, every, keep
+        self.work = work
+        self.run_dir = work / "kills"
+        self.store = work / "store" if store else None
+        self.reference = reference
+        self.overrides = overrides_for(steps, every, keep)
+        self.startup_estimates: list[float] = []
+        self.step_estimate = 0.5
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        order: list[str] = []
+        while len(order) < kills:
+            block = list(KINDS)
+            self.rng.shuffle(block)
+            order += block
+        self.order = order[:kills]
+
+    # ------------------------------------------------------------------ planning a kill
+    def _target_step(self, newest: int, remaining: int, last: int) -> int:
+        """A step after `newest`, spread so the remaining kills fit before `last`."""
+        span = max(1, math.ceil(2 * (last - newest) / (remaining + 1)))
+        return self.rng.randint(newest + 1, min(last, newest + span))
+
+    def _plan(self, kind: str, newest: int, remaining: int) -> tuple[str, dict]:
+        """(kind, plan) for a start whose newest valid checkpoint is `newest` (0: none)."""
+        n = self.steps
+        if kind in ("step", "worker") and newest >= n - 1:
+            kind = "write" if newest < n else "startup"
+        if kind == "write" and newest >= n:
+            kind = "startup"
+        if kind == "startup":
+            return kind, {"target": self.rng.choice(("tree", "group"))}
+        if kind in ("step", "worker"):
+            plan = {"step": self._target_step(newest, remaining, n - 1),
+                    "target": self.rng.choice(("tree", "group")) if kind == "step" else f"rank-{self.rng.randint(0, 1)}"}
+            return kind, plan
+        candidates = [s for s in range(newest + 1, n + 1) if s % self.every == 0 or s == n]
+        span = max(1, math.ceil(2 * len(candidates) / (remaining + 1)))
+        step = self.rng.choice(candidates[:span])
+        point = self.rng.choice(WRITE_POINTS)
+        rank = 0 if point in LEADER_ONLY else self.rng.randint(0, 1)
+        return kind, {"step": step, "point": point, "rank": rank, "target": self.rng.choice(("tree", "group"))}
+
+    # ------------------------------------------------------------------ one start
+    def _kill(self, proc: subprocess.Popen, target: str) -> list[psutil.Process]:
+        procs = tree(proc.pid)
+        if target.startswith("rank-"):
+            rank = int(target.split("-")[1])
+            workers = [p for p in procs if environ_rank(p) == rank]
+            for p in workers:
+                p.send_signal(signal.SIGKILL)
+            return procs  # the rest must end by itself (torchrun, then the supervisor)
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGKILL)  # the supervisor alone; the rest dies by PDEATHSIG
+            return procs
+        for p in procs:  # every process at once: a VM taken away
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        return procs
+
+    def _wait_gone(self, proc: subprocess.Popen, procs: list[psutil.Process], where: str, timeout: float) -> None:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.result.violations.append(f"{where}: the supervisor did not exit within {timeout:.0f} s")
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            self.result.orphans += len(alive)
+            self.result.violations.append(f"{where}: {len(alive)} process(es) outlived the kill: "
+                                          f"{[p.pid for p in alive]}")
+            for p in alive:
+                p.kill()
+
+    def _start(self, number: int, kind: Optional[str], plan: dict) -> tuple[Optional[int], Kill | None, int]:
+        """Run one start (killed as planned, or to the end). Returns (exit code, kill record, attempt)."""
+        before = attempts_seen(self.run_dir)
+        env = {}
+        faults = self.work / "faults" / f"start-{number}"
+        if kind == "write":
+            env = {"SKYSPOT_FAULT": f"{plan['point']}@{plan['step']}/{plan['rank']}:hold=600",
+                   "SKYSPOT_FAULT_DIR": str(faults)}
+        launched = time.monotonic()
+        proc = launch(self.run_dir, self.overrides, self.work / "logs" / f"start-{number:03d}.txt", store=self.store,
+                      **env)
+        self.result.starts += 1
+        kill = None
+        first_step_at = None
+        deadline = launched + START_TIMEOUT_S
+        if kind == "startup":
+            estimate = sorted(self.startup_estimates)[len(self.startup_estimates) // 2] if self.startup_estimates else 20.0
+            fire_at = launched + self.rng.uniform(0.05, 1.0) * estimate
+        else:
+            fire_at = None
+        settle_until = None
+        while proc.poll() is None and time.monotonic() < deadline:
+            new = attempts_seen(self.run_dir) - before
+            reached, times = rank0_steps(self.run_dir, new) if new else (0, [])
+            if reached and first_step_at is None:
+                first_step_at = time.monotonic()
+                self.startup_estimates.append(first_step_at - launched)
+            if times:
+                self.step_estimate = sorted(times)[len(times) // 2]
+            now = time.monotonic()
+            if kind is None:
+                pass
+            elif kind == "startup" and (now >= fire_at or reached):
+                phase = f"at step {reached}" if reached else "startup"
+                kill = Kill(number, kind, plan["target"], None, None, "random moment before the first step", phase)
+            elif kind in ("step", "worker") and reached >= plan["step"]:
+                if fire_at is None:
+                    fire_at = now + self.rng.uniform(0.0, 1.2) * self.step_estimate
+                elif now >= fire_at:
+                    kill = Kill(number, kind, plan["target"], None, None, f"random moment after step {plan['step']}",
+                                f"after step {reached}")
+            elif kind == "write":
+                fired = faults / f"{plan['point']}@{plan['step']}.rank{plan['rank']}"
+                if fired.exists():
+                    time.sleep(self.rng.uniform(0.0, 0.2))  # held: the moment within the hold does not matter
+                    kill = Kill(number, kind, plan["target"], None, None,
+                                f"{plan['point']}@{plan['step']} rank {plan['rank']}",
+                                f"held at {plan['point']}@{plan['step']}/{plan['rank']}")
+                elif reached >= plan["step"] + 2:
+                    settle_until = settle_until or now + 20.0
+                    if now >= settle_until:  # the point never fired (should not happen): kill anyway
+                        kill = Kill(number, kind, plan["target"], None, None,
+                                    f"{plan['point']}@{plan['step']} rank {plan['rank']} (never fired)",
+                                    f"after step {reached}")
+            if kill is not None:
+                kill.seconds = round(now - launched, 3)
+                procs = self._kill(proc, plan["target"])
+                self._wait_gone(proc, procs, f"kill {number}", timeout=GRACE_S + 60)
+                break
+            time.sleep(0.05)
+        if proc.poll() is None:
+            self.result.violations.append(f"start {number}: still running after {START_TIMEOUT_S:.0f} s")
+            procs = tree(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            self._wait_gone(proc, procs, f"start {number}", timeout=30)
+        new = attempts_seen(self.run_dir) - before
+        attempt = max(new) if new else None
+        if kill is not None:
+            kill.attempt = attempt
+            kill.reached = rank0_steps(self.run_dir, new)[0] if new else 0
+        return proc.returncode, kill, attempt
+
+    # ------------------------------------------------------------------ the checks around a start
+    def _check_start(self, number: int, attempt: Optional[int], valid_before: list[int],
+                     durable_before: list[int], killed: bool, code: Optional[int]) -> Optional[int]:
+        """Check one start's resume; returns the step it resumed from (None: no resume event)."""
+        r = self.result
+        newest_before = max(valid_before[:1] + durable_before[:1], default=None)
+        if attempt is None:
+            return None
+        events = [e for e in read_events(self.run_dir) if e.get("attempt") == attempt and e.get("rank") == 0]
+        resumes = [e for e in events if e["type"] == "resume"]
+        steps = [e for e in events if e["type"] == "step"]
+        resumed = None
+        if resumes:
+            resumed = resumes[0]["step"]
+            r.resumes += 1
+            r.resumes_from_store += resumes[0].get("source") == "store"
+            r.incomplete_seen += sum("incomplete" in line for line in resumes[0].get("skipped") or [])
+            if resumed != newest_before:
+                r.violations.append(f"start {number} (attempt {attempt}) resumed from step {resumed}, "
+                                    f"the newest valid checkpoint was {newest_before}")
+            if resumed not in valid_before and resumed not in durable_before:
+                r.violations.append(f"start {number} resumed from step {resumed}, which was not a valid checkpoint")
+        elif steps and newest_before is not None:
+            r.violations.append(f"start {number} trained from step 0 although step {newest_before} was valid")
+        if not killed and code not in (0,):
+            r.violations.append(f"start {number} ended by itself with code {code}")
+        if killed and code == 0:
+            r.violations.append(f"start {number} completed although it was killed")
+        return resumed
+
+    def _check_nothing_lost(self, number: int, valid_before: list[int], valid_after: list[int],
+                            durable_before: list[int], durable_after: list[int], committed_events: list[int]) -> None:
+        r = self.result
+        where = f"after start {number}"
+        if valid_before and (not valid_after or valid_after[0] < valid_before[0]):
+            r.lost_committed += 1
+            r.violations.append(f"{where}: the newest valid checkpoint went back from {valid_before[0]} "
+                                f"to {valid_after[:1] or None}")
+        for step in sorted(set(valid_before) | set(committed_events)):
+            if step in valid_after:
+                continue
+            newer = [s for s in valid_after if s > step]
+            if len(newer) < self.keep:  # retention keeps the newest `keep`; only older ones may go
+                r.lost_committed += 1
+                r.violations.append(f"{where}: committed step {step} is gone with only {len(newer)} newer valid "
+                                    f"checkpoint(s) (keep={self.keep})")
+        if durable_before and (not durable_after or durable_after[0] < durable_before[0]):
+            r.lost_committed += 1
+            r.violations.append(f"{where}: the newest durable checkpoint in the store went back from "
+                                f"{durable_before[0]} to {durable_after[:1] or None}")
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> Result:
+        r = self.result
+        began = time.monotonic()
+        if self.reference is None:
+            self.reference = self.work / "reference"
+            self.say(f"reference: uninterrupted run in {self.reference}")
+            proc = launch(self.reference, self.overrides, self.work / "logs" / "reference.txt")
+            if proc.wait(START_TIMEOUT_S) != 0:
+                r.violations.append(f"the reference run failed (code {proc.returncode}); see {self.work / 'logs'}")
+                return self._done(began)
+        number = 0
+        misses = 0
+        while True:
+            k = len(r.kills)
+            kind = self.order[k] if k < len(self.order) else None
+            number += 1
+            valid_before = valid_steps(self.run_dir, r, f"before start {number}")
+            durable_before = durable_steps(self.store, self.run_dir.name)
+            newest = max(valid_before[:1] + durable_before[:1], default=0)
+            plan = {}
+            if kind is not None:
+                kind, plan = self._plan(kind, newest, len(self.order) - k)
+            code, kill, attempt = self._start(number, kind, plan)
+            # A start of a finished run can end (0) before a start-up kill lands: try that kill again.
+            retry = kind is not None and kill is None and code == 0 and misses < MAX_MISSES
+            if kind is not None and kill is None and not retry:
+                r.violations.append(f"start {number}: planned kill ({kind} {plan}) never happened (exit {code})")
+            resumed = self._check_start(number, attempt, valid_before, durable_before, kill is not None, code)
+            valid_after = valid_steps(self.run_dir, r, f"after start {number}")
+            durable_after = durable_steps(self.store, self.run_dir.name)
+            committed = [e["step"] for e in read_events(self.run_dir)
+                         if e.get("attempt") == attempt and e["type"] == "checkpoint_end"] if attempt else []
+            self._check_nothing_lost(number, valid_before, valid_after, durable_before, durable_after, committed)
+            if kill is not None:
+                kill.resumed_from = newest or None
+                # The work this kill cost: what the next start must redo (it resumes at the newest valid).
+                kill.lost_steps = max(0, kill.reached - max(valid_after[:1] + durable_after[:1], default=0))
+                r.kills.append(kill)
+                self.say(f"kill {len(r.kills)}/{len(self.order)}: {kill.kind:7} {kill.target:6} {kill.planned}; "
+                         f"landed: {kill.phase}, {kill.seconds:.1f} s after launch; started from "
+                         f"{newest or 'scratch'}; valid now {valid_after[:3]}")
+            elif retry:
+                misses += 1
+                self.say(f"start {number} ended (exit 0) before its {kind} kill; trying that kill again")
+            else:
+                r.final_code = code if kind is None else None
+                self.say(f"final start: exit {code}, resumed from {resumed}" if kind is None else "stopping")
+                break
+        r.lost_steps = sum(k.lost_steps for k in r.kills)
+        r.durable_uploads = sum(1 for e in read_events(self.run_dir) if e["type"] == "upload_end" and e.get("durable"))
+        self._compare(began)
+        return self._done(began)
+
+    def _compare(self, began: float) -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        r = self.result
+        expected = {e["step"]: (e["loss"], e["lr"]) for e in read_events(self.reference) if e["type"] == "step"
+                    and e.get("rank") == 0}
+        for event in read_events(self.run_dir):
+            if event["type"] == "step" and event.get("rank") == 0:
+                r.steps_compared += 1
+                if (event["loss"], event["lr"]) != expected.get(event["step"]):
+                    r.violations.append(f"attempt {event['attempt']} step {event['step']}: loss/lr "
+                                        f"{(event['loss'], event['lr'])} != reference {expected.get(event['step'])}")
+        ours_path = self.run_dir / "final" / "model.safetensors"
+        theirs_path = self.reference / "final" / "model.safetensors"
+        if not ours_path.exists() or not theirs_path.exists():
+            r.violations.append(f"final model missing: {ours_path if not ours_path.exists() else theirs_path}")
+            return
+        ours, theirs = load_file(ours_path), load_file(theirs_path)
+        different = [k for k in theirs if k not in ours or not torch.equal(ours[k], theirs[k])]
+        r.final_equal = ours.keys() == theirs.keys() and not different
+        if not r.final_equal:
+            r.violations.append(f"final parameters differ from the reference: {different[:5]}")
+
+    def _done(self, began: float) -> Result:
+        self.result.seconds = round(time.monotonic() - began, 1)
+        return self.result
+
+
+def run(seed: int, kills: int, steps: int = 24, every: int = 1, keep: int = 3, work: Optional[Path] = None,
+        reference: Optional[Path] = None, store: bool = False, say=None) -> Result:
+    """The harness as a function (tests/reliability/test_random_kills.py calls it)."""
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
+    return Harness(seed=seed, kills=kills, steps=steps, every=every, keep=keep, work=work, reference=reference,
+                   store=store, say=say).run()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
+    parser.add_argument("--kills", type=int, default=12, help="SIGKILLs before the last, uninterrupted start")
+    parser.add_argument("--steps", type=int, default=None, help="train.steps (default: max(24, kills + 8))")
+    parser.add_argument("--every", type=int, default=1, help="checkpoint.every_steps (default 1)")
+    parser.add_argument("--keep", type=int, default=3, help="checkpoint.keep (default 3)")
+    parser.add_argument("--store", action="store_true", help="also upload to a local-directory store")
+    parser.add_argument("--work", type=Path, default=None, help="working directory (default: a new temporary one)")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="run dir of an uninterrupted run with the same train.steps (default: run one first)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time()) % 100000
+    print(f"seed {seed}", flush=True)
+    steps = args.steps or max(24, args.kills + 8)
+    result = run(seed, args.kills, steps, args.every, args.keep, args.work, args.reference, args.store)
+    if args.json:
+        args.json.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=2) + "\n")
+    for line in result.violations:
+        print(f"VIOLATION: {line}", flush=True)
+    print(result.summary(), flush=True)
+    print(f"work dir: {result.work}", flush=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
