@@ -110,10 +110,12 @@ def test_full_disk_abandons_each_write_and_stops_with_one_line_and_exit_1(full_d
     assert all(v.state == "valid" for v in first["verdicts"].values()), first["verdicts"]
     # Training went on after the failed interval checkpoints, to the last step.
     assert max(e["step"] for e in first["events"] if e["type"] == "step") == STEPS
-    # It stops because the final checkpoint cannot be written: exit 1, one line, no traceback.
+    # It stops because the final checkpoint cannot be written: exit 1, one line, no traceback from the
+    # trainer (torchrun still prints its own ChildFailedError report for any worker that exits non-zero).
     assert first["code"] == 1
     assert first["exit"] is not None and first["exit"]["code"] == 1 and ENOSPC in first["exit"]["reason"]
-    assert "Traceback" not in first["log"], first["log"][-3000:]
+    frames = [line for line in first["log"].splitlines() if 'File "' in line and "/skyspot/" in line]
+    assert not frames, first["log"][-3000:]
     assert [line for line in first["log"].splitlines() if line.startswith("[skyspot]") and ENOSPC in line]
 
 
