@@ -1,9 +1,9 @@
 """Random SIGKILLs against `tiny`: every resume loads a valid checkpoint, nothing committed is lost,
 and the final parameters equal an uninterrupted run's, bitwise.
 
-    python scripts/random_kills.py --seed 7 --kills 50 --steps 60                 # the long form
-    python scripts/random_kills.py --seed 7 --kills 12 --steps 30 --store         # medium, with uploads
-    python scripts/random_kills.py --seed 7 --kills 4 --steps 24                  # about what CI runs
+    python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # the long form (16 min here)
+    python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # medium (5 min)
+    python scripts/random_kills.py --seed 7 --kills 4 --steps 24 --store          # about what CI runs
 
 The seed is printed first; the figures come last, as one line (and as JSON with --json FILE).
 Exit 0 when every invariant held, 1 otherwise. tests/reliability/test_random_kills.py runs a
@@ -14,7 +14,8 @@ Every start runs as on a node (`python -m skyspot.trainer.supervise --run-dir D 
 default so that a background write is in flight at most moments. Kill moments cycle through
 four kinds, in a seeded random order:
 
-    startup   a random moment before the first step (imports, rendezvous, resume scan, model build)
+    startup   a random moment before the first step, or at it at the latest (imports, rendezvous,
+              resume scan, model build)
     step      a random moment within a random step
     write     while a checkpoint writer is held at a random point (SKYSPOT_FAULT=<point>@<step>/<rank>:hold):
               before any file, mid-file, before the manifest, before the marker, just after the marker
@@ -34,7 +35,8 @@ Checked per start: its `resume` event names the newest valid checkpoint seen bef
 (newest of the local ones and the store's durable ones); a start never trains from step 0 while a
 valid checkpoint exists. At the end: exit 0, every logged step's loss and lr equal the
 reference's, and final/model.safetensors equals the reference's tensor for tensor (torch.equal).
-"Lost steps" is the work a kill cost: the last step reached minus the step the next start resumed at.
+"Steps recomputed" is the work a kill cost: the last step it reached minus the newest valid checkpoint
+it left (where the next start must resume).
 """
 
 from __future__ import annotations
