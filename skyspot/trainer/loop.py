@@ -26,6 +26,7 @@ import argparse
 import ctypes
 import logging
 import os
+from datetime import timedelta
 import signal
 import socket
 import sys
@@ -162,7 +163,11 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     accelerator = get_accelerator()
     if accelerator.device_name() != "cpu":
         accelerator.set_device(placement.local_rank)
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), verbose=False)
+    # The rendered task sets SKYSPOT_DIST_TIMEOUT_SECONDS so a lost node fails the others fast
+    # instead of hanging a paid cluster (skyspot/task.py DIST_ENV).
+    timeout = timedelta(seconds=float(os.environ.get("SKYSPOT_DIST_TIMEOUT_SECONDS") or 600))
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), verbose=False,
+                               timeout=timeout)
     comm = Comm()
     device = torch.device(accelerator.current_device_name())
     run_id = cluster.run_id(args.run_name, args.run_dir)
