@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import Figure, Results, timed
@@ -26,7 +25,6 @@ def _seed_ledger(home: Path, runs: int) -> None:
 
     os.environ["SKYSPOT_HOME"] = str(home)
     ledger = Ledger()
-    now = time.time()
     for i in range(runs):
         name = f"bench-{i:03d}"
         run_dir = home / "runs" / name

@@ -151,6 +151,9 @@ class RunCost:
     simulated: bool
     estimated: bool = True
     warnings: list[str] = field(default_factory=list)
+    interval_plans: list[dict] = field(default_factory=list)
+    """checkpoint.every_seconds=auto: each plan the trainer logged (attempt, step, every_seconds, bound,
+    reason, mtbp_s, blocking_cost_s), oldest first; the last is the interval in use."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -244,7 +247,20 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         price_date="+".join(sorted({d for _, d in prices})) or None,
         simulated=any(a.simulated for a in attempts),
         warnings=warnings,
+        interval_plans=_interval_plans(events),
     )
+
+
+def _interval_plans(events: list[dict]) -> list[dict]:
+    plans = []
+    for e in events:
+        if e.get("type") != "interval_plan" or not isinstance(e.get("every_seconds"), (int, float)):
+            continue
+        inputs = e.get("inputs") if isinstance(e.get("inputs"), Mapping) else {}
+        plans.append({"attempt": e.get("attempt"), "every_seconds": float(e["every_seconds"]),
+                      "bound": inputs.get("bound"), "reason": e.get("reason"), "mtbp_s": inputs.get("mtbp_s"),
+                      "blocking_cost_s": inputs.get("blocking_cost_s")})
+    return plans
 
 
 def cost_so_far(log: EventLog, now: Optional[float] = None) -> float:

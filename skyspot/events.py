@@ -68,8 +68,8 @@ class EventWriter:
         directory = Path(run_root) / EVENTS_DIR
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = directory / event_file_name(attempt, node_rank, rank)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._file = os.fdopen(fd, "a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.dropped = 0
         self._lock = threading.Lock()  # the uploader and watcher threads emit too
 
     def emit(self, type: str, **fields: Any) -> dict[str, Any]:
@@ -80,17 +80,21 @@ class EventWriter:
         # One write() per line: O_APPEND keeps lines whole even if two handles share a file.
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
         with self._lock:
-            if not self._file.closed:
-                self._file.write(line)
-                self._file.flush()
+            if self._fd is not None:
+                try:
+                    os.write(self._fd, line.encode("utf-8"))
+                except OSError:
+                    self.dropped += 1  # a full disk loses this line, never the run
         return event
 
     def close(self) -> None:
         with self._lock:
-            try:
-                self._file.close()
-            except OSError:
-                pass
+            fd, self._fd = self._fd, None
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 @dataclass

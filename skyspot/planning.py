@@ -904,7 +904,8 @@ def upload_seconds_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]]
 
 def plan_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]], *, prior_s: float, blocking_cost_s: float,
                      upload_s: float, max_staleness_s: Optional[float] = None, min_observations: int = 2,
-                     prior_weight: float = 1.0, now: Optional[float] = None) -> IntervalPlan:
+                     prior_weight: float = 1.0, now: Optional[float] = None,
+                     min_interval_s: float = MIN_INTERVAL_S) -> IntervalPlan:
     """Re-plan from what the run has seen: observed blocking cost, upload time and preemptions, each
     replacing its estimate (`blocking_cost_s`, `upload_s`, `prior_s`) once observed. The plan's
     `sources` say which were used."""
@@ -915,7 +916,8 @@ def plan_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]], *, prior
                "upload_s": "observed median" if observed_u is not None else "estimate",
                "mtbp_s": f"{mtbp.source} ({mtbp.preemptions} preemptions in {mtbp.exposure_s:.0f} s)"}
     return plan_interval(observed_c if observed_c is not None else blocking_cost_s, mtbp.mtbp_s,
-                         observed_u if observed_u is not None else upload_s, max_staleness_s, sources=sources)
+                         observed_u if observed_u is not None else upload_s, max_staleness_s,
+                         min_interval_s=min_interval_s, sources=sources)
 
 
 def initial_plan(recipe: "Recipe", cloud: str, *, bandwidth: Optional[Mapping[str, Mapping[str, float]]] = None,

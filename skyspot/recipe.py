@@ -175,6 +175,11 @@ class CheckpointSection(_Section):
     """Interval checkpoint every N seconds of training; `auto` plans it from the preemption rate."""
     keep: int = Field(3, ge=1, le=1000)
     """Committed checkpoints kept per tier (the newest valid one is never deleted)."""
+    min_every_seconds: Optional[float] = Field(None, gt=0, le=BIG)
+    """With every_seconds=auto: the shortest interval the planner may choose (default 60 s)."""
+    mtbp_prior_seconds: Optional[float] = Field(None, gt=0, le=BIG)
+    """With every_seconds=auto: your prior mean time between preemptions of the whole job (default:
+    skyspot's per cloud and accelerator prior, docs/planning.md); the run's own preemptions refine it."""
 
     @field_validator("every_seconds")
     @classmethod
@@ -189,6 +194,9 @@ class ResourcesSection(_Section):
     """Accelerator candidates per node as SkyPilot spells them, e.g. `H100:8`. Empty: CPU nodes."""
     num_nodes: int = Field(ge=1, le=1024)
     """Nodes in the cluster."""
+    min_nodes: Optional[int] = Field(None, ge=1, le=1024)
+    """Fewest nodes the run may resume on when spot capacity shrinks (default: num_nodes). The
+    trainer reshards ZeRO-3 state to the new world size; needs storage.store (docs/planning.md)."""
     clouds: list[Cloud] = Field(default_factory=lambda: list(CLOUDS))
     """Clouds to place the job on."""
     regions: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]] = Field(default_factory=list)
@@ -242,7 +250,13 @@ class ResourcesSection(_Section):
             raise ValueError("resources.clouds must name at least one of aws, gcp, azure")
         if not self.spot and not self.on_demand_fallback:
             raise ValueError("resources.spot and resources.on_demand_fallback are both off: nothing to launch on")
+        if self.min_nodes is not None and self.min_nodes > self.num_nodes:
+            raise ValueError(f"resources.min_nodes ({self.min_nodes}) is above resources.num_nodes ({self.num_nodes})")
         return self
+
+    @property
+    def fewest_nodes(self) -> int:
+        return self.min_nodes if self.min_nodes is not None else self.num_nodes
 
     @property
     def ranks_per_node(self) -> int:
@@ -283,6 +297,13 @@ class Recipe(_Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     resources: ResourcesSection
     storage: StorageSection = Field(default_factory=StorageSection)
+
+    @model_validator(mode="after")
+    def _elastic_needs_a_store(self) -> "Recipe":
+        if self.resources.fewest_nodes < self.resources.num_nodes and not self.storage.store:
+            raise ValueError("resources.min_nodes below resources.num_nodes needs storage.store: a resume on fewer "
+                             "nodes reads the missing nodes' checkpoint parts from it")
+        return self
 
     def fingerprint(self) -> str:
         """A short hash of what determines the training trajectory (not where it runs)."""

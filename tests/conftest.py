@@ -44,3 +44,22 @@ def sky_env(tmp_path_factory):
     if (home / ".sky").exists():
         subprocess.run([sys.executable, "-c", "from sky.client import sdk; sdk.api_stop()"],
                        env=env, capture_output=True, timeout=120)
+
+
+# One uninterrupted `tiny` run every faulted run outside tests/trainer must equal bitwise (the
+# reliability tests, the local executor's end-to-end tests). Checkpoint frequency does not change
+# the arithmetic, and 2 nodes x 1 rank train exactly as 1 node x 2 ranks (the same world size over
+# gloo), so one reference serves runs with any checkpoint interval and node layout. tests/trainer
+# has its own, shorter one (tests/trainer/conftest.py).
+REFERENCE_STEPS = 24
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """The run dir of `tiny` trained for REFERENCE_STEPS steps on 2 ranks without interruption."""
+    from tests.trainer.launch import finish, log_text, start
+
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    code = finish(start(run_dir, [f"train.steps={REFERENCE_STEPS}", "checkpoint.every_steps=8", "train.log_every=8"]))
+    assert code == 0, log_text(run_dir)
+    return run_dir

@@ -321,7 +321,7 @@ def test_to_dict_field_names_are_stable():
         "baseline_instance", "savings_usd", "savings_pct", "sagemaker_savings_pct", "preemptions", "recoveries",
         "mttr_seconds", "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "useful_steps",
         "useful_seconds", "billed_seconds", "billed_node_hours", "training_seconds", "goodput", "nodes",
-        "price_source", "price_date", "simulated", "estimated", "warnings"]
+        "price_source", "price_date", "simulated", "estimated", "warnings", "interval_plans"]
     assert list(data["attempts"][0]) == [
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",
@@ -341,3 +341,19 @@ def test_plot_writes_a_png(tmp_path):
     path = plot_run(cost.run_cost(log, candidates=CANDIDATES), log, tmp_path / "run.png")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_the_checkpoint_intervals_a_run_used_are_reported_oldest_first():
+    base = scenario_two_preemptions_saved().events
+    plans = [{"ts": T1 + 10, "type": "interval_plan", "run_id": "r", "attempt": 0, "node_rank": 0, "rank": 0,
+              "every_seconds": 1200.0, "reason": "start",
+              "inputs": {"bound": "daly", "mtbp_s": 5400.0, "blocking_cost_s": 120.0}},
+             {"ts": T2 + 10, "type": "interval_plan", "run_id": "r", "attempt": 1, "node_rank": 0, "rank": 0,
+              "every_seconds": 900.0, "reason": "start", "inputs": "not a mapping"}]
+    run = cost.run_cost(EventLog(events=base + plans))
+    assert run.interval_plans == [
+        {"attempt": 0, "every_seconds": 1200.0, "bound": "daly", "reason": "start", "mtbp_s": 5400.0,
+         "blocking_cost_s": 120.0},
+        {"attempt": 1, "every_seconds": 900.0, "bound": None, "reason": "start", "mtbp_s": None,
+         "blocking_cost_s": None}]
+    assert cost.run_cost(scenario_two_preemptions_saved()).interval_plans == []

@@ -118,3 +118,13 @@ def test_override_values_are_typed(tmp_path):
 def test_num_nodes_below_one_is_rejected(tmp_path):
     with pytest.raises(RecipeError, match=r"resources.num_nodes.*greater than or equal to 1"):
         load_recipe(write(tmp_path, GOOD), ["resources.num_nodes=0"], environ={})
+
+
+def test_min_nodes_must_fit_under_num_nodes_and_a_smaller_resume_needs_a_store():
+    recipe = load_recipe("tiny", ["resources.num_nodes=4", "resources.min_nodes=2", "storage.store=/tmp/x"])
+    assert (recipe.resources.min_nodes, recipe.resources.fewest_nodes) == (2, 2)
+    assert load_recipe("tiny", ["resources.num_nodes=4"]).resources.fewest_nodes == 4
+    with pytest.raises(UsageError, match=r"min_nodes \(5\) is above resources.num_nodes \(4\)"):
+        load_recipe("tiny", ["resources.num_nodes=4", "resources.min_nodes=5", "storage.store=/tmp/x"])
+    with pytest.raises(UsageError, match="needs storage.store"):
+        load_recipe("tiny", ["resources.num_nodes=4", "resources.min_nodes=2"])

@@ -8,10 +8,8 @@ from __future__ import annotations
 import copy
 import os
 import shlex
-import subprocess
 
 import pytest
-import yaml
 
 from skyspot.launch import build
 from skyspot.recipe import REGISTRY

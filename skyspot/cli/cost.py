@@ -159,6 +159,12 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
         f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}   "
         f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}\n"
         f"prices: {data['source']} (estimates from published list prices, not a bill).{sim}")
+    plans = data.get("interval_plans") or []
+    if plans:
+        trail = " -> ".join(f"{p['every_seconds']:.0f}s" for p in plans[-4:])
+        last = plans[-1]
+        out.print(f"checkpoint interval (auto): {last['every_seconds']:.0f}s ({last.get('bound')}, MTBP "
+                  f"{_secs(last.get('mtbp_s'))}); {len(plans)} plan(s): {'... -> ' if len(plans) > 4 else ''}{trail}")
     for warning in data.get("warnings") or []:
         err.print(f"note: {warning}")
 

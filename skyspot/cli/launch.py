@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from skyspot.cli.common import confirm, display, err, handle_errors, out, split_csv
+from skyspot.cli.common import confirm, err, handle_errors, out, split_csv
 
 LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
               "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default.")
@@ -31,6 +31,7 @@ def launch_command(
     grace: float = typer.Option(30.0, "--grace", help="Local: seconds between SIGTERM and SIGKILL."),
     provision_delay: float = typer.Option(2.0, "--provision-delay", help="Local: seconds to 'provision' a replacement node."),
     fallback_after: Optional[int] = typer.Option(None, "--fallback-after", help="Local: after K preemptions run on-demand (no more preemptions)."),
+    spot_nodes: Optional[str] = typer.Option(None, "--spot-nodes", help="Local: nodes granted to each spot attempt in turn, e.g. 2,1,2 (fewer than num_nodes needs resources.min_nodes and a store)."),
     simulate: str = typer.Option("aws", "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices."),
 ) -> None:
     """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local)."""
@@ -58,7 +59,8 @@ def launch_command(
 
         options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
                                spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
-                               fallback_after=fallback_after, cloud=simulate)
+                               fallback_after=fallback_after, cloud=simulate,
+                               spot_nodes=_node_counts(spot_nodes))
         code = launch_local(built, name=name, detach=detach, options=options)
         raise typer.Exit(code)
 
@@ -86,6 +88,20 @@ def _steps(value: Optional[str]) -> list[int]:
     if any(s < 1 for s in steps):
         raise UsageError("--preempt-at-steps takes steps >= 1")
     return steps
+
+
+def _node_counts(value: Optional[str]) -> list[int]:
+    from skyspot.errors import UsageError
+
+    if not value:
+        return []
+    try:
+        counts = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--spot-nodes '{value}' must be comma-separated node counts, e.g. 2,1,2") from None
+    if not counts or any(n < 1 for n in counts):
+        raise UsageError("--spot-nodes takes node counts >= 1")
+    return counts
 
 
 def _show_plan(built) -> None:

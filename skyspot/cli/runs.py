@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from skyspot.cli.common import confirm, display, err, handle_errors, out
+from skyspot.cli.common import confirm, display, err, handle_errors
 
 
 @handle_errors

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -34,6 +33,7 @@ class LocalOptions:
     provision_delay: float = 2.0
     fallback_after: Optional[int] = None
     cloud: str = "aws"
+    spot_nodes: list[int] = field(default_factory=list)
 
 
 def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
@@ -60,6 +60,17 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         if value < 0:
             raise UsageError(f"{flag} takes seconds >= 0")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
+    if options.spot_nodes and trace.nodes:
+        raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
+    spot_nodes = list(options.spot_nodes or trace.nodes)
+    where = "--spot-nodes" if options.spot_nodes else options.spot_trace
+    resources = built.recipe.resources
+    if spot_nodes:
+        low, high = resources.fewest_nodes, resources.num_nodes
+        outside = [n for n in spot_nodes if not low <= n <= high]
+        if outside:
+            raise UsageError(f"{where}: {', '.join(map(str, outside))} node(s) outside {low}..{high} "
+                             "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer")
     instance_type, accelerators = _instance_for(built, options.cloud)
     recovery = built.task["resources"]["job_recovery"]
     return Spec(
@@ -69,7 +80,7 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         cloud=options.cloud, instance_type=instance_type, accelerators=accelerators,
         max_restarts_on_errors=int(recovery.get("max_restarts_on_errors", 0)),
         preempt_every=options.preempt_every, preempt_at_steps=list(options.preempt_at_steps),
-        trace_times=trace.preemptions, capacity_gone_after=trace.capacity_gone_after,
+        trace_times=trace.preemptions, capacity_gone_after=trace.capacity_gone_after, spot_nodes=spot_nodes,
         notice=trace.notice if trace.notice is not None else options.notice, grace=options.grace,
         provision_delay=options.provision_delay, fallback_after=options.fallback_after,
     )

@@ -67,6 +67,8 @@ class Spec:
     preempt_at_steps: list[int] = field(default_factory=list)
     trace_times: list[float] = field(default_factory=list)
     capacity_gone_after: Optional[int] = None
+    spot_nodes: list[int] = field(default_factory=list)
+    """Nodes granted to each spot attempt in turn (the last repeats); empty: num_nodes."""
     notice: float = 30.0
     grace: float = 30.0
     provision_delay: float = 2.0
@@ -88,6 +90,7 @@ class Controller:
         self.cancel = threading.Event()
         self.preemptions = 0
         self.errors = 0
+        self.spot_attempts = 0
         self.launched_at = time.time()
         self.log_path = run_dir / "logs" / "run.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -117,11 +120,18 @@ class Controller:
                 if e.get("rank") is not None]
         return (max(seen) if seen else 0) + 1
 
-    def where(self, spot: bool) -> dict:
+    def nodes_for(self, spot: bool) -> int:
+        """Nodes of the next attempt: the trace's grant for this spot attempt; on-demand gets all."""
+        grants = self.spec.spot_nodes
+        if not spot or not grants:
+            return self.spec.num_nodes
+        return grants[min(self.spot_attempts, len(grants) - 1)]
+
+    def where(self, spot: bool, num_nodes: int) -> dict:
         place = SIMULATED_PLACES[self.spec.cloud]
         return {"cloud": self.spec.cloud, "region": place["region"], "zone": place["zone"],
                 "instance_type": self.spec.instance_type, "spot": spot, "accelerators": self.spec.accelerators,
-                "num_nodes": self.spec.num_nodes, "simulated": True}
+                "num_nodes": num_nodes, "simulated": True}
 
     def node_dir(self, node_rank: int) -> Path:
         """Each simulated node has its own disk, as on a cloud: node 0 uses the run root (where its
@@ -136,7 +146,7 @@ class Controller:
         spec = self.spec
         bin_dir = str(Path(sys.executable).parent)
         cluster_info = {"cluster_name": f"{spec.name}-local", "cloud": where["cloud"].upper() if where["cloud"] != "azure"
-                        else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": spec.num_nodes,
+                        else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": where["num_nodes"],
                         "instance_type": where["instance_type"], "use_spot": where["spot"], "simulated": True}
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}
         env.update(spec.task_envs)
@@ -144,8 +154,8 @@ class Controller:
         env.update({
             "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
             "SKYPILOT_NODE_RANK": str(node_rank),
-            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * spec.num_nodes),
-            "SKYPILOT_NUM_NODES": str(spec.num_nodes),
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * where["num_nodes"]),
+            "SKYPILOT_NUM_NODES": str(where["num_nodes"]),
             "SKYPILOT_NUM_GPUS_PER_NODE": "0",
             "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
             "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info),
@@ -167,14 +177,17 @@ class Controller:
     # ------------------------------------------------------------------ one attempt
     def run_attempt(self, attempt: int, spot: bool, metadata) -> tuple[int, str]:
         spec = self.spec
-        where = self.where(spot)
+        nodes = self.nodes_for(spot)
+        where = self.where(spot, nodes)
+        if spot:
+            self.spot_attempts += 1
         events = EventWriter(self.run_dir, spec.name, attempt, 0, None)
         events.emit("attempt_start", where=where)
         metadata.reset()
         port = free_port()
         procs: list[subprocess.Popen] = []
         pumps = []
-        for node_rank in range(spec.num_nodes):
+        for node_rank in range(nodes):
             proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.node_dir(node_rank),
                                     env=self.node_env(node_rank, where, metadata.env_for(), port),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -186,7 +199,7 @@ class Controller:
         self.ledger.update(spec.name, status="RUNNING", controller_pid=os.getpid(),
                            info={**self._info(), "where": where, "attempt": attempt})
         self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
-                 f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {spec.num_nodes} node(s)")
+                 f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {nodes} of {spec.num_nodes} node(s)")
 
         attempt_started = time.time()
         steps_file: Optional[Path] = None

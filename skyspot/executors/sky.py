@@ -58,8 +58,8 @@ def submit(built: Built, *, name: str, detach: bool) -> dict[str, Any]:
     """Launch the managed job; returns {'job_id': int | None}. Raises SkyspotError with one line on failure."""
     wanted = set(built.recipe.resources.clouds)
     if not built.recipe.storage.store:
-        raise UsageError(f"a cloud run needs a store for its checkpoints: pass --store s3://bucket/prefix "
-                         f"(or gs://…, az://…) or set storage.store in the recipe")
+        raise UsageError("a cloud run needs a store for its checkpoints: pass --store s3://bucket/prefix "
+                         "(or gs://…, az://…) or set storage.store in the recipe")
     secrets = secrets_for(built)
     usable = [c for c in enabled_clouds() if c in wanted]
     if not usable:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -52,7 +52,6 @@ from skyspot.trainer.files import fsync_dir
 from skyspot.trainer.rundir import checkpoints_dir
 
 TRAINER_STATE = "trainer_state_rank_{rank}.pt"
-DEFAULT_AUTO_SECONDS = 1800.0
 
 
 class ResumeSource(Protocol):
@@ -156,6 +155,25 @@ def retention_victims(verdicts: list[mf.Verdict], keep: int, newest: int,
     return victims
 
 
+def _names(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _ranks(n) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def resharding(manifest: dict[str, Any], world_size: int, num_nodes: Optional[int] = None) -> bool:
+    """True when a checkpoint's ZeRO-3 shards were written by another number of ranks, or spread
+    over another number of nodes (each node's disk holds its own ranks' files): reshard.py."""
+    if int(manifest.get("world_size") or world_size) != world_size:
+        return True
+    return num_nodes is not None and int(manifest.get("num_nodes") or num_nodes) != num_nodes
+
+
 def remove_checkpoint_dir(path: Path) -> None:
     """Unlink the marker first, so a kill mid-delete leaves an 'incomplete' directory, never a 'corrupt' one."""
     try:
@@ -186,28 +204,36 @@ class CheckpointManager:
         self.last_committed: Optional[int] = None
         self.every_steps = recipe.checkpoint.every_steps
         self.every_seconds = self._every_seconds(recipe)
+        self.planner = None  # interval.IntervalPlanner, for every_seconds=auto on global rank 0
         self._last_save_time = time.monotonic()
         if placement.is_node_leader:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def _every_seconds(self, recipe) -> Optional[float]:
         value = recipe.checkpoint.every_seconds
-        if value != "auto":
-            return value
-        plan = None
-        try:
-            from skyspot.planning import initial_plan
+        return None if value == "auto" else value  # auto: plan_interval(), once the run's history is known
 
-            cloud = self.placement.where.get("cloud")
-            plan = initial_plan(recipe, cloud) if cloud in ("aws", "gcp", "azure") else None
-        except Exception as err:  # planning is advice; never stop training over it
-            self.warn(f"checkpoint.every_seconds=auto: no plan ({err}); using {DEFAULT_AUTO_SECONDS:.0f} s")
-        seconds = float(plan.every_seconds) if plan is not None else DEFAULT_AUTO_SECONDS
-        if self.placement.is_global_zero and self.events is not None:
-            fields = plan.event_fields() if plan is not None else {
-                "every_seconds": seconds, "inputs": {"note": "auto without a plan: default"}}
-            self.events.emit("interval_plan", **fields)
-        return seconds
+    def plan_interval(self, history: Callable[[], list[dict]] = list) -> None:
+        """checkpoint.every_seconds=auto: global rank 0 plans the interval (interval.py) and re-plans
+        after each committed checkpoint. `history` gives earlier attempts' events when the run
+        directory has none (a fresh node: the store's copy)."""
+        if self.recipe.checkpoint.every_seconds != "auto" or not self.placement.is_global_zero:
+            return
+        from skyspot.events import EVENTS_DIR
+        from skyspot.trainer.interval import IntervalPlanner
+
+        events_dir = self.run_dir / EVENTS_DIR
+        earlier = any(not name.startswith(f"attempt-{self.attempt}.") for name in _names(events_dir))
+        try:
+            past = [] if earlier else history()
+        except Exception as err:  # planning is advice: never stop training over it
+            self.warn(f"checkpoint.every_seconds=auto: the store's event history is unreadable ({err})")
+            past = []
+        emit = self.events.emit if self.events is not None else (lambda *a, **k: None)
+        self.planner = IntervalPlanner(self.recipe, self.placement.where.get("cloud"), events_dir, history=past,
+                                       emit=emit, say=self.warn)
+        self.every_seconds = self.planner.replan("start")
+        self._last_save_time = time.monotonic()  # the interval counts training time, not start-up
 
     def _emit(self, type: str, **fields: Any) -> None:
         if self.placement.is_global_zero and self.events is not None:
@@ -257,6 +283,8 @@ class CheckpointManager:
                 if not ok and choice.step in remote and choice.step not in bad_remote and fetched:
                     bad_remote.add(choice.step)
                     failed.append(note)
+                elif not ok and not fetched and note:
+                    failed.append(note)  # it held a committed checkpoint: never a silent fresh start
                 fetched = fetched and ok
             outcome = self.comm.all_gather_object((ok, fetched, note))
             notes += [n for _, _, n in outcome if n]
@@ -274,8 +302,14 @@ class CheckpointManager:
         local = next((v for v in scanned if v.step == step), None)
         if local is not None and local.state == "valid" and not local.verified:
             local = verified[step] = mf.inspect(local.path, verify_checksums=True)
-        if local is not None and local.state == "valid":
+        if local is not None and local.state == "valid" and not self._lacks_parts(local, remote):
             return True, False, None
+        if local is not None and local.state == "valid":
+            verified[step] = replace(local, state="incomplete", reason="written by more nodes; the others' parts "
+                                     "are neither here nor durable in the store")
+            return False, False, (f"node {self.placement.node_rank}: step_{step} was written by "
+                                  f"{local.manifest.get('num_nodes')} nodes and cannot be resharded from this node's "
+                                  "part alone")
         if local is not None:
             verified[step] = local
         if step not in remote:
@@ -290,6 +324,16 @@ class CheckpointManager:
         verified[step] = verdict
         prefix = f"node {self.placement.node_rank}: local step_{step} {local.state}; " if local is not None else ""
         return True, True, (prefix + f"downloaded step_{step} from {self.resume_source.name}") if prefix else None
+
+    def _lacks_parts(self, local: mf.Verdict, remote: set[int]) -> bool:
+        """A step written at another world size needs every rank's files on this node: true when
+        they are not all here and the store cannot supply the rest."""
+        from skyspot.trainer.reshard import ranks_present
+
+        manifest = local.manifest or {}
+        if not resharding(manifest, self.placement.world_size, self.placement.num_nodes) or local.step in remote:
+            return False
+        return not ranks_present(local.path) >= set(range(int(manifest.get("world_size") or 1)))
 
     def _say(self, line: str) -> None:
         if self.placement.is_global_zero:
@@ -311,27 +355,31 @@ class CheckpointManager:
         """Restore the engine, RNG states and data position from `point` (collective)."""
         import torch
 
-        from skyspot.trainer.determinism import replay_adam_bias_correction, restore_rng
+        from skyspot.trainer.determinism import replay_adam_bias_correction, restore_rng, seed_for_resume
         from skyspot.trainer.engine import basic_optimizer
 
         if point is None:
             return None
         start = time.monotonic()
         m = point.manifest
-        if m.get("world_size") != self.placement.world_size:
-            raise CheckpointError(
-                f"{point.path} was written by {m.get('world_size')} ranks, this start has {self.placement.world_size}: "
-                "ZeRO-3 shards cannot be re-partitioned on load. Start with the same number of nodes and ranks "
-                "(or convert it with DeepSpeed's universal checkpoint tools)")
-        path, _ = self.engine.load_checkpoint(str(self.root), tag=point.path.name, load_optimizer_states=True,
+        state = TrainState(int(m["step"]), int(m["samples"]), int(m["tokens"]), dict(m["data"]))
+        resharded = resharding(m, self.placement.world_size, self.placement.num_nodes)
+        convert_seconds = 0.0
+        if resharded:
+            load_dir, convert_seconds = self._universal(point)
+        else:
+            load_dir = self.root
+        path, _ = self.engine.load_checkpoint(str(load_dir), tag=point.path.name, load_optimizer_states=True,
                                               load_lr_scheduler_states=True, load_module_strict=True)
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load {point.path}")
-        own = torch.load(point.path / TRAINER_STATE.format(rank=self.placement.rank), map_location="cpu",
-                         weights_only=False)
-        restore_rng(own["rng"])
+        if resharded:
+            seed_for_resume(self.recipe.train.seed, self.placement.rank, state.step)
+        else:
+            own = torch.load(point.path / TRAINER_STATE.format(rank=self.placement.rank), map_location="cpu",
+                             weights_only=False)
+            restore_rng(own["rng"])
         replay_adam_bias_correction(basic_optimizer(self.engine))
-        state = TrainState(int(m["step"]), int(m["samples"]), int(m["tokens"]), dict(m["data"]))
         if self.engine.global_steps != state.step:
             raise CheckpointError(f"{point.path}: DeepSpeed restored global step {self.engine.global_steps}, "
                                   f"the manifest says {state.step}")
@@ -340,8 +388,39 @@ class CheckpointManager:
         seconds = time.monotonic() - start
         self._emit("resume", step=state.step, checkpoint=str(point.path), source=point.source,
                    load_seconds=round(seconds, 6), bytes=m.get("bytes"), samples=state.samples,
-                   tokens=state.tokens, skipped=point.warnings)
+                   tokens=state.tokens, skipped=point.warnings,
+                   **({"world_size_from": m.get("world_size"), "world_size": self.placement.world_size,
+                       "convert_seconds": round(convert_seconds, 6)} if resharded else {}))
         return Restored(state, seconds, int(m.get("bytes") or 0))
+
+    def _universal(self, point: ResumePoint) -> tuple[Path, float]:
+        """Node leaders convert `point` to a universal checkpoint (cached); every rank waits. Collective."""
+        from skyspot.trainer import reshard
+
+        start = time.monotonic()
+        m, error = point.manifest, None
+        if self.placement.is_node_leader:
+            staging = reshard.universal_root(self.run_dir) / f".gather-{point.path.name}"
+            try:
+                sha = reshard.manifest_sha256(point.path)
+                if reshard.cached(self.run_dir, point.step, sha) is None:
+                    fetch = getattr(self.resume_source, "fetch_part", None)
+                    source = reshard.gather(point.path, int(m["world_size"]), int(m.get("num_nodes") or 1),
+                                            (lambda node, d: fetch(point.step, node, d)) if fetch else None, staging)
+                    workers = max(1, min(8, (os.cpu_count() or 1) // max(1, self.placement.local_world_size)))
+                    reshard.convert(source, self.run_dir, point.step, sha, workers=workers)
+            except (CheckpointError, StoreError, OSError) as err:
+                error = f"node {self.placement.node_rank}: {err}"
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        errors = [e for e in self.comm.all_gather_object(error) if e]
+        if errors:
+            raise CheckpointError(errors[0])
+        seconds = time.monotonic() - start
+        if self.placement.is_global_zero:
+            self.warn(f"step_{point.step} was written by {_ranks(m.get('world_size'))} on {m.get('num_nodes')} "
+                      f"node(s), this start has {self.placement.world_size} on {self.placement.num_nodes}: converted to a universal checkpoint in {seconds:.1f} s")
+        return reshard.universal_root(self.run_dir), seconds
 
     # ------------------------------------------------------------------ save
     def time_due(self) -> bool:
@@ -413,6 +492,8 @@ class CheckpointManager:
             self._emit("checkpoint_end", step=result.step, kind=result.kind,
                        blocked_seconds=round(result.blocked_seconds, 6), write_seconds=round(result.write_seconds, 6),
                        bytes=result.bytes, path=str(result.path), committed_at=result.committed_at)
+            if self.planner is not None and result.kind != "emergency":
+                self.every_seconds = self.planner.replan(f"after step_{result.step}")
         else:
             self._emit("checkpoint_failed", step=result.step, kind=result.kind, error=result.error)
             self._say(f"checkpoint step_{result.step} failed: {result.error}")

@@ -200,3 +200,25 @@ class DataOrder:
         return {"samples_consumed": consumed, "epoch": epoch, "position": position,
                 "num_samples": self.num_samples, "seed": self.seed, "shuffle": self.shuffle,
                 "global_batch": self.global_batch}
+
+
+def rebatch(global_batch: int, micro_batch: int, grad_accum: int, dp_size: int) -> tuple[int, int, Optional[str]]:
+    """(micro_batch, grad_accum, note) for `dp_size` ranks that keep a checkpoint's `global_batch`.
+
+    Resuming at another world size keeps the samples per step, so the stream position, the
+    learning-rate schedule and the samples of every step stay what they were: each rank's share
+    is split into the largest micro batch not above the recipe's, times accumulation steps. When
+    the global batch does not divide by the new number of ranks, the recipe's split is kept and
+    the global batch changes (the note says so); the stream still continues where it stopped.
+    """
+    if micro_batch * grad_accum * dp_size == global_batch:
+        return micro_batch, grad_accum, None
+    if global_batch % dp_size:
+        return micro_batch, grad_accum, (
+            f"the checkpoint's global batch {global_batch} does not divide by {dp_size} ranks: continuing with "
+            f"{micro_batch * grad_accum * dp_size} samples per step (the data stream continues where it stopped)")
+    share = global_batch // dp_size
+    micro = max(d for d in range(1, min(micro_batch, share) + 1) if share % d == 0)
+    return micro, share // micro, (
+        f"keeping the global batch of {global_batch} samples on {dp_size} rank{'s' if dp_size != 1 else ''}: micro batch {micro} x "
+        f"{share // micro} accumulation steps")

@@ -52,6 +52,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_for_resume(seed: int, rank: int, step: int) -> None:
+    """After a resume at another world size the saved per-rank RNG states have no owner:
+    re-seed each rank from (seed, rank, step) instead, the same on every such resume."""
+    seed_everything(seed + 1000 * rank + 1_000_003 * step)
+
+
 def capture_rng() -> dict[str, Any]:
     """Every RNG state of this process (copies, safe to save later)."""
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),

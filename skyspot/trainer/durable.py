@@ -138,11 +138,30 @@ class StoreTier:
         return self.remote_steps
 
     def fetch(self, step: int, checkpoints_dir: Path) -> None:
-        """This node's part of `step`, downloaded in parallel and verified, renamed into place."""
+        """This node's part of `step`, downloaded in parallel and verified, renamed into place (node 0's
+        when the step was written by fewer nodes: a resume at another world size gathers the rest)."""
         from skyspot.trainer.uploader import download_checkpoint
 
         download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / f"step_{step}",
-                            node_rank=self.placement.node_rank)
+                            node_rank=self.placement.node_rank, any_node=True)
+
+    def fetch_part(self, step: int, node_rank: int, directory: Path) -> Path:
+        """Node `node_rank`'s part of `step` into `directory` (verified): another node's files, for a
+        resume at another world size (reshard.gather)."""
+        from skyspot.trainer.uploader import download_checkpoint
+
+        return download_checkpoint(self.store, self.run_id, step, directory, node_rank=node_rank)
+
+    def read_events(self) -> list[dict]:
+        """Every event the store holds for this run (earlier attempts', synced by node leaders)."""
+        from skyspot.events import EVENTS_DIR, EventLog, parse_lines
+
+        log = EventLog()
+        for key in self.store.list(join_key(self.run_id, EVENTS_DIR) + "/"):
+            if key.endswith(".jsonl"):
+                data = self.store.get_bytes(key) or b""
+                parse_lines(data.decode("utf-8", errors="replace").split("\n"), key, log)
+        return log.events
 
     # ------------------------------------------------------------------ uploads (node leaders)
     def uploader(self, events, run_dir: Path, keep: int, environ: Mapping[str, str] = os.environ):

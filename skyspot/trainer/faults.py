@@ -18,6 +18,7 @@ SKYSPOT_FAULT_DIR.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -45,7 +46,7 @@ def parse(spec: str) -> list[Fault]:
         where, _, rank = where.partition("/")
         point, _, step = where.partition("@")
         name, _, arg = (action or "kill").partition("=")
-        if name not in ("kill", "pause", "hold"):
+        if name not in ("kill", "pause", "hold", "enospc"):
             raise ValueError(f"{ENV}: unknown action {name!r} in {item!r}")
         faults.append(Fault(point, int(step) if step else None, int(rank) if rank else None, name,
                             float(arg) if arg else 0.0))
@@ -74,6 +75,8 @@ def fault_point(point: str, step: Optional[int] = None) -> None:
             fired.write_text(str(os.getpid()))
         if fault.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.action == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         elif fault.action == "hold" and fired is not None:
             release = fired.with_name(fired.name + ".release")
             deadline = time.monotonic() + fault.seconds

@@ -284,9 +284,25 @@ def reconcile_recipe(recipe, saved: Optional[dict[str, Any]]):
     return recipe, lines
 
 
+def keep_global_batch(recipe, manifest: dict[str, Any], world_size: int):
+    """The recipe with micro batch and accumulation re-split so `world_size` ranks keep the
+    checkpoint's global batch (data.rebatch), and the line that says so."""
+    from skyspot.trainer.data import rebatch
+
+    train = recipe.train
+    saved = int((manifest.get("data") or {}).get("global_batch") or 0)
+    if saved <= 0:
+        return recipe, None
+    micro, accum, note = rebatch(saved, train.micro_batch_size, train.grad_accum, world_size)
+    if (micro, accum) != (train.micro_batch_size, train.grad_accum):
+        recipe = recipe.model_copy(update={"train": train.model_copy(update={"micro_batch_size": micro,
+                                                                             "grad_accum": accum})})
+    return recipe, (f"world size {manifest.get('world_size')} -> {world_size}: {note}" if note else None)
+
+
 def build(run: Run) -> None:
     """Find the resume point, then build data, model and engine, and restore the state."""
-    from skyspot.trainer.checkpoint import CheckpointManager
+    from skyspot.trainer.checkpoint import CheckpointManager, resharding
     from skyspot.trainer.data import DataOrder, build_samples
     from skyspot.trainer.determinism import seed_everything
     from skyspot.trainer.engine import deepspeed_config, initialize
@@ -300,8 +316,12 @@ def build(run: Run) -> None:
         run.ckpt.on_committed.append(run.uploader.submit)  # from the writer thread: only enqueues
         run.ckpt.can_delete.append(run.uploader.can_delete_local)  # answered from memory
     point = run.ckpt.find()
+    resharded = point is not None and resharding(point.manifest, p.world_size, p.num_nodes)
     if point is not None:
         run.recipe, lines = reconcile_recipe(run.recipe, point.manifest.get("recipe"))
+        if resharded:
+            run.recipe, note = keep_global_batch(run.recipe, point.manifest, p.world_size)
+            lines += [note] if note else []
         if p.is_global_zero:
             for line in lines:
                 say(line)
@@ -313,12 +333,15 @@ def build(run: Run) -> None:
                           recipe.train.micro_batch_size, recipe.train.grad_accum)
 
     ds_config = deepspeed_config(recipe)
+    if resharded:
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True  # reshard.py
     seed_everything(recipe.train.seed)  # the same initial weights on every rank, every start
     model, run.keepalive = build_model(recipe, ds_config, run.tokenizer)
     run.engine = initialize(recipe, model, ds_config)
     run.ckpt.attach(run.engine)
 
     run.resumed = run.ckpt.load(point)
+    run.ckpt.plan_interval(run.tier.read_events if run.tier is not None else list)
     if run.resumed is None:
         seed_everything(recipe.train.seed + 1000 * p.rank)  # dropout etc. differ per rank
     else:
@@ -516,7 +539,11 @@ def _finish(run: Run, state) -> None:
     if run.ckpt.last_committed != state.step:
         result = run.ckpt.save(state.step, "final", state, blocking=True)
         if result is None or not result.committed:
-            raise RuntimeError(f"final checkpoint failed: {result.error if result else 'no result'}")
+            from skyspot.errors import SkyspotError
+
+            raise SkyspotError(f"the final checkpoint step_{state.step} could not be written "
+                               f"({result.error if result else 'no result'}); the next start resumes from "
+                               f"step_{run.ckpt.last_committed} once {run.run_dir} has room")
     target = export_final(run.engine, run.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero)
     if target is not None:
         say(f"training complete at step {state.step}; model written to {target}")
@@ -534,7 +561,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     run: Optional[Run] = None
     code, reason, step = ERROR, "error", None
     try:
-        args.run_dir.mkdir(parents=True, exist_ok=True)
+        args.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # checkpoints are the user's alone
         run = setup(args, watch)
         build(run)
         step = train(run)

@@ -712,7 +712,7 @@ def _sha256(path: Path) -> str:
 
 
 def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
-                        max_workers: int = 8, *, node_rank: int = 0) -> Path:
+                        max_workers: int = 8, *, node_rank: int = 0, any_node: bool = False) -> Path:
     """Download node `node_rank`'s part of a durable checkpoint to `local_dir`, verifying every file.
 
     Only the files the node's manifest lists come down (each node's directory holds only
@@ -735,6 +735,8 @@ def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str
         raise CheckpointError(f"{where} is not durable: it lacks a {COMMIT_MARKER} marker of every node"
                               + (f" (has {', '.join(have)})" if have else ""))
     nodes = max(n for _, n in _markers(keys) if all((k, n) in _markers(keys) for k in range(n)))
+    if node_rank >= nodes and any_node:
+        node_rank = 0  # a node the writer did not have: node 0's part names the step (reshard.py gathers the rest)
     if node_rank >= nodes:
         raise CheckpointError(f"{where} was written by {nodes} nodes; this is node {node_rank}")
     marker = get(lambda: store.get_bytes(join_key(prefix, marker_name(node_rank, nodes))))

@@ -74,19 +74,32 @@ class _HashingFile:
         self.sha = hashlib.sha256()
         self.size = 0
         self._first = on_first_write
+        self.error: Optional[BaseException] = None
 
     def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        self._f.write(view)
-        self.sha.update(view)
-        self.size += len(view)
-        if self._first is not None:
-            first, self._first = self._first, None
-            first()
-        return len(view)
+        try:
+            view = memoryview(data).cast("B")
+            self._f.write(view)
+            self.sha.update(view)
+            self.size += len(view)
+            if self._first is not None:
+                first, self._first = self._first, None
+                first()
+            return len(view)
+        except BaseException as err:
+            self.error = err  # torch.save's zip writer would report it as "unexpected pos ..."
+            raise
 
     def flush(self) -> None:
         self._f.flush()
+
+
+def discard_uncommitted(directory: Path) -> None:
+    """Remove the directory of a write that failed: it never committed on every node, and on a full
+    disk its partial files hold the space the event files and the next checkpoint need."""
+    from skyspot.trainer.checkpoint import remove_checkpoint_dir
+
+    remove_checkpoint_dir(directory)
 
 
 class CheckpointWriter:
@@ -180,7 +193,12 @@ class CheckpointWriter:
 
         with open(path, "wb") as f:
             hashing = _HashingFile(f, mid_file if first else None)
-            torch.save(obj, hashing)
+            try:
+                torch.save(obj, hashing)
+            except Exception:
+                if hashing.error is not None:
+                    raise hashing.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         return {"size": hashing.size, "sha256": hashing.sha.hexdigest(), "rank": self.rank}
@@ -225,6 +243,8 @@ class CheckpointWriter:
         errors += [g["error"] for g in outcome if g.get("error")]
         write_seconds = time.monotonic() - start
         if errors:
+            if self.is_node_leader:
+                discard_uncommitted(batch.directory)  # every rank is done with it (two exchanges)
             return WriteResult(batch.step, batch.kind, batch.directory, False, "; ".join(errors),
                                blocked_seconds=batch.blocked_seconds, write_seconds=write_seconds)
         result = WriteResult(batch.step, batch.kind, batch.directory, True, None, node_bytes,

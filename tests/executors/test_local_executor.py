@@ -10,10 +10,6 @@ result must equal an uninterrupted run's.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,11 +19,13 @@ from typer.testing import CliRunner
 from skyspot.cli.main import app
 from skyspot.events import read_events_dir
 from skyspot.ledger import Ledger
+from skyspot.planning import daly_interval
+from tests.conftest import REFERENCE_STEPS
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
 
-STEPS = 24
+STEPS = REFERENCE_STEPS  # compared with the shared uninterrupted run (tests/conftest.py `reference`)
 # Small, fast and exact: interval checkpoints every 10 steps, so an emergency checkpoint is what saves the work.
 OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=10", "train.log_every=4"]
 FAST = ["--notice", "4", "--grace", "60", "--provision-delay", "0.5"]
@@ -51,18 +49,6 @@ def status_rows() -> dict:
     result = runner.invoke(app, ["status", "--json", "-a"])
     assert result.exit_code == 0, result.output
     return {row["name"]: row for row in json.loads(result.stdout)}
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted local run of the same recipe and overrides (its own SKYSPOT_HOME)."""
-    home = tmp_path_factory.mktemp("reference-home")
-    env = {**os.environ, "SKYSPOT_HOME": str(home), "NO_COLOR": "1"}
-    env = {k: v for k, v in env.items() if not k.startswith("SKYPILOT_")}
-    done = subprocess.run([sys.executable, "-m", "skyspot.cli.main", "launch", "tiny", "--local", "-n", "reference",
-                           *OVERRIDES], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return home / "runs" / "reference"
 
 
 def assert_same_params(a: dict, b: dict) -> None:
@@ -104,17 +90,29 @@ def check_preempted_run(name: str, reference_dir: Path, preempt_steps: list[int]
 
 
 def test_two_preemptions_recover_to_the_uninterrupted_result(reference):
-    result = launch("-n", "spotty", "--preempt-at-steps", "6,15", *FAST, *OVERRIDES)
+    # Also the planned interval (checkpoint.every_seconds=auto): a short prior and floor so it matters
+    # in a run of seconds; checkpoint timing never changes the arithmetic, so the result stays bitwise.
+    auto = ["checkpoint.every_seconds=auto", "checkpoint.mtbp_prior_seconds=3600", "checkpoint.min_every_seconds=1"]
+    result = launch("-n", "spotty", "--preempt-at-steps", "6,15", *FAST, *OVERRIDES, *auto)
     assert result.exit_code == 0, result.output
     check_preempted_run("spotty", reference, [6, 15])
 
-
-def test_two_nodes_recover_to_the_uninterrupted_result(reference):
-    result = launch("-n", "two-nodes", "--preempt-at-steps", "6,15", *FAST, *OVERRIDES,
-                    "resources.num_nodes=2", "resources.cpu_ranks=1")
-    assert result.exit_code == 0, result.output
-    assert "(node-1)" in (Path(Ledger().get("two-nodes").run_dir) / "logs" / "run.log").read_text()
-    check_preempted_run("two-nodes", reference, [6, 15])
+    # The interval adapts to the preemptions it observed: attempt 3 plans from 2 preemptions.
+    run_dir = Path(Ledger().get("spotty").run_dir)
+    plans = read_events_dir(run_dir / "events").of_type("interval_plan")
+    first = next(p for p in plans if p["attempt"] == 1 and p["reason"] == "start")
+    third = next(p for p in plans if p["attempt"] == 3 and p["reason"] == "start")
+    assert first["inputs"]["mtbp_s"] == 3600 and first["inputs"]["sources"]["mtbp_s"].startswith("prior")
+    assert "observed+prior (2 preemptions" in third["inputs"]["sources"]["mtbp_s"]
+    assert third["inputs"]["mtbp_s"] < 3600 / 2  # (3600 + two short uptimes) / (1 + 2)
+    # At the same observed checkpoint cost, the prior alone would have planned about sqrt(3) times longer.
+    cost = third["inputs"]["blocking_cost_s"]
+    assert third["every_seconds"] == pytest.approx(max(1.0, daly_interval(cost, third["inputs"]["mtbp_s"])))
+    assert third["every_seconds"] < 0.7 * daly_interval(cost, 3600)
+    report = json.loads(runner.invoke(app, ["cost-report", "spotty", "--json"]).stdout)[0]
+    assert [p["every_seconds"] for p in report["interval_plans"]] == [p["every_seconds"] for p in plans]
+    text = runner.invoke(app, ["cost-report", "spotty"]).stdout
+    assert "checkpoint interval (auto)" in text
 
 
 def test_detached_concurrent_runs_logs_follow_and_cancel():
@@ -135,3 +133,35 @@ def test_detached_concurrent_runs_logs_follow_and_cancel():
     assert rows["left"]["status"] == "CANCELLED" and rows["right"]["status"] == "SUCCEEDED"
     log = read_events_dir(Path(Ledger().get("left").run_dir) / "events")
     assert log.of_type("emergency_checkpoint"), "cancel stops with an emergency checkpoint"
+
+
+def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(reference, tmp_path):
+    """2 nodes, then only 1 granted (resources.min_nodes=1), then 2 again: each change of world size
+    resumes through a universal checkpoint (node 1's part read from the store when node 0 is alone),
+    the global batch is kept, and the run ends where the uninterrupted one does."""
+    store = tmp_path / "store"
+    # A notice long enough for each emergency checkpoint to become durable on a loaded machine: the
+    # next, differently sized attempt reads the other nodes' parts from the store.
+    result = launch("-n", "elastic", "--preempt-at-steps", "6,15", "--spot-nodes", "2,1,2", "--store", str(store),
+                    "--notice", "15", "--grace", "60", "--provision-delay", "0.5", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1", "resources.min_nodes=1")
+    assert result.exit_code == 0, result.output
+    run_dir = Path(Ledger().get("elastic").run_dir)
+    assert "(node-1)" in (run_dir / "logs" / "run.log").read_text()
+    log = read_events_dir(run_dir / "events")
+    nodes = [e["where"]["num_nodes"] for e in log.of_type("attempt_start")]
+    assert nodes == [2, 1, 2]
+    resumes = [(e["world_size_from"], e["world_size"]) for e in log.of_type("resume") if e.get("rank") == 0]
+    assert resumes == [(2, 1), (1, 2)]
+    # Everything a two-node run with two preemptions must show (emergency checkpoints at the notice
+    # steps, resumed exactly there, nothing lost) and the uninterrupted run's parameters, bitwise:
+    # 2 nodes x 1 rank average the same fp32 gradients that 1 rank accumulates over 2 micro batches.
+    check_preempted_run("elastic", reference, [6, 15])
+
+
+def test_spot_nodes_below_min_nodes_or_without_a_store_are_refused():
+    result = launch("-n", "tight", "--spot-nodes", "2,1", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1")
+    assert result.exit_code != 0 and "outside 2..2" in result.output and "min_nodes" in result.output
+    result = launch("-n", "storeless", "--spot-nodes", "2,1", *OVERRIDES, "resources.num_nodes=2",
+                    "resources.cpu_ranks=1", "resources.min_nodes=1")
+    assert result.exit_code != 0 and "needs storage.store" in result.output
+    assert "tight" not in status_rows() and "storeless" not in status_rows()

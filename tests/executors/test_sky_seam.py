@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 from typer.testing import CliRunner
 
 from skyspot.cli.main import app

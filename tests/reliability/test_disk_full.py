@@ -3,7 +3,7 @@
 The run directory is a tmpfs mount a little larger than two of tiny's checkpoints, so the first two
 interval checkpoints commit and the third runs out of space (ENOSPC) part-way through its files.
 That needs root (`mount -t tmpfs`); without it the tmpfs tests skip, and the injected-ENOSPC test
-(SKYSPOT_FAULT=<point>:enospc, once the trainer's fault hooks offer it) covers the write path.
+(SKYSPOT_FAULT=<point>:enospc) covers the write path.
 
     start 1   on the small disk: steps 2 and 4 commit, step 6 hits ENOSPC, then the run stops
     start 2   after the disk is grown (remount): resumes from step 4, skipping the cut write, and
@@ -18,8 +18,7 @@ import subprocess
 import pytest
 
 from skyspot.events import read_events_dir
-from skyspot.trainer import faults, manifest as mf
-from skyspot.trainer import writer
+from skyspot.trainer import manifest as mf
 from tests.reliability.conftest import STEPS, same_params
 from tests.trainer.launch import finish, log_text, start
 
@@ -27,19 +26,6 @@ pytestmark = pytest.mark.slow
 
 OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=2", "train.log_every=4", "checkpoint.keep=3"]
 ENOSPC = "No space left on device"
-
-# The trainer removes the directory of a write that failed (freeing what it held), keeps writing
-# events on a full disk, and ends a run whose final checkpoint cannot be written with one line.
-ABANDONS_CLEANLY = hasattr(writer, "discard_uncommitted")
-
-
-def _enospc_hook() -> bool:
-    try:
-        faults.parse("mid_file@6/1:enospc")
-        return True
-    except ValueError:
-        return False
-
 
 def _mount(path, size_bytes: int) -> bool:
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(path)],
@@ -100,8 +86,6 @@ def test_checkpoints_written_before_the_disk_filled_survive_and_the_run_resumes_
     assert not same_params(run_dir, reference)
 
 
-@pytest.mark.skipif(not ABANDONS_CLEANLY, reason="needs the trainer to discard a failed write and survive a full "
-                    "disk (writer.discard_uncommitted; docs/reliability.md, 'Open')")
 def test_full_disk_abandons_each_write_and_stops_with_one_line_and_exit_1(full_disk):
     run_dir, first = full_disk
     failures = [e for e in first["events"] if e["type"] == "checkpoint_failed"]
@@ -119,7 +103,6 @@ def test_full_disk_abandons_each_write_and_stops_with_one_line_and_exit_1(full_d
     assert [line for line in first["log"].splitlines() if line.startswith("[skyspot]") and ENOSPC in line]
 
 
-@pytest.mark.skipif(not _enospc_hook(), reason="needs SKYSPOT_FAULT's enospc action (docs/reliability.md, 'Open')")
 def test_injected_enospc_abandons_one_checkpoint_and_training_continues_bitwise(reference, tmp_path,
                                                                                tmp_path_factory):
     if _can_mount(tmp_path_factory):

@@ -29,7 +29,6 @@ from skyspot.cli.main import app
 from skyspot.events import read_events_dir
 from skyspot.ledger import Ledger
 from tests.reliability.conftest import STEPS, same_params
-from tests.trainer.launch import REPO
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -38,10 +37,6 @@ OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=2", "train.log_ever
              "resources.num_nodes=2", "resources.cpu_ranks=1"]
 KILL_AT_STEP = 7  # node 0's rank has logged this step: checkpoints 2, 4 and 6 are behind us
 RUN_TIMEOUT_S = 480
-
-TRAINER_HONOURS_DIST_TIMEOUT = any("SKYSPOT_DIST_TIMEOUT_SECONDS" in p.read_text()
-                                   for p in (REPO / "skyspot" / "trainer").glob("*.py"))
-
 
 def node_processes(name: str, node_rank: int) -> list[psutil.Process]:
     """Every process of one simulated node: they all carry the node's SkyPilot environment."""
@@ -130,9 +125,7 @@ def test_a_lost_node_makes_the_other_fail_fast_and_the_executor_recovers_both(re
     assert "did not stop; killing them" not in (run_dir / "logs" / "run.log").read_text()
 
 
-@pytest.mark.skipif(not TRAINER_HONOURS_DIST_TIMEOUT, reason="needs the trainer to pass SKYSPOT_DIST_TIMEOUT_SECONDS "
-                    "to init_process_group (docs/reliability.md, 'Open')")
-def test_a_frozen_node_makes_the_other_fail_within_the_dist_timeout(reference, monkeypatch):
+def test_a_frozen_node_makes_the_other_fail_within_the_dist_timeout(monkeypatch):
     dist_timeout_s = 20
     run_dir = start_two_nodes("freeze-node-1", dist_timeout_s, monkeypatch)
     node0, node1 = node_processes("freeze-node-1", 0), node_processes("freeze-node-1", 1)
@@ -151,5 +144,12 @@ def test_a_frozen_node_makes_the_other_fail_within_the_dist_timeout(reference, m
     stopped_at_step = rank0_step(run_dir, 1)
     print(f"node 0 stopped {fail_s:.1f} s after node 1 froze (timeout {dist_timeout_s} s)")
     assert not alive and fail_s < dist_timeout_s + 30, f"node 0 still up after {fail_s:.0f} s"
-    first = check_recovered("freeze-node-1", run_dir, reference, stopped_at_step)
-    assert first["node_codes"][0] == 1, first
+    # Node 0 failed by itself (its trainer's error exit), and the executor recorded the attempt's end.
+    # Recovery after a node loss is what the test above checks; this run is cancelled here.
+    wait_until(lambda: read_events_dir(run_dir / "events").of_type("attempt_end"), 60, "attempt 1 to end")
+    first = read_events_dir(run_dir / "events").of_type("attempt_end")[0]
+    assert first["attempt"] == 1 and first["reason"] == "error" and first["node_codes"][0] == 1, first
+    assert stopped_at_step >= KILL_AT_STEP
+    result = runner.invoke(app, ["cancel", "freeze-node-1", "-y"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert finished("freeze-node-1") in ("CANCELLED", "SUCCEEDED")

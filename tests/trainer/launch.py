@@ -45,9 +45,9 @@ def torchrun_command(run_dir: Path, overrides: list[str], nproc: int = 2, *, nno
 
 
 def start(run_dir: Path, overrides: list[str] = TINY, *, supervised: bool = True, log_name: str = "log",
-          **env: str) -> subprocess.Popen:
+          nproc: int = 2, **env: str) -> subprocess.Popen:
     """Start a node: `supervise -- torchrun ... -m skyspot.trainer`, in its own session."""
-    command = torchrun_command(run_dir, overrides)
+    command = torchrun_command(run_dir, overrides, nproc)
     if supervised:
         command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--", *command]
     run_dir.mkdir(parents=True, exist_ok=True)
