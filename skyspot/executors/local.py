@@ -67,9 +67,13 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
     resources = built.recipe.resources
     if spot_nodes:
         low, high = resources.fewest_nodes, resources.num_nodes
-        outside = [n for n in spot_nodes if not low <= n <= high]
-        if outside:
-            raise UsageError(f"{where}: {', '.join(map(str, outside))} node(s) outside {low}..{high} "
+        above = [n for n in spot_nodes if n > high]
+        if above:
+            raise UsageError(f"{where}: {', '.join(map(str, above))} node(s) above resources.num_nodes ({high}); "
+                             "a spot grant is at most the recipe's nodes")
+        below = [n for n in spot_nodes if n < low]
+        if below:
+            raise UsageError(f"{where}: {', '.join(map(str, below))} node(s) outside {low}..{high} "
                              "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer")
     instance_type, accelerators = _instance_for(built, options.cloud)
     recovery = built.task["resources"]["job_recovery"]

@@ -48,7 +48,7 @@ def test_spot_node_counts_reach_the_controller_within_min_nodes_and_num_nodes(tm
     trace = _trace(tmp_path, "preemptions: [30]\nnodes: [1]\n")
     assert make_spec(built, "r", LocalOptions(spot_trace=trace)).spot_nodes == [1]
     assert make_spec(built, "r", LocalOptions()).spot_nodes == []  # every attempt gets num_nodes
-    with pytest.raises(UsageError, match="--spot-nodes: 3 node"):
+    with pytest.raises(UsageError, match=r"--spot-nodes: 3 node\(s\) above resources.num_nodes \(2\)"):
         make_spec(built, "r", LocalOptions(spot_nodes=[2, 3]))
     with pytest.raises(UsageError, match="once"):
         make_spec(built, "r", LocalOptions(spot_nodes=[2], spot_trace=trace))
