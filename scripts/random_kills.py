@@ -47,7 +47,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,7 @@ if str(REPO) not in sys.path:
 import psutil  # noqa: E402
 
 from skyspot.trainer import manifest as mf  # noqa: E402
+from tests.trainer.launch import free_port, trainer_env  # noqa: E402  the tests' node launcher helpers
 
 BIN = Path(sys.executable).parent
 KINDS = ("startup", "step", "write", "worker")
@@ -135,22 +135,6 @@ class Result:
 # --------------------------------------------------------------------------- launching
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def node_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_", "PET_", "TORCH_ELASTIC"))}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["AWS_EC2_METADATA_DISABLED"] = "true"
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
 def launch(run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Path] = None,
            **env: str) -> subprocess.Popen:
     """One node: `supervise -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny`, in its own session."""
@@ -161,7 +145,7 @@ def launch(run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Pa
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        return subprocess.Popen(command, cwd=REPO, env=node_env(**env), stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(command, cwd=REPO, env=trainer_env(**env), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
 

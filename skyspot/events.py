@@ -189,6 +189,19 @@ def parse_lines(lines: Iterable[str], source: str, log: EventLog) -> None:
         log.events.append(event)
 
 
+def read_events_store(store, run_prefix: str) -> EventLog:
+    """Every events file under `<run_prefix>/events/` in a store (storage.Store), oldest event first."""
+    from skyspot.storage import join_key
+
+    log = EventLog()
+    for key in sorted(store.list(join_key(run_prefix, EVENTS_DIR) + "/")):
+        if key.endswith(".jsonl"):
+            data = store.get_bytes(key) or b""
+            parse_lines(data.decode("utf-8", errors="replace").split("\n"), key, log)
+    log.events.sort(key=lambda e: e["ts"])
+    return log
+
+
 def read_events_dir(directory: str | os.PathLike) -> EventLog:
     """Read every events file in a local `events/` directory."""
     log = EventLog()

@@ -50,7 +50,7 @@ def run_events(run, *, store_ok: bool = True):
     """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
     from pathlib import Path
 
-    from skyspot.events import EVENTS_DIR, EventLog, parse_lines, read_events_dir
+    from skyspot.events import EVENTS_DIR, EventLog, read_events_dir, read_events_store
 
     if run.run_dir and Path(run.run_dir, EVENTS_DIR).is_dir():
         log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
@@ -65,16 +65,9 @@ def run_events(run, *, store_ok: bool = True):
     log = EventLog()
     if not (store_ok and run.store):
         return log
-    from skyspot.storage import join_key, open_store
+    from skyspot.storage import open_store
 
-    store = open_store(run.store)
-    prefix = join_key(run.name, EVENTS_DIR)
-    for key in sorted(store.list(prefix)):
-        if key.endswith(".jsonl"):
-            data = store.get_bytes(key) or b""
-            parse_lines(data.decode("utf-8", errors="replace").split("\n"), key, log)
-    log.events.sort(key=lambda e: e["ts"])
-    return log
+    return read_events_store(open_store(run.store), run.name)
 
 
 def events_signature(run) -> Optional[str]:

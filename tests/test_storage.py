@@ -270,3 +270,24 @@ def test_gcs_missing_credentials_say_how_to_provide_them(tmp_path):
 def test_gcs_missing_bucket_is_named(gcs_server):
     with pytest.raises(StoreError, match=r"gs://no-such-bucket-1/k: the bucket does not exist"):
         open_store("gs://no-such-bucket-1").put_bytes("k", b"1")
+
+
+def test_a_runs_events_are_read_back_from_the_store_in_time_order(s3_server):
+    """What `status` (cloud runs) and the interval planner (a fresh node) read: the synced event files."""
+    import json
+
+    from skyspot.events import read_events_store
+    from skyspot.storage import open_store
+
+    store = open_store(s3_server.bucket())
+    step = {"step": 1, "loss": 2.5, "lr": 1e-3, "step_seconds": 0.1, "samples": 8, "tokens": 512}
+    line = lambda ts, type, **f: json.dumps({"ts": ts, "run_id": "r", "attempt": 1, "type": type, **f})  # noqa: E731
+    store.put_bytes("r/events/attempt-1.node-0.rank-0.jsonl",
+                    (line(2.0, "step", **step) + "\n" + line(1.0, "start") + "\n").encode())
+    store.put_bytes("r/events/attempt-1.executor.jsonl", (line(0.5, "attempt_start") + "\nnot json\n").encode())
+    store.put_bytes("r/events-old/attempt-0.executor.jsonl", (line(0.1, "attempt_start") + "\n").encode())
+    store.put_bytes("other/events/attempt-1.executor.jsonl", (line(0.2, "attempt_start") + "\n").encode())
+    log = read_events_store(store, "r")
+    assert [(e["ts"], e["type"]) for e in log.events] == [(0.5, "attempt_start"), (1.0, "start"), (2.0, "step")]
+    assert log.malformed == 1
+    assert read_events_store(store, "missing").events == []

@@ -66,6 +66,9 @@ class ResumeSource(Protocol):
         """Materialise this node's `checkpoints_dir/step_<N>/` (files, manifest, marker last), or raise.
         Called on node leaders; the result is then validated like any local checkpoint."""
 
+    # Optional: `fetch_part(step, node_rank, directory) -> Path`, another node's part of a step, for a
+    # resume at another world size (reshard.gather). Without it such a resume needs every rank here.
+
 
 @dataclass
 class ResumePoint:

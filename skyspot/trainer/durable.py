@@ -154,14 +154,9 @@ class StoreTier:
 
     def read_events(self) -> list[dict]:
         """Every event the store holds for this run (earlier attempts', synced by node leaders)."""
-        from skyspot.events import EVENTS_DIR, EventLog, parse_lines
+        from skyspot.events import read_events_store
 
-        log = EventLog()
-        for key in self.store.list(join_key(self.run_id, EVENTS_DIR) + "/"):
-            if key.endswith(".jsonl"):
-                data = self.store.get_bytes(key) or b""
-                parse_lines(data.decode("utf-8", errors="replace").split("\n"), key, log)
-        return log.events
+        return read_events_store(self.store, self.run_id).events
 
     # ------------------------------------------------------------------ uploads (node leaders)
     def uploader(self, events, run_dir: Path, keep: int, environ: Mapping[str, str] = os.environ):
