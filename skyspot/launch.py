@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from skyspot.package import PACKAGE_MOUNT, Package
 from skyspot.plan import Candidate, candidates
 from skyspot.recipe import REGISTRY, Recipe, env_overrides, load_recipe, parse_overrides
 from skyspot.task import RECIPE_MOUNT, render, to_yaml
@@ -27,6 +28,10 @@ class Built:
     yaml: str
     candidates: list[Candidate]
     trainer_overrides: list[str] = field(default_factory=list)
+    run_name: Optional[str] = None
+    """The one name of the run: managed job, ledger row, the node's run id, the store prefix."""
+    package: Optional[Package] = None
+    """The skyspot wheel the nodes install (None: the task shows a placeholder)."""
 
 
 def _trainer_overrides(overrides: Sequence[str], environ: Mapping[str, str]) -> list[str]:
@@ -45,9 +50,10 @@ def _raw_values(overrides: Sequence[str], environ: Mapping[str, str]) -> list[st
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
           run_name: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-          local: bool = False) -> Built:
+          local: bool = False, package: Optional[Package] = None) -> Built:
     """Load and render. A registry name travels to the node as is; a recipe file is mounted
-    on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is."""
+    on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is.
+    `package` is the skyspot wheel the nodes install (package.build())."""
     environ = os.environ if environ is None else environ
     recipe = load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
     trainer_overrides = _trainer_overrides(overrides, environ)
@@ -58,6 +64,82 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
     else:
         node_arg, recipe_file = RECIPE_MOUNT, str(Path(recipe_arg).resolve())
     task = render(recipe, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
-                  run_name=run_name)
+                  run_name=run_name, package_dir=str(package.folder) if package else None)
     return Built(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
-                 candidates=candidates(recipe), trainer_overrides=trainer_overrides)
+                 candidates=candidates(recipe), trainer_overrides=trainer_overrides, run_name=run_name,
+                 package=package)
+
+
+def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """Submit a built task as a SkyPilot managed job named `built.run_name`; returns the job id.
+
+    What can be refused (no store, a missing secret, no enabled cloud) is refused first; then
+    the run is recorded, so a submission that fails leaves a FAILED row rather than no trace.
+    The ledger keeps the rendered task (never a secret value) for `skyspot resume`."""
+    from skyspot.executors import sky as sky_executor
+    from skyspot.runs import record_launch
+
+    recipe = built.recipe
+    secrets = sky_executor.check_launchable(built.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds),
+                                            store=recipe.storage.store,
+                                            environ=os.environ if environ is None else environ)
+    record_launch(built.run_name, built, "sky", info={"task": built.task})
+    return _submit_recorded(built.run_name, built.task, detach=detach, secrets=secrets)
+
+
+def _submit_recorded(name: str, task: dict[str, Any], *, detach: bool, secrets: dict[str, str]) -> Optional[int]:
+    from skyspot.executors import sky as sky_executor
+
+    try:
+        job_id = sky_executor.submit(task, name=name, detach=detach, secrets=secrets)
+    except BaseException:
+        _update(name, status="FAILED", exit_code=1)
+        raise
+    _update(name, job_id=job_id)
+    return job_id
+
+
+def _update(name: str, **fields: Any) -> None:
+    from skyspot.ledger import Ledger
+
+    ledger = Ledger()
+    try:
+        ledger.update(name, **fields)
+    finally:
+        ledger.close()
+
+
+def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """Submit a cancelled or failed managed-job run again under its own name; returns the new job id.
+
+    The node gets the same SKYSPOT_RUN_NAME, so it resumes from the newest durable checkpoint
+    under the same store prefix. The task is the one recorded at launch; the skyspot wheel is
+    rebuilt from the skyspot running now (the same build when nothing changed)."""
+    import copy
+
+    from skyspot import package as packaging
+    from skyspot.errors import SkyspotError, UsageError
+    from skyspot.executors import sky as sky_executor
+    from skyspot.ledger import TERMINAL
+
+    if run.job_id is not None and not run.terminal:
+        status = (sky_executor.queue([run.job_id]).get(run.job_id) or {}).get("status")
+        if status not in TERMINAL:
+            raise UsageError(f"run '{run.name}' is {status or 'unknown to SkyPilot'}: SkyPilot recovers a live "
+                             f"managed job itself; `skyspot cancel {run.name}` first to restart it")
+    task = run.info.get("task")
+    if not isinstance(task, dict):
+        raise SkyspotError(f"run '{run.name}' was recorded without its task (launched by an older skyspot), "
+                           "so it cannot be resubmitted; launch the recipe again")
+    task = copy.deepcopy(task)
+    mounts = task.setdefault("file_mounts", {})
+    mounts[PACKAGE_MOUNT] = str(packaging.build().folder)
+    for target, source in mounts.items():
+        if isinstance(source, str) and "://" not in source and not Path(source).exists():
+            raise UsageError(f"run '{run.name}' mounts {source} at {target}, and that file is gone; "
+                             "put it back to resume")
+    secrets = sky_executor.secrets_for(task, run.recipe, os.environ if environ is None else environ)
+    previous = [j for j in (run.info.get("previous_job_ids") or []) if isinstance(j, int)]
+    _update(run.name, status="PENDING", ended_at=None, exit_code=None,
+            info={**run.info, "task": task, "previous_job_ids": previous + [run.job_id] if run.job_id else previous})
+    return _submit_recorded(run.name, task, detach=detach, secrets=secrets)

@@ -22,18 +22,51 @@ def check_run_name(name: str) -> str:
 
 
 def new_run_name(recipe: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return f"{recipe}-{stamp}-{secrets.token_hex(2)}"
-
-
-def record_sky_launch(name: str, built, job_id: Optional[int]) -> None:
+    """A fresh name for an unnamed launch: recipe, UTC time, and random bits, never one the ledger holds."""
     from skyspot.ledger import Ledger
 
     ledger = Ledger()
     try:
-        ledger.add(name, built.recipe.name, "sky", status="PENDING", store=built.recipe.storage.store,
-                   job_id=job_id, total_steps=built.recipe.train.steps, num_nodes=built.recipe.resources.num_nodes,
-                   info=_info(built))
+        taken = {run.name for run in ledger.runs(include_finished=True)}
+    finally:
+        ledger.close()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = recipe[:RUN_NAME_ROOM]
+    while True:
+        name = f"{base}-{stamp}-{secrets.token_hex(2)}"
+        if name not in taken:
+            return name
+
+
+# new_run_name appends "-YYYYmmdd-HHMMSS-xxxx" (21 characters) to at most this much of the recipe's name.
+RUN_NAME_ROOM = 63 - 21
+
+
+def check_new_run_name(name: str) -> str:
+    """A name given with -n: valid, and not a run the ledger already holds (that one is resumed, not relaunched)."""
+    from skyspot.ledger import Ledger
+
+    check_run_name(name)
+    ledger = Ledger()
+    try:
+        existing = {run.name: run for run in ledger.runs(include_finished=True)}.get(name)
+    finally:
+        ledger.close()
+    if existing is not None:
+        raise UsageError(f"a run named '{name}' exists already ({existing.status}); `skyspot resume {name}` "
+                         "continues it from its newest durable checkpoint, or pick another -n/--name")
+    return name
+
+
+def record_launch(name: str, built, executor: str, *, info: Optional[dict] = None, **fields: Any) -> None:
+    """The ledger row of a run, written before anything is submitted or started (never secrets)."""
+    from skyspot.ledger import Ledger
+
+    ledger = Ledger()
+    try:
+        ledger.add(name, built.recipe.name, executor, status="PENDING", store=built.recipe.storage.store,
+                   total_steps=built.recipe.train.steps, num_nodes=built.recipe.resources.num_nodes,
+                   info={**_info(built), **(info or {})}, **fields)
     finally:
         ledger.close()
 

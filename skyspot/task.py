@@ -6,9 +6,15 @@ it on clouds, the local executor runs the same `run` script on this machine. It:
 - lists every candidate in `resources.ordered` (spot first, cheapest first; plan.py),
   with one `job_recovery` for all (SkyPilot rejects candidates whose recovery differs);
 - recovers on the trainer's "preempted, checkpoint saved" exit code (75), never 137;
-- mounts the run's bucket with `mode: MOUNT` (MOUNT_CACHED uploads lazily and loses
-  unflushed files on preemption), while the trainer itself uploads checkpoints through
-  the cloud SDK and marks them durable only once the remote commit marker exists;
+- ships skyspot itself: the wheel `launch` builds from the running skyspot (package.py) is
+  mounted at PACKAGE_MOUNT and `setup` installs exactly that file with its pinned stack,
+  then prepares what the trainer would otherwise build on its first start;
+- mounts a data source that lives in a bucket (a streaming read is what a mount does well);
+  the run's store is not mounted: the trainer writes checkpoints through the cloud SDK and
+  counts one durable only once its remote commit marker exists;
+- names the run: SKYSPOT_RUN_NAME is the managed job's name, the ledger's name and the
+  store prefix (unset in a task rendered without a name: the node then uses SkyPilot's
+  SKYPILOT_TASK_ID, unique per job and stable across its recoveries);
 - passes HF_TOKEN through `secrets:` with no value in the file;
 - starts the trainer on every node under torchrun through skyspot's supervisor,
   which forwards SIGTERM and passes the trainer's exit code through torchrun.
@@ -24,15 +30,15 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from skyspot import __version__
+from skyspot.package import PACKAGE_MOUNT, PLACEHOLDER
 from skyspot.plan import Candidate, candidates
 from skyspot.recipe import Recipe
 from skyspot.storage import parse_store_uri
 
 RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rendering stays import-light
 
-# Where a node keeps the fast checkpoint tier and where buckets are mounted.
+# Where a node keeps the fast checkpoint tier and where a bucket data source is mounted.
 NODE_RUNS_DIR = "$HOME/skyspot/runs"
-STORE_MOUNT = "/skyspot/store"
 DATA_MOUNT = "/skyspot/data"
 
 # Distributed timeouts: a lost node must make the others fail fast, so SkyPilot recovers
@@ -90,10 +96,12 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
     return "\n".join(lines) + "\n"
 
 
+# Runs once on every newly provisioned node (SkyPilot reruns it after each recovery onto a new VM).
+# The package folder holds exactly one wheel: the build `launch` mounted.
 SETUP_SCRIPT = "\n".join([
     "set -e",
-    "python -m pip install --quiet --upgrade pip",
-    'python -m pip install --quiet "$SKYSPOT_PACKAGE"',
+    'python -m pip install --quiet "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl',
+    "python -m skyspot.trainer.prepare",
 ]) + "\n"
 
 
@@ -101,21 +109,19 @@ RECIPE_MOUNT = "/skyspot/recipe.yaml"
 
 
 def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None, overrides: Sequence[str] = (),
-           run_name: Optional[str] = None) -> dict[str, Any]:
+           run_name: Optional[str] = None, package_dir: Optional[str] = None) -> dict[str, Any]:
     """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
 
     `recipe_arg` is what the node passes to the trainer: a registry name, or (with
     `recipe_file`, the user's own recipe file) the path that file is mounted at.
-    `overrides` reach the trainer as `key=value` arguments, shell-quoted.
+    `overrides` reach the trainer as `key=value` arguments, shell-quoted. `package_dir` is
+    the folder of the wheel `launch` built (package.py); without it the mount shows a placeholder.
     """
     trainer_overrides = list(overrides)
-    file_mounts: dict[str, Any] = {}
+    file_mounts: dict[str, Any] = {PACKAGE_MOUNT: package_dir or PLACEHOLDER}
     if recipe_file:
         file_mounts[recipe_arg] = recipe_file
     store = recipe.storage.store
-    if store and not parse_store_uri(store).is_local:
-        mount_point, mount = _bucket_mount(store, STORE_MOUNT)
-        file_mounts[mount_point] = mount
     source = recipe.data.source
     if "://" in source and not source.startswith("hf://"):
         mount_point, mount = _bucket_mount(source, DATA_MOUNT)
@@ -123,9 +129,9 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
         trainer_overrides.append(f"data.source={mount_point}/{source.partition('://')[2].partition('/')[2]}")
 
     envs = {
-        "SKYSPOT_RUN_NAME": run_name or recipe.name,
+        **({"SKYSPOT_RUN_NAME": run_name} if run_name else {}),
         "SKYSPOT_STORE": store or "",
-        "SKYSPOT_PACKAGE": f"skyspot=={__version__}",
+        "SKYSPOT_PACKAGE_DIR": PACKAGE_MOUNT,
         **DIST_ENV,
     }
     task: dict[str, Any] = {
@@ -140,8 +146,7 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
     }
     if recipe.model.gated:
         task["secrets"] = {"HF_TOKEN": None}
-    if file_mounts:
-        task["file_mounts"] = file_mounts
+    task["file_mounts"] = file_mounts
     task["setup"] = SETUP_SCRIPT
     task["run"] = run_script(recipe, recipe_arg, trainer_overrides)
     return task

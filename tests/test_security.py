@@ -83,10 +83,10 @@ def test_no_secret_reaches_a_rendered_task_or_a_dry_run(canary_env, tmp_path, re
 def test_no_secret_reaches_the_ledger_the_local_spec_or_the_reports(canary_env):
     from skyspot.executors.local import LocalOptions, make_spec
     from skyspot.launch import build
-    from skyspot.runs import record_sky_launch
+    from skyspot.runs import record_launch
 
-    built = build("llama8b")
-    record_sky_launch("cloud-run", built, None)  # what `launch` records after submitting to SkyPilot
+    built = build("llama8b", run_name="cloud-run")
+    record_launch("cloud-run", built, "sky", info={"task": built.task})  # what `launch` records before submitting
     spec = make_spec(build("tiny"), "local-run", LocalOptions())  # what `launch --local` writes to local.json
     assert_no_canary(json.dumps(asdict(spec)))
     make_run("hand-built")
@@ -185,7 +185,8 @@ def test_an_override_value_reaches_the_trainer_as_one_literal_argument(tmp_path,
     overrides = [f"data.text_field={payload}", f"model.config.name={payload}"]
     task = render_task("tiny", *overrides)
     rest = trainer_args(run_the_run_script(task["run"], task["envs"], tmp_path))
-    assert rest[:3] == ["tiny", "--run-dir", str(tmp_path / "home" / "skyspot" / "runs" / "tiny")]
+    # A task rendered without a name runs under SkyPilot's task id (unique per job), never the recipe's name.
+    assert rest[:3] == ["tiny", "--run-dir", str(tmp_path / "home" / "skyspot" / "runs" / "sky-managed-1")]
     assert rest[3:] == overrides
 
 

@@ -57,13 +57,39 @@ def test_golden_task_parses_with_skypilot(sky, name):
     assert "python -m skyspot.trainer.supervise" in task.run
 
 
-def test_task_with_bucket_store_mounts_it_in_mount_mode(sky):
+def test_the_store_is_not_mounted_the_trainer_reaches_it_through_the_sdk(sky):
     built = build("llama70b", flags={"storage.store": "gs://my-ckpts/team"}, environ={})
-    task = sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict
-    assert built.task["file_mounts"] == {"/skyspot/store/my-ckpts": {"source": "gs://my-ckpts", "mode": "MOUNT"}}
-    storage = task.storage_mounts["/skyspot/store/my-ckpts"]
-    assert storage.mode.value == "MOUNT"
+    sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict
+    assert list(built.task["file_mounts"]) == ["/skyspot/package"]
     assert built.task["envs"]["SKYSPOT_STORE"] == "gs://my-ckpts/team"
+
+
+def test_a_bucket_data_source_is_mounted_in_mount_mode_and_read_there(sky):
+    built = build("llama8b", ["data.source=s3://my-data/sets/train.jsonl"], environ={})
+    task = sky.Task.from_yaml_config(copy.deepcopy(built.task))
+    assert built.task["file_mounts"]["/skyspot/data/my-data"] == {"source": "s3://my-data", "mode": "MOUNT"}
+    assert task.storage_mounts["/skyspot/data/my-data"].mode.value == "MOUNT"
+    assert "data.source=/skyspot/data/my-data/sets/train.jsonl" in built.task["run"]
+
+
+def test_a_launched_task_names_the_run_and_mounts_the_wheel_it_was_built_with(tmp_path, sky):
+    from skyspot import package as packaging
+
+    package = packaging.build(tmp_path / "packages")
+    built = build("llama70b", flags={"storage.store": "s3://my-ckpts/team"}, environ={}, run_name="big-run",
+                  package=package)
+    assert built.task["name"] == built.task["envs"]["SKYSPOT_RUN_NAME"] == "big-run"
+    assert built.task["file_mounts"]["/skyspot/package"] == str(package.folder)
+    assert [p.name for p in package.folder.iterdir()] == [package.wheel.name]  # setup installs skyspot-*.whl
+    task = sky.Task.from_yaml_config(copy.deepcopy(built.task))
+    task.expand_and_validate_file_mounts()  # what SkyPilot's client does before it uploads the mounts
+    assert task.file_mounts["/skyspot/package"] == str(package.folder)
+
+
+def test_an_unnamed_render_leaves_the_run_name_to_skypilots_task_id():
+    task = build("llama70b", environ={}).task
+    assert "SKYSPOT_RUN_NAME" not in task["envs"]
+    assert 'SKYSPOT_RUN_NAME="${SKYSPOT_RUN_NAME:-$SKYPILOT_TASK_ID}"' in task["run"]
 
 
 def test_gated_model_declares_hf_token_secret_without_value(monkeypatch):

@@ -1,4 +1,4 @@
-"""`skyspot launch`: plan, render and submit a recipe (SkyPilot managed job, or the local executor)."""
+"""`skyspot launch` and `skyspot resume`: plan, render and submit a run (SkyPilot managed job, or the local executor)."""
 
 from __future__ import annotations
 
@@ -33,47 +33,97 @@ def launch_command(
     fallback_after: Optional[int] = typer.Option(None, "--fallback-after", help="Local: after K preemptions run on-demand (no more preemptions)."),
     spot_nodes: Optional[str] = typer.Option(None, "--spot-nodes", help="Local: nodes granted to each spot attempt in turn, e.g. 2,1,2 (fewer than num_nodes needs resources.min_nodes and a store)."),
     simulate: str = typer.Option("aws", "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices."),
+    fresh_node: bool = typer.Option(False, "--fresh-node", help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run."),
 ) -> None:
     """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local)."""
+    from skyspot import package as packaging
+    from skyspot.errors import UsageError
     from skyspot.launch import build
+    from skyspot.runs import check_new_run_name, check_run_name, new_run_name
 
     flags = {"resources.clouds": split_csv(clouds), "storage.store": store,
              "resources.on_demand_fallback": False if no_on_demand_fallback else None}
-    from skyspot.runs import check_run_name
+    if name is not None:
+        check_run_name(name)
+    probe = build(recipe, overrides or [], flags=flags, run_name=name)  # the recipe's errors come first
+    run_local = probe.recipe.resources.local_only if local is None else local
+    if fresh_node and not run_local:
+        raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
+    # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
+    package = packaging.build() if (not run_local or fresh_node) else None
 
-    run_name = check_run_name(name) if name is not None else None
-    built = build(recipe, overrides or [], flags=flags, run_name=run_name)
-    run_local = built.recipe.resources.local_only if local is None else local
-    if run_local and not dry_run:
-        built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=True)
-
-    if dry_run or not run_local:
-        _show_plan(built)
-        show_window_check(built.recipe, warn_only=not dry_run)
     if dry_run:
+        built = build(recipe, overrides or [], flags=flags, run_name=name, package=package)
+        _show_plan(built)
+        show_window_check(built.recipe, warn_only=False)
+        _show_package(built)
         out.file.write(built.yaml)
         return
 
+    run_name = check_new_run_name(name) if name is not None else new_run_name(probe.recipe.name)
+    built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package)
     if run_local:
         from skyspot.executors.local import LocalOptions, launch_local
 
         options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
                                spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
                                fallback_after=fallback_after, cloud=simulate,
-                               spot_nodes=_node_counts(spot_nodes))
-        code = launch_local(built, name=name, detach=detach, options=options)
-        raise typer.Exit(code)
+                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node)
+        raise typer.Exit(launch_local(built, name=run_name, detach=detach, options=options))
 
-    if not confirm(f"Launch '{built.recipe.name}' as a SkyPilot managed job?", yes):
+    _show_plan(built)
+    show_window_check(built.recipe, warn_only=True)
+    if not confirm(f"Launch '{built.recipe.name}' as SkyPilot managed job '{run_name}'?", yes):
         err.print("not launched")
         raise typer.Exit(1)
-    from skyspot.executors import sky as sky_executor
-    from skyspot.runs import new_run_name, record_sky_launch
+    from skyspot.launch import submit_cloud
 
-    run_name = name or new_run_name(built.recipe.name)
-    result = sky_executor.submit(built, name=run_name, detach=detach)
-    record_sky_launch(run_name, built, result.get("job_id"))
-    err.print(f"submitted managed job {result.get('job_id')} as '{run_name}'; `skyspot status` follows it")
+    job_id = submit_cloud(built, detach=detach)
+    err.print(f"submitted managed job {job_id} as '{run_name}'; `skyspot status` follows it")
+
+
+@handle_errors
+def resume_command(
+    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status -a`)."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation (cloud runs)."),
+    detach: bool = typer.Option(False, "-d", "--detach", help="Return once started instead of following the run."),
+) -> None:
+    """Continue a cancelled, failed or interrupted run under its own name, from its newest durable checkpoint."""
+    from skyspot.errors import UsageError
+    from skyspot.ledger import Ledger
+
+    ledger = Ledger()
+    try:
+        run = ledger.get(run_name)
+    finally:
+        ledger.close()
+    if run.status == "SUCCEEDED":
+        raise UsageError(f"run '{run_name}' finished (SUCCEEDED): nothing to resume")
+    if run.executor == "local":
+        from skyspot.executors.local import resume_local
+
+        raise typer.Exit(resume_local(run, detach=detach))
+    if not confirm(f"Resume '{run_name}' as a new SkyPilot managed job?", yes):
+        err.print("not resumed")
+        raise typer.Exit(1)
+    from skyspot.launch import resume_cloud
+
+    job_id = resume_cloud(run, detach=detach)
+    err.print(f"resumed '{run_name}' as managed job {job_id}; it continues from its newest durable checkpoint")
+
+
+def _show_package(built) -> None:
+    """What every node installs: the wheel `launch` mounts, and the stack it pins."""
+    package = built.package
+    if package is None:
+        err.print("package: none mounted (this local run uses the skyspot installed here)")
+        return
+    from skyspot.package import PACKAGE_MOUNT
+
+    err.print(f"package: skyspot {package.version} ({package.wheel}) mounted at {PACKAGE_MOUNT}; "
+              f"setup installs it with {', '.join(package.requirements)}", markup=False, soft_wrap=True)
+    if built.run_name is None:
+        err.print("run name: chosen at launch (RECIPE-YYYYmmdd-HHMMSS-xxxx), or -n NAME", markup=False)
 
 
 def _steps(value: Optional[str]) -> list[int]:
@@ -105,22 +155,28 @@ def _node_counts(value: Optional[str]) -> list[int]:
 
 
 def _show_plan(built) -> None:
-    rows = [{"n": i + 1, "cloud": c.cloud, "region": c.region or "any", "accelerators": c.accelerators or "CPU",
-             "instance": c.instance_type or "-", "capacity": "spot" if c.spot else "on-demand",
-             "usd_per_hour": None if c.usd_per_hour is None else c.usd_per_hour * built.recipe.resources.num_nodes}
-            for i, c in enumerate(built.candidates)]
-    res = built.recipe.resources
-    title = (f"{built.recipe.name}: {res.num_nodes} node(s); candidates in the order SkyPilot tries them "
-             f"(estimated $/h for all nodes, price snapshot)")
     from rich.table import Table
 
+    from skyspot.plan import egress_basis
+
+    nodes = built.recipe.resources.num_nodes
+    money = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
+    title = (f"{built.recipe.name}: {nodes} node(s); candidates in the order SkyPilot tries them, spot first, "
+             f"each group by expected $/h for all nodes (price snapshot; egress to and from the store)")
     table = Table(title=title, header_style="bold")
-    for header in ("#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "EST. $/H"):
+    for header in ("#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "NODES $/H", "EGRESS $/H",
+                   "TOTAL $/H", "NOTE"):
         table.add_column(header)
-    for r in rows:
-        price = "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:,.2f}"
-        table.add_row(str(r["n"]), r["cloud"], r["region"], r["accelerators"], r["instance"], r["capacity"], price)
+    for i, c in enumerate(built.candidates, 1):
+        compute = None if c.usd_per_hour is None else c.usd_per_hour * nodes
+        note = "; ".join(n for n in (c.price_note, c.egress_note) if n)
+        table.add_row(str(i), c.cloud, c.region or "any", c.accelerators or "CPU", c.instance_type or "-",
+                      "spot" if c.spot else "on-demand", money(compute), money(c.egress_usd_per_hour),
+                      money(c.expected_usd_per_hour), note)
     err.print(table)
+    basis = egress_basis(built.recipe)
+    if basis:
+        err.print(basis, markup=False)
 
 
 def show_window_check(recipe, *, warn_only: bool) -> None:

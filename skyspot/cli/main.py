@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from skyspot import __version__
-from skyspot.cli.launch import launch_command
+from skyspot.cli.launch import launch_command, resume_command
 from skyspot.cli.common import OneLineCommand, OneLineGroup
 from skyspot.cli.cost import cost_report_command, prices_command
 from skyspot.cli.recipes import recipes_command, render_command
@@ -39,6 +39,7 @@ app.command("recipes", cls=OneLineCommand)(recipes_command)
 app.command("ls", hidden=True, cls=OneLineCommand)(recipes_command)
 app.command("render", cls=OneLineCommand)(render_command)
 app.command("launch", cls=OneLineCommand)(launch_command)
+app.command("resume", cls=OneLineCommand)(resume_command)
 app.command("status", cls=OneLineCommand)(status_command)
 app.command("logs", cls=OneLineCommand)(logs_command)
 app.command("cancel", cls=OneLineCommand)(cancel_command)

@@ -13,14 +13,14 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
 from skyspot.errors import UsageError
 from skyspot.executors.local_controller import SIMULATED_PLACES, Spec
 from skyspot.ledger import Ledger, skyspot_home
-from skyspot.runs import new_run_name
+from skyspot.runs import new_run_name, record_launch
 
 
 @dataclass
@@ -34,6 +34,7 @@ class LocalOptions:
     fallback_after: Optional[int] = None
     cloud: str = "aws"
     spot_nodes: list[int] = field(default_factory=list)
+    fresh_node: bool = False
 
 
 def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
@@ -87,7 +88,16 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         trace_times=trace.preemptions, capacity_gone_after=trace.capacity_gone_after, spot_nodes=spot_nodes,
         notice=trace.notice if trace.notice is not None else options.notice, grace=options.grace,
         provision_delay=options.provision_delay, fallback_after=options.fallback_after,
+        fresh_node=options.fresh_node, setup_script=built.task.get("setup", "") if options.fresh_node else "",
+        file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
+
+
+def _local_mounts(built) -> dict[str, str]:
+    mounts = {t: s for t, s in (built.task.get("file_mounts") or {}).items() if isinstance(s, str) and "://" not in s}
+    if built.package is None:
+        raise UsageError("a fresh node needs the skyspot wheel: build the task with a package")
+    return mounts
 
 
 def runs_dir() -> Path:
@@ -103,41 +113,91 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
     run_dir = runs_dir() / name
     if run_dir.exists():
         raise UsageError(f"a run named '{name}' exists already ({run_dir}); pick another -n/--name")
+    record_launch(name, built, "local", run_dir=str(run_dir),
+                  info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
+                        "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log")})
     ledger = Ledger()
     try:
-        ledger.add(name, built.recipe.name, "local", status="PENDING", run_dir=str(run_dir),
-                   store=built.recipe.storage.store, total_steps=built.recipe.train.steps,
-                   num_nodes=built.recipe.resources.num_nodes,
-                   info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
-                         "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
-                         "recipe_fingerprint": built.recipe.fingerprint()})
         try:
             run_dir.mkdir(mode=0o700)
             (run_dir / "logs").mkdir(mode=0o700)
         except OSError as error:  # never leave a PENDING row behind for a run that cannot start
             ledger.update(name, status="FAILED", exit_code=1)
             raise UsageError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
-        spec_path = run_dir / "local.json"
-        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(asdict(spec), handle, indent=2)
-        controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
-                                stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        os.close(controller_log)
-        ledger.update(name, controller_pid=proc.pid)
+        _write_spec(run_dir, spec, exclusive=True)
+        _start_controller(name, run_dir, ledger)
     finally:
         ledger.close()
     return name
 
 
+def _write_spec(run_dir: Path, spec: Spec, *, exclusive: bool) -> None:
+    path = run_dir / "local.json"
+    target = path if exclusive else run_dir / f".local.json.{os.getpid()}"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(asdict(spec), handle, indent=2)
+    if not exclusive:
+        os.replace(target, path)
+
+
+def _start_controller(name: str, run_dir: Path, ledger: Ledger) -> None:
+    controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
+                            stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    os.close(controller_log)
+    ledger.update(name, controller_pid=proc.pid)
+
+
+def _alive(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def resume_local(run, *, detach: bool) -> int:
+    """Start a stopped local run again under its own name: its newest checkpoint, its run dir.
+
+    Preemptions injected at launch (--preempt-*, a trace) are not replayed: they belonged to
+    that launch's timeline."""
+    if not run.terminal and _alive(run.controller_pid):
+        raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
+                         f"`skyspot cancel {run.name}` stops it")
+    run_dir = Path(run.run_dir or "")
+    try:
+        spec = Spec(**json.loads((run_dir / "local.json").read_text()))
+    except (OSError, ValueError, TypeError) as error:
+        raise UsageError(f"run '{run.name}' cannot be resumed: its spec {run_dir / 'local.json'} is unreadable "
+                         f"({getattr(error, 'strerror', None) or error})") from None
+    spec = replace(spec, preempt_every=None, preempt_at_steps=[], trace_times=[], capacity_gone_after=None,
+                   spot_nodes=[], fallback_after=None)
+    _write_spec(run_dir, spec, exclusive=False)
+    ledger = Ledger()
+    try:
+        ledger.update(run.name, status="PENDING", ended_at=None, exit_code=None)
+        _start_controller(run.name, run_dir, ledger)
+    finally:
+        ledger.close()
+    return _attach(run.name, detach, verb="resumed")
+
+
 def launch_local(built, *, name: Optional[str], detach: bool, options: LocalOptions) -> int:
+    name = start(built, name=name, options=options)
+    return _attach(name, detach, verb="launched")
+
+
+def _attach(name: str, detach: bool, *, verb: str) -> int:
     from skyspot.cli.common import err
 
-    name = start(built, name=name, options=options)
     if detach:
-        err.print(f"launched '{name}' locally in the background; `skyspot status` and `skyspot logs {name} -f` follow it")
+        err.print(f"{verb} '{name}' locally in the background; `skyspot status` and `skyspot logs {name} -f` follow it")
         return 0
     from skyspot.executors.follow import follow
 

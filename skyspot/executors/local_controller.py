@@ -16,8 +16,12 @@ terminal) and does, per attempt:
 4. recover (exit code 75 or a preemption it injected), retry on other errors up to the task's
    max_restarts_on_errors, or finish (SUCCEEDED, FAILED, CANCELLED).
 
-`setup` is skipped: the controller runs the trainer from the very environment skyspot is
-installed in, which is what the setup script would produce.
+`setup` is skipped by default: the controller runs the trainer from the very environment
+skyspot is installed in, which is what the setup script would produce. With `fresh_node`
+(`launch --local --fresh-node`) the node is a new virtual environment with no skyspot
+(executors/fresh_node.py): the task's file mounts are copied in and its `setup` runs at the
+start of every attempt, as SkyPilot runs it on every newly provisioned VM; a failed setup
+ends the run FAILED_SETUP.
 """
 
 from __future__ import annotations
@@ -74,6 +78,10 @@ class Spec:
     provision_delay: float = 2.0
     fallback_after: Optional[int] = None
     notice_poll_seconds: float = 0.5
+    fresh_node: bool = False
+    setup_script: str = ""
+    file_mounts: dict[str, str] = field(default_factory=dict)
+    """Local file mounts of the task (target -> source), copied onto a fresh node."""
 
 
 def free_port() -> int:
@@ -99,6 +107,7 @@ class Controller:
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
         self.pending_trace = list(spec.trace_times)
+        self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
 
     # ------------------------------------------------------------------ helpers
     def say(self, line: str) -> None:
@@ -149,10 +158,13 @@ class Controller:
                         else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": where["num_nodes"],
                         "instance_type": where["instance_type"], "use_spot": where["spot"], "simulated": True}
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}
-        env.update(spec.task_envs)
+        if self.fresh is not None:
+            env = self.fresh.env(env, spec.task_envs)
+        else:
+            env.update(spec.task_envs)
+            env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         env.update(metadata_env)
         env.update({
-            "PATH": bin_dir + os.pathsep + env.get("PATH", ""),
             "SKYPILOT_NODE_RANK": str(node_rank),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * where["num_nodes"]),
             "SKYPILOT_NUM_NODES": str(where["num_nodes"]),
@@ -185,6 +197,17 @@ class Controller:
         events.emit("attempt_start", where=where)
         metadata.reset()
         port = free_port()
+        if self.fresh is not None:
+            from skyspot.executors.fresh_node import run_setup
+
+            self.say(f"setup on the fresh node ({self.fresh.venv})")
+            for node_rank in range(nodes):
+                code = run_setup(self.fresh, spec.setup_script, self.node_env(node_rank, where, {}, port), self.log,
+                                 cwd=self.node_dir(node_rank))
+                if code != 0:
+                    events.emit("attempt_end", code=code, reason="setup_failed", node_codes=[code])
+                    events.close()
+                    return code, "setup_failed"
         procs: list[subprocess.Popen] = []
         pumps = []
         for node_rank in range(nodes):
@@ -294,8 +317,15 @@ class Controller:
         from skyspot.metadata_server import MetadataServer
 
         spec = self.spec
-        self.say(f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
-                 "and its dependencies (what the task's setup installs)")
+        if spec.fresh_node:
+            from skyspot.executors.fresh_node import make
+
+            self.fresh = make(self.run_dir / "fresh-node", spec.file_mounts)
+            self.say(f"run '{spec.name}' ({spec.recipe}) on a fresh node: a new virtual environment without "
+                     "skyspot; the task's setup installs it")
+        else:
+            self.say(f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
+                     "and its dependencies (what the task's setup installs)")
         metadata = MetadataServer().start()
         try:
             first = True
@@ -319,6 +349,8 @@ class Controller:
                     return self._finish("SUCCEEDED", 0)
                 if reason == "cancelled":
                     return self._finish("CANCELLED", code)
+                if reason == "setup_failed":
+                    return self._finish("FAILED_SETUP", code)
                 if reason == "preempted":
                     self.preemptions += 1
                     continue

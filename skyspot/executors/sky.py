@@ -11,7 +11,6 @@ import os
 from typing import Any, Optional
 
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
-from skyspot.launch import Built
 
 SKY_CHECK_HINT = "run `sky check` and set up credentials for one of them (docs.skypilot.co, 'Cloud account setup')"
 
@@ -32,49 +31,61 @@ def enabled_clouds() -> list[str]:
         raise SkyspotError(f"cannot reach the SkyPilot API server: {_one_line(error)}; try `sky api start`") from None
 
 
-def secrets_for(built: Built, environ=os.environ) -> dict[str, str]:
+def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> dict[str, str]:
     """Secret values the task declares, taken from the environment (never written to any file)."""
-    declared = built.task.get("secrets") or {}
+    declared = task.get("secrets") or {}
     values = {}
     for name in declared:
         value = environ.get(name)
         if not value:
-            raise UsageError(f"recipe '{built.recipe.name}' needs the secret {name} "
+            raise UsageError(f"recipe '{recipe_name}' needs the secret {name} "
                              f"(the model is gated): export {name}=... and launch again")
         values[name] = value
     return values
 
 
-def to_sky_task(built: Built, secrets: Optional[dict[str, str]] = None):
+def to_sky_task(task: dict[str, Any], secrets: Optional[dict[str, str]] = None):
+    """The sky.Task for a rendered task, secret values filled in memory.
+
+    Secrets go in as `secrets_overrides`, exactly as SkyPilot's own CLI passes `--secret`:
+    that replaces the task's `HF_TOKEN: null` declaration with the value. `update_secrets`
+    after construction would leave the null behind as a *managed secret reference*, which
+    the jobs controller cannot resolve (no managed secrets provider), so the job would
+    retry forever and never start a VM.
+    """
     import sky
 
-    task = sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict it is given
-    if secrets:
-        task.update_secrets(secrets)
-    return task
+    overrides = sorted(secrets.items()) if secrets else None
+    # SkyPilot consumes the dict it is given.
+    return sky.Task.from_yaml_config(copy.deepcopy(task), secrets_overrides=overrides)
 
 
-def submit(built: Built, *, name: str, detach: bool) -> dict[str, Any]:
-    """Launch the managed job; returns {'job_id': int | None}. Raises SkyspotError with one line on failure."""
-    wanted = set(built.recipe.resources.clouds)
-    if not built.recipe.storage.store:
+def check_launchable(task: dict[str, Any], *, recipe_name: str, clouds: list[str], store: Optional[str],
+                     environ=os.environ) -> dict[str, str]:
+    """Everything that can be refused before a run is recorded; returns the secrets to send."""
+    if not store:
         raise UsageError("a cloud run needs a store for its checkpoints: pass --store s3://bucket/prefix "
                          "(or gs://…, az://…) or set storage.store in the recipe")
-    secrets = secrets_for(built)
+    secrets = secrets_for(task, recipe_name, environ)
+    wanted = set(clouds)
     usable = [c for c in enabled_clouds() if c in wanted]
     if not usable:
         raise NoCloudError(f"SkyPilot has no enabled cloud among {', '.join(sorted(wanted))}: {SKY_CHECK_HINT}")
+    return secrets
+
+
+def submit(task: dict[str, Any], *, name: str, detach: bool, secrets: dict[str, str]) -> Optional[int]:
+    """Launch the managed job named `name`; returns its job id. Raises SkyspotError with one line on failure."""
     import sky
 
-    task = to_sky_task(built, secrets)
+    sky_task = to_sky_task(task, secrets)
     try:
-        request_id = sky.jobs.launch(task, name=name)
+        request_id = sky.jobs.launch(sky_task, name=name)
         result = sky.get(request_id) if detach else sky.stream_and_get(request_id)
     except Exception as error:
         raise SkyspotError(f"SkyPilot could not launch '{name}': {_one_line(error)}") from None
     job_ids = result[0] if isinstance(result, tuple) else result
-    job_id = job_ids[0] if isinstance(job_ids, list) and job_ids else job_ids
-    return {"job_id": job_id}
+    return job_ids[0] if isinstance(job_ids, list) and job_ids else job_ids
 
 
 # Fields `status` and `cost-report` read from SkyPilot's managed-job queue (queue_v2 `fields`).

@@ -135,3 +135,86 @@ def test_unknown_run_suggests_the_closest(monkeypatch, tmp_path):
     result = runner.invoke(app, ["logs", "cloud-rum"])
     assert result.exit_code == 2
     assert "no run named 'cloud-rum'; did you mean 'cloud-run'?" in result.stderr
+
+
+# --------------------------------------------------------------------------- one run name, resume
+
+
+def launched(fake):
+    return [(task, name) for kind, task, name in (c for c in fake.calls if c[0] == "launch")]
+
+
+def test_two_unnamed_launches_never_share_a_run_name_or_a_store_prefix(monkeypatch):
+    fake = FakeSkyJobs(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    for _ in range(2):
+        result = runner.invoke(app, ["launch", "llama70b", "-y", "-d", "--store", "s3://my-ckpts/runs"])
+        assert result.exit_code == 0, result.output
+    (first, first_name), (second, second_name) = launched(fake)
+    assert first_name != second_name and first_name.startswith("llama70b-")
+    # One name everywhere: the managed job's, the node's run id (hence its store prefix), the ledger's.
+    for task, name in ((first, first_name), (second, second_name)):
+        assert task.name == name and task.envs["SKYSPOT_RUN_NAME"] == name
+        assert Ledger().get(name).job_id == 42
+
+
+def test_launching_an_existing_name_says_to_resume_it(monkeypatch):
+    fake = FakeSkyJobs(monkeypatch)
+    _sky_run("s3://my-ckpts/runs", name="taken")
+    result = runner.invoke(app, ["launch", "llama8b", "-y", "-n", "taken", "--store", "s3://my-ckpts/runs"])
+    assert result.exit_code == 2
+    assert "a run named 'taken' exists already" in result.stderr and "skyspot resume taken" in result.stderr
+    assert not launched(fake)
+
+
+def test_a_failed_submission_leaves_a_failed_row_not_a_ghost(monkeypatch):
+    import sky
+
+    FakeSkyJobs(monkeypatch)
+
+    def refuse(task, name=None):
+        raise RuntimeError("Failed to connect to the API server\nTraceback ...")
+
+    monkeypatch.setattr(sky.jobs, "launch", refuse)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    result = runner.invoke(app, ["launch", "llama8b", "-y", "-n", "doomed", "--store", "s3://my-ckpts/runs"])
+    assert result.exit_code == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "error: SkyPilot could not launch 'doomed': Failed to connect to the API server"
+    run = Ledger().get("doomed")
+    assert (run.status, run.job_id, run.exit_code) == ("FAILED", None, 1)
+
+
+def test_nothing_is_recorded_when_the_launch_is_refused_before_submission(monkeypatch):
+    FakeSkyJobs(monkeypatch)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    result = runner.invoke(app, ["launch", "llama70b", "-y", "-n", "tokenless", "--store", "s3://my-ckpts/runs"])
+    assert result.exit_code == 2 and "export HF_TOKEN" in result.stderr
+    assert "tokenless" not in {r.name for r in Ledger().runs()}
+
+
+def test_resume_resubmits_a_cancelled_cloud_run_under_its_own_name(monkeypatch):
+    fake = FakeSkyJobs(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_canary_value")
+    assert runner.invoke(app, ["launch", "llama70b", "-y", "-d", "-n", "long-run", "--store", "s3://bkt-one/x"]).exit_code == 0
+    assert runner.invoke(app, ["cancel", "long-run", "-y"]).exit_code == 0
+    result = runner.invoke(app, ["resume", "long-run", "-y", "-d"])
+    assert result.exit_code == 0, result.output
+    (first, _), (again, name) = launched(fake)
+    assert name == "long-run" and again.envs["SKYSPOT_RUN_NAME"] == "long-run"
+    assert again.envs["SKYSPOT_STORE"] == "s3://bkt-one/x" and again.run == first.run
+    assert again.secrets["HF_TOKEN"].get_secret_value() == "hf_canary_value"
+    run = Ledger().get("long-run")
+    assert (run.status, run.job_id, run.info["previous_job_ids"]) == ("PENDING", 42, [42])
+    assert "hf_canary_value" not in json.dumps(run.info)
+
+
+def test_resume_refuses_a_finished_run_and_a_live_managed_job(monkeypatch):
+    FakeSkyJobs(monkeypatch, records=[{"job_id": 7, "status": "RUNNING"}])
+    _sky_run("s3://my-ckpts/runs", name="live", job_id=7)
+    result = runner.invoke(app, ["resume", "live", "-y"])
+    assert result.exit_code == 2 and "SkyPilot recovers a live managed job itself" in result.stderr
+    _sky_run("s3://my-ckpts/runs", name="done", job_id=8)
+    Ledger().update("done", status="SUCCEEDED")
+    result = runner.invoke(app, ["resume", "done", "-y"])
+    assert result.exit_code == 2 and "nothing to resume" in result.stderr
