@@ -15,12 +15,16 @@ Attempts. An attempt is one placement of the job on nodes, numbered by the event
   figures are a floor. A SkyPilot `queue_v2` record, when given, fills what events lack.
 
 Money. An attempt costs (end - start) x nodes x the hourly price of its instance, spot or
-on-demand as `where.spot` says. A local run is priced as the cloud instance its `where`
-names and is reported as simulated. All figures are estimates, not bills.
+on-demand as `where.spot` says, plus internet egress when it ran on another cloud than the
+run's store: the bytes its `upload_end` events sent (at its own cloud's egress price) and the
+bytes its `resume` from the store pulled back (at the store's cloud's price). A local run is
+priced as the cloud instance its `where` names and is reported as simulated. All figures are
+estimates, not bills.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -68,6 +72,14 @@ class AttemptCost:
     price_date: Optional[str]
     price_detail: Optional[str]
     simulated: bool
+    compute_usd: Optional[float] = None
+    """billed_hours x usd_per_hour; `cost_usd` is this plus `egress_usd`."""
+    egress_upload_bytes: int = 0
+    """Bytes the attempt's `upload_end` events sent to a store on another cloud (0 on the store's cloud)."""
+    egress_download_bytes: int = 0
+    """Bytes its `resume` from a store on another cloud downloaded, as the events record them."""
+    egress_usd: float = 0.0
+    egress_detail: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,6 +166,12 @@ class RunCost:
     interval_plans: list[dict] = field(default_factory=list)
     """checkpoint.every_seconds=auto: each plan the trainer logged (attempt, step, every_seconds, bound,
     reason, mtbp_s, blocking_cost_s), oldest first; the last is the interval in use."""
+    store_cloud: Optional[str] = None
+    """The cloud of the run's store (s3 -> aws, gs -> gcp, az -> azure); None for a local store or none."""
+    egress_usd: float = 0.0
+    """Σ attempt `egress_usd`; already inside `cost_usd`."""
+    egress_bytes: int = 0
+    """Σ attempt egress upload and download bytes."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -177,7 +195,7 @@ class StepRun:
 
 
 def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[Iterable[Any]] = None,
-             queue_record: Any = None, now: Optional[float] = None) -> RunCost:
+             queue_record: Any = None, now: Optional[float] = None, store: Optional[str] = None) -> RunCost:
     """Every figure for one run.
 
     `candidates` are the placements the run could have used, for the on-demand baseline:
@@ -186,6 +204,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     attempts' own instance types, on demand, in their own regions.
     `queue_record` is SkyPilot's `queue_v2` record for the job, for runs without executor events.
     `now` bills a still-running last attempt up to that time.
+    `store` is the run's store URI: attempts on another cloud than its own pay internet egress.
     """
     events = sorted(log.events, key=lambda e: e["ts"])
     by_attempt: dict[int, list[dict]] = {}
@@ -196,6 +215,9 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
 
     attempts = [_attempt_cost(n, by_attempt[n], last=(n == numbers[-1]), queue_record=queue_record,
                               now=now, warnings=warnings) for n in numbers]
+    home = _store_cloud(store, warnings)
+    for attempt in attempts:
+        _add_egress(attempt, by_attempt[attempt.attempt], home, warnings)
     runs = step_runs(log)
     details = [_recovery(prev, nxt, by_attempt[prev.attempt], by_attempt[nxt.attempt], runs)
                for prev, nxt in zip(attempts, attempts[1:])]
@@ -205,7 +227,8 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     billed_seconds = sum(a.seconds for a in attempts)
     training_seconds = (attempts[-1].end - attempts[0].start) if attempts else 0.0
     nodes = max((a.nodes for a in attempts), default=1)
-    cost = sum(a.cost_usd for a in attempts if a.cost_usd is not None)
+    egress = sum(a.egress_usd for a in attempts)
+    cost = sum(a.compute_usd for a in attempts if a.compute_usd is not None) + egress
 
     baseline = _baseline(candidates, attempts, warnings)
     on_demand = useful_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
@@ -248,6 +271,9 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         simulated=any(a.simulated for a in attempts),
         warnings=warnings,
         interval_plans=_interval_plans(events),
+        store_cloud=home,
+        egress_usd=egress,
+        egress_bytes=sum(a.egress_upload_bytes + a.egress_download_bytes for a in attempts),
     )
 
 
@@ -263,9 +289,10 @@ def _interval_plans(events: list[dict]) -> list[dict]:
     return plans
 
 
-def cost_so_far(log: EventLog, now: Optional[float] = None) -> float:
-    """Estimated USD spent so far, the running attempt billed up to `now` (default: the clock)."""
-    return run_cost(log, now=time.time() if now is None else now).cost_usd
+def cost_so_far(log: EventLog, now: Optional[float] = None, store: Optional[str] = None) -> float:
+    """Estimated USD spent so far, the running attempt billed up to `now` (default: the clock), with
+    egress when `store` (the run's store URI) is on another cloud than an attempt."""
+    return run_cost(log, now=time.time() if now is None else now, store=store).cost_usd
 
 
 def step_runs(log: EventLog) -> list[StepRun]:
@@ -341,7 +368,67 @@ def _attempt_cost(number: int, events: list[dict], *, last: bool, queue_record, 
         price_date=price.source_date if price else None,
         price_detail=price.detail if price else None,
         simulated=_simulated(where),
+        compute_usd=billed_hours * price.usd_per_hour if price else None,
     )
+
+
+# --- egress ------------------------------------------------------------------------------
+
+
+def _store_cloud(store: Optional[str], warnings: list[str]) -> Optional[str]:
+    try:
+        return pricing.store_cloud(store)
+    except UsageError as bad:
+        warnings.append(f"egress not counted: {bad}")
+        return None
+
+
+def _add_egress(attempt: AttemptCost, events: list[dict], home: Optional[str], warnings: list[str]) -> None:
+    """Charge the attempt for the checkpoint bytes it sent to, and pulled back from, a store on another cloud.
+
+    Uploads: `bytes` of every `upload_end` (each node's uploader writes one per checkpoint; abandoned
+    and failed uploads count what they sent). Downloads: `bytes` of a `resume` whose `source` is
+    `store`. The trainer writes `resume` on global rank 0 only, with node 0's part of the checkpoint:
+    what the other nodes fetched is not in the events, so for several nodes this is a floor.
+    """
+    if home is None or attempt.cloud == home:
+        return
+    up = sum(_bytes(e) for e in _distinct(events, "upload_end", ("node", "node_rank", "step")))
+    resumes = [e for e in _distinct(events, "resume", ()) if str(e.get("source") or "").lower() == "store"]
+    down = sum(_bytes(e) for e in resumes)
+    if not up and not down:
+        return
+    if attempt.cloud not in pricing.CLOUDS:
+        warnings.append(f"attempt {attempt.attempt}: {up + down} bytes moved to or from the store on {home}, "
+                        "but the attempt's cloud is unknown: egress not counted")
+        return
+    out, back = pricing.egress_price(attempt.cloud), pricing.egress_price(home)
+    attempt.egress_upload_bytes, attempt.egress_download_bytes = up, down
+    attempt.egress_usd = out.cost(up) + back.cost(down)
+    attempt.egress_detail = (f"{up / 1e9:,.3f} GB up out of {attempt.cloud} at ${out.usd_per_unit:g}/{out.unit} + "
+                             f"{down / 1e9:,.3f} GB down out of {home} at ${back.usd_per_unit:g}/{back.unit} "
+                             f"(published internet egress, {out.as_of})")
+    if attempt.compute_usd is not None:
+        attempt.cost_usd = attempt.compute_usd + attempt.egress_usd
+    if resumes and attempt.nodes > 1:
+        warnings.append(f"attempt {attempt.attempt}: resume downloads count node 0's part only; the events do "
+                        f"not record what the other {attempt.nodes - 1} node(s) fetched from the store")
+
+
+def _distinct(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
+    """Events of `type`, each once: the same line read from two copies of an event file counts once."""
+    seen: dict[tuple, dict] = {}
+    for e in events:
+        if e["type"] == type:
+            seen.setdefault((e["ts"], e.get("rank"), *(repr(e.get(k)) for k in keys)), e)
+    return list(seen.values())
+
+
+def _bytes(event: dict) -> int:
+    value = event.get("bytes")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return 0
+    return int(value)
 
 
 def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_events: list[dict], next_events: list[dict],

@@ -15,6 +15,21 @@ keeps this module import-light: nothing here imports `sky`.
 
 Every price is a list price per whole instance (one node) per hour. Figures built on them
 are estimates, not bills.
+
+Prices SkyPilot would actually pay:
+
+- Zones an account must opt into (AWS Local Zones such as `use1-atl2-az1`, Wavelength zones) never
+  price a placement. SkyPilot's AWS catalog keeps only the zones `DescribeAvailabilityZones` returns
+  for the account (sky/catalog/aws_catalog.py `_fetch_and_apply_az_mapping`, an inner join on
+  sky/catalog/data_fetchers/fetch_aws.py `fetch_availability_zone_mappings`), and that call lists
+  opt-in zones only once the account has opted in. Such a zone is used only when asked for by name
+  (an attempt that really ran there).
+- A missing spot price is reported as missing (`MissingPrice`), never replaced by the on-demand one.
+
+Egress: `egress_price(cloud)` is the published internet-egress list price per GB of each cloud
+(`pricing_data/egress_prices.csv`, dated and sourced in SOURCE.md), and `store_cloud(uri)` the
+cloud a store URI lives on; plan.py and cost.py charge traffic between a store and GPUs on
+another cloud with them.
 """
 
 from __future__ import annotations
@@ -32,7 +47,10 @@ from skyspot.errors import UsageError
 
 SNAPSHOT_DATE = "2026-11-29"
 SNAPSHOT_PATH = Path(__file__).with_name("pricing_data") / "gpu_prices.csv"
+EGRESS_PATH = Path(__file__).with_name("pricing_data") / "egress_prices.csv"
 CLOUDS = ("aws", "gcp", "azure")
+# Which cloud holds a store, by URI scheme (skyspot.storage parses the URI); a local path has none.
+STORE_CLOUDS = {"s3": "aws", "gs": "gcp", "az": "azure"}
 
 SOURCE_CATALOG = "skypilot-catalog"
 SOURCE_SNAPSHOT = "snapshot"
@@ -44,6 +62,11 @@ _SKY_RUNTIME_DIR_ENV = "SKY_RUNTIME_DIR"
 
 # The catalog lists Standard_ND96isr_H100_v5 with 12 GPUs; Azure's ND H100 v5 SKU has 8.
 _COUNT_FIXES = {("azure", "standard_nd96isr_h100_v5"): 8}
+
+# Zones every account gets, as the catalog (zone IDs, use1-az4) or a VM (zone names, us-east-1a)
+# spells them. Anything else on AWS is a zone an account must opt into: Local Zones (use1-atl2-az1,
+# us-east-1-atl-2a) and Wavelength zones (use1-wl1-bos-wlz1, us-east-1-wl1-bos-wlz-1).
+_AWS_STANDARD_ZONE = re.compile(r"^(?:[a-z]{2,}\d+-az\d+|[a-z]{2}(?:-gov)?-[a-z]+-\d+[a-z])$")
 
 # GCP prices the GPUs of a2/a3/g2 machines in separate rows (empty InstanceType); a machine's
 # full price is its VM row plus the matching GPU row in the same zone.
@@ -113,8 +136,46 @@ class _Offer:
     origin: str
 
 
+@dataclass(frozen=True)
+class EgressPrice:
+    """A cloud's published price for data leaving it to the internet (first paid tier)."""
+
+    cloud: str
+    usd_per_unit: float
+    unit: str
+    """"GB" (10^9 bytes) or "GiB" (2^30 bytes), as the cloud's pricing page prints it."""
+    what: str
+    tier: str
+    page: str
+    as_of: str
+    checked: str
+    """How the figure was checked (see pricing_data/SOURCE.md)."""
+
+    @property
+    def usd_per_byte(self) -> float:
+        return self.usd_per_unit / _UNIT_BYTES[self.unit]
+
+    def cost(self, nbytes: float) -> float:
+        return nbytes * self.usd_per_byte
+
+    @property
+    def label(self) -> str:
+        return f"{self.cloud} ${self.usd_per_unit:g}/{self.unit} ({self.as_of})"
+
+
+_UNIT_BYTES = {"GB": 10**9, "GiB": 2**30}
+
+
+class MissingPrice(UsageError):
+    """The instance is known but has no price of the kind asked for (spot or on-demand): never guessed."""
+
+
 class _NotFound(Exception):
     """A table cannot price the request; the next table may."""
+
+
+class _NoPrice(_NotFound):
+    """The table knows the instance but lists no price of the kind asked for."""
 
 
 # --- public API --------------------------------------------------------------------------
@@ -134,15 +195,16 @@ def hourly_price(cloud: str, instance_type: Optional[str] = None, accelerator: O
     """
     cloud = _cloud(cloud)
     accelerator, accelerator_count = _split_accelerator(accelerator, accelerator_count)
-    failures = []
+    failures: list[_NotFound] = []
     for table in _tables(cloud, snapshot_only):
         try:
             name = instance_type or _instance_for(table, accelerator, accelerator_count)
             offers = _offers(table, name, _gpu_for(cloud, name, accelerator, accelerator_count))
             return _cheapest(table, name, offers, region, zone, spot)
         except _NotFound as missing:
-            failures.append(str(missing))
-    raise UsageError(f"{failures[-1]}; {_HINT}")
+            failures.append(missing)
+    kind = MissingPrice if isinstance(failures[-1], _NoPrice) else UsageError
+    raise kind(f"{failures[-1]}; {_HINT}")
 
 
 def instance_for(cloud: str, accelerator: str, count: int, *, snapshot_only: bool = False) -> str:
@@ -167,7 +229,8 @@ def snapshot_rows(cloud: Optional[str] = None) -> list[dict]:
 
     GCP rows are already summed (VM + GPUs in the same zone), so every row is what one
     node costs. Keys: cloud, instance_type, accelerator, accelerator_count, region, zone,
-    usd_per_hour, spot_usd_per_hour, source_date, source.
+    opt_in_zone (a zone an account must opt into, which never prices a plan), usd_per_hour,
+    spot_usd_per_hour (None where the snapshot has no spot price), source_date, source.
     """
     clouds = CLOUDS if cloud is None else (_cloud(cloud),)
     rows = []
@@ -182,11 +245,30 @@ def snapshot_rows(cloud: Optional[str] = None) -> list[dict]:
                 rows.append({
                     "cloud": name, "instance_type": instance_type, "accelerator": gpu[0],
                     "accelerator_count": int(gpu[1]), "region": offer.region, "zone": offer.zone or None,
-                    "usd_per_hour": offer.price, "spot_usd_per_hour": offer.spot_price,
-                    "source_date": table.date, "source": offer.origin,
+                    "opt_in_zone": opt_in_zone(name, offer.zone), "usd_per_hour": offer.price,
+                    "spot_usd_per_hour": offer.spot_price, "source_date": table.date, "source": offer.origin,
                 })
     rows.sort(key=lambda r: (r["cloud"], r["instance_type"], r["region"], r["zone"] or ""))
     return rows
+
+
+def opt_in_zone(cloud: str, zone: Optional[str]) -> bool:
+    """True for a zone an account must opt into before it can run there (AWS Local Zones, Wavelength)."""
+    return str(cloud).lower() == "aws" and bool(zone) and not _AWS_STANDARD_ZONE.match(str(zone).lower())
+
+
+def egress_price(cloud: str) -> EgressPrice:
+    """`cloud`'s published internet-egress price, first paid tier (pricing_data/egress_prices.csv)."""
+    return _egress_table()[_cloud(cloud)]
+
+
+def store_cloud(store: Optional[str]) -> Optional[str]:
+    """The cloud a store URI lives on (s3 -> aws, gs -> gcp, az -> azure); None for a local path or no store."""
+    if not store:
+        return None
+    from skyspot.storage import parse_store_uri
+
+    return STORE_CLOUDS.get(parse_store_uri(store).scheme)
 
 
 def catalog_path(cloud: str) -> Path:
@@ -223,6 +305,17 @@ def _snapshot_table(cloud: str) -> _Table:
     return _Table(cloud, rows, SOURCE_SNAPSHOT, SNAPSHOT_DATE, str(SNAPSHOT_PATH))
 
 
+@functools.lru_cache(maxsize=None)
+def _egress_table() -> dict[str, EgressPrice]:
+    with open(EGRESS_PATH, newline="", encoding="utf-8") as f:
+        rows = {r["cloud"]: EgressPrice(r["cloud"], float(r["usd_per_unit"]), r["unit"], r["what"], r["tier"],
+                                        r["page"], r["as_of"], r["checked"]) for r in csv.DictReader(f)}
+    missing = [c for c in CLOUDS if c not in rows]
+    if missing or any(p.unit not in _UNIT_BYTES for p in rows.values()):
+        raise ValueError(f"{EGRESS_PATH}: needs one row per cloud in {CLOUDS} with unit GB or GiB")
+    return rows
+
+
 @functools.lru_cache(maxsize=8)
 def _catalog_table(cloud: str, path: str, mtime: float) -> _Table:
     """SkyPilot's cached catalog (its own column names); keyed on mtime so a refresh is seen."""
@@ -238,8 +331,21 @@ def _catalog_table(cloud: str, path: str, mtime: float) -> _Table:
 def _row(cloud, instance_type, accelerator, count, price, spot_price, region, zone, origin) -> _Row:
     instance_type = (instance_type or "").strip()
     fixed = _COUNT_FIXES.get((cloud, instance_type.lower()))
+    price, spot_price = _price(price), _price(spot_price)
+    if cloud == "azure" and spot_price is not None and spot_price == price:
+        # Azure's spot meters are discounted from pay-as-you-go; a "spot" price equal to it (every
+        # Standard_ND96isr_H100_v5 row of the snapshot) is the on-demand price again, not a spot
+        # price. AWS keeps such rows: its spot price is capped at on-demand and does reach it.
+        spot_price = None
     return _Row(instance_type, (accelerator or "").strip(), fixed or _number(count) or 0.0,
-                _number(price), _number(spot_price), (region or "").strip(), (zone or "").strip(), origin)
+                price, spot_price, (region or "").strip(), (zone or "").strip(), origin)
+
+
+def _price(text) -> Optional[float]:
+    # SkyPilot's Azure fetcher writes 0 for an H100 price Azure's API lacks, "to enable launching"
+    # (sky/catalog/data_fetchers/fetch_azure.py): a zero is a missing price, not a free machine.
+    value = _number(text)
+    return value if value is not None and value > 0 else None
 
 
 def _number(text) -> Optional[float]:
@@ -328,11 +434,18 @@ def _cheapest(table: _Table, instance_type: str, offers: list[_Offer], region: O
             offers, how = in_zone, "zone as given"
         elif any(o.zone for o in offers):
             note = f"; zone '{zone}' not in the price data, used the cheapest zone"
+    if how != "zone as given":
+        opted = [o for o in offers if opt_in_zone(table.cloud, o.zone)]
+        offers = [o for o in offers if not opt_in_zone(table.cloud, o.zone)]
+        if not offers:
+            raise _NotFound(f"{table.cloud} '{instance_type}'{f' in {region}' if region else ''} is priced only in "
+                            f"zones an account must opt into ({', '.join(sorted({o.zone for o in opted}))}) "
+                            f"in the {table.source}")
     priced = [(o.spot_price if spot else o.price, o) for o in offers]
     priced = [(value, o) for value, o in priced if value is not None]
     if not priced:
-        raise _NotFound(f"no {kind} price for {table.cloud} '{instance_type}'"
-                        f"{f' in {region}' if region else ''} in the {table.source}")
+        raise _NoPrice(f"no {kind} price for {table.cloud} '{instance_type}'"
+                       f"{f' in {region}' if region else ''} in the {table.source}")
     value, best = min(priced, key=lambda p: (p[0], p[1].region, p[1].zone))
     where = best.region + (f" ({best.zone})" if best.zone else "")
     detail = (f"{table.cloud} {best.instance_type} {kind} in {where}, {how}{note}; "
@@ -359,8 +472,8 @@ def _instance_for(table: _Table, accelerator: Optional[str], count: Optional[flo
 
 
 def _lowest_prices(table: _Table, instance_type: str) -> tuple[float, float]:
-    """(lowest on-demand, lowest spot) anywhere; missing prices sort last."""
-    rows = [r for r in table.rows if r.instance_type == instance_type]
+    """(lowest on-demand, lowest spot) in any zone an account gets without opting in; missing prices sort last."""
+    rows = [r for r in table.rows if r.instance_type == instance_type and not opt_in_zone(table.cloud, r.zone)]
     return (_min(r.price for r in rows), _min(r.spot_price for r in rows))
 
 

@@ -1,7 +1,7 @@
 """Where a run's durable state lives: a tiny storage protocol over string URIs.
 
-A run root is `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`, `az://CONTAINER/PREFIX` or a
-local directory (which may be a SkyPilot bucket mount). `gs://…` is not a `Path`, so
+A run root is `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`, `az://ACCOUNT/CONTAINER/PREFIX`
+or a local directory (which may be a SkyPilot bucket mount). `gs://…` is not a `Path`, so
 everything above this module speaks in *keys*: `/`-separated names relative to the
 store's root, e.g. `run-1/checkpoints/step_100/COMMITTED`.
 
@@ -10,11 +10,13 @@ store's root, e.g. `run-1/checkpoints/step_100/COMMITTED`.
     store.list("run-1/checkpoints/")   # -> ["run-1/checkpoints/step_100/COMMITTED", ...]
 
 `parse_store_uri` runs at CLI start-up, so this module imports no cloud SDK at import
-time: boto3 and google-cloud-storage are imported inside the backends, on first use.
+time: boto3, google-cloud-storage and azure-storage-blob are imported inside the
+backends, on first use.
 
 Credentials come from each cloud's standard chain only (environment, shared config
 files, instance or workload identity); endpoints can be redirected to emulators with
-`AWS_ENDPOINT_URL` and `STORAGE_EMULATOR_HOST`. SDK failures become `StoreError`s with
+`AWS_ENDPOINT_URL`, `STORAGE_EMULATOR_HOST` and an `AZURE_STORAGE_CONNECTION_STRING`
+whose `BlobEndpoint` names the emulator. SDK failures become `StoreError`s with
 one line that says what is wrong; `TransientStoreError` marks the ones worth retrying
 (unreachable endpoint, throttling, 5xx), which `with_retries` does with backoff.
 """
@@ -39,7 +41,8 @@ from skyspot.errors import StoreError, UsageError
 
 T = TypeVar("T")
 
-EXPECTED_FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or a local path"
+FORMS = {"s3": "s3://BUCKET/PREFIX", "gs": "gs://BUCKET/PREFIX", "az": "az://ACCOUNT/CONTAINER/PREFIX"}
+EXPECTED_FORMS = ", ".join(FORMS.values()) + " or a local path"
 
 # One parallel transfer per file; each S3 file is itself split into parallel parts.
 DEFAULT_WORKERS = 8
@@ -62,6 +65,8 @@ class StoreURI:
     """Bucket (container for Azure); empty for local paths."""
     prefix: str
     """Key prefix inside the bucket, without leading or trailing `/`; the absolute directory for "file"."""
+    account: str = ""
+    """Azure storage account that holds the container; empty for other schemes."""
 
     @property
     def is_local(self) -> bool:
@@ -70,7 +75,8 @@ class StoreURI:
     def __str__(self) -> str:
         if self.is_local:
             return self.prefix
-        return f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        account = f"{self.account}/" if self.account else ""
+        return f"{self.scheme}://{account}{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
 
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -93,9 +99,18 @@ def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
         return StoreURI("file", "", os.path.abspath("/" + path))
     if scheme not in ("s3", "gs", "az"):
         raise UsageError(f"unsupported store scheme '{scheme}://' in {text!r}; expected {EXPECTED_FORMS}")
+    form = FORMS[scheme]
+    account = ""
+    if scheme == "az":
+        account, _, rest = rest.partition("/")
+        if not account:
+            raise UsageError(f"store {text!r} has no storage account; expected {form}")
+        problem = _azure_account_problem(account)
+        if problem:
+            raise UsageError(f"invalid Azure storage account name {account!r} in {text!r}: {problem}; "
+                             f"expected {form}")
     bucket, _, prefix = rest.partition("/")
     noun = "container" if scheme == "az" else "bucket"
-    form = f"{scheme}://{noun.upper()}/PREFIX"
     if not bucket:
         raise UsageError(f"store {text!r} has no {noun}; expected {form}")
     problem = _BUCKET_CHECKS[scheme](bucket)
@@ -105,7 +120,7 @@ def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
     prefix = prefix.rstrip("/")
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise UsageError(f"store {text!r} has an empty, '.' or '..' path segment; expected {form}")
-    return StoreURI(scheme, bucket, prefix)
+    return StoreURI(scheme, bucket, prefix, account)
 
 
 _CLOUD = {"s3": "S3", "gs": "GCS", "az": "Azure"}
@@ -154,6 +169,15 @@ def _gcs_bucket_problem(name: str) -> str | None:
     return None
 
 
+def _azure_account_problem(name: str) -> str | None:
+    # https://learn.microsoft.com/azure/azure-resource-manager/management/resource-name-rules#microsoftstorage
+    if not 3 <= len(name) <= 24:
+        return f"must be 3-24 characters long, not {len(name)}"
+    if not re.fullmatch(r"[a-z0-9]+", name):
+        return "may contain only lowercase letters and digits"
+    return None
+
+
 def _azure_container_problem(name: str) -> str | None:
     # https://learn.microsoft.com/rest/api/storageservices/naming-and-referencing-containers--blobs--and-metadata
     if not 3 <= len(name) <= 63:
@@ -166,6 +190,25 @@ def _azure_container_problem(name: str) -> str | None:
 
 
 _BUCKET_CHECKS = {"s3": _s3_bucket_problem, "gs": _gcs_bucket_problem, "az": _azure_container_problem}
+
+
+# SkyPilot 0.14 mounts an Azure container only by its endpoint URL; it rejects az://
+# (sky/data/data_utils.py AZURE_CONTAINER_URL, is_az_container_endpoint).
+_AZURE_CONTAINER_URL = "https://{account}.blob.core.windows.net/{container}"
+
+
+def mount_source(uri: str | os.PathLike | StoreURI) -> str:
+    """The bucket-level `source` SkyPilot 0.14 mounts for a store (`file_mounts`, `mode: MOUNT`).
+
+    `s3://BUCKET`, `gs://BUCKET`, or `https://ACCOUNT.blob.core.windows.net/CONTAINER`. Never
+    the prefix: in MOUNT mode SkyPilot refuses an s3:// or gs:// source with a path in it.
+    """
+    parsed = uri if isinstance(uri, StoreURI) else parse_store_uri(uri)
+    if parsed.is_local:
+        raise ValueError(f"{parsed} is a local path, not a bucket to mount")
+    if parsed.scheme == "az":
+        return _AZURE_CONTAINER_URL.format(account=parsed.account, container=parsed.bucket)
+    return f"{parsed.scheme}://{parsed.bucket}"
 
 
 def join_key(*parts: str) -> str:
@@ -226,12 +269,7 @@ def open_store(uri: str | os.PathLike | StoreURI) -> Store:
         return S3Store(parsed.bucket, parsed.prefix)
     if parsed.scheme == "gs":
         return GCSStore(parsed.bucket, parsed.prefix)
-    try:
-        import azure.storage.blob  # noqa: F401
-    except ImportError:
-        raise StoreError(f"{parsed} needs the Azure SDK: pip install azure-storage-blob") from None
-    raise StoreError(f"{parsed}: az:// stores are not supported yet; mount the container with "
-                     "SkyPilot (file_mounts, mode: MOUNT) and use its local path instead")
+    return AzureStore(parsed.account, parsed.bucket, parsed.prefix)
 
 
 # --------------------------------------------------------------------------- retries
@@ -802,3 +840,238 @@ def _gcs_error(error: BaseException, what: str) -> StoreError:
     if isinstance(error, auth_exc.RefreshError):
         return StoreError(f"cannot {what}: Google credentials could not be refreshed; log in again")
     return StoreError(f"cannot {what}: {type(error).__name__}: {error}")
+
+
+# --------------------------------------------------------------------------- Azure Blob
+
+# Files over this size go up as parallel blocks of this size and come down as parallel
+# ranges (the SDK's own chunking, max_concurrency per file); like S3's parts. A block blob
+# holds up to 50,000 blocks, so 16 MiB blocks allow 780 GiB per file.
+_AZ_BLOCK_BYTES = 16 * 1024 * 1024
+_AZ_CHUNK_CONCURRENCY = 4
+_AZ_TRANSIENT_CODES = {"ServerBusy", "OperationTimedOut", "InternalError"}
+_AZ_CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, "
+                        "or install azure-identity and run `az login` or use a managed identity")
+
+
+class AzureStore:
+    """An Azure Blob Storage container through azure-storage-blob.
+
+    Credentials, the first one set wins: `AZURE_STORAGE_CONNECTION_STRING` (its
+    `BlobEndpoint` also redirects the client, which is how tests reach Azurite), then
+    `AZURE_STORAGE_KEY` or `AZURE_STORAGE_SAS_TOKEN` for the URI's account, then
+    azure-identity's `DefaultAzureCredential` (service principal variables, managed
+    identity, `az login`) when that package is installed.
+    """
+
+    def __init__(self, account: str, container: str, prefix: str = "", *, sdk_attempts: int = 3,
+                 connect_timeout: float = 10.0, read_timeout: float = 120.0):
+        self.account = account
+        self.container_name = container
+        self.prefix = prefix.strip("/")
+        self.uri = str(StoreURI("az", container, self.prefix, account))
+        self._options = (sdk_attempts, connect_timeout, read_timeout)
+        self._endpoint = f"https://{account}.blob.core.windows.net"
+        self._container = None
+        self._lock = threading.Lock()
+
+    def _az(self):
+        with self._lock:
+            if self._container is None:
+                self._container = self._connect()
+            return self._container
+
+    def _connect(self):
+        import requests
+        from azure.core.pipeline.transport import RequestsTransport
+        from azure.storage.blob import BlobServiceClient, ExponentialRetry
+        from requests.adapters import HTTPAdapter
+        from urllib3.util.retry import Retry
+
+        attempts, connect_timeout, read_timeout = self._options
+        what = f"connect to az://{self.account}/{self.container_name}"
+        # Up to 8 files x 4 chunks in flight: a pool that small (requests' default is 10)
+        # makes urllib3 warn and drop connections. The SDK's retry policy does the retrying.
+        session = requests.Session()
+        adapter = HTTPAdapter(pool_maxsize=64, max_retries=Retry(
+            total=False, redirect=False, raise_on_status=False))
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        options = dict(
+            transport=RequestsTransport(session=session, connection_timeout=connect_timeout,
+                                        read_timeout=read_timeout, connection_data_block_size=256 * 1024),
+            # The SDK retries briefly (its default waits 15 s, then more); long outages are the
+            # caller's with_retries' job, so a dead endpoint surfaces within seconds.
+            retry_policy=ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=max(0, attempts - 1),
+                                          random_jitter_range=1),
+            max_single_put_size=_AZ_BLOCK_BYTES, max_block_size=_AZ_BLOCK_BYTES,
+            max_single_get_size=_AZ_BLOCK_BYTES, max_chunk_get_size=_AZ_BLOCK_BYTES)
+        env = os.environ
+        connection_string = env.get("AZURE_STORAGE_CONNECTION_STRING", "").strip()
+        if connection_string:
+            fields = {k.strip().lower(): v.strip() for k, _, v in
+                      (part.partition("=") for part in connection_string.split(";")) if v}
+            named = fields.get("accountname", "").lower()
+            if named and named != self.account:
+                raise StoreError(f"cannot {what}: AZURE_STORAGE_CONNECTION_STRING is for storage account "
+                                 f"{named!r}, not {self.account!r}")
+            try:
+                service = BlobServiceClient.from_connection_string(connection_string, **options)
+            except ValueError:  # never quote it: it holds the key
+                raise StoreError(f"cannot {what}: AZURE_STORAGE_CONNECTION_STRING is malformed") from None
+        else:
+            key = env.get("AZURE_STORAGE_KEY", "").strip()
+            sas = env.get("AZURE_STORAGE_SAS_TOKEN", "").strip().lstrip("?")
+            named = env.get("AZURE_STORAGE_ACCOUNT", "").strip().lower()
+            if (key or sas) and named and named != self.account:
+                raise StoreError(f"cannot {what}: AZURE_STORAGE_KEY / AZURE_STORAGE_SAS_TOKEN are for "
+                                 f"AZURE_STORAGE_ACCOUNT {named!r}, not {self.account!r}")
+            if key:
+                credential = {"account_name": self.account, "account_key": key}
+            elif sas:
+                credential = sas
+            else:
+                try:
+                    from azure.identity import DefaultAzureCredential
+                except ImportError:
+                    raise StoreError(f"cannot {what}: no Azure credentials found; {_AZ_CREDENTIALS_HINT}") from None
+                credential = DefaultAzureCredential()
+            service = BlobServiceClient(self._endpoint, credential=credential, **options)
+        self._endpoint = f"{service.scheme}://{service.primary_hostname}"  # not service.url: it has the SAS
+        return service.get_container_client(self.container_name)
+
+    def _blob(self, key: str):
+        return self._az().get_blob_client(join_key(self.prefix, _check_key(key)))
+
+    def _error(self, error: BaseException, action: str, key: str = "") -> StoreError:
+        return _azure_error(error, f"{action} {self.uri}/{key}".rstrip("/"), self._endpoint)
+
+    def _missing(self, key: str) -> FileNotFoundError:
+        return FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}")
+
+    def put_file(self, local_path, key):
+        blob = self._blob(key)
+        with open(local_path, "rb") as f:
+            try:
+                blob.upload_blob(f, length=os.fstat(f.fileno()).st_size, overwrite=True,
+                                 max_concurrency=_AZ_CHUNK_CONCURRENCY)
+            except Exception as error:
+                raise self._error(error, "upload to", key) from None
+
+    def put_bytes(self, key, data):
+        blob = self._blob(key)
+        try:
+            blob.upload_blob(data, overwrite=True)
+        except Exception as error:
+            raise self._error(error, "write", key) from None
+
+    def get_file(self, key, local_path):
+        blob = self._blob(key)
+
+        def download(temp: Path) -> None:
+            stream = blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY)  # 404 here, before the file
+            with open(temp, "wb") as f:
+                stream.readinto(f)
+
+        try:
+            _replace_into(download, Path(local_path), durable=False)
+        except Exception as error:
+            if _az_blob_missing(error):
+                raise self._missing(key) from None
+            raise self._error(error, "download", key) from None
+
+    def get_bytes(self, key):
+        blob = self._blob(key)
+        try:
+            return blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY).readall()
+        except Exception as error:
+            if _az_blob_missing(error):
+                return None
+            raise self._error(error, "read", key) from None
+
+    def exists(self, key):
+        blob = self._blob(key)
+        try:
+            blob.get_blob_properties()
+            return True
+        except Exception as error:
+            if _az_blob_missing(error):
+                return False
+            raise self._error(error, "check", key) from None
+
+    def list(self, prefix=""):
+        container = self._az()
+        root = f"{self.prefix}/" if self.prefix else ""
+        try:
+            names = [name[len(root):] for name in container.list_blob_names(name_starts_with=(root + prefix) or None)]
+        except Exception as error:
+            raise self._error(error, "list", prefix) from None
+        return sorted(names)
+
+    def delete(self, keys):
+        def delete_one(key: str) -> None:
+            try:
+                self._blob(key).delete_blob()
+            except Exception as error:
+                if not _az_blob_missing(error):
+                    raise self._error(error, "delete", key) from None
+
+        self._az()
+        _run_parallel(delete_one, list(keys), DEFAULT_WORKERS)
+
+    def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
+        self._az()
+        _run_parallel(lambda rel: self.put_file(Path(local_dir) / rel, join_key(prefix, rel)),
+                      list(files), max_workers)
+
+    def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
+        self._az()
+        _run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
+                      list(files), max_workers)
+
+
+def _az_code(error: BaseException) -> str | None:
+    """The storage error code (`BlobNotFound`, `ContainerNotFound`, ...), from the body or `x-ms-error-code`."""
+    code = getattr(error, "error_code", None)
+    return None if code is None else str(getattr(code, "value", code))
+
+
+def _az_blob_missing(error: BaseException) -> bool:
+    """A 404 for the blob itself, not for its container."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    return isinstance(error, ResourceNotFoundError) and _az_code(error) != "ContainerNotFound"
+
+
+def _redact(text: str) -> str:
+    """One line, with SAS signatures and account keys masked (SDK messages can quote request URLs)."""
+    text = re.sub(r"(?i)\b(sig|accountkey|sharedaccesssignature)=[^&;\s'\"]+", r"\1=***", text)
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _azure_error(error: BaseException, what: str, endpoint: str) -> StoreError:
+    from azure.core import exceptions as aze
+
+    if isinstance(error, aze.ClientAuthenticationError) and getattr(error, "status_code", None) is None:
+        # Raised on this side, before any request reached the store.
+        if type(error).__name__ == "AzureSigningError":
+            return StoreError(f"cannot {what}: the account key cannot sign requests (not base64?); check "
+                              "AZURE_STORAGE_KEY or the AccountKey in AZURE_STORAGE_CONNECTION_STRING")
+        if type(error).__name__ == "CredentialUnavailableError":
+            return StoreError(f"cannot {what}: no Azure credentials found; {_AZ_CREDENTIALS_HINT}")
+        return StoreError(f"cannot {what}: the Azure credential could not get a token "
+                          f"({type(error).__name__}); check it or run `az login` again")
+    if isinstance(error, (aze.ServiceRequestError, aze.ServiceResponseError)):
+        return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(error).__name__})")
+    if isinstance(error, aze.HttpResponseError):
+        status, code = error.status_code, _az_code(error)
+        answer = code or f"HTTP {status}"
+        if code in _AZ_TRANSIENT_CODES or (status is not None and (status in (408, 429) or status >= 500)):
+            return TransientStoreError(f"cannot {what}: Azure answered {answer} (throttled or unavailable)")
+        if code == "ContainerNotFound" or (status == 404 and code is None):
+            return StoreError(f"cannot {what}: the container does not exist; create it or fix the store URI")
+        if status in (401, 403):
+            return StoreError(f"cannot {what}: access denied ({answer}); check the Azure credentials and "
+                              "their access to the container")
+        return StoreError(f"cannot {what}: Azure answered {answer}")
+    return StoreError(f"cannot {what}: {type(error).__name__}: {_redact(str(error))}")

@@ -33,7 +33,7 @@ from skyspot import __version__
 from skyspot.package import PACKAGE_MOUNT, PLACEHOLDER
 from skyspot.plan import Candidate, candidates
 from skyspot.recipe import Recipe
-from skyspot.storage import parse_store_uri
+from skyspot.storage import mount_source, parse_store_uri
 
 RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rendering stays import-light
 
@@ -70,10 +70,16 @@ def _resource_entry(candidate: Candidate, recipe: Recipe) -> dict[str, Any]:
     return entry
 
 
-def _bucket_mount(uri: str, mount_point: str) -> tuple[str, dict[str, Any]]:
-    scheme, _, rest = uri.partition("://")
-    bucket = rest.split("/", 1)[0]
-    return f"{mount_point}/{bucket}", {"source": f"{scheme}://{bucket}", "mode": "MOUNT"}
+def _data_mount(uri: str) -> tuple[str, dict[str, Any], str]:
+    """(mount point, SkyPilot mount, the data's path on the node) for a data source in a bucket."""
+    parsed = parse_store_uri(uri)
+    mount_point = f"{DATA_MOUNT}/{parsed.bucket}"
+    return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, f"{mount_point}/{parsed.prefix}"
+
+
+# The secret an Azure Blob store needs on a node: SkyPilot's Azure VMs carry no identity that
+# may read or write blobs, and nodes on other clouds have none at all (docs/storage.md).
+AZURE_STORE_SECRET = "AZURE_STORAGE_KEY"
 
 
 def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]) -> str:
@@ -124,9 +130,9 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
     store = recipe.storage.store
     source = recipe.data.source
     if "://" in source and not source.startswith("hf://"):
-        mount_point, mount = _bucket_mount(source, DATA_MOUNT)
+        mount_point, mount, node_path = _data_mount(source)
         file_mounts[mount_point] = mount
-        trainer_overrides.append(f"data.source={mount_point}/{source.partition('://')[2].partition('/')[2]}")
+        trainer_overrides.append(f"data.source={node_path}")
 
     envs = {
         **({"SKYSPOT_RUN_NAME": run_name} if run_name else {}),
@@ -144,8 +150,13 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
         },
         "envs": envs,
     }
+    secrets = {}
     if recipe.model.gated:
-        task["secrets"] = {"HF_TOKEN": None}
+        secrets["HF_TOKEN"] = None
+    if store and parse_store_uri(store).scheme == "az":
+        secrets[AZURE_STORE_SECRET] = None
+    if secrets:
+        task["secrets"] = secrets
     task["file_mounts"] = file_mounts
     task["setup"] = SETUP_SCRIPT
     task["run"] = run_script(recipe, recipe_arg, trainer_overrides)

@@ -1,4 +1,4 @@
-"""Real object-store servers on loopback for tests: moto's S3 server and fake-gcs-server.
+"""Real object-store servers on loopback for tests: moto's S3 server, fake-gcs-server and Azurite.
 
 A pytest plugin, registered in tests/conftest.py:
 
@@ -6,14 +6,21 @@ A pytest plugin, registered in tests/conftest.py:
 
 Fixtures (session-scoped; each server starts on first use and stops at session end):
 
-    def test_roundtrip(s3_server, gcs_server):
+    def test_roundtrip(s3_server, gcs_server, azure_server):
         s3_uri = s3_server.bucket("ckpt")        # creates the bucket, returns "s3://ckpt"
         gs_uri = gcs_server.bucket()             # a fresh unique bucket, "gs://test-<n>"
+        az_uri = azure_server.container()        # "az://devstoreaccount1/test-<n>" (also .bucket())
         s3_server.stop(); ...; s3_server.start() # an outage; same port, objects kept
 
 While a fixture is active the standard variables point the SDKs at it: `AWS_ENDPOINT_URL`,
 dummy `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, `AWS_DEFAULT_REGION`,
-`AWS_EC2_METADATA_DISABLED=true`, and `STORAGE_EMULATOR_HOST`. Nothing leaves 127.0.0.1.
+`AWS_EC2_METADATA_DISABLED=true`, `STORAGE_EMULATOR_HOST`, and
+`AZURE_STORAGE_CONNECTION_STRING` (Azurite's well-known development account). Nothing
+leaves 127.0.0.1.
+
+Azurite is Microsoft's storage emulator, an npm package; the README's test command installs
+the pinned version into `.node/` at the repository root (`AZURITE_BIN` overrides where the
+`azurite-blob` binary is).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 _names = itertools.count(1)
 # urllib must not route loopback requests through a proxy set in the environment.
@@ -165,6 +173,91 @@ class GCSServer:
         return f"gs://{name}"
 
 
+class AzureServer:
+    """Azurite's blob service (the npm package `azurite`) as a subprocess.
+
+    Objects live in a workspace directory, so they survive stop()/start() on the same port.
+    """
+
+    scheme = "az"
+    # Azurite's built-in development account; its key is public, from Azurite's README
+    # ("Default Storage Account"): https://github.com/Azure/Azurite#default-storage-account
+    ACCOUNT = "devstoreaccount1"
+    KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = _free_port()
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/{self.ACCOUNT}"
+
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={self.ACCOUNT};AccountKey={self.KEY};"
+                f"BlobEndpoint={self.url};")
+
+    @staticmethod
+    def binary() -> Path:
+        path = Path(os.environ.get("AZURITE_BIN") or REPO / ".node" / "node_modules" / ".bin" / "azurite-blob")
+        if not path.exists():
+            raise RuntimeError(f"Azurite not found at {path}; install it as the README's test command does: "
+                               "npm install --no-save --prefix .node azurite@<version>")
+        return path
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start, or restart on the same port after stop(); objects written before are kept."""
+        log_path = self.root / "server.log"
+        with open(log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                [str(self.binary()), "--blobHost", HOST, "--blobPort", str(self.port),
+                 "--location", str(self.root / "data"), "--loose", "--skipApiVersionCheck",
+                 "--disableTelemetry", "--silent"],  # telemetry would leave loopback
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"Azurite exited: {log_path.read_text()[-2000:]}")
+            try:
+                with _direct.open(f"{self.url}?comp=list", timeout=1):
+                    return
+            except urllib.error.HTTPError:
+                return  # it answers (403 without a signature): it is up
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"Azurite did not start within {timeout} s")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()  # Azurite saves its metadata and closes the port on SIGTERM
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def container(self, name: str | None = None) -> str:
+        """Create a container (a fresh unique one without a name); return `az://devstoreaccount1/NAME`."""
+        from azure.core.exceptions import ResourceExistsError
+        from azure.storage.blob import BlobServiceClient
+
+        name = name or f"test-{next(_names)}"
+        service = BlobServiceClient.from_connection_string(self.connection_string)
+        try:
+            service.create_container(name)
+        except ResourceExistsError:
+            pass
+        finally:
+            service.close()
+        return f"az://{self.ACCOUNT}/{name}"
+
+    bucket = container  # the same helper name as the other servers'
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     server = S3Server()
@@ -192,6 +285,22 @@ def gcs_server():
         with pytest.MonkeyPatch.context() as mp:
             _no_proxy_for_loopback(mp)
             mp.setenv("STORAGE_EMULATOR_HOST", server.url)
+            try:
+                yield server
+            finally:
+                server.stop()
+
+
+@pytest.fixture(scope="session")
+def azure_server():
+    with tempfile.TemporaryDirectory(prefix="azurite-") as root:
+        server = AzureServer(Path(root))
+        server.start()
+        with pytest.MonkeyPatch.context() as mp:
+            _no_proxy_for_loopback(mp)
+            mp.setenv("AZURE_STORAGE_CONNECTION_STRING", server.connection_string)
+            for var in ("AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_ACCOUNT"):
+                mp.delenv(var, raising=False)
             try:
                 yield server
             finally:

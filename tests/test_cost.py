@@ -215,6 +215,70 @@ def test_sigkill_without_emergency_checkpoint_recomputes_steps_since_the_interva
     assert run.mttr_seconds == 1900
 
 
+# --- scenario 3b: the same run with its store on another cloud (docs/cost.md, worked example) ---
+
+# One checkpoint of Llama-3.1-8B: 8,030,261,248 parameters x 12 bytes (docs/planning.md).
+CKPT_8B = 96_363_134_976
+
+
+def scenario_lost_work_with_store_traffic():
+    """Scenario 3, plus what the trainer writes about the store: each interval checkpoint uploaded
+    (one `upload_end` per node, here one node), and attempt 1 resuming from the store's copy."""
+    events = [dict(e, source="store", bytes=CKPT_8B) if e["type"] == "resume" else e
+              for e in scenario_lost_work().events]
+    events += [ev(T3 + 3400, "upload_end", 0, step=5, bytes=CKPT_8B, seconds=380.0, durable=True, error=None,
+                  node=0, nodes=1),
+               ev(T3 + 9500, "upload_end", 1, step=10, bytes=CKPT_8B, seconds=380.0, durable=True, error=None,
+                  node=0, nodes=1)]
+    return EventLog(events=sorted(events, key=lambda e: e["ts"]))
+
+
+def test_an_attempt_on_another_cloud_than_the_store_pays_egress_for_uploads_and_resumes():
+    log = scenario_lost_work_with_store_traffic()
+    run = cost.run_cost(log, candidates=CANDIDATES, store="s3://my-bucket/runs")
+    a0, a1 = run.attempts
+    # GPUs on GCP, store on S3. Uploads leave GCP: 96,363,134,976 B = 89.7454 GiB x $0.12 = $10.76942.
+    upload = CKPT_8B / 2**30 * 0.12
+    # The resume's download leaves AWS: 96.363 GB x $0.09 = $8.67268.
+    download = CKPT_8B / 1e9 * 0.09
+    assert (a0.egress_upload_bytes, a0.egress_download_bytes) == (CKPT_8B, 0)
+    assert (a1.egress_upload_bytes, a1.egress_download_bytes) == (CKPT_8B, CKPT_8B)
+    assert a0.egress_usd == pytest.approx(upload) == pytest.approx(10.769420, abs=1e-6)
+    assert a1.egress_usd == pytest.approx(upload + download) == pytest.approx(19.442102, abs=1e-6)
+    assert a0.compute_usd == pytest.approx(4800 / 3600 * A2_ULTRA_SPOT_US_EAST5)   # 17.573653
+    assert a0.cost_usd == pytest.approx(a0.compute_usd + a0.egress_usd)           # 28.343073
+    assert "out of gcp at $0.12/GiB" in a0.egress_detail
+    assert (run.store_cloud, run.egress_bytes) == ("aws", 3 * CKPT_8B)
+    assert run.egress_usd == pytest.approx(30.211521, abs=1e-6)                   # 2 uploads + 1 download
+    assert run.cost_usd == pytest.approx(33.682836 + 30.211521, abs=1e-5)         # 63.894357
+    # The on-demand baseline is compute only, so egress eats the savings: 47.13312 - 63.89436 < 0.
+    assert run.on_demand_cost_usd == pytest.approx(47.13312)
+    assert run.savings_usd == pytest.approx(47.13312 - 63.894357, abs=1e-5)
+    assert run.warnings == []
+
+
+def test_an_attempt_on_the_store_cloud_or_a_local_store_pays_no_egress():
+    log = scenario_lost_work_with_store_traffic()
+    for store in ("gs://my-bucket/runs", "/tmp/runs", None):
+        run = cost.run_cost(log, candidates=CANDIDATES, store=store)
+        assert run.egress_usd == 0 and run.egress_bytes == 0
+        assert all(a.egress_usd == 0 and a.egress_upload_bytes == 0 for a in run.attempts)
+        assert run.cost_usd == pytest.approx(9200 / 3600 * A2_ULTRA_SPOT_US_EAST5)   # 33.682836, as scenario 3
+
+
+def test_a_multi_node_resume_from_the_store_is_counted_as_recorded_and_says_so():
+    # Two nodes: each uploader reports its own part; `resume` (global rank 0 only) records node 0's part.
+    where = {**GCP_WHERE, "num_nodes": 2}
+    events = [dict(e, where=where) if e["type"] == "start" else e
+              for e in scenario_lost_work_with_store_traffic().events]
+    events.append(ev(T3 + 3401, "upload_end", 0, rank=8, node_rank=1, step=5, bytes=CKPT_8B, seconds=381.0,
+                     durable=True, error=None, node=1, nodes=2))
+    run = cost.run_cost(EventLog(events=sorted(events, key=lambda e: e["ts"])), store="s3://my-bucket/runs")
+    assert run.attempts[0].egress_upload_bytes == 2 * CKPT_8B
+    assert run.attempts[1].egress_download_bytes == CKPT_8B
+    assert any("node 0's part only" in w for w in run.warnings)
+
+
 def test_baseline_candidates_may_be_dicts_or_plan_candidates():
     from types import SimpleNamespace
 
@@ -321,11 +385,12 @@ def test_to_dict_field_names_are_stable():
         "baseline_instance", "savings_usd", "savings_pct", "sagemaker_savings_pct", "preemptions", "recoveries",
         "mttr_seconds", "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "useful_steps",
         "useful_seconds", "billed_seconds", "billed_node_hours", "training_seconds", "goodput", "nodes",
-        "price_source", "price_date", "simulated", "estimated", "warnings", "interval_plans"]
+        "price_source", "price_date", "simulated", "estimated", "warnings", "interval_plans", "store_cloud",
+        "egress_usd", "egress_bytes"]
     assert list(data["attempts"][0]) == [
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",
-        "simulated"]
+        "simulated", "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "egress_detail"]
     assert list(data["recovery_details"][0]) == [
         "from_attempt", "to_attempt", "cause", "notice_at", "checkpoint_at", "exit_at", "start_at",
         "restored_at", "first_step_at", "notice_to_checkpoint_seconds", "checkpoint_to_exit_seconds",

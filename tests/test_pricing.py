@@ -170,3 +170,96 @@ def test_catalog_path_is_where_skypilot_keeps_its_catalog(tmp_path):
         print(json.dumps({"sky": common.get_catalog_path("gcp/vms.csv"), "ours": str(pricing.catalog_path("gcp"))}))
     """, {"HOME": str(tmp_path), "SKY_RUNTIME_DIR": str(tmp_path / "runtime")})
     assert result["sky"] == result["ours"]
+
+
+# --- prices SkyPilot would actually pay -------------------------------------------------------
+
+
+@pytest.mark.parametrize("zone, opt_in", [
+    ("use1-atl2-az1", True),              # Local Zone ID (Atlanta), as the catalog spells it
+    ("us-east-1-atl-2a", True),           # the same zone by name, as a VM reports it
+    ("use1-wl1-bos-wlz1", True),          # Wavelength zone ID
+    ("us-east-1-wl1-bos-wlz-1", True),    # Wavelength zone name
+    ("use1-az4", False), ("us-east-1a", False), ("us-gov-west-1a", False), ("apse2-az3", False),
+])
+def test_opt_in_zones_are_recognised_by_id_and_by_name(zone, opt_in):
+    assert pricing.opt_in_zone("aws", zone) is opt_in
+    assert pricing.opt_in_zone("gcp", zone) is False  # GCP and Azure have no opt-in zones
+
+
+def test_a_local_zone_row_never_prices_a_plan():
+    # p5.48xlarge spot: use1-atl2-az1 (Atlanta Local Zone) 10.2397 is the lowest row in the snapshot, but an
+    # account must opt into it; SkyPilot prices the candidate at us-east-2's use2-az1 11.2543 (x4 = 45.02).
+    anywhere = pricing.hourly_price("aws", accelerator="H100", accelerator_count=8, spot=True)
+    assert (anywhere.usd_per_hour, anywhere.region, anywhere.zone) == (11.2543, "us-east-2", "use2-az1")
+    assert round(4 * anywhere.usd_per_hour, 2) == 45.02
+    # Pinned to us-east-1: the cheapest zone every account has, use1-az6 17.6289 (x4 = 70.52, SkyPilot's figure).
+    in_region = pricing.hourly_price("aws", "p5.48xlarge", region="us-east-1", spot=True)
+    assert (in_region.usd_per_hour, in_region.zone) == (17.6289, "use1-az6")
+    # An attempt that really ran there (the account opted in) is still priced where it ran.
+    ran_there = pricing.hourly_price("aws", "p5.48xlarge", region="us-east-1", zone="use1-atl2-az1", spot=True)
+    assert (ran_there.usd_per_hour, ran_there.zone) == (10.2397, "use1-atl2-az1")
+    # `skyspot prices` does not list it either.
+    rows = pricing.snapshot_rows("aws")
+    assert [r["zone"] for r in rows if r["opt_in_zone"]] == ["use1-atl2-az1", "use1-atl2-az1"]  # p5, p5en
+
+
+def test_a_cached_catalog_local_zone_row_never_prices_either(tmp_path, monkeypatch):
+    # p6-b200.48xlarge is not in the snapshot, so only the cached catalog can answer.
+    catalog = tmp_path / ".sky" / "catalogs" / "v8" / "aws" / "vms.csv"
+    catalog.parent.mkdir(parents=True)
+    header = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+              "AvailabilityZone,Arch\n")
+    local_zone = "p6-b200.48xlarge,B200,8.0,192.0,2048.0,,113.9,1.0,us-west-2,usw2-lax1-az1,x86_64\n"
+    regular = "p6-b200.48xlarge,B200,8.0,192.0,2048.0,,113.9,20.0,us-west-2,usw2-az3,x86_64\n"
+    catalog.write_text(header + local_zone + regular)
+    monkeypatch.setenv("SKY_RUNTIME_DIR", str(tmp_path))
+    price = pricing.hourly_price("aws", accelerator="B200", accelerator_count=8, spot=True)
+    assert (price.usd_per_hour, price.zone, price.source) == (20.0, "usw2-az3", "skypilot-catalog")
+    other = tmp_path / "other"
+    (other / ".sky" / "catalogs" / "v8" / "aws").mkdir(parents=True)
+    (other / ".sky" / "catalogs" / "v8" / "aws" / "vms.csv").write_text(header + local_zone)
+    monkeypatch.setenv("SKY_RUNTIME_DIR", str(other))
+    with pytest.raises(UsageError):  # priced only in a zone an account must opt into: no price at all
+        pricing.hourly_price("aws", "p6-b200.48xlarge", region="us-west-2", spot=True)
+
+
+def test_a_missing_spot_price_is_never_the_on_demand_price(tmp_path, monkeypatch):
+    # Every Standard_ND96isr_H100_v5 row lists SpotPrice == Price (98.32 in eastus): not a spot price.
+    with pytest.raises(pricing.MissingPrice, match="no spot price for azure 'Standard_ND96isr_H100_v5'"):
+        pricing.hourly_price("azure", accelerator="H100", accelerator_count=8, spot=True)
+    assert pricing.hourly_price("azure", accelerator="H100", accelerator_count=8, spot=False).usd_per_hour == 98.32
+    assert {r["spot_usd_per_hour"] for r in pricing.snapshot_rows("azure")
+            if r["instance_type"] == "Standard_ND96isr_H100_v5"} == {None}
+    # AWS caps spot at on-demand and does reach it: such a row stays a spot price (p5 use1-az4 55.04).
+    assert pricing.hourly_price("aws", "p5.48xlarge", region="us-east-1", zone="use1-az4",
+                                spot=True).usd_per_hour == 55.04
+    # SkyPilot's Azure fetcher writes 0 where Azure's API has no H100 price: missing, not free.
+    catalog = tmp_path / ".sky" / "catalogs" / "v8" / "azure" / "vms.csv"
+    catalog.parent.mkdir(parents=True)
+    catalog.write_text("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+                       "Generation\nStandard_ND96isr_H100_v5,H100,8,96,1900,,0.0,0.0,eastus,V2\n")
+    monkeypatch.setenv("SKY_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(pricing.MissingPrice):
+        pricing.hourly_price("azure", "Standard_ND96isr_H100_v5", region="eastus", spot=True)
+
+
+# --- egress ---------------------------------------------------------------------------------
+
+
+def test_egress_prices_are_dated_sourced_and_in_the_source_notes():
+    notes = (pricing.SNAPSHOT_PATH.parent / "SOURCE.md").read_text()
+    expected = {"aws": (0.09, "GB"), "gcp": (0.12, "GiB"), "azure": (0.087, "GB")}
+    for cloud, (usd, unit) in expected.items():
+        price = pricing.egress_price(cloud)
+        assert (price.usd_per_unit, price.unit) == (usd, unit)
+        assert price.page.startswith("https://") and price.as_of == "2026-11-30"
+        assert f"{usd:g}" in notes and price.page.split()[0] in notes
+    assert pricing.egress_price("gcp").cost(2**30) == pytest.approx(0.12)
+    assert pricing.egress_price("aws").cost(10**9) == pytest.approx(0.09)
+
+
+@pytest.mark.parametrize("store, cloud", [
+    ("s3://my-bucket/x", "aws"), ("gs://my-bucket/x", "gcp"), ("/tmp/runs", None), (None, None), ("", None)])
+def test_a_store_uri_names_its_cloud(store, cloud):
+    assert pricing.store_cloud(store) == cloud

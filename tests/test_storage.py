@@ -1,4 +1,4 @@
-"""skyspot.storage: URI validation, then one behaviour suite over a directory, moto S3 and fake-gcs-server."""
+"""skyspot.storage: URI validation, then one behaviour suite over a directory, moto S3, fake-gcs-server and Azurite."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import sys
 import pytest
 
 from skyspot.errors import StoreError, UsageError
-from skyspot.storage import (GCSStore, LocalStore, S3Store, StoreURI, TransientStoreError, backoff_delay,
-                             open_store, parse_store_uri, with_retries)
+from skyspot.storage import (AzureStore, GCSStore, LocalStore, S3Store, StoreURI, TransientStoreError, backoff_delay,
+                             mount_source, open_store, parse_store_uri, with_retries)
 
-FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or a local path"
+FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://ACCOUNT/CONTAINER/PREFIX or a local path"
+AZ_FORM = "az://ACCOUNT/CONTAINER/PREFIX"
 
 
 # --------------------------------------------------------------------------- URIs
@@ -25,7 +26,8 @@ FORMS = "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or a loca
     ("S3://abc/x/", StoreURI("s3", "abc", "x")),
     ("gs://under_score/p", StoreURI("gs", "under_score", "p")),
     ("gs://" + ".".join(["a" * 60] * 3), StoreURI("gs", ".".join(["a" * 60] * 3), "")),
-    ("az://container-1/runs", StoreURI("az", "container-1", "runs")),
+    ("az://myaccount1/container-1/runs", StoreURI("az", "container-1", "runs", "myaccount1")),
+    ("az://abc/ckpt", StoreURI("az", "ckpt", "", "abc")),
     ("/abs/path", StoreURI("file", "", "/abs/path")),
     ("file:///abs/path", StoreURI("file", "", "/abs/path")),
 ])
@@ -37,6 +39,13 @@ def test_relative_local_path_becomes_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert parse_store_uri("runs") == StoreURI("file", "", str(tmp_path / "runs"))
     assert str(parse_store_uri("s3://abc/x")) == "s3://abc/x"
+
+
+@pytest.mark.parametrize("uri", ["s3://abc/x/y", "gs://abc", "az://myaccount1/ckpt/runs/llama", "az://abc/ckpt",
+                                 "/abs/path"])
+def test_a_parsed_uri_prints_as_written(uri):
+    assert str(parse_store_uri(uri)) == uri
+    assert parse_store_uri(str(parse_store_uri(uri))) == parse_store_uri(uri)
 
 
 @pytest.mark.parametrize("uri, message", [
@@ -60,8 +69,20 @@ def test_relative_local_path_becomes_absolute(tmp_path, monkeypatch):
                          "characters long (up to 222 with dots), not 64; expected gs://BUCKET/PREFIX"),
     ("gs://google-ckpt", "invalid GCS bucket name 'google-ckpt' in 'gs://google-ckpt': must not start "
                          "with 'goog' or contain 'google'; expected gs://BUCKET/PREFIX"),
-    ("az://Container", "invalid Azure container name 'Container' in 'az://Container': may contain only "
-                       "lowercase letters, digits and hyphens; expected az://CONTAINER/PREFIX"),
+    ("az://", f"store 'az://' has no storage account; expected {AZ_FORM}"),
+    ("az://myaccount1", f"store 'az://myaccount1' has no container; expected {AZ_FORM}"),
+    ("az://myaccount1/", f"store 'az://myaccount1/' has no container; expected {AZ_FORM}"),
+    ("az://ab/ckpt", f"invalid Azure storage account name 'ab' in 'az://ab/ckpt': must be 3-24 characters long, "
+                     f"not 2; expected {AZ_FORM}"),
+    ("az://My_Account/ckpt", "invalid Azure storage account name 'My_Account' in 'az://My_Account/ckpt': may "
+                             f"contain only lowercase letters and digits; expected {AZ_FORM}"),
+    # the old az://CONTAINER/PREFIX form: a container name is rarely a valid account name
+    ("az://container-1/runs", "invalid Azure storage account name 'container-1' in 'az://container-1/runs': may "
+                              f"contain only lowercase letters and digits; expected {AZ_FORM}"),
+    ("az://myaccount1/Container", "invalid Azure container name 'Container' in 'az://myaccount1/Container': may "
+                                  f"contain only lowercase letters, digits and hyphens; expected {AZ_FORM}"),
+    ("az://myaccount1/ckpt/a//b", f"store 'az://myaccount1/ckpt/a//b' has an empty, '.' or '..' path segment; "
+                                  f"expected {AZ_FORM}"),
     ("s3://abc/a//b", "store 's3://abc/a//b' has an empty, '.' or '..' path segment; "
                       "expected s3://BUCKET/PREFIX"),
     ("gs://abc/../x", "store 'gs://abc/../x' has an empty, '.' or '..' path segment; "
@@ -77,19 +98,48 @@ def test_bad_uris_say_what_is_wrong_and_what_is_expected(uri, message):
 
 def test_parsing_imports_no_cloud_sdk():
     code = ("import sys, skyspot.storage as s; s.parse_store_uri('gs://abc/x'); s.open_store('s3://abc/x'); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'google')))")
+            "s.open_store('az://abc/ckpt/x'); s.mount_source('az://abc/ckpt/x'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('boto3', 'botocore', 'google', 'azure')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
-def test_azure_without_sdk_says_what_to_install():
-    try:
-        import azure.storage.blob  # noqa: F401
-        pytest.skip("azure-storage-blob is installed")
-    except ImportError:
-        pass
-    with pytest.raises(StoreError, match=r"pip install azure-storage-blob"):
-        open_store("az://ckpt/runs")
+# --------------------------------------------------------------------------- bucket mounts
+
+
+@pytest.mark.parametrize("uri, source, name", [
+    ("s3://my-ckpts/runs/llama", "s3://my-ckpts", "my-ckpts"),
+    ("gs://my-ckpts", "gs://my-ckpts", "my-ckpts"),
+    ("az://myaccount1/ckpts/runs", "https://myaccount1.blob.core.windows.net/ckpts", "ckpts"),
+])
+def test_mount_source_is_a_bucket_skypilot_mounts(uri, source, name):
+    """What SkyPilot 0.14.1 does with a MOUNT file mount: the task loads offline, and the checks its
+    server runs before creating the storage (Storage.construct) accept the source and name the bucket."""
+    from sky import Task
+    from sky.data import data_utils
+
+    assert mount_source(uri) == source
+    task = Task.from_yaml_config({"run": "true", "file_mounts": {"/skyspot/store": {"source": source, "mode": "MOUNT"}}})
+    storage = task.storage_mounts["/skyspot/store"]
+    storage._validate_storage_spec(storage.name)
+    assert storage.name == name and storage.source == source
+    if uri.startswith("az://"):
+        # construct() picks the Azure store for a source that passes this check, and mounts this account
+        assert data_utils.is_az_container_endpoint(source)
+        assert data_utils.split_az_path(source) == ("myaccount1", "ckpts", "")
+
+
+def test_skypilot_refuses_our_own_az_uri_as_a_mount_source():
+    from sky import Task
+    from sky.exceptions import StorageSourceError
+
+    task = Task.from_yaml_config({"run": "true", "file_mounts": {
+        "/skyspot/store": {"source": "az://myaccount1/ckpts", "mode": "MOUNT"}}})
+    storage = task.storage_mounts["/skyspot/store"]
+    with pytest.raises(StorageSourceError, match="Supported paths"):
+        storage._validate_storage_spec(storage.name)
+    with pytest.raises(ValueError, match="local path"):
+        mount_source("/mnt/ckpts")
 
 
 # --------------------------------------------------------------------------- retries
@@ -141,11 +191,14 @@ def test_backoff_grows_exponentially_up_to_the_cap():
 # --------------------------------------------------------------------------- one suite, three stores
 
 
-@pytest.fixture(params=["local", "s3", "gs"])
+SERVERS = {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}
+
+
+@pytest.fixture(params=["local", "s3", "gs", "az"])
 def store(request, tmp_path):
     if request.param == "local":
         return open_store(tmp_path / "store")
-    server = request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[request.param])
+    server = request.getfixturevalue(SERVERS[request.param])
     return open_store(server.bucket() + "/runs")
 
 
@@ -175,7 +228,7 @@ def test_put_get_list_delete(store, tmp_path):
 
 def test_parallel_upload_and_download_of_a_directory(store, tmp_path):
     src = tmp_path / "src"
-    files = {"big.bin": os.urandom(20 * 1024 * 1024),  # over the 16 MiB multipart threshold: 2 S3 parts
+    files = {"big.bin": os.urandom(20 * 1024 * 1024),  # over 16 MiB: 2 S3 parts, 2 Azure blocks and ranges
              "sub/a.txt": b"a", "sub/b.txt": b"b" * 4097, "empty": b""}
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +264,37 @@ def _closed_port_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def quick_store(uri: str):
+    """The store at `uri` with the SDK's own retries off, so a test sees the first failure."""
+    parsed = parse_store_uri(uri)
+    if parsed.scheme == "s3":
+        return S3Store(parsed.bucket, parsed.prefix, sdk_attempts=1)
+    if parsed.scheme == "gs":
+        return GCSStore(parsed.bucket, parsed.prefix, sdk_retry_seconds=0)
+    return AzureStore(parsed.account, parsed.bucket, parsed.prefix, sdk_attempts=1)
+
+
+@pytest.mark.parametrize("backend", ["s3", "gs", "az"])
+def test_an_outage_is_transient_and_the_store_answers_again_with_its_objects(backend, request):
+    server = request.getfixturevalue(SERVERS[backend])
+    store = quick_store(server.bucket() + "/runs")
+    store.put_bytes("r/run.json", b"{}")
+    server.stop()
+    try:
+        with pytest.raises(TransientStoreError, match=r"unreachable \(\w+\)$") as caught:
+            store.get_bytes("r/run.json")
+        assert "\n" not in str(caught.value)
+        retries = []
+        with pytest.raises(TransientStoreError):
+            with_retries(lambda: store.list("r/"), attempts=2, base_delay=0, max_delay=0,
+                         on_retry=lambda *a: retries.append(a), sleep=lambda d: None)
+        assert len(retries) == 1
+    finally:
+        server.start()
+    assert with_retries(lambda: store.get_bytes("r/run.json"), attempts=5, base_delay=0.2) == b"{}"
+    assert store.list("r/") == ["r/run.json"]
 
 
 def test_s3_unreachable_endpoint_is_a_transient_store_error(s3_server, monkeypatch):
@@ -291,3 +375,53 @@ def test_a_runs_events_are_read_back_from_the_store_in_time_order(s3_server):
     assert [(e["ts"], e["type"]) for e in log.events] == [(0.5, "attempt_start"), (1.0, "start"), (2.0, "step")]
     assert log.malformed == 1
     assert read_events_store(store, "missing").events == []
+
+
+def test_azure_unreachable_endpoint_is_a_transient_store_error(azure_server, monkeypatch):
+    url = _closed_port_url() + "/devstoreaccount1"
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
+                       azure_server.connection_string.replace(azure_server.url, url))
+    with pytest.raises(TransientStoreError) as caught:
+        AzureStore("devstoreaccount1", "ckpt", "runs", sdk_attempts=1).get_bytes("run.json")
+    assert str(caught.value) == (f"cannot read az://devstoreaccount1/ckpt/runs/run.json: endpoint {url} unreachable "
+                                 "(ServiceRequestError)")
+
+
+def test_azure_missing_credentials_say_how_to_provide_them(monkeypatch):
+    for var in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setitem(sys.modules, "azure.identity", None)  # as without azure-identity: never ask a metadata address
+    with pytest.raises(StoreError) as caught:
+        open_store("az://myaccount1/ckpt").put_bytes("x", b"1")
+    assert str(caught.value) == (
+        "cannot connect to az://myaccount1/ckpt: no Azure credentials found; set AZURE_STORAGE_CONNECTION_STRING, "
+        "AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or install azure-identity and run `az login` or use a "
+        "managed identity")
+    assert not isinstance(caught.value, TransientStoreError)
+
+
+def test_azure_missing_container_is_named(azure_server):
+    with pytest.raises(StoreError, match=r"az://devstoreaccount1/no-such-container-1/k: the container does not exist"):
+        open_store("az://devstoreaccount1/no-such-container-1").put_bytes("k", b"1")
+    with pytest.raises(StoreError, match=r"cannot list az://devstoreaccount1/no-such-container-1: the container"):
+        open_store("az://devstoreaccount1/no-such-container-1").list()
+
+
+def test_azure_wrong_key_is_access_denied_and_never_quoted(azure_server, monkeypatch):
+    wrong = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5LXdyb25nLWtleQ=="
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_server.connection_string.replace(azure_server.KEY, wrong))
+    uri = azure_server.container()
+    with pytest.raises(StoreError) as caught:
+        quick_store(uri).put_bytes("k", b"1")
+    message = str(caught.value)
+    assert message.startswith(f"cannot write {uri}/k: access denied (") and "check the Azure credentials" in message
+    assert wrong not in message and "\n" not in message
+    assert not isinstance(caught.value, TransientStoreError)
+
+
+def test_azure_credentials_for_another_account_are_refused(azure_server, monkeypatch):
+    with pytest.raises(StoreError) as caught:
+        open_store("az://otheraccount/ckpt").list()
+    assert str(caught.value) == ("cannot connect to az://otheraccount/ckpt: AZURE_STORAGE_CONNECTION_STRING is for "
+                                 "storage account 'devstoreaccount1', not 'otheraccount'")
+    assert azure_server.KEY not in str(caught.value)

@@ -16,7 +16,7 @@ from skyspot.errors import SkyspotError, UsageError
 SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",
                   "savings_pct", "sagemaker_savings_pct", "preemptions", "recoveries", "mttr_seconds",
                   "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "goodput", "billed_node_hours",
-                  "price_source", "price_date", "simulated", "estimated"]
+                  "price_source", "price_date", "simulated", "estimated", "egress_usd", "egress_bytes"]
 
 
 def _report(run):
@@ -38,7 +38,7 @@ def _report(run):
         if note:
             err.print(note)
     try:
-        report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record)
+        report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
     except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
         # Events passed the reader's checks yet still do not add up: say so for this run only.
         raise SkyspotError(f"the events of run '{run.name}' do not add up ({type(error).__name__}: {error})") from None
@@ -96,7 +96,8 @@ def cost_report_command(
         return
     for r in rows:
         _format(r)
-    display(rows, [("name", "NAME"), ("status", "STATUS"), ("cost", "EST. COST"), ("baseline", "ON-DEMAND"),
+    display(rows, [("name", "NAME"), ("status", "STATUS"), ("cost", "EST. COST"), ("egress", "EGRESS"),
+                   ("baseline", "ON-DEMAND"),
                    ("saved", "SAVED"), ("preemptions", "PREEMPTIONS"), ("mttr", "MTTR"), ("lost_steps", "LOST STEPS"),
                    ("goodput_pct", "GOODPUT"), ("source", "PRICES")],
             as_json=False, title="Estimated cost per run (estimates from published list prices, not a bill)",
@@ -106,6 +107,7 @@ def cost_report_command(
 def _format(r: dict) -> None:
     money = lambda v: "-" if v is None else f"${v:,.2f}"  # noqa: E731
     r["cost"] = money(r.get("cost_usd")) + (" (sim)" if r.get("simulated") else "")
+    r["egress"] = money(r.get("egress_usd"))  # inside the cost; a store on another cloud than the GPUs
     r["baseline"] = money(r.get("on_demand_cost_usd"))
     # savings_pct is None when there is no baseline yet (a run with no events): show the amount alone.
     r["saved"] = "-" if r.get("savings_usd") is None else money(r["savings_usd"]) + (
@@ -138,13 +140,14 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
     if as_csv:
         _write_csv([a | {"name": data["name"]} for a in data["attempts"]],
                    ["name", "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end",
-                    "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source"])
+                    "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source",
+                    "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd"])
         return
     _format(data)
     display([_attempt_row(a) for a in data["attempts"]],
             [("attempt", "ATTEMPT"), ("where", "WHERE"), ("instance_type", "INSTANCE"), ("nodes", "NODES"),
              ("capacity", "CAPACITY"), ("duration", "DURATION"), ("end_reason", "ENDED"), ("billed_hours", "NODE-HOURS"),
-             ("cost", "EST. COST")], as_json=False, title=f"{data['name']}: attempts",
+             ("egress", "EGRESS"), ("cost", "EST. COST")], as_json=False, title=f"{data['name']}: attempts",
             empty=f"run '{data['name']}' has no events yet")
     if data["recovery_details"]:
         display([_recovery_row(r) for r in data["recovery_details"]],
@@ -153,7 +156,8 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
                  ("total", "RECOVERY"), ("lost_steps", "LOST STEPS")], as_json=False, title="recoveries")
     sim = " Prices are those of the simulated instance this local run stands for." if data.get("simulated") else ""
     out.print(
-        f"estimated cost {data['cost']}   on-demand baseline {data['baseline']}   saved {data['saved']}\n"
+        f"estimated cost {data['cost']} (egress {data['egress']}{_store_note(data)})   on-demand baseline "
+        f"{data['baseline']}   saved {data['saved']}\n"
         f"preemptions {data['preemptions']}   recoveries {data['recoveries']}   MTTR {data['mttr']}   "
         f"lost steps {data['lost_steps']} ({data['lost_seconds']:.1f}s)   checkpoint overhead "
         f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}   "
@@ -169,6 +173,11 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
         err.print(f"note: {warning}")
 
 
+def _store_note(data: dict) -> str:
+    cloud = data.get("store_cloud")
+    return f", store on {cloud}" if cloud else ", no cloud store"
+
+
 def _pct(value) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
@@ -180,6 +189,7 @@ def _secs(value) -> str:
 def _attempt_row(a: dict) -> dict:
     return {**a, "where": "/".join(x for x in (a.get("cloud"), a.get("region")) if x),
             "capacity": "spot" if a.get("spot") else "on-demand", "duration": _secs(a.get("seconds")),
+            "egress": f"${a.get('egress_usd') or 0:,.4f}",
             "cost": "-" if a.get("cost_usd") is None else f"${a['cost_usd']:,.4f}"}
 
 
@@ -202,7 +212,8 @@ def prices_command(
     """What the shipped price snapshot holds (cheapest zone per instance type and region)."""
     from skyspot.pricing import SNAPSHOT_DATE, snapshot_rows
 
-    rows = snapshot_rows(cloud)
+    # Zones an account must opt into (AWS Local Zones) never price a plan, so they are not listed.
+    rows = [r for r in snapshot_rows(cloud) if not r["opt_in_zone"]]
     if instance:
         rows = [r for r in rows if r["instance_type"] == instance]
         if not rows:

@@ -31,6 +31,10 @@ def enabled_clouds() -> list[str]:
         raise SkyspotError(f"cannot reach the SkyPilot API server: {_one_line(error)}; try `sky api start`") from None
 
 
+_SECRET_REASONS = {"HF_TOKEN": "the model is gated",
+                   "AZURE_STORAGE_KEY": "the az:// store's account key, for the nodes to write checkpoints"}
+
+
 def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> dict[str, str]:
     """Secret values the task declares, taken from the environment (never written to any file)."""
     declared = task.get("secrets") or {}
@@ -38,8 +42,9 @@ def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> d
     for name in declared:
         value = environ.get(name)
         if not value:
-            raise UsageError(f"recipe '{recipe_name}' needs the secret {name} "
-                             f"(the model is gated): export {name}=... and launch again")
+            why = _SECRET_REASONS.get(name, "the task declares it")
+            raise UsageError(f"recipe '{recipe_name}' needs the secret {name} ({why}): "
+                             f"export {name}=... and launch again")
         values[name] = value
     return values
 

@@ -185,7 +185,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     if store_uri:
         try:
             tier = StoreTier(store_uri, run_id, placement, warn=say)
-        except StoreError as err:  # e.g. az:// without its SDK
+        except StoreError as err:  # a backend that cannot be opened
             raise UsageError(str(err)) from None
         if placement.rank == 0:
             probe = tier.probe(fresh=bool(args.fresh))

@@ -368,3 +368,61 @@ def test_status_and_cost_report_of_an_empty_ledger():
     result = invoke("cost-report", "--csv")
     assert result.exit_code == 0 and result.stdout.splitlines() == [",".join(SUMMARY_FIELDS)]
     assert "no run named 'nope'" in one_line_error(invoke("cost-report", "nope"))
+
+
+# --------------------------------------------------------------------------- egress
+
+GCP_WHERE = {**WHERE, "cloud": "gcp", "region": "us-central1", "zone": "us-central1-a",
+             "instance_type": "g2-standard-96", "accelerators": "L4:8"}
+TEN_GIB = 10 * 2**30
+
+
+def store_traffic_events() -> dict[str, list[dict]]:
+    """The preempted-once run on GCP, with a checkpoint upload in each attempt and attempt 1 resuming
+    from the store (10 GiB up each time, 10 GB down)."""
+    files = {}
+    for name, events in preempted_once_events().items():
+        events = [dict(e, where=GCP_WHERE) if "where" in e else e for e in events]
+        events = [dict(e, source="store", bytes=10**10) if e["type"] == "resume" else e for e in events]
+        files[name] = events
+    files[event_file_name(0, 0, 0)].append(_ev(T0 + 300, "upload_end", 0, step=25, bytes=TEN_GIB, seconds=40.0,
+                                               durable=True, error=None, node=0, nodes=1))
+    files[event_file_name(1, 0, 0)].append(_ev(T0 + 566, "upload_end", 1, step=40, bytes=TEN_GIB, seconds=40.0,
+                                               durable=True, error=None, node=0, nodes=1))
+    return files
+
+
+def make_store_run(name: str, store: str) -> None:
+    run_dir = skyspot_home() / "runs" / name
+    write_events(run_dir, store_traffic_events())
+    ledger = Ledger()
+    try:
+        ledger.add(name, "tiny", "local", run_dir=str(run_dir), store=store, total_steps=40, num_nodes=1, info={})
+        ledger.update(name, status="SUCCEEDED")
+    finally:
+        ledger.close()
+
+
+def test_cost_report_counts_egress_for_a_cross_cloud_attempt_and_none_on_the_store_cloud():
+    make_store_run("cross", "s3://my-bucket/runs")   # GPUs on GCP, store on S3
+    make_store_run("same", "gs://my-bucket/runs")    # GPUs and store on GCP
+    rows = {r["name"]: r for r in json.loads(invoke("cost-report", "--json").stdout)}
+    # Two uploads out of GCP: 2 x 10 GiB x $0.12/GiB = $2.40; one resume out of AWS: 10 GB x $0.09 = $0.90.
+    assert rows["cross"]["egress_usd"] == pytest.approx(3.30)
+    assert rows["cross"]["egress_bytes"] == 2 * TEN_GIB + 10**10
+    assert (rows["same"]["egress_usd"], rows["same"]["egress_bytes"]) == (0, 0)
+    assert rows["cross"]["cost_usd"] == pytest.approx(rows["same"]["cost_usd"] + 3.30)
+
+    summary = list(csv.DictReader(io.StringIO(invoke("cost-report", "--csv").stdout)))
+    assert {r["name"]: float(r["egress_usd"]) for r in summary} == pytest.approx({"cross": 3.30, "same": 0.0})
+    attempts = list(csv.DictReader(io.StringIO(invoke("cost-report", "cross", "--csv").stdout)))
+    assert [(a["egress_upload_bytes"], a["egress_download_bytes"]) for a in attempts] == [
+        (str(TEN_GIB), "0"), (str(TEN_GIB), str(10**10))]
+    assert [float(a["egress_usd"]) for a in attempts] == pytest.approx([1.20, 2.10])
+    assert [float(a["cost_usd"]) for a in attempts] == pytest.approx(
+        [float(a["compute_usd"]) + float(a["egress_usd"]) for a in attempts])
+
+    table = invoke("cost-report", "cross").stdout
+    assert "EGRESS" in table and "$1.2000" in table and "$2.1000" in table
+    assert "(egress $3.30, store on aws)" in table
+    assert "EGRESS" in invoke("cost-report").stdout

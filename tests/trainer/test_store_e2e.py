@@ -1,4 +1,4 @@
-"""End to end with a store: torchrun runs against moto's S3 server and fake-gcs-server on loopback.
+"""End to end with a store: torchrun runs against moto's S3 server, fake-gcs-server and Azurite on loopback.
 
 Every resumed run is compared bitwise with the session's uninterrupted 16-step reference
 (conftest.py). Each start runs in a fresh run directory, as on a new machine, so everything it
@@ -21,7 +21,13 @@ GCS (one bucket, run "gcsrun"), two nodes of one rank each, each node with its o
        directories: node 1 warns and drops step 8, both nodes fall back to step 4, each
        downloading only its own files, and the result still equals the (one-node) reference
 
-Four trainings (plus the shared reference): the scenarios share starts, since each start costs
+Azure Blob (one container on Azurite, run "azrun"), an Azure node (SKYPILOT_CLUSTER_INFO):
+
+    E  16 steps; an Azure Scheduled Event (Preempt, loopback metadata server) arrives at step 6:
+       step 6 is committed and uploaded to the container before its NotBefore, exit 75
+    F  a fresh run directory resumes at 6 from the container alone and equals the reference
+
+Six trainings (plus the shared reference): the scenarios share starts, since each start costs
 far more than its few steps on two CPU cores.
 """
 
@@ -47,6 +53,7 @@ SHORT = ["train.steps=8", "checkpoint.every_steps=4", "train.log_every=4", "chec
 LONG = ["train.steps=16", "checkpoint.every_steps=4", "train.log_every=4", "checkpoint.keep=3"]
 FAST_STORE = {"SKYSPOT_STORE_RETRY_MAX_SECONDS": "1", "SKYSPOT_EVENTS_SYNC_SECONDS": "1"}
 GCP_NODE = json.dumps({"cluster_name": "c1", "cloud": "GCP", "region": "us-central1", "zone": "us-central1-a"})
+AZURE_NODE = json.dumps({"cluster_name": "c1", "cloud": "Azure", "region": "eastus", "zone": None})
 
 
 def store_args(uri: str, name: str) -> list[str]:
@@ -81,6 +88,22 @@ def wait_until(predicate, what: str, proc=None, timeout: float = 120.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def preempt_by_notice(run_dir: Path, overrides: list[str], cloud: str, node: str, faults: Path) -> int:
+    """Start a node, hold it at step 6, announce a preemption due in 30 s, let it go: its exit code."""
+    with MetadataServer() as metadata:
+        proc = start(run_dir, overrides, SKYPILOT_CLUSTER_INFO=node, SKYSPOT_NOTICE_POLL_SECONDS="0.2",
+                     SKYSPOT_FAULT="step_end@6/0:hold=120", SKYSPOT_FAULT_DIR=str(faults),
+                     **metadata.env_for(cloud), **FAST_STORE)
+        wait_for_file(faults / "step_end@6.rank0", proc)
+        endpoint = {"gcp": "gcp.preempted", "azure": "azure.scheduled_events"}[cloud]
+        served = metadata.count(endpoint)
+        metadata.announce_preemption(time.time() + 30)
+        wait_until(lambda: metadata.count(endpoint) > served, "the notice reached the watcher", proc)
+        time.sleep(0.5)  # the watcher's callback sets the flag
+        release(faults, "step_end@6.rank0")
+        return finish(proc)
+
+
 def release(faults: Path, fired: str) -> None:
     (faults / f"{fired}.release").write_text("go")
 
@@ -108,17 +131,7 @@ def s3(s3_server, tmp_path_factory):
     runs = {"root": root, "store": store}
     faults = root / "faults"
 
-    with MetadataServer() as metadata:
-        proc = start(root / "A", LONG + args, SKYPILOT_CLUSTER_INFO=GCP_NODE, SKYSPOT_NOTICE_POLL_SECONDS="0.2",
-                     SKYSPOT_FAULT="step_end@6/0:hold=120", SKYSPOT_FAULT_DIR=str(faults),
-                     **metadata.env_for("gcp"), **FAST_STORE)
-        wait_for_file(faults / "step_end@6.rank0", proc)
-        served = metadata.count("gcp.preempted")
-        metadata.announce_preemption(time.time() + 30)
-        wait_until(lambda: metadata.count("gcp.preempted") > served, "the notice reached the watcher", proc)
-        time.sleep(0.5)  # the watcher's callback sets the flag
-        release(faults, "step_end@6.rank0")
-        runs["A"] = finish(proc)
+    runs["A"] = preempt_by_notice(root / "A", LONG + args, "gcp", GCP_NODE, faults)
     runs["durable_after_A"] = durable_steps(store, "s3run")
 
     b = root / "B"
@@ -242,3 +255,41 @@ def test_corrupted_remote_shard_falls_back_to_the_previous_durable_checkpoint_an
     assert line.startswith("node 1: checkpoint step_8") and "zero_pp_rank_1_mp_rank_00_optim_states.pt' is corrupt" in line
     assert log_text(d0).count("falling back to an earlier checkpoint") == 1
     assert_equals_reference(d0, reference)  # train.steps extended from 8 to 16
+
+
+# --------------------------------------------------------------------------- Azure Blob
+
+
+@pytest.fixture(scope="module")
+def azure(azure_server, tmp_path_factory):
+    """E (an Azure preemption notice) and F (a new machine) against one Azurite container."""
+    root = tmp_path_factory.mktemp("azure")
+    uri = azure_server.container()
+    store = open_store(uri)
+    args = store_args(uri, "azrun")
+    runs = {"root": root, "store": store}
+    runs["E"] = preempt_by_notice(root / "E", LONG + args, "azure", AZURE_NODE, root / "faults")
+    runs["durable_after_E"] = durable_steps(store, "azrun")
+    runs["F"] = finish(start(root / "F", LONG + args, **FAST_STORE))
+    return runs
+
+
+def test_azure_preemption_notice_makes_the_emergency_checkpoint_durable_in_blob_storage(azure):
+    e = azure["root"] / "E"
+    assert azure["E"] == PREEMPTED, log_text(e)
+    [notice] = events(e, "preemption_notice")
+    assert notice["source"] == "azure"
+    [emergency] = events(e, "emergency_checkpoint")
+    assert (emergency["step"], emergency["durable_before_deadline"], emergency["newest_durable_step"]) == (6, True, 6)
+    assert azure["durable_after_E"] == [4, 6]
+
+
+def test_azure_run_resumed_from_blob_storage_alone_matches_the_reference(azure, reference):
+    store, f = azure["store"], azure["root"] / "F"
+    assert azure["F"] == 0, log_text(f)
+    [resume] = events(f, "resume")
+    assert (resume["step"], resume["source"], resume["attempt"]) == (6, "store", 2)
+    assert_equals_reference(f, reference)
+    got = {e["step"]: (e["loss"], e["lr"]) for e in bucket_events(store, "azrun", "step")}
+    assert got == {e["step"]: (e["loss"], e["lr"]) for e in events(reference, "step")}  # both starts, from the container
+    assert "azrun/final/model.safetensors" in store.list("azrun/final/")
