@@ -35,6 +35,9 @@ CANARIES = {
     "AWS_SECRET_ACCESS_KEY": "CANARYawsSecretAccessKey0123456789",
     "AWS_SESSION_TOKEN": "CANARYawsSessionToken",
     "AZURE_CLIENT_SECRET": "CANARYazureClientSecret",
+    "AZURE_STORAGE_KEY": "CANARYazureStorageKey0123456789==",
+    "AZURE_STORAGE_CONNECTION_STRING": "AccountName=x;AccountKey=CANARYazureConnKey==",
+    "AZURE_STORAGE_SAS_TOKEN": "sv=2024&sig=CANARYazureSas",
 }
 MARK = "CANARY"
 
@@ -78,6 +81,10 @@ def test_no_secret_reaches_a_rendered_task_or_a_dry_run(canary_env, tmp_path, re
     if recipe == "llama70b":  # gated: the token is named, its value is added in memory at submission
         assert task["secrets"] == {"HF_TOKEN": None}
     assert not set(task["envs"]) & (set(CANARIES) | {"GOOGLE_APPLICATION_CREDENTIALS"})
+    on_azure = invoke("launch", recipe, "--dry-run", "--store", "az://myacct/ckpts/runs")
+    assert on_azure.exit_code == 0, on_azure.stderr
+    assert_no_canary(on_azure.stdout, on_azure.stderr)
+    assert yaml.safe_load(on_azure.stdout)["secrets"]["AZURE_STORAGE_KEY"] is None  # the nodes' key, by name only
 
 
 def test_no_secret_reaches_the_ledger_the_local_spec_or_the_reports(canary_env):

@@ -59,11 +59,11 @@ class Wrapped:
         self._store.put_file(local_path, key)
 
 
-@pytest.fixture(params=["local", "s3", "gs"])
+@pytest.fixture(params=["local", "s3", "gs", "az"])
 def store_uri(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "bucket")
-    return request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[request.param]).bucket()
+    return request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param]).bucket()
 
 
 @pytest.fixture

@@ -84,9 +84,13 @@ def _sky_records(sky_runs) -> tuple[dict, str | None]:
     from skyspot.executors import sky as sky_executor
 
     try:
-        return sky_executor.queue(job_ids), None
+        records = sky_executor.queue(job_ids)
     except SkyspotError as error:
         return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
+    from skyspot.runs import record_sky_status
+
+    record_sky_status(sky_runs, records)
+    return records, None
 
 
 def _usd(value: float) -> str:

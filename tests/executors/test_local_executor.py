@@ -165,3 +165,28 @@ def test_spot_nodes_below_min_nodes_or_without_a_store_are_refused():
                     "resources.cpu_ranks=1", "resources.min_nodes=1")
     assert result.exit_code != 0 and "needs storage.store" in result.output
     assert "tight" not in status_rows() and "storeless" not in status_rows()
+
+
+def test_a_cancelled_run_resumes_under_its_name_and_ends_equal_to_an_uninterrupted_run(reference):
+    started = launch("-d", "-n", "paused", *OVERRIDES)
+    assert started.exit_code == 0, started.output
+    deadline = time.time() + 300
+    while status_rows()["paused"]["step"] < 6 and time.time() < deadline:
+        time.sleep(0.5)
+    assert runner.invoke(app, ["cancel", "paused", "-y"]).exit_code == 0
+    assert status_rows()["paused"]["status"] == "CANCELLED"
+
+    again = launch("-n", "paused", *OVERRIDES)  # the name is taken: resume it, do not start over
+    assert again.exit_code == 2 and "skyspot resume paused" in again.output
+
+    resumed = runner.invoke(app, ["resume", "paused"], catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    row = status_rows()["paused"]
+    assert (row["status"], row["step"]) == ("SUCCEEDED", STEPS)
+    run_dir = Path(Ledger().get("paused").run_dir)
+    log = read_events_dir(run_dir / "events")
+    cancelled_at = next(e["step"] for e in log.of_type("emergency_checkpoint") if e.get("rank") == 0)
+    resume = next(e for e in log.of_type("resume") if e.get("rank") == 0)
+    assert resume["step"] == cancelled_at >= 6  # from the checkpoint the cancel wrote, nothing redone
+    assert_same_params(final_params(run_dir), final_params(reference))
+    assert runner.invoke(app, ["resume", "paused"]).exit_code == 2  # finished: nothing to resume
