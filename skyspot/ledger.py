@@ -176,7 +176,7 @@ class Ledger:
             import difflib
 
             close = difflib.get_close_matches(name, names, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = f"; did you mean '{close[0]}'?" if close else ";"
             raise UsageError(f"no run named '{name}'{hint} `skyspot status -a` lists runs")
         try:
             return self._row(rows[0])

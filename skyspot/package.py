@@ -75,11 +75,12 @@ def _canonical(name: str) -> str:
 def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ...]:
     """skyspot's declared requirements for a node, each pinned to the version installed here.
 
-    `declared` defaults to the installed skyspot's own metadata (pyproject.toml's dependencies).
-    A requirement not installed here keeps its declared range.
+    `declared` defaults to pyproject.toml's dependencies when skyspot runs from its checkout (an
+    editable install's metadata is only as new as its last `pip install -e`), else to the
+    installed skyspot's metadata. A requirement not installed here keeps its declared range.
     """
     if declared is None:
-        declared = metadata.requires("skyspot") or []
+        declared = _checkout_dependencies() or metadata.requires("skyspot") or []
     pinned = []
     for requirement in declared:
         if ";" in requirement and "extra ==" in requirement:
@@ -97,6 +98,17 @@ def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ..
             continue
         pinned.append(f"{name}=={version.split('+', 1)[0]}")
     return tuple(sorted(pinned, key=str.lower))
+
+
+def _checkout_dependencies() -> Optional[list[str]]:
+    pyproject = Path(skyspot.__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        import tomllib
+
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+    except (ImportError, OSError, ValueError):
+        return None
+    return list(project.get("dependencies") or []) if project.get("name") == "skyspot" else None
 
 
 def _metadata_files(version: str, requirements: tuple[str, ...]) -> dict[str, bytes]:
