@@ -20,6 +20,11 @@ run's store: the bytes its `upload_end` events sent (at its own cloud's egress p
 bytes its `resume` from the store pulled back (at the store's cloud's price). A local run is
 priced as the cloud instance its `where` names and is reported as simulated. All figures are
 estimates, not bills.
+
+Baseline. What the same run would have cost as one uninterrupted attempt on the cheapest
+on-demand candidate: one start-up (the first attempt's billing start to its first step), every
+useful step once, and one wind-down (the last step to the end of a completed run). Recoveries,
+recomputed steps, checkpoint stalls and start-ups after the first count against spot.
 """
 
 from __future__ import annotations
@@ -131,7 +136,7 @@ class RunCost:
     recovery_details: list[Recovery]
     cost_usd: float
     on_demand_cost_usd: Optional[float]
-    """useful_seconds / 3600 x nodes x baseline_usd_per_hour."""
+    """baseline_seconds / 3600 x nodes x baseline_usd_per_hour."""
     baseline_usd_per_hour: Optional[float]
     baseline_instance: Optional[str]
     """The cheapest on-demand candidate, as 'cloud instance_type region'."""
@@ -172,6 +177,15 @@ class RunCost:
     """Σ attempt `egress_usd`; already inside `cost_usd`."""
     egress_bytes: int = 0
     """Σ attempt egress upload and download bytes."""
+    startup_seconds: float = 0.0
+    """The one start an uninterrupted run also pays: from the start of the first attempt that ran a step
+    to the start of that step (provisioning, setup, op builds, model load); all of the first attempt
+    when no step ran yet."""
+    wind_down_seconds: float = 0.0
+    """The one finish an uninterrupted run also pays: the end of the last step to the end of the last
+    attempt (final checkpoint, export, shutdown); 0 unless the run completed."""
+    baseline_seconds: float = 0.0
+    """startup_seconds + useful_seconds + wind_down_seconds: the run as one uninterrupted attempt."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -230,8 +244,10 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     egress = sum(a.egress_usd for a in attempts)
     cost = sum(a.compute_usd for a in attempts if a.compute_usd is not None) + egress
 
+    startup, wind_down = _startup_seconds(attempts, runs), _wind_down_seconds(attempts, runs)
+    baseline_seconds = startup + useful_seconds + wind_down
     baseline = _baseline(candidates, attempts, warnings)
-    on_demand = useful_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
+    on_demand = baseline_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
     savings = on_demand - cost if on_demand is not None else None
     totals = [r.total_seconds for r in details if r.total_seconds is not None]
     recoveries = len(details)
@@ -263,6 +279,9 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         useful_seconds=useful_seconds,
         billed_seconds=billed_seconds,
         billed_node_hours=sum(a.billed_hours for a in attempts),
+        startup_seconds=startup,
+        wind_down_seconds=wind_down,
+        baseline_seconds=baseline_seconds,
         training_seconds=training_seconds,
         goodput=useful_seconds / billed_seconds if billed_seconds > 0 else None,
         nodes=nodes,
@@ -275,6 +294,25 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         egress_usd=egress,
         egress_bytes=sum(a.egress_upload_bytes + a.egress_download_bytes for a in attempts),
     )
+
+
+def _startup_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
+    """Billing start to the first step's start, in the first attempt that ran a step."""
+    for attempt in attempts:
+        mine = [r for r in runs if r.attempt == attempt.attempt]
+        if mine:
+            first = min(mine, key=lambda r: r.ts)
+            return min(attempt.seconds, max(0.0, first.ts - first.seconds - attempt.start))
+    return attempts[0].seconds if attempts else 0.0
+
+
+def _wind_down_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
+    """The last step's end to the end of the last attempt, for a run that completed."""
+    if not attempts or attempts[-1].end_reason != "complete":
+        return 0.0
+    last = attempts[-1]
+    mine = [r.ts for r in runs if r.attempt == last.attempt]
+    return max(0.0, last.end - max(mine)) if mine else 0.0
 
 
 def _interval_plans(events: list[dict]) -> list[dict]:
@@ -367,7 +405,7 @@ def _attempt_cost(number: int, events: list[dict], *, last: bool, queue_record, 
         price_source=price.source if price else None,
         price_date=price.source_date if price else None,
         price_detail=price.detail if price else None,
-        simulated=_simulated(where),
+        simulated=is_simulated(where),
         compute_usd=billed_hours * price.usd_per_hour if price else None,
     )
 
@@ -562,7 +600,8 @@ def _as_bool(value: Any) -> bool:
     return bool(value)
 
 
-def _simulated(where: Mapping[str, Any]) -> bool:
+def is_simulated(where: Mapping[str, Any]) -> bool:
+    """Whether a `where` describes a local run standing in for a cloud instance."""
     return _as_bool(where.get("simulated")) or where.get("executor") == "local"
 
 

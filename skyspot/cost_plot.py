@@ -2,7 +2,8 @@
 
 Top panel: one bar per attempt (spot and on-demand coloured apart) with checkpoints as ticks,
 preemption notices and preemptions marked. Bottom panel: cumulative estimated cost against
-the on-demand baseline (useful step time at the baseline price), so the gap is the saving.
+the on-demand baseline (one start-up, each useful step once, one wind-down, at the baseline
+price: docs/cost.md), so the gap is the saving.
 
 matplotlib is imported only when a plot is drawn, and only through `Figure` (no pyplot, no
 global backend), so this works headless and leaves the caller's matplotlib state alone.
@@ -22,6 +23,7 @@ NOTICE_COLOUR = "#e9c46a"
 PREEMPT_COLOUR = "#c1121f"
 CHECKPOINT_COLOUR = "#264653"
 BASELINE_COLOUR = "#6c757d"
+NOTICE_OFFSET = 0.38  # notices sit below their attempt's bar (y grows downwards here)
 
 
 def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
@@ -70,9 +72,10 @@ def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
         if e["type"] == "checkpoint_end" and e.get("rank") in (0, None):
             timeline.plot(x(e["ts"]), y, marker="|", markersize=16, mew=2, color=CHECKPOINT_COLOUR, zorder=3)
         elif e["type"] == "emergency_checkpoint" and e.get("rank") in (0, None):
-            timeline.plot(x(e["ts"]), y, marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=4)
+            timeline.plot(x(e["ts"]), y, marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=6)
         elif e["type"] in ("preemption_notice", "preempt_notice_sent"):
-            timeline.plot(x(e["ts"]), y + 0.05, marker="v", markersize=10, color=NOTICE_COLOUR,
+            # Below the bar, pointing at it: the emergency checkpoint a second later stays visible on the bar.
+            timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="^", markersize=9, color=NOTICE_COLOUR,
                           markeredgecolor="black", zorder=5)
 
     for prev, nxt in zip(attempts, attempts[1:]):
@@ -80,13 +83,13 @@ def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
             axis.axvspan(x(prev.end), x(nxt.start), color=PREEMPT_COLOUR, alpha=0.07, lw=0)
 
     timeline.set_yticks(range(len(attempts)), [f"attempt {a.attempt}" for a in attempts])
-    timeline.set_ylim(len(attempts) - 0.5, -0.9)
+    timeline.set_ylim(len(attempts) - 0.5 + NOTICE_OFFSET, -0.9)
     timeline.grid(axis="x", alpha=0.3)
     timeline.legend(handles=[
         Patch(color=SPOT_COLOUR, label="spot"), Patch(color=ON_DEMAND_COLOUR, label="on-demand"),
         Line2D([], [], ls="", marker="|", ms=12, mew=2, color=CHECKPOINT_COLOUR, label="checkpoint"),
         Line2D([], [], ls="", marker="D", color=CHECKPOINT_COLOUR, label="emergency checkpoint"),
-        Line2D([], [], ls="", marker="v", ms=9, color=NOTICE_COLOUR, markeredgecolor="black", label="notice"),
+        Line2D([], [], ls="", marker="^", ms=9, color=NOTICE_COLOUR, markeredgecolor="black", label="notice"),
         Line2D([], [], ls="", marker="X", ms=9, color=PREEMPT_COLOUR, label="preempted"),
         Patch(fill=False, hatch="///", edgecolor=PREEMPT_COLOUR, lw=0, label="steps run again later"),
         Patch(color=PREEMPT_COLOUR, alpha=0.15, label="between attempts"),
@@ -104,14 +107,12 @@ def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
     money.plot([], [], color=SPOT_COLOUR, lw=2.4, label=f"estimated cost  {_usd(total)}")
 
     if run_cost.baseline_usd_per_hour is not None:
-        rate = run_cost.baseline_usd_per_hour * run_cost.nodes / 3600
-        bx, by, accrued = [0.0], [0.0], 0.0
-        for r in sorted((r for r in runs if not r.recomputed), key=lambda r: r.ts):
-            accrued += r.seconds * rate
-            bx.append(x(r.ts))
-            by.append(accrued)
+        points = baseline_curve(run_cost, runs, t0)
+        bx, by = [x(ts) for ts, _ in points], [usd for _, usd in points]
+        accrued = by[-1]
         money.plot(bx, by, color=BASELINE_COLOUR, lw=1.8, ls="--", drawstyle="steps-post",
-                   label=f"on-demand baseline  {_usd(accrued)}  ({run_cost.baseline_instance}, useful steps only)")
+                   label=f"on-demand baseline  {_usd(accrued)}  ({run_cost.baseline_instance}: one start-up, "
+                         "useful steps, one wind-down)")
     money.set_ylabel("USD (cumulative)")
     money.set_xlabel(f"{unit} since the first attempt started")
     money.grid(alpha=0.3)
@@ -122,6 +123,22 @@ def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
+
+
+def baseline_curve(run_cost: RunCost, runs, t0: float) -> list[tuple[float, float]]:
+    """(unix time, cumulative USD) of the on-demand baseline: its start-up from t0, then each useful
+    step as it ran, then the wind-down; the last point is `run_cost.on_demand_cost_usd`."""
+    rate = run_cost.baseline_usd_per_hour * run_cost.nodes / 3600
+    accrued = run_cost.startup_seconds * rate
+    points = [(t0, 0.0), (t0 + run_cost.startup_seconds, accrued)]
+    useful = sorted((r for r in runs if not r.recomputed), key=lambda r: r.ts)
+    for r in useful:
+        accrued += r.seconds * rate
+        points.append((r.ts, accrued))
+    if run_cost.wind_down_seconds and useful:
+        accrued += run_cost.wind_down_seconds * rate
+        points.append((useful[-1].ts + run_cost.wind_down_seconds, accrued))
+    return points
 
 
 def _title(run: RunCost) -> str:
@@ -139,8 +156,8 @@ def _title(run: RunCost) -> str:
 
 
 def _usd(value: float) -> str:
-    # A bare "$" starts mathtext in matplotlib; escaped, it prints as a dollar sign.
-    return rf"\${value:,.2f}"
+    # A bare "$" starts mathtext in matplotlib; escaped, it prints as a dollar sign. The sign goes first.
+    return ("-" if value < 0 and round(value, 2) else "") + rf"\${abs(value):,.2f}"
 
 
 def _footnote(run: RunCost) -> str:

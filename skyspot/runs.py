@@ -146,13 +146,17 @@ def events_signature(run) -> Optional[str]:
 
 def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
     """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far."""
-    from skyspot.cost import cost_so_far
+    from skyspot.cost import cost_so_far, is_simulated
 
     now = now or time.time()
     events = log.events
     steps = [e["step"] for e in events if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
-    where = next((e.get("where") for e in reversed(events) if e.get("type") in ("attempt_start", "start")
-                  and isinstance(e.get("where"), dict)), None) or {}
+    wheres = [e["where"] for e in events if e.get("type") in ("attempt_start", "start") and isinstance(e.get("where"), dict)]
+    where = dict(wheres[-1]) if wheres else {}
+    # The executor's attempt_start knows more (simulated) than the trainer's start, which comes last.
+    for earlier in reversed(wheres[:-1]):
+        for key, value in earlier.items():
+            where.setdefault(key, value)
     attempts = {e.get("attempt") for e in events if e.get("type") in ("attempt_start", "start")}
     durable = [e["step"] for e in events
                if e.get("type") == "upload_end" and e.get("durable") is True and isinstance(e.get("step"), int)]
@@ -178,6 +182,6 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "recoveries": recoveries,
         "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
         "elapsed_seconds": round(end - run.created_at, 1),
-        "cost_so_far_usd": cost, "simulated": bool(where.get("simulated")),
+        "cost_so_far_usd": cost, "simulated": run.executor == "local" or any(is_simulated(w) for w in wheres),
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
     }

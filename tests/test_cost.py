@@ -70,12 +70,15 @@ def test_run_without_preemption():
     assert attempt.billed_hours == 2.0
     assert attempt.cost_usd == pytest.approx(2 * 8.6505)                  # 17.301
     assert run.cost_usd == pytest.approx(17.301)
-    # Useful: 10 steps x 600 s. Baseline: own instance on demand in us-east-1.
+    # Useful: 10 steps x 600 s. Baseline: own instance on demand in us-east-1, for one start-up
+    # (attempt start T1 -> step 1 starts T1+300) + the useful steps + one wind-down (step 10 ends
+    # T1+6300 -> attempt end T1+7200): an uninterrupted run is billed as long as this one was.
     assert (run.useful_steps, run.useful_seconds) == (10, 6000)
+    assert (run.startup_seconds, run.wind_down_seconds, run.baseline_seconds) == (300, 900, 7200)
     assert run.baseline_usd_per_hour == P4DE_ON_DEMAND
-    assert run.on_demand_cost_usd == pytest.approx(6000 / 3600 * 27.44705)  # 45.7450833
-    assert run.savings_usd == pytest.approx(45.7450833333 - 17.301)         # 28.4440833
-    assert run.savings_pct == pytest.approx(100 * 28.4440833333 / 45.7450833333)  # 62.18 %
+    assert run.on_demand_cost_usd == pytest.approx(7200 / 3600 * 27.44705)  # 54.8941
+    assert run.savings_usd == pytest.approx(54.8941 - 17.301)               # 37.5931
+    assert run.savings_pct == pytest.approx(100 * 37.5931 / 54.8941)        # 68.48 %: the spot discount
     assert run.sagemaker_savings_pct == 0.0                                 # 1 - 7200/7200
     assert run.goodput == pytest.approx(6000 / 7200)
     assert run.checkpoint_overhead_seconds == 50.0                          # 20 + 30
@@ -134,10 +137,12 @@ def test_two_preemptions_with_emergency_checkpoints_lose_no_work():
     assert run.billed_seconds == 13190                                   # 3870 + 3920 + 5400
     assert run.billed_node_hours == pytest.approx(13190 / 3600 * 2)     # 7.32778
     assert run.cost_usd == pytest.approx(13190 / 3600 * 2 * 8.6505)     # 63.3889
-    # Every step ran once: 20 x 600 s useful; baseline 2 nodes on demand.
+    # Every step ran once: 20 x 600 s useful; baseline 2 nodes on demand, with one start-up
+    # (T2 -> step 1 starts T2+100) and one wind-down (step 20 ends T2+13950 -> end T2+14400).
     assert (run.useful_steps, run.useful_seconds, run.lost_steps, run.lost_seconds) == (20, 12000, 0, 0)
-    assert run.on_demand_cost_usd == pytest.approx(12000 / 3600 * 2 * 27.44705)  # 182.9803
-    assert run.savings_usd == pytest.approx(182.980333333 - 63.388916667)        # 119.5914
+    assert (run.startup_seconds, run.wind_down_seconds, run.baseline_seconds) == (100, 450, 12550)
+    assert run.on_demand_cost_usd == pytest.approx(12550 / 3600 * 2 * 27.44705)  # 191.366932
+    assert run.savings_usd == pytest.approx(191.366931944 - 63.388916667)        # 127.978015
     assert run.sagemaker_savings_pct == pytest.approx(100 * (1 - 13190 / 14400))  # 8.4028 %
     assert run.training_seconds == 14400
     assert run.goodput == pytest.approx(12000 / 13190)
@@ -199,8 +204,11 @@ def test_sigkill_without_emergency_checkpoint_recomputes_steps_since_the_interva
     # Baseline: cheapest on demand among candidates = min(gcp 23.56656, aws us-east-1 27.44705).
     assert run.baseline_usd_per_hour == pytest.approx(A2_ULTRA_ON_DEMAND_CHEAPEST)
     assert run.baseline_instance == "gcp a2-ultragpu-8g us-central1"
-    assert run.on_demand_cost_usd == pytest.approx(7200 / 3600 * 23.56656)  # 47.13312
-    assert run.savings_usd == pytest.approx(47.13312 - 33.682835556)        # 13.450284
+    # Trainer events only: billing starts at the trainer's start, so the start-up is 0 (a floor);
+    # the wind-down is step 12's end T3+10300 -> exit T3+10400.
+    assert (run.startup_seconds, run.wind_down_seconds, run.baseline_seconds) == (0, 100, 7300)
+    assert run.on_demand_cost_usd == pytest.approx(7300 / 3600 * 23.56656)  # 47.787747
+    assert run.savings_usd == pytest.approx(47.787746667 - 33.682835556)    # 14.104911
     assert run.sagemaker_savings_pct == pytest.approx(100 * (1 - 9200 / 10400))  # 11.538 %
     assert run.goodput == pytest.approx(7200 / 9200)
     assert run.checkpoint_overhead_seconds == 40.0
@@ -251,9 +259,9 @@ def test_an_attempt_on_another_cloud_than_the_store_pays_egress_for_uploads_and_
     assert (run.store_cloud, run.egress_bytes) == ("aws", 3 * CKPT_8B)
     assert run.egress_usd == pytest.approx(30.211521, abs=1e-6)                   # 2 uploads + 1 download
     assert run.cost_usd == pytest.approx(33.682836 + 30.211521, abs=1e-5)         # 63.894357
-    # The on-demand baseline is compute only, so egress eats the savings: 47.13312 - 63.89436 < 0.
-    assert run.on_demand_cost_usd == pytest.approx(47.13312)
-    assert run.savings_usd == pytest.approx(47.13312 - 63.894357, abs=1e-5)
+    # The on-demand baseline is compute only, so egress eats the savings: 47.78775 - 63.89436 < 0.
+    assert run.on_demand_cost_usd == pytest.approx(47.787747)
+    assert run.savings_usd == pytest.approx(47.787747 - 63.894357, abs=1e-5)
     assert run.warnings == []
 
 
@@ -343,9 +351,11 @@ def test_fallback_to_on_demand_bills_the_last_attempt_at_the_on_demand_price():
     spot_cost = (2020 + 1440) / 3600 * 8.6505                            # 8.314092
     on_demand_cost = 3200 / 3600 * 27.44705                              # 24.397378
     assert run.cost_usd == pytest.approx(spot_cost + on_demand_cost)     # 32.711469
-    assert run.on_demand_cost_usd == pytest.approx(6000 / 3600 * 27.44705)  # 45.745083
-    assert run.savings_usd == pytest.approx(45.745083333 - 32.711469444)    # 13.033614
-    assert run.savings_pct == pytest.approx(100 * 13.033613889 / 45.745083333)  # 28.49 %
+    # One start-up (T4 -> step 1 starts T4+60), one wind-down (step 10 ends T4+7300 -> T4+7400).
+    assert (run.startup_seconds, run.wind_down_seconds, run.baseline_seconds) == (60, 100, 6160)
+    assert run.on_demand_cost_usd == pytest.approx(6160 / 3600 * 27.44705)  # 46.964952
+    assert run.savings_usd == pytest.approx(46.964952222 - 32.711469444)    # 14.253483
+    assert run.savings_pct == pytest.approx(100 * 14.253482778 / 46.964952222)  # 30.35 %
     assert run.sagemaker_savings_pct == pytest.approx(10.0)             # 1 - 6660/7400
     assert (run.preemptions, run.recoveries, run.lost_steps) == (2, 2, 0)
     first, second = run.recovery_details
@@ -386,7 +396,7 @@ def test_to_dict_field_names_are_stable():
         "mttr_seconds", "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "useful_steps",
         "useful_seconds", "billed_seconds", "billed_node_hours", "training_seconds", "goodput", "nodes",
         "price_source", "price_date", "simulated", "estimated", "warnings", "interval_plans", "store_cloud",
-        "egress_usd", "egress_bytes"]
+        "egress_usd", "egress_bytes", "startup_seconds", "wind_down_seconds", "baseline_seconds"]
     assert list(data["attempts"][0]) == [
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",
@@ -422,3 +432,71 @@ def test_the_checkpoint_intervals_a_run_used_are_reported_oldest_first():
         {"attempt": 1, "every_seconds": 900.0, "bound": None, "reason": "start", "mtbp_s": None,
          "blocking_cost_s": None}]
     assert cost.run_cost(scenario_two_preemptions_saved()).interval_plans == []
+
+
+# --- the README quickstart's shape: a one-time op build in attempt 1, two short recoveries ---
+
+G5_SPOT_US_EAST_1A = 4.5408
+G5_ON_DEMAND = 16.288
+SIM_G5 = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g5.48xlarge",
+          "spot": True, "accelerators": None, "num_nodes": 1, "simulated": True}
+
+
+def scenario_quickstart():
+    """`skyspot launch tiny --local --preempt-at-steps 60,130 --notice 5` on a fresh machine: attempt 1
+    builds DeepSpeed's op for 75 s before step 1; steps take 0.08 s; each recovery costs ~14 s."""
+    t = 5_000_000.0
+    return log_of(
+        [executor(t, "attempt_start", 1, where=SIM_G5), ev(t + 4, "start", 1, where=SIM_G5)],
+        steps(1, 1, 62, t + 85, seconds=0.08),                              # step 62 ends t+89.96
+        [executor(t + 90, "preempt_notice_sent", 1, deadline=t + 95),
+         ev(t + 90.4, "emergency_checkpoint", 1, step=62, signal_to_commit_seconds=0.4),
+         ev(t + 90.5, "exit", 1, code=75, reason="preempted", step=62),
+         executor(t + 93, "attempt_end", 1, code=75, reason="preempted"),
+         executor(t + 95, "attempt_start", 2, where=SIM_G5), ev(t + 99, "start", 2, where=SIM_G5),
+         ev(t + 104, "resume", 2, step=62, source="local", load_seconds=0.02)],
+        steps(2, 63, 132, t + 104, seconds=0.08),                           # step 132 ends t+109.6
+        [executor(t + 110, "preempt_notice_sent", 2, deadline=t + 115),
+         ev(t + 110.4, "emergency_checkpoint", 2, step=132, signal_to_commit_seconds=0.4),
+         ev(t + 110.5, "exit", 2, code=75, reason="preempted", step=132),
+         executor(t + 113, "attempt_end", 2, code=75, reason="preempted"),
+         executor(t + 115, "attempt_start", 3, where=SIM_G5), ev(t + 119, "start", 3, where=SIM_G5),
+         ev(t + 124, "resume", 3, step=132, source="local", load_seconds=0.02)],
+        steps(3, 133, 200, t + 124, seconds=0.08),                          # step 200 ends t+129.44
+        [ev(t + 129.6, "exit", 3, code=0, reason="complete", step=200),
+         executor(t + 133, "attempt_end", 3, code=0, reason="complete")])
+
+
+def test_the_quickstart_saves_money_because_an_on_demand_run_pays_the_first_start_too():
+    run = cost.run_cost(scenario_quickstart())
+    assert [a.usd_per_hour for a in run.attempts] == [G5_SPOT_US_EAST_1A] * 3
+    assert run.baseline_usd_per_hour == G5_ON_DEMAND
+    assert run.billed_seconds == pytest.approx(93 + 18 + 18)                   # 129 s of spot
+    # One start-up (t -> step 1 starts t+85: the op build included), 200 x 0.08 s, one wind-down
+    # (step 200 ends t+129.44 -> t+133).
+    assert run.startup_seconds == pytest.approx(85)
+    assert run.useful_seconds == pytest.approx(16)
+    assert run.wind_down_seconds == pytest.approx(3.56)
+    assert run.on_demand_cost_usd == pytest.approx(104.56 / 3600 * G5_ON_DEMAND)  # 0.47308
+    assert run.cost_usd == pytest.approx(129 / 3600 * G5_SPOT_US_EAST_1A)         # 0.16271
+    assert run.savings_usd == pytest.approx(0.473076 - 0.162712, abs=1e-5)
+    assert 60 < run.savings_pct < 70                                          # 65.6 %
+    # Counting only the useful step time, as before, would have shown spot losing money.
+    assert run.useful_seconds / 3600 * G5_ON_DEMAND < run.cost_usd
+
+
+def test_an_uninterrupted_run_saves_exactly_the_spot_discount():
+    run = cost.run_cost(scenario_no_preemption())
+    assert run.baseline_seconds == run.billed_seconds
+    assert run.savings_pct == pytest.approx(100 * (1 - P4DE_SPOT / P4DE_ON_DEMAND))
+
+
+def test_the_plotted_baseline_ends_at_the_reported_baseline_and_money_keeps_its_sign():
+    from skyspot.cost_plot import _usd, baseline_curve
+
+    run = cost.run_cost(scenario_quickstart())
+    points = baseline_curve(run, cost.step_runs(scenario_quickstart()), run.attempts[0].start)
+    assert points[1][1] == pytest.approx(85 / 3600 * G5_ON_DEMAND)         # the start-up comes first
+    assert points[-1][1] == pytest.approx(run.on_demand_cost_usd)
+    assert [p[1] for p in points] == sorted(p[1] for p in points)
+    assert _usd(-0.0912) == r"-\$0.09" and _usd(1234.5) == r"\$1,234.50"

@@ -1,4 +1,4 @@
-"""What every command shares: the consoles, error handling, and one table helper for rich or JSON output."""
+"""What every command shares: the consoles, error handling, and one table helper for plain text or JSON."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import json
 import math
 import os
 import sys
-from typing import Optional, Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Optional, Any, Callable, Iterable, Sequence, Union
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from skyspot.errors import SkyspotError
+
 
 # Data to stdout, diagnostics to stderr; rich honours NO_COLOR and drops colour off a TTY.
 def _width(stream) -> Optional[int]:
@@ -23,8 +23,55 @@ def _width(stream) -> Optional[int]:
     return 160
 
 
-out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+class _LazyConsole:
+    """A rich Console made on first use: importing rich costs a command that prints no rich text
+    (render, --json, a plain table) a noticeable share of its start-up."""
+
+    def __init__(self, stderr: bool):
+        self._stderr = stderr
+        self._console = None
+
+    def _get(self):
+        if self._console is None:
+            from rich.console import Console
+
+            stream = sys.stderr if self._stderr else sys.stdout
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=_width(stream))
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
+
+
+out: Any = _LazyConsole(stderr=False)
+err: Any = _LazyConsole(stderr=True)
+
+
+def terminal_width(stream=None) -> int:
+    """The columns a table may use on `stream` (stdout): COLUMNS, else the terminal's, else a wide page."""
+    stream = stream or sys.stdout
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+        if columns > 0:
+            return columns
+    except ValueError:
+        pass
+    if stream.isatty():
+        try:
+            return os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            return 80
+    return 160
+
+
+def usd(value: Optional[float], places: Optional[int] = None) -> str:
+    """Dollars with the sign in front (-$0.09, not $-0.09); four places below a dollar unless `places`."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if places is None:
+        places = 4 if abs(value) < 1 else 2
+    text = f"${abs(value):,.{places}f}"
+    return f"-{text}" if value < 0 and text.strip("$0.,") else text
 
 
 def fail(message: str, code: int = 1) -> "typer.Exit":
@@ -61,21 +108,112 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
-def display(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], *, as_json: bool,
-            title: str | None = None, empty: str = "nothing to show") -> None:
-    """Render rows as a rich table (columns: (key, header)) or as a JSON list of the full row dicts."""
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: the row key, its header, and when to hide it on a narrow terminal.
+
+    `drop` 0 is always shown; otherwise, while the table is wider than the terminal, the column with
+    the highest `drop` is hidden first (--json still has every field)."""
+
+    key: str
+    header: str
+    drop: int = 0
+    right: bool = False
+    wrap: bool = False
+    """Long text: when the table is still too wide, this column takes what is left and wraps."""
+
+
+ColumnSpec = Union[Column, tuple]
+GAP = "  "
+
+
+def display(rows: Sequence[dict[str, Any]], columns: Sequence[ColumnSpec], *, as_json: bool,
+            title: str | None = None, empty: str = "nothing to show", caption: str | None = None) -> None:
+    """Render rows as a plain-text table that fits the terminal (columns: Column or (key, header[, drop]))
+    or as a JSON list of the full row dicts."""
     if as_json:
         sys.stdout.write(json.dumps(_finite(list(rows)), indent=2, default=str, allow_nan=False) + "\n")
         return
     if not rows:
         err.print(empty)
         return
-    table = Table(title=title, show_lines=False, header_style="bold")
-    for _, header in columns:
-        table.add_column(header, overflow="fold")
-    for row in rows:
-        table.add_row(*[_cell(row.get(key)) for key, _ in columns])
-    out.print(table)
+    width = terminal_width()
+    text, hidden = table_text(rows, [_column(c) for c in columns], width=width)
+    lines = _wrap(title, width) + [text] + _wrap(caption, width)
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
+    if hidden:
+        err.print(f"(hidden to fit {width} columns: {', '.join(hidden)}; a wider terminal or --json shows them)",
+                  markup=False, highlight=False, style="dim")
+
+
+def table_text(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, width: int) -> tuple[str, list[str]]:
+    """The table as text no wider than `width` where hiding columns allows; returns it and the hidden headers."""
+    cells = {c.key: [_cell(row.get(c.key)) for row in rows] for c in columns}
+    widths = {c.key: max([_cell_len(c.header)] + [_cell_len(v) for v in cells[c.key]]) for c in columns}
+    shown = list(columns)
+    hidden: list[str] = []
+
+    def total() -> int:
+        return sum(widths[c.key] for c in shown) + len(GAP) * (len(shown) - 1)
+
+    while total() > width:
+        droppable = [c for c in shown if c.drop > 0]
+        if not droppable:
+            break
+        victim = max(droppable, key=lambda c: (c.drop, -shown.index(c)))
+        shown.remove(victim)
+        hidden.append(victim.header)
+
+    wrapped = [c for c in shown if c.wrap]
+    if total() > width and wrapped:
+        column = wrapped[-1]
+        widths[column.key] = max(20, widths[column.key] - (total() - width))
+
+    def line(values: Sequence[str]) -> str:
+        import textwrap
+
+        split = [textwrap.wrap(v, widths[c.key]) or [""] if c.wrap and _cell_len(v) > widths[c.key] else [v]
+                 for c, v in zip(shown, values)]
+        out_lines = []
+        for k in range(max(len(parts) for parts in split)):
+            parts = []
+            for column, pieces in zip(shown, split):
+                value = pieces[k] if k < len(pieces) else ""
+                pad = " " * max(0, widths[column.key] - _cell_len(value))
+                parts.append(pad + value if column.right else value + pad)
+            out_lines.append(GAP.join(parts).rstrip())
+        return "\n".join(out_lines)
+
+    header = line([c.header for c in shown])
+    if _bold_ok():
+        header = f"\x1b[1m{header}\x1b[0m"
+    body = [line([cells[c.key][i] for c in shown]) for i in range(len(rows))]
+    return "\n".join([header, *body]), hidden
+
+
+def _wrap(text: Optional[str], width: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(one_line(text), width=max(40, width), break_on_hyphens=False) if text else []
+
+
+def _column(spec: ColumnSpec) -> Column:
+    if isinstance(spec, Column):
+        return spec
+    return Column(*spec)
+
+
+def _cell_len(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    from rich.cells import cell_len
+
+    return cell_len(text)
+
+
+def _bold_ok() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
 def _finite(value: Any) -> Any:
@@ -90,8 +228,6 @@ def _finite(value: Any) -> Any:
 
 
 def _cell(value: Any) -> str:
-    from rich.markup import escape
-
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -99,8 +235,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}"
     if isinstance(value, (list, tuple)):
-        return escape(", ".join(str(v) for v in value))
-    return escape(str(value))
+        return one_line(", ".join(str(v) for v in value))
+    return one_line(str(value))
 
 
 def is_tty() -> bool:
@@ -146,6 +282,7 @@ class _OneLineUsageError(_click_exceptions.ClickException):
 
 class _OneLineUsage:
     def parse_args(self, ctx, args):
+        _plain_coercion(self, ctx)
         try:
             return super().parse_args(ctx, args)
         except _click_exceptions.UsageError as error:
@@ -165,3 +302,76 @@ class OneLineCommand(_OneLineUsage, TyperCommand):
 class OneLineGroup(_OneLineUsage, TyperGroup):
     """The application group: unknown commands are one `error:` line too."""
 
+
+
+# --------------------------------------------------------------------------- fast parameter coercion
+# Typer 0.29 coerces every parameter through a pydantic TypeAdapter, built on first use: importing
+# pydantic and building the adapters cost a command that only reads the ledger about a fifth of its
+# start-up. Our parameters are plain str, int, float, bool, Path and list[str]; those are coerced here
+# the way Click did, and anything else still goes through Typer's own coercion.
+try:
+    from typer._coercion import RuntimeParam as _RuntimeParam
+except ImportError:  # pragma: no cover - another Typer: leave its coercion alone
+    _RuntimeParam = None
+
+_PLAIN_NAMES = {int: "integer", float: "number"}
+
+
+def _plain_coercion(command, ctx) -> None:
+    if _RuntimeParam is None:
+        return
+    for param in command.get_params(ctx):
+        if getattr(param, "_runtime_param", "absent") is not None:
+            continue  # not a Typer parameter, or already set up
+        descriptor = getattr(param, "type_descriptor", None)
+        plain = _plain_type(getattr(descriptor, "annotation", None))
+        if plain is not None and not getattr(descriptor, "is_choice", True) and not getattr(descriptor, "is_ranged", True):
+            param._runtime_param = _PlainRuntimeParam(parameter_info=descriptor.parameter_info,
+                                                      annotation=descriptor.annotation, kind=plain)
+
+
+def _plain_type(annotation: Any):
+    from pathlib import Path
+    from typing import List, get_args, get_origin
+
+    if annotation in (str, int, float, bool, Path):
+        return annotation
+    if get_origin(annotation) in (list, List) and get_args(annotation) == (str,):
+        return list
+    return None
+
+
+if _RuntimeParam is not None:
+    @dataclass(frozen=True)
+    class _PlainRuntimeParam(_RuntimeParam):
+        kind: Any = None
+
+        def _coerce_value(self, value: Any, param, ctx) -> Any:
+            from pathlib import Path
+
+            kind = self.kind
+            if kind is list:
+                return [str(v) for v in value]
+            if kind is bool:
+                if isinstance(value, bool):
+                    return value
+                word = str(value).strip().lower()
+                if word in ("1", "true", "t", "yes", "y", "on"):
+                    return True
+                if word in ("0", "false", "f", "no", "n", "off"):
+                    return False
+                raise _click_exceptions.BadParameter(f"{value!r} is not a valid boolean.", ctx=ctx, param=param)
+            if kind is Path:
+                return value if isinstance(value, Path) else Path(value)
+            if kind is str:
+                return value if isinstance(value, str) else str(value)
+            if isinstance(value, kind) and not isinstance(value, bool):
+                return value
+            try:
+                number = kind(str(value).strip())
+            except ValueError:
+                raise _click_exceptions.BadParameter(f"{value!r} is not a valid {_PLAIN_NAMES[kind]}.",
+                                                     ctx=ctx, param=param) from None
+            if kind is float and not math.isfinite(number):
+                raise _click_exceptions.BadParameter(f"{value!r} is not a finite number.", ctx=ctx, param=param)
+            return number

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import display, err, handle_errors, one_line, out
+from skyspot.cli.common import Column, display, err, handle_errors, one_line, out, terminal_width, usd
 from skyspot.errors import SkyspotError, UsageError
 
 # Stable field names of the one-row-per-run report (JSON and CSV).
@@ -96,21 +96,27 @@ def cost_report_command(
         return
     for r in rows:
         _format(r)
-    display(rows, [("name", "NAME"), ("status", "STATUS"), ("cost", "EST. COST"), ("egress", "EGRESS"),
-                   ("baseline", "ON-DEMAND"),
-                   ("saved", "SAVED"), ("preemptions", "PREEMPTIONS"), ("mttr", "MTTR"), ("lost_steps", "LOST STEPS"),
-                   ("goodput_pct", "GOODPUT"), ("source", "PRICES")],
-            as_json=False, title="Estimated cost per run (estimates from published list prices, not a bill)",
-            empty="no runs yet: `skyspot launch tiny --local` starts one")
+    display(rows, REPORT_COLUMNS, as_json=False,
+            title="Estimated cost per run (estimates from published list prices, not a bill)",
+            empty="no runs yet: `skyspot launch tiny --local` starts one", caption=BASELINE_NOTE)
 
 
-def _format(r: dict) -> None:
-    money = lambda v: "-" if v is None else f"${v:,.2f}"  # noqa: E731
-    r["cost"] = money(r.get("cost_usd")) + (" (sim)" if r.get("simulated") else "")
-    r["egress"] = money(r.get("egress_usd"))  # inside the cost; a store on another cloud than the GPUs
-    r["baseline"] = money(r.get("on_demand_cost_usd"))
+REPORT_COLUMNS = [Column("name", "NAME"), Column("status", "STATUS", 2), Column("cost", "EST. COST"),
+                  Column("egress", "EGRESS", 7, right=True), Column("baseline", "ON-DEMAND", right=True),
+                  Column("saved", "SAVED", right=True), Column("preemptions", "PREEMPTIONS", 4, right=True),
+                  Column("mttr", "MTTR", 5, right=True), Column("lost_steps", "LOST STEPS", 6, right=True),
+                  Column("goodput_pct", "GOODPUT", 3, right=True), Column("source", "PRICES", 8)]
+BASELINE_NOTE = ("ON-DEMAND: the same run as one uninterrupted attempt on the cheapest on-demand candidate "
+                 "(one start-up, each useful step once, one wind-down); SAVED = ON-DEMAND - EST. COST. "
+                 "docs/cost.md defines every figure.")
+
+
+def _format(r: dict, places: Optional[int] = 2) -> None:
+    r["cost"] = usd(r.get("cost_usd"), places) + (" (sim)" if r.get("simulated") else "")
+    r["egress"] = usd(r.get("egress_usd"), 2)  # inside the cost; a store on another cloud than the GPUs
+    r["baseline"] = usd(r.get("on_demand_cost_usd"), places)
     # savings_pct is None when there is no baseline yet (a run with no events): show the amount alone.
-    r["saved"] = "-" if r.get("savings_usd") is None else money(r["savings_usd"]) + (
+    r["saved"] = "-" if r.get("savings_usd") is None else usd(r["savings_usd"], places) + (
         "" if r.get("savings_pct") is None else f" ({r['savings_pct']:.0f}%)")
     r["mttr"] = "-" if r.get("mttr_seconds") is None else f"{r['mttr_seconds']:.1f}s"
     r["goodput_pct"] = "-" if r.get("goodput") is None else f"{100 * r['goodput']:.0f}%"
@@ -143,26 +149,22 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
                     "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source",
                     "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd"])
         return
-    _format(data)
-    display([_attempt_row(a) for a in data["attempts"]],
-            [("attempt", "ATTEMPT"), ("where", "WHERE"), ("instance_type", "INSTANCE"), ("nodes", "NODES"),
-             ("capacity", "CAPACITY"), ("duration", "DURATION"), ("end_reason", "ENDED"), ("billed_hours", "NODE-HOURS"),
-             ("egress", "EGRESS"), ("cost", "EST. COST")], as_json=False, title=f"{data['name']}: attempts",
-            empty=f"run '{data['name']}' has no events yet")
+    _format(data, places=None)
+    display([_attempt_row(a) for a in data["attempts"]], ATTEMPT_COLUMNS, as_json=False,
+            title=f"{data['name']}: attempts", empty=f"run '{data['name']}' has no events yet")
     if data["recovery_details"]:
-        display([_recovery_row(r) for r in data["recovery_details"]],
-                [("n", "#"), ("cause", "CAUSE"), ("notice_to_checkpoint", "NOTICE->CKPT"), ("checkpoint_to_exit", "CKPT->EXIT"),
-                 ("exit_to_start", "PROVISIONING"), ("start_to_restore", "RESTORE"), ("restore_to_first_step", "FIRST STEP"),
-                 ("total", "RECOVERY"), ("lost_steps", "LOST STEPS")], as_json=False, title="recoveries")
-    sim = " Prices are those of the simulated instance this local run stands for." if data.get("simulated") else ""
-    out.print(
-        f"estimated cost {data['cost']} (egress {data['egress']}{_store_note(data)})   on-demand baseline "
-        f"{data['baseline']}   saved {data['saved']}\n"
-        f"preemptions {data['preemptions']}   recoveries {data['recoveries']}   MTTR {data['mttr']}   "
+        display([_recovery_row(r) for r in data["recovery_details"]], RECOVERY_COLUMNS, as_json=False,
+                title="recoveries")
+    say = lambda text: _say(text, terminal_width())  # noqa: E731
+    say(f"estimated cost {data['cost']} (egress {data['egress']}{_store_note(data)})")
+    say(f"on-demand baseline {data['baseline']}{_baseline_note(data)}")
+    say(f"saved {data['saved']}{_savings_note(data)}")
+    say(f"preemptions {data['preemptions']}   recoveries {data['recoveries']}   MTTR {data['mttr']}   "
         f"lost steps {data['lost_steps']} ({data['lost_seconds']:.1f}s)   checkpoint overhead "
         f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}   "
-        f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}\n"
-        f"prices: {data['source']} (estimates from published list prices, not a bill).{sim}")
+        f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}")
+    sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
+    say(f"prices: {data['source']} (estimates from published list prices, not a bill; docs/cost.md).{sim}")
     plans = data.get("interval_plans") or []
     if plans:
         trail = " -> ".join(f"{p['every_seconds']:.0f}s" for p in plans[-4:])
@@ -171,6 +173,48 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
                   f"{_secs(last.get('mtbp_s'))}); {len(plans)} plan(s): {'... -> ' if len(plans) > 4 else ''}{trail}")
     for warning in data.get("warnings") or []:
         err.print(f"note: {warning}")
+
+
+ATTEMPT_COLUMNS = [Column("attempt", "ATTEMPT", right=True), Column("where", "WHERE", 4),
+                   Column("instance_type", "INSTANCE", 5), Column("nodes", "NODES", 6, right=True),
+                   Column("capacity", "CAPACITY"), Column("duration", "DURATION", right=True),
+                   Column("end_reason", "ENDED"), Column("billed_hours", "NODE-HOURS", 7, right=True),
+                   Column("egress", "EGRESS", 3, right=True), Column("cost", "EST. COST", right=True)]
+RECOVERY_COLUMNS = [Column("n", "#", right=True), Column("cause", "CAUSE", 5),
+                    Column("notice_to_checkpoint", "NOTICE->CKPT", 3, right=True),
+                    Column("checkpoint_to_exit", "CKPT->EXIT", 4, right=True),
+                    Column("exit_to_start", "PROVISIONING", 1, right=True), Column("start_to_restore", "RESTORE", 1, right=True),
+                    Column("restore_to_first_step", "FIRST STEP", 1, right=True),
+                    Column("total", "RECOVERY", right=True), Column("lost_steps", "LOST STEPS", right=True)]
+
+
+def _baseline_note(data: dict) -> str:
+    """How the baseline was made, in the report itself, so a reader can check it against docs/cost.md."""
+    rate = data.get("baseline_usd_per_hour")
+    if rate is None:
+        return " (no on-demand price for any candidate: no baseline)"
+    nodes = data.get("nodes") or 1
+    return (f": this run as one uninterrupted attempt on {data.get('baseline_instance')} on demand at "
+            f"{usd(rate, 2)}/h x {nodes} node{'s' if nodes != 1 else ''}: start-up {_secs(data.get('startup_seconds'))}"
+            f" + {data.get('useful_steps')} useful steps {_secs(data.get('useful_seconds'))} + wind-down "
+            f"{_secs(data.get('wind_down_seconds'))} = {_secs(data.get('baseline_seconds'))}")
+
+
+def _savings_note(data: dict) -> str:
+    if data.get("savings_usd") is None or data["savings_usd"] >= 0:
+        return ""
+    extra = (data.get("billed_seconds") or 0) - (data.get("baseline_seconds") or 0)
+    return (f": spot cost more here; it was billed {_secs(data.get('billed_seconds'))} against the baseline's "
+            f"{_secs(data.get('baseline_seconds'))} ({_secs(extra)} of recoveries, recomputed steps and checkpoint "
+            f"stalls{', and egress' if data.get('egress_usd') else ''})")
+
+
+def _say(text: str, width: int) -> None:
+    """One figure line on stdout, wrapped to the terminal, continuation lines indented."""
+    import textwrap
+
+    lines = textwrap.wrap(one_line(text), width=max(40, width), subsequent_indent="  ", break_on_hyphens=False)
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def _store_note(data: dict) -> str:
@@ -189,8 +233,7 @@ def _secs(value) -> str:
 def _attempt_row(a: dict) -> dict:
     return {**a, "where": "/".join(x for x in (a.get("cloud"), a.get("region")) if x),
             "capacity": "spot" if a.get("spot") else "on-demand", "duration": _secs(a.get("seconds")),
-            "egress": f"${a.get('egress_usd') or 0:,.4f}",
-            "cost": "-" if a.get("cost_usd") is None else f"${a['cost_usd']:,.4f}"}
+            "egress": usd(a.get("egress_usd") or 0.0, 4), "cost": usd(a.get("cost_usd"), 4)}
 
 
 def _recovery_row(r: dict) -> dict:
@@ -224,7 +267,9 @@ def prices_command(
         if key not in best or (r["usd_per_hour"] or 1e18) < (best[key]["usd_per_hour"] or 1e18):
             best[key] = r
     rows = list(best.values())
-    display(rows, [("cloud", "CLOUD"), ("instance_type", "INSTANCE"), ("accelerator", "GPU"),
-                   ("accelerator_count", "#"), ("region", "REGION"), ("usd_per_hour", "ON-DEMAND $/H"),
-                   ("spot_usd_per_hour", "SPOT $/H")], as_json=as_json,
-            title=f"Price snapshot {SNAPSHOT_DATE} (SkyPilot catalog; see skyspot/pricing_data/SOURCE.md)")
+    display(rows, [Column("cloud", "CLOUD"), Column("instance_type", "INSTANCE"), Column("accelerator", "GPU", 2),
+                   Column("accelerator_count", "#", 3, right=True), Column("region", "REGION"),
+                   Column("usd_per_hour", "ON-DEMAND", right=True), Column("spot_usd_per_hour", "SPOT", right=True)],
+            as_json=as_json,
+            title=f"Price snapshot {SNAPSHOT_DATE}, $ per instance-hour (SkyPilot catalog; see "
+                  "skyspot/pricing_data/SOURCE.md)")

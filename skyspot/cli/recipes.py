@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from skyspot.cli.common import display, handle_errors, out, err
+from skyspot.cli.common import Column, display, handle_errors, out, err
 from skyspot.errors import UsageError
 
 
@@ -39,10 +39,11 @@ def recipes_command(
         })
         if verbose:
             rows[-1].update(_window_fields(recipe))
-    columns = [("name", "RECIPE"), ("model", "MODEL"), ("nodes", "NODES"), ("per_node", "PER NODE"),
-               ("clouds", "CLOUDS")]
+    columns = [Column("name", "RECIPE"), Column("model", "MODEL", 2), Column("nodes", "NODES", 3, right=True),
+               Column("per_node", "PER NODE", wrap=True), Column("clouds", "CLOUDS", 1)]
     if verbose:
-        columns += [("state_per_node", "STATE/NODE"), ("window", "EMERGENCY CKPT VS NOTICE WINDOW")]
+        columns += [Column("state_per_node", "STATE/NODE", right=True),
+                    Column("window", "EMERGENCY CKPT VS NOTICE WINDOW", wrap=True)]
     display(rows, columns, as_json=as_json)
 
 
@@ -66,10 +67,12 @@ def render_command(
     overrides: Optional[List[str]] = typer.Argument(None, help="Overrides as section.key=value, e.g. train.steps=40."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the YAML to this file instead of stdout."),
 ) -> None:
-    """Print the SkyPilot managed-job task YAML a recipe renders to."""
+    """Print the SkyPilot managed-job task YAML a recipe renders to (launchable with `sky jobs launch`)."""
+    from skyspot import package as packaging
     from skyspot.launch import build
 
-    built = build(recipe, overrides or [])
+    # The real wheel folder, not the golden files' placeholder: the output is a task SkyPilot can launch.
+    built = build(recipe, overrides or [], package=packaging.build())
     text = built.yaml
     if output is None:
         out.file.write(text)

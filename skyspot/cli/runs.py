@@ -10,7 +10,17 @@ from pathlib import Path
 
 import typer
 
-from skyspot.cli.common import confirm, display, err, handle_errors
+from skyspot.cli.common import Column, confirm, display, err, handle_errors, usd
+
+# On a narrow terminal the columns with the highest `drop` are hidden first (docs: `status --json` has all).
+STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column("executor", "EXECUTOR", 10),
+                  Column("status", "STATUS"), Column("where", "WHERE", 5), Column("capacity", "CAPACITY", 6),
+                  Column("progress", "STEP", 2, right=True), Column("recoveries", "#RECOVERIES", 3, right=True),
+                  Column("last_checkpoint", "LAST CKPT", 7, right=True), Column("elapsed", "ELAPSED", 8, right=True),
+                  Column("cost", "EST. COST", 4)]
+# A finished run's status row is cached in the ledger; a new version here recomputes rows cached by an older one.
+SUMMARY_VERSION = 2
+SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
 
 
 @handle_errors
@@ -34,7 +44,7 @@ def status_command(
         rows, skipped = [], 0
         for run in runs:
             cacheable = run.terminal and run.executor == "local"
-            signature = events_signature(run) if cacheable else None
+            signature = f"{SUMMARY_VERSION}:{events_signature(run)}" if cacheable else None
             cached = run.info.get("summary") if cacheable else None
             if (isinstance(cached, dict) and cached.get("status") == run.status
                     and run.info.get("summary_of") == signature):
@@ -61,13 +71,11 @@ def status_command(
         row["where"] = "/".join(x for x in (row["cloud"], row["region"]) if x) or "-"
         row["capacity"] = None if row["spot"] is None else ("spot" if row["spot"] else "on-demand")
         row["progress"] = f"{row['step']}/{row['total_steps'] or '?'}"
-        row["cost"] = None if row["cost_so_far_usd"] is None else _usd(row["cost_so_far_usd"]) + (
+        row["cost"] = None if row["cost_so_far_usd"] is None else usd(row["cost_so_far_usd"]) + (
             " (sim)" if row["simulated"] else "")
         row["elapsed"] = _duration(row["elapsed_seconds"])
-    display(rows, [("name", "NAME"), ("recipe", "RECIPE"), ("executor", "EXECUTOR"), ("status", "STATUS"),
-                   ("where", "WHERE"), ("capacity", "CAPACITY"), ("progress", "STEP"), ("recoveries", "#RECOVERIES"),
-                   ("last_checkpoint", "LAST CKPT"), ("elapsed", "ELAPSED"), ("cost", "EST. COST")],
-            as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one")
+    display(rows, STATUS_COLUMNS, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
+            caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
     if note:
         err.print(note)
     if skipped:
@@ -91,10 +99,6 @@ def _sky_records(sky_runs) -> tuple[dict, str | None]:
 
     record_sky_status(sky_runs, records)
     return records, None
-
-
-def _usd(value: float) -> str:
-    return f"${value:,.4f}" if abs(value) < 1 else f"${value:,.2f}"
 
 
 def _duration(seconds: float | None) -> str:

@@ -426,3 +426,124 @@ def test_cost_report_counts_egress_for_a_cross_cloud_attempt_and_none_on_the_sto
     assert "EGRESS" in table and "$1.2000" in table and "$2.1000" in table
     assert "(egress $3.30, store on aws)" in table
     assert "EGRESS" in invoke("cost-report").stdout
+
+
+# --------------------------------------------------------------------------- the first hour (issue 18)
+
+
+def test_money_puts_the_minus_sign_before_the_dollar():
+    from skyspot.cli.common import usd
+
+    assert usd(-0.0912) == "-$0.0912"
+    assert usd(-0.0912, 2) == "-$0.09"
+    assert usd(-1234.5) == "-$1,234.50"
+    assert usd(0.0668) == "$0.0668" and usd(12.3) == "$12.30"
+    assert usd(-0.001, 2) == "$0.00"  # no "-$0.00"
+    assert usd(None) == "-" and usd(float("nan")) == "-"
+
+
+def costly_recovery_events() -> dict[str, list[dict]]:
+    """Attempt 0 runs steps 1-30 and is killed with no checkpoint; attempt 1 takes 1000 s to start,
+    then runs all 40 steps: the recovery costs more than the spot discount saves."""
+    trainer0 = [_ev(T0 + 5, "start", 0, where=WHERE)]
+    trainer0 += [_ev(T0 + 5 + 10 * k, "step", 0, step=k, step_seconds=10.0) for k in range(1, 31)]
+    executor0 = [_ev(T0, "attempt_start", 0, rank=None, where=WHERE),
+                 _ev(T0 + 310, "attempt_end", 0, rank=None, code=-9, reason="preempted")]
+    trainer1 = [_ev(T0 + 1400, "start", 1, where=WHERE)]
+    trainer1 += [_ev(T0 + 1400 + 10 * k, "step", 1, step=k, step_seconds=10.0) for k in range(1, 41)]
+    trainer1 += [_ev(T0 + 1805, "exit", 1, code=0, reason="complete", step=40)]
+    executor1 = [_ev(T0 + 400, "attempt_start", 1, rank=None, where=WHERE),
+                 _ev(T0 + 1810, "attempt_end", 1, rank=None, code=0, reason="complete")]
+    return {event_file_name(0, 0, 0): trainer0, event_file_name(0, 0, None): executor0,
+            event_file_name(1, 0, 0): trainer1, event_file_name(1, 0, None): executor1}
+
+
+def test_a_loss_reads_minus_dollars_and_says_why():
+    make_run("costly", files=costly_recovery_events())
+    report = json.loads(invoke("cost-report", "costly", "--json").stdout)[0]
+    assert report["savings_usd"] < 0
+    table = invoke("cost-report").stdout
+    assert "-$" in table and "$-" not in table
+    one = invoke("cost-report", "costly")
+    assert one.exit_code == 0
+    text = " ".join(one.stdout.split())
+    assert "saved -$" in text and "$-" not in text
+    assert "spot cost more here" in text
+
+
+def test_cost_report_states_the_baseline_it_used():
+    make_run()
+    report = json.loads(invoke("cost-report", "run-1", "--json").stdout)[0]
+    # One start-up (attempt start T0 -> step 1 starts T0+5), 40 useful steps, one wind-down (step 40
+    # ends T0+560 -> attempt end T0+570).
+    assert (report["startup_seconds"], report["useful_seconds"], report["wind_down_seconds"]) == (5, 400, 10)
+    assert report["baseline_seconds"] == 415
+    assert report["on_demand_cost_usd"] == pytest.approx(415 / 3600 * report["baseline_usd_per_hour"])
+    text = " ".join(invoke("cost-report", "run-1").stdout.split())
+    assert ("on-demand baseline $1.88: this run as one uninterrupted attempt on aws g5.48xlarge us-east-1 on "
+            "demand at $16.29/h x 1 node: start-up 5.0s + 40 useful steps 400.0s + wind-down 10.0s = 415.0s") in text
+    summary = " ".join(invoke("cost-report").stdout.split())
+    assert "ON-DEMAND: the same run as one uninterrupted attempt on the cheapest on-demand candidate" in summary
+
+
+RUN_NAMES = [f"tiny-20261130-1858{i:02d}-d9f{i % 10}" for i in range(12)]
+
+
+def _a_dozen_runs():
+    statuses = ["RUNNING", "RECOVERING", "CANCELLED", "SUCCEEDED", "FAILED", "CANCELLING"] * 2
+    for name, status in zip(RUN_NAMES, statuses):
+        make_run(name, status=status)
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_status_fits_the_terminal_with_a_dozen_runs(monkeypatch, columns):
+    _a_dozen_runs()
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = invoke("status", "-a")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns, "\n" + result.stdout
+    # Every run on one line of its own, its name and status whole (never "CANCELLE" / "D").
+    for name in RUN_NAMES:
+        [line] = [line for line in lines if name in line]
+        assert line.split()[1] in ("RUNNING", "RECOVERING", "CANCELLED", "SUCCEEDED", "FAILED", "CANCELLING")
+    header = lines[0].split()
+    assert header[:2] == ["NAME", "STATUS"] and "EST. COST" in lines[0]
+    if columns >= 100:
+        assert "WHERE" in header and "#RECOVERIES" in header and "aws/us-east-1" in result.stdout
+    assert "hidden to fit" in result.stderr and "--json" in result.stderr
+
+
+def test_status_on_a_wide_page_shows_every_column(monkeypatch):
+    _a_dozen_runs()
+    monkeypatch.setenv("COLUMNS", "200")
+    result = invoke("status", "-a")
+    assert result.stdout.splitlines()[0].split() == [
+        "NAME", "RECIPE", "EXECUTOR", "STATUS", "WHERE", "CAPACITY", "STEP", "#RECOVERIES", "LAST", "CKPT",
+        "ELAPSED", "EST.", "COST"]
+    assert "hidden" not in result.stderr
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_cost_report_tables_fit_the_terminal(monkeypatch, columns):
+    _a_dozen_runs()
+    monkeypatch.setenv("COLUMNS", str(columns))
+    for args in (["cost-report"], ["cost-report", RUN_NAMES[0]], ["prices"]):
+        result = invoke(*args)
+        assert result.exit_code == 0
+        table_lines = [line for line in result.stdout.splitlines() if "  " in line]  # the tables' rows
+        assert table_lines and max(len(line) for line in table_lines) <= columns, "\n" + result.stdout
+
+
+def test_simulated_stays_simulated_once_the_trainer_has_started():
+    # The trainer's `start` (written after the executor's attempt_start) carries no "simulated".
+    files = preempted_once_events()
+    for events in files.values():
+        for event in events:
+            if event["type"] == "start":
+                event["where"] = {k: v for k, v in WHERE.items() if k != "simulated"}
+    make_run(files=files, status="RUNNING")
+    row = status_rows()[0]
+    assert row["simulated"] is True
+    assert json.loads(invoke("cost-report", "--json").stdout)[0]["simulated"] is True
+    assert "(sim)" in invoke("status").stdout and "(sim)" in invoke("cost-report").stdout
