@@ -13,8 +13,14 @@ terminal) and does, per attempt:
    naming the simulated cloud) and the metadata endpoints pointed at a loopback server;
 3. inject preemptions the way a cloud does: a notice through that metadata server, SIGTERM to
    the node's processes at the deadline, SIGKILL after the grace period;
-4. recover (exit code 75 or a preemption it injected), retry on other errors up to the task's
-   max_restarts_on_errors, or finish (SUCCEEDED, FAILED, CANCELLED).
+4. recover (exit code 75 or a preemption it injected), retry other errors up to the task's
+   max_restarts_on_errors, or finish (SUCCEEDED, FAILED, CANCELLED). A configuration error (exit 2)
+   or no usable checkpoint (exit 3) is not retried: a restart meets the same recipe, store and
+   checkpoints. Every ending says why, from the trainer's exit record.
+
+On a machine that has never built DeepSpeed's CPU communication op, the first attempt builds it
+before the trainer starts (what the task's setup does on a cloud node) and says so, rather than
+letting the trainer's first start sit silent for a minute or more.
 
 `setup` is skipped by default: the controller runs the trainer from the very environment
 skyspot is installed in, which is what the setup script would produce. With `fresh_node`
@@ -40,9 +46,15 @@ from typing import IO, Optional
 
 from skyspot.events import EVENTS_DIR, EventWriter, read_events_dir
 from skyspot.ledger import Ledger
+from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
 
 RECOVER_EXIT_CODE = 75
 POLL_SECONDS = 0.2
+# Endings a restart cannot fix (trainer/exit_codes.py): the next attempt meets the same recipe, store and checkpoints.
+NOT_RETRIED = {USAGE: "a configuration error", NO_VALID_CHECKPOINT: "no usable checkpoint"}
+CAUSE_CHARS = 400
+# DeepSpeed's CPU communication op (ShareMemCommBuilder.NAME), JIT-built on first use (trainer/prepare.py).
+SHM_OP = "deepspeed_shm_comm"
 
 # Where the simulated node "is", per cloud: a region, a zone, and for CPU recipes a stand-in
 # 8-GPU instance type the cost report prices the run as (docs/local.md).
@@ -82,6 +94,8 @@ class Spec:
     setup_script: str = ""
     file_mounts: dict[str, str] = field(default_factory=dict)
     """Local file mounts of the task (target -> source), copied onto a fresh node."""
+    prepare_script: str = "python -m skyspot.trainer.prepare"
+    """Run once before the first attempt when DeepSpeed's CPU op is not built yet (the setup's last step)."""
 
 
 def free_port() -> int:
@@ -108,6 +122,9 @@ class Controller:
         self.pending_steps = list(spec.preempt_at_steps)
         self.pending_trace = list(spec.trace_times)
         self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
+        self.attempt = 0  # the last attempt number used
+        self.prepared = spec.fresh_node  # a fresh node's setup prepares it
+        self.last_cause: Optional[str] = None  # the last line a node printed that says why it stopped
 
     # ------------------------------------------------------------------ helpers
     def say(self, line: str) -> None:
@@ -123,11 +140,27 @@ class Controller:
         return True
 
     def next_attempt_number(self) -> int:
-        # The trainer numbers each start (attempt counter in its run root or store). It starts
-        # from the same run root here, so the next start is one past the highest it has logged.
+        """One past the last attempt: ours, or the trainer's (it numbers each start in its run root or
+        store, and a resumed run continues its count). An attempt whose trainer failed before counting
+        (a bad store, say) still takes a number, and the trainer's local counter is moved up to match,
+        so its next start logs under the same number as the executor's events."""
         seen = [e.get("attempt", 0) for e in read_events_dir(self.run_dir / EVENTS_DIR).events
                 if e.get("rank") is not None]
-        return (max(seen) if seen else 0) + 1
+        number = max([self.attempt] + seen) + 1
+        self._align_trainer_counter(number)
+        return number
+
+    def _align_trainer_counter(self, number: int) -> None:
+        from skyspot.trainer.rundir import ATTEMPTS, record_attempt
+        from skyspot.trainer.files import read_json
+
+        try:
+            record = read_json(self.run_dir / ATTEMPTS)
+            counted = int(record.get("attempt", 0)) if isinstance(record, dict) else 0
+            if counted < number - 1:
+                record_attempt(self.run_dir, number - 1)
+        except (OSError, ValueError, TypeError):
+            pass  # the trainer then counts from its event files
 
     def nodes_for(self, spot: bool) -> int:
         """Nodes of the next attempt: the trace's grant for this spot attempt; on-demand gets all."""
@@ -180,23 +213,73 @@ class Controller:
         return env
 
     def _pump(self, stream: IO[bytes], prefix: str) -> None:
+        held: list[str] = []  # torchrun's failure report, held until we know whether it was a preemption
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace")
+            self._note_cause(line)
+            if held or _TORCHRUN_REPORT_START in line and f"exitcode: {RECOVER_EXIT_CODE})" in line:
+                held.append(line)
+                if not line.startswith("[skyspot.supervise]") and len(held) < 400:
+                    continue
+                if f"trainer exit {RECOVER_EXIT_CODE} " in line:
+                    held = [f"(torchrun's ChildFailedError report omitted: the trainer exited {RECOVER_EXIT_CODE}, "
+                            "preempted after its emergency checkpoint, and asked to be recovered)\n", line]
+                lines, held = held, []
+            else:
+                lines = [line]
             with self._log_lock:
-                self.log.write(prefix + line if prefix else line)
+                for one in lines:
+                    self.log.write(prefix + one if prefix else one)
+        if held:
+            with self._log_lock:
+                self.log.writelines(prefix + one if prefix else one for one in held)
         stream.close()
 
+    def _note_cause(self, line: str) -> None:
+        """Keep the last line that says why a node stopped, for when no exit record says it."""
+        text = line.strip()
+        if text.startswith(("[skyspot.supervise]", "[skyspot] exit")) or (
+                _is_exception_line(text) and "ChildFailedError" not in text):
+            self.last_cause = text
+
+    def _cause(self, nodes: int, since: float) -> Optional[str]:
+        """Why the attempt's nodes stopped: the trainer's exit record on each node (its reason), else the
+        last telling line of the log."""
+        reasons = []
+        for node_rank in range(nodes):
+            try:
+                record = json.loads((self.node_dir(node_rank) / EXIT_RECORD).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("ts"), (int, float)) and record["ts"] >= since \
+                    and record.get("code") not in (0, None) and record.get("reason"):
+                reasons.append(str(record["reason"]))
+        text = reasons[0] if reasons else self.last_cause
+        if not text:
+            return None
+        text = " ".join(text.split())
+        return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
+
     # ------------------------------------------------------------------ one attempt
-    def run_attempt(self, attempt: int, spot: bool, metadata) -> tuple[int, str]:
+    def run_attempt(self, attempt: int, spot: bool, metadata) -> tuple[int, str, Optional[str]]:
         spec = self.spec
+        self.attempt = attempt
+        self.last_cause = None
         nodes = self.nodes_for(spot)
         where = self.where(spot, nodes)
         if spot:
             self.spot_attempts += 1
         events = EventWriter(self.run_dir, spec.name, attempt, 0, None)
         events.emit("attempt_start", where=where)
+        attempt_started = time.time()
         metadata.reset()
         port = free_port()
+        if self.fresh is None and not self.prepared:
+            self.prepared = True
+            if not self.prepare_node(self.node_env(0, where, {}, port)):
+                events.emit("attempt_end", code=1, reason="cancelled", node_codes=[])
+                events.close()
+                return 1, "cancelled", None
         if self.fresh is not None:
             from skyspot.executors.fresh_node import run_setup
 
@@ -205,9 +288,10 @@ class Controller:
                 code = run_setup(self.fresh, spec.setup_script, self.node_env(node_rank, where, {}, port), self.log,
                                  cwd=self.node_dir(node_rank))
                 if code != 0:
-                    events.emit("attempt_end", code=code, reason="setup_failed", node_codes=[code])
+                    cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {spec.name}` has its output"
+                    events.emit("attempt_end", code=code, reason="setup_failed", node_codes=[code], cause=cause)
                     events.close()
-                    return code, "setup_failed"
+                    return code, "setup_failed", cause
         procs: list[subprocess.Popen] = []
         pumps = []
         for node_rank in range(nodes):
@@ -224,7 +308,6 @@ class Controller:
         self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
                  f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {nodes} of {spec.num_nodes} node(s)")
 
-        attempt_started = time.time()
         steps_file: Optional[Path] = None
         step, offset = 0, 0
         notice_deadline: Optional[float] = None
@@ -281,9 +364,40 @@ class Controller:
             reason = "preempted"  # a SIGTERM from elsewhere; the trainer saved and asked to be recovered
         else:
             reason = "error"
-        events.emit("attempt_end", code=code, reason=reason, node_codes=codes)
+        cause = self._cause(nodes, attempt_started) if reason in ("error", "cancelled") and code != 0 else None
+        events.emit("attempt_end", code=code, reason=reason, node_codes=codes,
+                    **({"cause": cause} if cause else {}))
         events.close()
-        return code, reason
+        return code, reason, cause
+
+    # ------------------------------------------------------------------ the node's one-time preparation
+    def prepare_node(self, env: dict[str, str]) -> bool:
+        """Build DeepSpeed's CPU op before the first start when this machine has never built it, saying
+        so (the task's setup does the same on a cloud node). False if cancelled meanwhile."""
+        if deepspeed_op_cached(env):
+            return True
+        self.activity("preparing this machine once: DeepSpeed builds its CPU communication op on first use "
+                      "(about 1-2 minutes on 2 cores; later runs reuse it)")
+        started = time.time()
+        proc = subprocess.Popen(["bash", "-c", self.spec.prepare_script], cwd=self.run_dir, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        pump = threading.Thread(target=self._pump, args=(proc.stdout, ""), daemon=True)
+        pump.start()
+        while proc.poll() is None:
+            if self.cancel.wait(POLL_SECONDS):
+                _signal_all([proc], signal.SIGKILL)
+                proc.wait()
+                return False
+        pump.join(timeout=5)
+        self.activity(f"DeepSpeed's op ready after {time.time() - started:.0f}s; starting the trainer"
+                      if proc.returncode == 0 else "the op build failed; the trainer builds it at its start")
+        return True
+
+    def activity(self, text: Optional[str]) -> None:
+        """What the run is doing when no event says it: in the log, and in the ledger for `launch` to show."""
+        if text:
+            self.say(text)
+        self.ledger.update(self.spec.name, info={**self._info(), "activity": text})
 
     def _trainer_events_file(self, attempt: int) -> Optional[Path]:
         """Rank 0's events file for this attempt (the trainer numbers its starts; take the newest
@@ -311,6 +425,10 @@ class Controller:
     def _info(self) -> dict:
         run = self.ledger.get(self.spec.name)
         return {**run.info, "preemptions": self.preemptions, "log": str(self.log_path)}
+
+    def unused_trace_times(self) -> list[float]:
+        """Trace preemptions never delivered because the run ended first (not those after spot capacity went)."""
+        return list(self.pending_trace) if self.spec.trace_times and self.spot_available() else []
 
     # ------------------------------------------------------------------ the whole run
     def run(self) -> int:
@@ -343,29 +461,62 @@ class Controller:
                 if not spot and self.preemptions and first is False:
                     self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
                 first = False
-                code, reason = self.run_attempt(self.next_attempt_number(), spot, metadata)
-                self.say(f"attempt ended: {reason} (exit {code})")
+                attempt = self.next_attempt_number()
+                code, reason, cause = self.run_attempt(attempt, spot, metadata)
+                self.say(f"attempt {attempt} ended: {reason} (exit {code})" + (f": {cause}" if cause else ""))
                 if reason == "complete":
                     return self._finish("SUCCEEDED", 0)
                 if reason == "cancelled":
                     return self._finish("CANCELLED", code)
                 if reason == "setup_failed":
-                    return self._finish("FAILED_SETUP", code)
+                    return self._finish("FAILED_SETUP", code, cause)
                 if reason == "preempted":
                     self.preemptions += 1
                     continue
+                if code in NOT_RETRIED:
+                    self.say(f"not restarted: exit {code} is {NOT_RETRIED[code]}, which a restart cannot fix")
+                    return self._finish("FAILED", code, cause)
                 self.errors += 1
                 if self.errors > spec.max_restarts_on_errors:
-                    return self._finish("FAILED", code)
+                    return self._finish("FAILED", code, cause)
                 self.say(f"restart {self.errors}/{spec.max_restarts_on_errors} after an error")
         finally:
             metadata.stop()
 
-    def _finish(self, status: str, code: int) -> int:
-        self.ledger.update(self.spec.name, status=status, exit_code=code, info=self._info())
-        self.say(f"run {status}")
+    def _finish(self, status: str, code: int, cause: Optional[str] = None) -> int:
+        unused = self.unused_trace_times() if status == "SUCCEEDED" else []
+        if unused:
+            self.say(f"spot trace: {len(unused)} preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
+                     f"never came: the run finished {time.time() - self.launched_at:.0f}s after launch")
+        self.ledger.update(self.spec.name, status=status, exit_code=code,
+                           info={**self._info(), "cause": cause, "activity": None, "unused_trace_times": unused,
+                                 "finished_after_seconds": round(time.time() - self.launched_at, 1)})
+        self.say(f"run {status}" + (f": {cause}" if cause else ""))
         self.log.close()
         return 0 if status == "SUCCEEDED" else (code or 1)
+
+
+# torchrun's own line before its ChildFailedError report (torch/distributed/elastic/multiprocessing/api.py).
+_TORCHRUN_REPORT_START = "failed (exitcode: "
+
+
+def _is_exception_line(text: str) -> bool:
+    """`SomeError: message`, the last line of a Python traceback."""
+    head, sep, _ = text.partition(": ")
+    return bool(sep) and head.replace(".", "").replace("_", "").isalnum() and head.endswith(("Error", "Exception"))
+
+
+def deepspeed_op_cached(env: Optional[dict] = None) -> bool:
+    """Whether torch's extension cache holds a build of DeepSpeed's CPU communication op (a cheap
+    look at the directory torch.utils.cpp_extension builds into; a miss only costs one `prepare`)."""
+    env = os.environ if env is None else env
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        patterns = [Path(root).glob(f"{SHM_OP}*/{SHM_OP}*.so")]
+    else:
+        cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
+        patterns = [(cache / "torch_extensions").glob(f"*/{SHM_OP}*/{SHM_OP}*.so")]
+    return any(any(p) for p in patterns)
 
 
 def _latest_step(path: Path, step: int, offset: int) -> tuple[int, int]:

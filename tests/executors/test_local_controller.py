@@ -1,0 +1,195 @@
+"""The local executor's controller and `launch`'s view of it, with stand-in nodes (no training).
+
+`launch tiny --local` runs through the CLI as a user types it; only the node's run script (and the
+one-time op build) in the controller's spec is swapped for a few lines of bash that behave like the
+trainer at its edges: an exit code, the exit record it writes, torchrun's report, slow starts. So
+these run in seconds; tests/executors/test_local_executor.py runs the real trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from skyspot.cli.main import app
+from skyspot.events import read_events_dir
+from skyspot.executors import follow as follow_module
+from skyspot.executors import local as local_module
+from skyspot.executors.follow import RunView
+from skyspot.ledger import Ledger
+
+runner = CliRunner()
+
+REASON = ("store s3://my-bucket/x/run: cannot list s3://my-bucket/x/run/checkpoints: no AWS credentials found; "
+          "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role")
+
+
+def exits_with(code: int, reason: str, *, report: bool = True) -> str:
+    """A node that stops the way the trainer does: its exit record, torchrun's report, the supervisor's line."""
+    record = json.dumps({"code": code, "reason": reason})
+    lines = [f"echo '[skyspot] {reason}'",
+             f"{sys.executable} -c 'import json, os, sys, time; r = json.loads(sys.argv[1]); r[\"ts\"] = time.time(); "
+             f"json.dump(r, open(os.path.join(os.environ[\"SKYSPOT_RUN_DIR\"], \"exit.json\"), \"w\"))' '{record}'"]
+    if report:
+        lines += [f"echo 'E1130 19:00:11.698000 22302 torch/distributed/elastic/multiprocessing/api.py:1002] "
+                  f"failed (exitcode: {code}) local_rank: 0 (pid: 22315) of binary: python'",
+                  "echo 'Traceback (most recent call last):'",
+                  "echo '  File \"torchrun\", line 8, in <module>'",
+                  "echo 'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: '",
+                  "echo '============================================================'",
+                  "echo 'skyspot.trainer FAILED'",
+                  "echo '============================================================'",
+                  f"echo '[skyspot.supervise] trainer exit {code} (...: {reason}); torchrun exited 1'"]
+    return "\n".join(lines + [f"exit {code}"])
+
+
+@pytest.fixture
+def nodes(monkeypatch, tmp_path):
+    """Swap the node's run script (a list, one per attempt in turn; the last repeats) and the op build."""
+    scripts: dict[str, object] = {"run": ["exit 0"], "prepare": None}
+    real = local_module.make_spec
+
+    def fake_spec(built, name, options):
+        spec = real(built, name, options)
+        runs = scripts["run"]
+        counter = tmp_path / "attempts-started"
+        # Attempt k runs script k (the last repeats): a counter file picks it, since each attempt is a new shell.
+        script = f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}"
+        bodies = [f"if [ \"$n\" = {i} ]; then\n{body}\nfi" for i, body in enumerate(runs[:-1])]
+        script = "\n".join([script, *bodies, runs[-1]])
+        changes = {"run_script": script}
+        if scripts["prepare"] is not None:
+            changes["prepare_script"] = scripts["prepare"]
+        return replace(spec, **changes)
+
+    monkeypatch.setattr(local_module, "make_spec", fake_spec)
+    built_ops = tmp_path / "torch-extensions"
+    (built_ops / "deepspeed_shm_comm").mkdir(parents=True)
+    (built_ops / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(built_ops))  # built already, unless a test says not
+    return scripts
+
+
+def launch(*args: str):
+    result = runner.invoke(app, ["launch", "tiny", "--local", "-n", "run-1", "--provision-delay", "0", *args],
+                           catch_exceptions=False)
+    return result
+
+
+def executor_attempts(name: str = "run-1") -> list[dict]:
+    run_dir = Path(Ledger().get(name).run_dir)
+    return [e for e in read_events_dir(run_dir / "events").events if e["type"] in ("attempt_start", "attempt_end")]
+
+
+def test_a_configuration_error_fails_at_once_and_says_why(nodes):
+    nodes["run"] = [exits_with(2, f"usage error: {REASON}")]
+    result = launch()
+    assert result.exit_code == 2
+    said = result.stderr
+    assert said.count("attempt 1 ended: error (exit 2)") == 1 and "attempt 2" not in said
+    assert f"attempt 1 ended: error (exit 2): usage error: {REASON}" in said
+    assert "run 'run-1' FAILED (exit 2): usage error: store s3://my-bucket/x/run" in said
+    assert "not restarted: a configuration error fails the same way on every restart" in said
+    events = executor_attempts()
+    assert [(e["type"], e["attempt"]) for e in events] == [("attempt_start", 1), ("attempt_end", 1)]
+    assert events[-1]["cause"] == f"usage error: {REASON}"
+    run = Ledger().get("run-1")
+    assert (run.status, run.exit_code) == ("FAILED", 2) and "no AWS credentials" in run.info["cause"]
+    log = runner.invoke(app, ["logs", "run-1"]).stdout
+    assert "not restarted: exit 2 is a configuration error" in log and "restart 1/3" not in log
+    assert "errors.ChildFailedError" in log  # a real failure keeps torchrun's report
+
+
+def test_a_crash_is_retried_under_a_new_attempt_number_each_time(nodes):
+    nodes["run"] = [exits_with(1, "RuntimeError: boom")]
+    result = launch()
+    assert result.exit_code == 1
+    for attempt in (1, 2, 3, 4):  # max_restarts_on_errors: 3
+        assert f"attempt {attempt} ended: error (exit 1): RuntimeError: boom" in result.stderr
+    assert "attempt 5" not in result.stderr
+    assert [e["attempt"] for e in executor_attempts() if e["type"] == "attempt_start"] == [1, 2, 3, 4]
+    log = runner.invoke(app, ["logs", "run-1"]).stdout
+    assert "restart 3/3 after an error" in log
+
+
+def test_a_preemption_does_not_fill_the_log_with_torchruns_failure_report(nodes):
+    nodes["run"] = [exits_with(75, "preempted: emergency checkpoint step_67 committed"), "exit 0"]
+    result = launch()
+    assert result.exit_code == 0, result.stderr
+    assert "attempt 1 ended: preempted (exit 75)" in result.stderr
+    assert "run 'run-1' SUCCEEDED" in result.stderr
+    log = runner.invoke(app, ["logs", "run-1"]).stdout
+    assert "errors.ChildFailedError" not in log and "Traceback" not in log and "skyspot.trainer FAILED" not in log
+    assert "torchrun's ChildFailedError report omitted: the trainer exited 75" in log
+    assert "[skyspot.supervise] trainer exit 75" in log  # the line that says what happened stays
+
+
+def test_the_first_run_on_a_machine_says_it_is_building_the_op(nodes, monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "nothing-built"))
+    nodes["prepare"] = "echo 'Building extension module deepspeed_shm_comm...'; sleep 1"
+    result = launch()
+    assert result.exit_code == 0, result.stderr
+    said = result.stderr
+    building = said.index("preparing this machine once: DeepSpeed builds its CPU communication op")
+    assert building < said.index("op ready after") < said.index("RUNNING")
+    log = runner.invoke(app, ["logs", "run-1"]).stdout
+    assert "Building extension module deepspeed_shm_comm" in log
+
+
+def test_an_op_already_built_is_not_built_again(nodes):
+    nodes["prepare"] = "echo SHOULD-NOT-RUN; exit 1"
+    result = launch()
+    assert result.exit_code == 0 and "preparing this machine" not in result.stderr
+    assert "SHOULD-NOT-RUN" not in runner.invoke(app, ["logs", "run-1"]).stdout
+
+
+def test_a_slow_start_is_reported_with_the_logs_last_line(nodes, monkeypatch):
+    monkeypatch.setattr(follow_module, "QUIET_SECONDS", 0.5)
+    nodes["run"] = ["echo 'Emitting ninja build file /tmp/x/build.ninja...'; sleep 2.5; exit 0"]
+    result = launch()
+    assert result.exit_code == 0
+    assert "attempt 1: " in result.stderr and "no step yet" in result.stderr
+    assert "log: Emitting ninja build file /tmp/x/build.ninja..." in result.stderr
+
+
+def test_a_spot_trace_that_falls_after_the_run_says_so(nodes, tmp_path):
+    trace = tmp_path / "trace.yaml"
+    trace.write_text("preemptions: [40, 100]\nnotice: 10\n")
+    result = launch("--spot-trace", str(trace))
+    assert result.exit_code == 0
+    assert "note: the spot trace's preemption(s) at 40s, 100s after launch never came" in result.stderr
+    assert "train.steps=2000" in result.stderr
+
+
+def test_a_trace_whose_capacity_ran_out_is_not_reported_as_unused(nodes, tmp_path):
+    trace = tmp_path / "trace.yaml"
+    trace.write_text("preemptions: [0, 300]\nnotice: 0\ncapacity_gone_after: 1\n")
+    nodes["run"] = ["sleep 3; exit 0"]
+    result = launch("--spot-trace", str(trace))
+    assert result.exit_code == 0, result.stderr
+    assert "attempt 2" in result.stderr and "never came" not in result.stderr
+
+
+# --------------------------------------------------------------------------- the live view's figures
+
+
+def _step(step: int, tokens: int, seconds: float) -> dict:
+    return {"type": "step", "rank": 0, "step": step, "tokens": tokens, "step_seconds": seconds, "loss": 2.0,
+            "ts": 1.0 + step}
+
+
+def test_tokens_per_second_is_one_steps_tokens_over_its_time():
+    view = RunView(200)
+    view.apply(_step(1, 1024, 0.1))
+    assert view.tokens_per_s is None  # one step: its own tokens are not known yet
+    view.apply(_step(2, 2048, 0.08))
+    assert view.tokens_per_s == pytest.approx(1024 / 0.08)  # 12,800, not the run's 2,048 tokens / 0.08 s
+    view.apply(_step(3, 3072, 0.1))
+    assert view.tokens_per_s == pytest.approx(10240)
+    view.apply(_step(67, 68608, 0.1))  # after a resume: no step before it in view, the last figure stays
+    assert view.tokens_per_s == pytest.approx(10240)
