@@ -280,7 +280,35 @@ class _OneLineUsageError(_click_exceptions.ClickException):
                   markup=True, highlight=False, emoji=False)
 
 
+# Metavars Typer would print as {recipe} [overrides]... and <str>: arguments and option values by name.
+ARG_METAVARS = {"overrides": "KEY=VALUE"}
+_TYPE_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "NUMBER", "Path": "PATH"}
+
+
 class _OneLineUsage:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if getattr(param, "metavar", "absent") is not None or getattr(param, "is_flag", False):
+                continue
+            if param.param_type_name == "argument":
+                param.metavar = ARG_METAVARS.get(param.name, param.name.upper())
+            else:
+                annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+                if annotation is not bool:
+                    param.metavar = _TYPE_METAVARS.get(getattr(annotation, "__name__", ""), "VALUE")
+
+    def collect_usage_pieces(self, ctx):
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                continue
+            name = param.metavar or param.name.upper()
+            if not param.required and not name.startswith("["):
+                name = f"[{name}]"
+            pieces.append(name + ("..." if param.nargs != 1 else ""))
+        return pieces
+
     def parse_args(self, ctx, args):
         _plain_coercion(self, ctx)
         try:

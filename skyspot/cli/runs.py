@@ -7,10 +7,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from skyspot.cli.common import Column, confirm, display, err, handle_errors, usd
+from skyspot.errors import SkyspotError
 
 # On a narrow terminal the columns with the highest `drop` are hidden first (docs: `status --json` has all).
 STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column("executor", "EXECUTOR", 10),
@@ -110,17 +112,32 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
 
 
+def _latest(ledger, *, live: bool = False):
+    """The newest run (`live`: the newest that has not ended), as `sky jobs logs` defaults to the latest job."""
+    from skyspot.errors import UsageError
+
+    runs = [r for r in ledger.runs(include_finished=True) if not (live and r.terminal)]
+    if not runs:
+        raise UsageError("no running run to cancel; `skyspot status -a` lists runs" if live
+                         else "no runs yet: `skyspot launch tiny --local` starts one")
+    return runs[0]
+
+
 @handle_errors
 def logs_command(
-    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status -a`)."),
+    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="Run name (see `skyspot status -a`); "
+                                                                         "default: the newest run."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."),
 ) -> None:
-    """Show a run's log; -f follows it across recoveries."""
+    """Show a run's log (the newest run's by default); -f follows it across recoveries."""
     from skyspot.ledger import Ledger
 
     ledger = Ledger()
     try:
-        run = ledger.get(run_name)
+        run = ledger.get(run_name) if run_name else _latest(ledger)
+        if run_name is None:
+            err.print(f"logs of '{run.name}', the newest run", markup=False)
+        run_name = run.name
         if run.executor == "sky":
             from skyspot.executors import sky as sky_executor
 
@@ -156,39 +173,70 @@ def _copy_new(path: Path, offset: int) -> int:
 
 @handle_errors
 def cancel_command(
-    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status`)."),
+    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="Run name (see `skyspot status`); "
+                                                                         "default: the newest run still going."),
+    all_runs: bool = typer.Option(False, "-a", "--all", help="Cancel every run that has not ended."),
     yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
 ) -> None:
     """Stop a run gracefully (emergency checkpoint, then stop) and mark it CANCELLED."""
+    from skyspot.errors import UsageError
     from skyspot.ledger import Ledger
 
+    if all_runs and run_name:
+        raise UsageError("give a run name or --all, not both")
     ledger = Ledger()
     try:
-        run = ledger.get(run_name)
-        if run.terminal:
-            err.print(f"run '{run_name}' already ended: {run.status}")
-            return
-        if not confirm(f"Cancel run '{run_name}'?", yes):
-            err.print("not cancelled")
+        if all_runs:
+            runs = [r for r in ledger.runs(include_finished=False)]
+            if not runs:
+                err.print("no run to cancel: every run has ended")
+                return
+            names = ", ".join(r.name for r in runs)
+            if not confirm(f"Cancel {len(runs)} run(s): {names}?", yes):
+                err.print("not cancelled")
+                raise typer.Exit(1)
+        else:
+            run = ledger.get(run_name) if run_name else _latest(ledger, live=True)
+            if run.terminal:
+                err.print(f"run '{run.name}' already ended: {run.status}")
+                return
+            if not confirm(f"Cancel run '{run.name}'?", yes):
+                err.print("not cancelled")
+                raise typer.Exit(1)
+            runs = [run]
+        failed = 0
+        for run in runs:
+            try:
+                _cancel(ledger, run)
+            except SkyspotError as error:  # one run that cannot be reached must not stop the others
+                if len(runs) == 1:
+                    raise
+                failed += 1
+                err.print(f"run '{run.name}': not cancelled ({error})", markup=False)
+        if failed:
             raise typer.Exit(1)
-        if run.executor == "sky":
-            from skyspot.executors import sky as sky_executor
-
-            sky_executor.cancel(run.job_id)
-            ledger.update(run_name, status="CANCELLED")
-            err.print(f"cancelled managed job {run.job_id} ('{run_name}')")
-            return
-        ledger.update(run_name, status="CANCELLING")
-        try:
-            os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
-        except (ProcessLookupError, TypeError):
-            ledger.update(run_name, status="CANCELLED")
-            err.print(f"run '{run_name}' had no live controller; marked CANCELLED")
-            return
-        deadline = time.time() + 300
-        while time.time() < deadline and not ledger.get(run_name).terminal:
-            time.sleep(0.5)
-        run = ledger.get(run_name)
-        err.print(f"run '{run_name}' {run.status}")
     finally:
         ledger.close()
+
+
+def _cancel(ledger, run) -> None:
+    run_name = run.name
+    if run.executor == "sky":
+        from skyspot.executors import sky as sky_executor
+
+        sky_executor.cancel(run.job_id)
+        ledger.update(run_name, status="CANCELLED")
+        err.print(f"cancelled managed job {run.job_id} ('{run_name}')")
+        return
+    ledger.update(run_name, status="CANCELLING")
+    try:
+        os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
+    except (ProcessLookupError, TypeError):
+        ledger.update(run_name, status="CANCELLED")
+        err.print(f"run '{run_name}' had no live controller; marked CANCELLED")
+        return
+    deadline = time.time() + 300
+    while time.time() < deadline and not ledger.get(run_name).terminal:
+        time.sleep(0.5)
+    run = ledger.get(run_name)
+    err.print(f"run '{run_name}' {run.status}")

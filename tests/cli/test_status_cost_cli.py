@@ -547,3 +547,37 @@ def test_simulated_stays_simulated_once_the_trainer_has_started():
     assert row["simulated"] is True
     assert json.loads(invoke("cost-report", "--json").stdout)[0]["simulated"] is True
     assert "(sim)" in invoke("status").stdout and "(sim)" in invoke("cost-report").stdout
+
+
+def _with_log(name: str, status: str, text: str) -> None:
+    run_dir = make_run(name, status=status)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "logs" / "run.log").write_text(text)
+
+
+def test_logs_and_cancel_take_the_newest_run_by_default():
+    _with_log("older", "RUNNING", "older's log\n")
+    _with_log("newer", "SUCCEEDED", "newer's log\n")
+    result = invoke("logs")
+    assert result.exit_code == 0
+    assert result.stdout == "newer's log\n" and "logs of 'newer', the newest run" in result.stderr
+    # cancel: the newest run that has not ended (here its controller is gone, so it is marked at once).
+    result = invoke("cancel", "-y")
+    assert result.exit_code == 0 and "run 'older' had no live controller; marked CANCELLED" in result.stderr
+    assert {r["name"]: r["status"] for r in status_rows("-a")} == {"older": "CANCELLED", "newer": "SUCCEEDED"}
+    assert "no running run to cancel" in one_line_error(invoke("cancel", "-y"))
+
+
+def test_cancel_all_stops_every_run_that_has_not_ended():
+    for name, status in (("a", "RUNNING"), ("b", "RECOVERING"), ("c", "SUCCEEDED")):
+        make_run(name, status=status)
+    result = invoke("cancel", "--all", "-y")
+    assert result.exit_code == 0
+    assert {r["name"]: r["status"] for r in status_rows("-a")} == {"a": "CANCELLED", "b": "CANCELLED",
+                                                                    "c": "SUCCEEDED"}
+    assert "every run has ended" in invoke("cancel", "--all", "-y").stderr
+    assert "not both" in one_line_error(invoke("cancel", "a", "--all"))
+
+
+def test_logs_with_no_runs_at_all_says_how_to_start_one():
+    assert "`skyspot launch tiny --local` starts one" in one_line_error(invoke("logs"))
