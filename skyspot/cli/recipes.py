@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, handle_errors, out, err
+from skyspot.cli.common import Column, display, handle_errors, err
 from skyspot.errors import UsageError
 
 
@@ -19,6 +20,24 @@ def recipes_command(
                                       "within the preemption notice window (docs/planning.md)."),
 ) -> None:
     """List the recipes: model, nodes x accelerator candidates, clouds."""
+    import json
+
+    from skyspot.cli import cache
+
+    entry = cache.key("recipes", ["-v" if verbose else ""])
+    cached = cache.get(entry)
+    rows = json.loads(cached) if cached else _recipe_rows(verbose)
+    if not cached:
+        cache.put(entry, json.dumps(rows))
+    columns = [Column("name", "RECIPE"), Column("model", "MODEL", 2), Column("nodes", "NODES", 3, right=True),
+               Column("per_node", "PER NODE", wrap=True), Column("clouds", "CLOUDS", 1)]
+    if verbose:
+        columns += [Column("state_per_node", "STATE/NODE", right=True),
+                    Column("window", "EMERGENCY CKPT VS NOTICE WINDOW", wrap=True)]
+    display(rows, columns, as_json=as_json)
+
+
+def _recipe_rows(verbose: bool) -> list[dict]:
     from skyspot.recipe import list_recipes
 
     rows = []
@@ -39,12 +58,7 @@ def recipes_command(
         })
         if verbose:
             rows[-1].update(_window_fields(recipe))
-    columns = [Column("name", "RECIPE"), Column("model", "MODEL", 2), Column("nodes", "NODES", 3, right=True),
-               Column("per_node", "PER NODE", wrap=True), Column("clouds", "CLOUDS", 1)]
-    if verbose:
-        columns += [Column("state_per_node", "STATE/NODE", right=True),
-                    Column("window", "EMERGENCY CKPT VS NOTICE WINDOW", wrap=True)]
-    display(rows, columns, as_json=as_json)
+    return rows
 
 
 def _window_fields(recipe) -> dict:
@@ -68,14 +82,21 @@ def render_command(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the YAML to this file instead of stdout."),
 ) -> None:
     """Print the SkyPilot managed-job task YAML a recipe renders to (launchable with `sky jobs launch`)."""
-    from skyspot import package as packaging
-    from skyspot.launch import build
+    from skyspot.cli import cache
 
-    # The real wheel folder, not the golden files' placeholder: the output is a task SkyPilot can launch.
-    built = build(recipe, overrides or [], package=packaging.build())
-    text = built.yaml
+    # Repeating a render skips loading the recipe models and hashing the package (skyspot/cli/cache.py).
+    entry = cache.key("render", [recipe, "\0", *(overrides or [])], files=[recipe])
+    text = cache.get(entry)
+    if text is None:
+        from skyspot import package as packaging
+        from skyspot.launch import build
+
+        # The real wheel folder, not the golden files' placeholder: the output is a task SkyPilot can launch.
+        package = packaging.build()
+        text = build(recipe, overrides or [], package=package).yaml
+        cache.put(entry, text, needs=[package.wheel])
     if output is None:
-        out.file.write(text)
+        sys.stdout.write(text)  # not through rich: importing it would cost this command a fifth of its time
         return
     if output.is_dir():
         raise UsageError(f"-o {output} is a directory; name a file")
