@@ -35,6 +35,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "checkpoint_failed": ("step", "kind", "error"),
     "upload_end": ("step", "bytes", "seconds", "throughput_bps", "durable", "error"),
     "preemption_notice": ("source", "deadline", "action"),
+    "shutdown_warning": ("source", "deadline", "action"),
     "signal": ("signum", "name"),
     "emergency_checkpoint": ("step", "signal_to_commit_seconds", "durable_before_deadline"),
     "interval_plan": ("every_seconds", "inputs"),

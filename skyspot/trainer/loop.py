@@ -145,6 +145,10 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     _die_with_parent()
     _standalone_env()
     placement = cluster.from_environment()
+    # Shutdown warnings are watched from here, before the slow part of setup and the model load:
+    # Azure turns Scheduled Events on at the first request and delivers events minutes later, so an
+    # attempt's first minutes are covered only if that request goes out now (notice.py).
+    notice_watcher = _start_notice_watcher(watch) if placement.is_node_leader else None
     recipe = load_recipe(args.recipe, args.overrides, flags={"storage.store": args.store})
 
     _quiet_libraries()
@@ -226,14 +230,15 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     run.emit("start", where=placement.where, world_size=placement.world_size, total_steps=recipe.train.steps,
              recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(), threads=threads,
              store=store_uri, fresh=bool(args.fresh))
-    if placement.is_node_leader:
-        run.notice_watcher = _start_notice_watcher(watch)
+    run.notice_watcher = notice_watcher
     return run
 
 
 def _start_notice_watcher(watch: PreemptionWatch):
-    """The node leader watches the cloud's metadata for a preemption notice (notice.py); the flag
-    then reaches every rank through the step-boundary vote."""
+    """The node leader watches the cloud's metadata for shutdown warnings (notice.py); the flags
+    then reach every rank through the step-boundary vote. A preemption, or a planned shutdown
+    close to its deadline, is an emergency; a planned shutdown ahead of time, a rebalance
+    recommendation or a harmless maintenance event is an early checkpoint, and training goes on."""
     try:
         from skyspot.trainer.notice import start_notice_watcher
     except ImportError:
@@ -245,7 +250,8 @@ def _start_notice_watcher(watch: PreemptionWatch):
         poll = None
     return start_notice_watcher(
         on_notice=lambda n: watch.request_emergency(n.deadline, n.source, n.action),
-        on_rebalance=lambda n: watch.request_checkpoint(f"{n.source} rebalance"),
+        on_warning=lambda n: watch.request_checkpoint(n.source, n.action,
+                                                      None if n.action == "rebalance" else n.deadline),
         poll_interval=poll if poll and poll > 0 else None)
 
 
@@ -414,8 +420,11 @@ def _report_local(run: Run, pending: Pending) -> None:
         run.events.emit("signal", signum=signum, name=name, received=ts)
         say(f"rank {run.placement.rank}: {name}: emergency checkpoint at the next step boundary")
     for notice in pending.notices:
-        run.events.emit("preemption_notice", source=notice["source"], deadline=notice["deadline"],
-                        action=notice["action"], received=notice["received"])
+        # A warning (a rebalance recommendation, maintenance ahead of its deadline) ends nothing:
+        # its own type, so the cost report's notices are only those that ended an attempt.
+        run.events.emit("shutdown_warning" if notice.get("warning") else "preemption_notice",
+                        source=notice["source"], deadline=notice["deadline"], action=notice["action"],
+                        received=notice["received"])
 
 
 def _boundary(run: Run, loss: float = 0.0, tokens: int = 0) -> Vote:

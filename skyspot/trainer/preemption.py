@@ -9,7 +9,7 @@ together and exit PREEMPTED (75).
 
 Entry points for other threads (the notice watcher, notice.py):
     request_emergency(deadline, source)   a notice: same as a signal, with the cloud's deadline
-    request_checkpoint(source)            a rebalance recommendation: an early normal checkpoint
+    request_checkpoint(source, action)    a warning (rebalance, planned maintenance): an early normal checkpoint
 """
 
 from __future__ import annotations
@@ -78,11 +78,13 @@ class PreemptionWatch:
                 self._deadline = deadline
             self._emergency = True
 
-    def request_checkpoint(self, source: str = "rebalance") -> None:
-        """A rebalance recommendation (from any thread): a normal checkpoint at the next step boundary, no exit."""
+    def request_checkpoint(self, source: str = "rebalance", action: str = "rebalance",
+                           deadline: Optional[float] = None) -> None:
+        """A warning without an exit yet (from any thread): a rebalance recommendation, planned
+        maintenance ahead of its deadline. A normal checkpoint at the next step boundary, no exit."""
         with self._lock:
-            self._notices.append({"source": source, "deadline": None, "action": "rebalance",
-                                  "received": time.time()})
+            self._notices.append({"source": source, "deadline": deadline, "action": action,
+                                  "received": time.time(), "warning": True})
             self._checkpoint = True
 
     @property
