@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from typing import Any, Optional
 
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
@@ -20,15 +21,48 @@ def _one_line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
+# Whether this process started SkyPilot's local API server (enabled_clouds), so a refused launch can stop it again.
+_started_api_server = False
+
+
 def enabled_clouds() -> list[str]:
-    """Clouds SkyPilot can launch on here, lower-case (asks the API server, starting it if needed)."""
+    """Clouds SkyPilot can launch on here, lower-case (asks the API server, starting it if needed).
+
+    Starting the server takes half a minute and leaves several processes running, so it is said
+    first, in one plain line; SkyPilot's own coloured start-up lines are kept out of our output."""
+    global _started_api_server
     import sky
+    from sky import sky_logging
+    from sky.client import sdk
+
+    starting = not api_server_healthy()
+    if starting:
+        print("starting SkyPilot's local API server to ask which clouds are enabled (about 30 s, once; "
+              "`sky api stop` stops it)", file=sys.stderr, flush=True)
+    try:
+        with sky_logging.silent(starting):
+            clouds = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
+    except Exception as error:  # the API server could not be started or reached
+        raise SkyspotError(f"cannot reach the SkyPilot API server: {_one_line(error)}; try `sky api start`") from None
+    _started_api_server = _started_api_server or starting
+    return clouds
+
+
+def stop_api_server_we_started() -> bool:
+    """Stop SkyPilot's API server if enabled_clouds started it in this process; True if it did."""
+    global _started_api_server
+    if not _started_api_server:
+        return False
+    from sky import sky_logging
     from sky.client import sdk
 
     try:
-        return [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
-    except Exception as error:  # the API server could not be started or reached
-        raise SkyspotError(f"cannot reach the SkyPilot API server: {_one_line(error)}; try `sky api start`") from None
+        with sky_logging.silent():
+            sdk.api_stop()
+    except Exception:
+        return False
+    _started_api_server = False
+    return True
 
 
 _SECRET_REASONS = {"HF_TOKEN": "the model is gated",
@@ -75,7 +109,9 @@ def check_launchable(task: dict[str, Any], *, recipe_name: str, clouds: list[str
     wanted = set(clouds)
     usable = [c for c in enabled_clouds() if c in wanted]
     if not usable:
-        raise NoCloudError(f"SkyPilot has no enabled cloud among {', '.join(sorted(wanted))}: {SKY_CHECK_HINT}")
+        stopped = stop_api_server_we_started()  # nothing left running for a launch that was refused
+        raise NoCloudError(f"SkyPilot has no enabled cloud among {', '.join(sorted(wanted))}: {SKY_CHECK_HINT}"
+                           + (" (the SkyPilot API server started for this check is stopped again)" if stopped else ""))
     return secrets
 
 
