@@ -163,11 +163,20 @@ def _last_log_line(path: Path, limit: int = 8192) -> Optional[str]:
             data = handle.read()
     except OSError:
         return None
-    lines = [line.strip() for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    lines = [line.strip() for line in data.decode("utf-8", errors="replace").splitlines()
+             if line.strip() and not _noise(line)]
     if not lines:
         return None
     text = lines[-1]
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _noise(line: str) -> bool:
+    """Lines that say nothing about what a start waits on: warnings every start prints (torch's `W1130 ...`,
+    DeepSpeed's accelerator notice) and the controller's own lines."""
+    text = line.strip()
+    return ("[WARNING]" in text or text.startswith("[skyspot local]")  # the controller's own lines
+            or (len(text) > 5 and text[0] in "WI" and text[1:5].isdigit()))
 
 
 def _activity(run) -> Optional[str]:

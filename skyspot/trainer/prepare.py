@@ -32,6 +32,8 @@ def build_ops() -> list[str]:
 
 def main() -> int:
     started = time.monotonic()
+    print("skyspot prepare: loading DeepSpeed's ops, building any this machine lacks (a minute or more the "
+          "first time)", flush=True)
     try:
         built = build_ops()
     except Exception as error:  # a failed build is not fatal: the trainer builds it again at start

@@ -150,7 +150,10 @@ def test_an_op_already_built_is_not_built_again(nodes):
 
 def test_a_slow_start_is_reported_with_the_logs_last_line(nodes, monkeypatch):
     monkeypatch.setattr(follow_module, "QUIET_SECONDS", 0.5)
-    nodes["run"] = ["echo 'Emitting ninja build file /tmp/x/build.ninja...'; sleep 2.5; exit 0"]
+    nodes["run"] = ["echo 'Emitting ninja build file /tmp/x/build.ninja...'\n"
+                    "echo 'W1130 19:00:11.698000 22302 torch/distributed/run.py:874] *****'\n"
+                    "echo '[2026-11-30 19:24:57,521] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "
+                    "accelerator to CPU.'\nsleep 2.5; exit 0"]
     result = launch()
     assert result.exit_code == 0
     assert "attempt 1: " in result.stderr and "no step yet" in result.stderr
