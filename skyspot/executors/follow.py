@@ -207,8 +207,9 @@ def _follow_plain(ledger, name, view, tail, log_path, err):
         quiet = view.quiet_for(time.time())
         if quiet is not None and quiet >= next_note:
             last = _last_log_line(log_path)
-            say(f"attempt {view.attempt}: {quiet:.0f}s in, no step yet (starting: imports, DeepSpeed set-up, "
-                f"model load){f'; log: {last}' if last else ''}")
+            doing = ("still preparing this machine (DeepSpeed's op build)" if run.status == "STARTING" and activity
+                     else "no step yet (starting: imports, DeepSpeed set-up, model load)")
+            say(f"attempt {view.attempt}: {quiet:.0f}s in, {doing}{f'; log: {last}' if last else ''}")
             next_note = quiet + 2 * QUIET_SECONDS
         if run.terminal:
             return run

@@ -131,12 +131,16 @@ def test_a_preemption_does_not_fill_the_log_with_torchruns_failure_report(nodes)
 
 def test_the_first_run_on_a_machine_says_it_is_building_the_op(nodes, monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "nothing-built"))
-    nodes["prepare"] = "echo 'Building extension module deepspeed_shm_comm...'; sleep 1"
+    monkeypatch.setattr(follow_module, "QUIET_SECONDS", 0.5)
+    nodes["prepare"] = "echo 'Building extension module deepspeed_shm_comm...'; sleep 3"
+    nodes["run"] = ["sleep 1.5; exit 0"]
     result = launch()
     assert result.exit_code == 0, result.stderr
     said = result.stderr
     building = said.index("preparing this machine once: DeepSpeed builds its CPU communication op")
-    assert building < said.index("op ready after") < said.index("RUNNING")
+    assert building < said.index("RUNNING") and "op ready after" in said
+    assert "s in, still preparing this machine (DeepSpeed's op build)" in said
+    assert "; log: Building extension module deepspeed_shm_comm..." in said
     log = runner.invoke(app, ["logs", "run-1"]).stdout
     assert "Building extension module deepspeed_shm_comm" in log
 
