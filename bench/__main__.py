@@ -16,9 +16,10 @@ from pathlib import Path
 
 from bench.common import Results, machine
 
-SUITES = ["cli", "upload", "checkpoint", "recovery", "lost_work", "overhead"]
+SUITES = ["cli", "upload", "checkpoint", "emergency", "recovery", "lost_work", "overhead"]
 MODULES = {"cli": "bench.cli_latency", "upload": "bench.upload", "checkpoint": "bench.checkpoint",
-           "recovery": "bench.recovery", "lost_work": "bench.lost_work", "overhead": "bench.overhead"}
+           "emergency": "bench.emergency", "recovery": "bench.recovery", "lost_work": "bench.lost_work",
+           "overhead": "bench.overhead"}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 RESULTS_START = "<!-- results: written by `python -m bench`; edit the text above, not below -->"
 
@@ -52,11 +53,27 @@ def main(argv=None) -> int:
         print(f"   {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
     table = render_table(results)
     command = "python -m bench" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
-    report = render_report(results, command, time.time() - started)
     if not args.no_write:
-        write_doc(report)
+        kept = kept_rows(DOC.read_text() if DOC.exists() else "", chosen) if args.only else []
+        write_doc(render_report(results, command, time.time() - started, kept))
     print(table)
     return 0
+
+
+def kept_rows(doc: str, chosen: list[str]) -> list[str]:
+    """With --only: the last report's rows of the benchmarks not run now, kept as they were."""
+    if RESULTS_START not in doc:
+        return []
+    previous = doc.split(RESULTS_START, 1)[1]
+    rows = [line for line in previous.splitlines() if line.startswith("| ") and not line.startswith("| bench |")]
+    return [row for row in rows if row.split("|")[1].strip() in SUITES and row.split("|")[1].strip() not in chosen]
+
+
+def _previous_commands(doc: str) -> list[str]:
+    if RESULTS_START not in doc:
+        return []
+    previous = doc.split(RESULTS_START, 1)[1]
+    return [line[2:] for line in previous.splitlines() if line.startswith(("- command:", "- kept from:"))]
 
 
 def render_table(results: Results) -> str:
@@ -73,12 +90,27 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def render_report(results: Results, command: str, seconds: float) -> str:
+def render_report(results: Results, command: str, seconds: float, kept: list[str] = ()) -> str:
     m = machine()
     notes = "".join(f"- {n}\n" for n in results.notes)
-    return (f"{RESULTS_START}\n\n## Latest run\n\n- command: `{command}` ({seconds / 60:.1f} min)\n"
+    table = render_table(results)
+    origin = ""
+    if kept:
+        # Rows of benchmarks this run left out stay, in suite order, and the report says where they came from.
+        order = {suite: i for i, suite in enumerate(SUITES)}
+        lines = table.splitlines()
+        rows = sorted(lines[2:] + list(kept), key=lambda row: order.get(row.split("|")[1].strip(), len(SUITES)))
+        table = "\n".join(lines[:2] + rows)
+        earlier = [c.split(":", 1)[1].strip() for c in _previous_commands(DOC.read_text() if DOC.exists() else "")]
+        suites = ", ".join(sorted({r.split("|")[1].strip() for r in kept}, key=lambda b: order.get(b, 0)))
+        dates = [line[len("- date: "):] for line in (DOC.read_text() if DOC.exists() else "").split(RESULTS_START)[-1]
+                 .splitlines() if line.startswith("- date: ")]
+        when = f", run {dates[0]}" if dates else ""
+        origin = f"- kept from: {'; '.join(earlier) or 'the previous report'} (the rows of {suites}{when})\n"
+    return (f"{RESULTS_START}\n\n## Latest run\n\n- command: `{command}` ({seconds / 60:.1f} min, {m['date']})\n"
+            f"{origin}"
             f"- machine: {m['cores']} cores, {m['memory']} memory, {m['disk_free']} disk free, {m['cpu']}, "
-            f"Python {m['python']}\n- date: {m['date']}\n\n{render_table(results)}\n\n{notes}")
+            f"Python {m['python']}\n- date: {m['date']}\n\n{table}\n\n{notes}")
 
 
 def write_doc(report: str) -> None:

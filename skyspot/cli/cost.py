@@ -161,7 +161,7 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
     say(f"saved {data['saved']}{_savings_note(data)}")
     say(f"preemptions {data['preemptions']}   recoveries {data['recoveries']}   MTTR {data['mttr']}   "
         f"lost steps {data['lost_steps']} ({data['lost_seconds']:.1f}s)   checkpoint overhead "
-        f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}   "
+        f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}{_goodput_note(data)}   "
         f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}")
     sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
     say(f"prices: {data['source']} (estimates from published list prices, not a bill; docs/cost.md).{sim}")
@@ -215,6 +215,12 @@ def _say(text: str, width: int) -> None:
 
     lines = textwrap.wrap(one_line(text), width=max(40, width), subsequent_indent="  ", break_on_hyphens=False)
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _goodput_note(data: dict) -> str:
+    """Goodput is useful step time over billed time; a short run's one start-up can dominate it."""
+    startup, useful = data.get("startup_seconds") or 0.0, data.get("useful_seconds") or 0.0
+    return f" (the first start-up alone took {startup:.1f}s)" if startup > useful else ""
 
 
 def _store_note(data: dict) -> str:

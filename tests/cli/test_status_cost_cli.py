@@ -581,3 +581,34 @@ def test_cancel_all_stops_every_run_that_has_not_ended():
 
 def test_logs_with_no_runs_at_all_says_how_to_start_one():
     assert "`skyspot launch tiny --local` starts one" in one_line_error(invoke("logs"))
+
+
+def test_status_loads_neither_pydantic_nor_rich():
+    """docs/benchmarks.md, CLI latency: Typer's pydantic coercion and rich's table layout are off this path."""
+    import subprocess
+    import sys
+
+    make_run()
+    code = ("import sys; sys.argv = ['skyspot', 'status', '-a']\n"
+            "from skyspot.cli.main import app\n"
+            "try:\n    app()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('pydantic', 'typer._adapters', 'rich.console', 'rich.table') if m in sys.modules),"
+            " file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "run-1" in done.stdout, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_a_start_up_longer_than_the_training_is_named_beside_goodput():
+    files = preempted_once_events()
+    # Attempt 0's trainer starts 5 s in; push its steps 1000 s later, as a first op build would.
+    for name, events in files.items():
+        for event in events:
+            if event["attempt"] == 0 and event["type"] in ("step", "checkpoint_end", "exit", "attempt_end",
+                                                           "preempt_notice_sent"):
+                event["ts"] += 1000
+    make_run(files=files)
+    text = " ".join(invoke("cost-report", "run-1").stdout.split())
+    assert "goodput" in text and "(the first start-up alone took 1005.0s)" in text
+    make_run("plain")
+    assert "first start-up alone" not in " ".join(invoke("cost-report", "plain").stdout.split())
