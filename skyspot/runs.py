@@ -145,7 +145,8 @@ def events_signature(run) -> Optional[str]:
 
 
 def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
-    """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far."""
+    """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far,
+    and for a run that failed, why (`cause`, as the local executor recorded it)."""
     from skyspot.cost import cost_so_far, is_simulated
 
     now = now or time.time()
@@ -184,4 +185,5 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "elapsed_seconds": round(end - run.created_at, 1),
         "cost_so_far_usd": cost, "simulated": run.executor == "local" or any(is_simulated(w) for w in wheres),
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
+        "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
     }

@@ -21,7 +21,7 @@ STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column(
                   Column("last_checkpoint", "LAST CKPT", 7, right=True), Column("elapsed", "ELAPSED", 8, right=True),
                   Column("cost", "EST. COST", 4)]
 # A finished run's status row is cached in the ledger; a new version here recomputes rows cached by an older one.
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
 
 
@@ -78,6 +78,10 @@ def status_command(
         row["elapsed"] = _duration(row["elapsed_seconds"])
     display(rows, STATUS_COLUMNS, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
             caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
+    if not as_json:
+        for row in rows:
+            if row.get("cause") and str(row["status"]).startswith("FAILED"):
+                err.print(f"{row['name']} {row['status']}: {row['cause']}", markup=False, highlight=False)
     if note:
         err.print(note)
     if skipped:

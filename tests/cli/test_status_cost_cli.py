@@ -612,3 +612,13 @@ def test_a_start_up_longer_than_the_training_is_named_beside_goodput():
     assert "goodput" in text and "(the first start-up alone took 1005.0s)" in text
     make_run("plain")
     assert "first start-up alone" not in " ".join(invoke("cost-report", "plain").stdout.split())
+
+
+def test_status_says_why_a_run_failed():
+    make_run("broken", status="FAILED", info={"cloud": "aws", "cause": "usage error: no AWS credentials found"})
+    make_run("fine")
+    assert {r["name"]: r["cause"] for r in status_rows("-a")} == {
+        "broken": "usage error: no AWS credentials found", "fine": None}
+    result = invoke("status", "-a")
+    assert "broken FAILED: usage error: no AWS credentials found" in result.stderr
+    assert "fine" not in result.stderr
