@@ -113,6 +113,10 @@ def test_a_crash_is_retried_under_a_new_attempt_number_each_time(nodes):
         assert f"attempt {attempt} ended: error (exit 1): RuntimeError: boom" in result.stderr
     assert "attempt 5" not in result.stderr
     assert [e["attempt"] for e in executor_attempts() if e["type"] == "attempt_start"] == [1, 2, 3, 4]
+    # The trainer never counted these starts (it failed first); its counter is moved up to match, so
+    # the start after this one would log under attempt 5, as the executor's events do.
+    run_dir = Path(Ledger().get("run-1").run_dir)
+    assert json.loads((run_dir / "attempts.json").read_text())["attempt"] == 3
     log = runner.invoke(app, ["logs", "run-1"]).stdout
     assert "restart 3/3 after an error" in log
 
