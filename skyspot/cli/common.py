@@ -39,8 +39,19 @@ class _LazyConsole:
             self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=_width(stream))
         return self._console
 
+    @property
+    def console(self):
+        """The rich Console itself, for rich objects that take one (Live, Progress)."""
+        return self._get()
+
     def __getattr__(self, name: str):
         return getattr(self._get(), name)
+
+    def __enter__(self):
+        return self._get().__enter__()
+
+    def __exit__(self, *exc):
+        return self._get().__exit__(*exc)
 
 
 out: Any = _LazyConsole(stderr=False)

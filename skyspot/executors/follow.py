@@ -225,7 +225,7 @@ def _follow_live(ledger, name, view, tail, log_path):
     from skyspot.cli.common import err
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err)
+                        console=err.console)
     task_id = progress.add_task(name, total=view.total or None)
     lines: list[str] = []
     activity = None
@@ -245,7 +245,7 @@ def _follow_live(ledger, name, view, tail, log_path):
             f"last checkpoint {ckpt}  preemptions {view.preemptions}{doing}")
         return Group(progress, info, Text("\n".join(lines[-6:]), style="dim"))
 
-    with Live(render(), console=err, refresh_per_second=4, transient=False) as live:
+    with Live(render(), console=err.console, refresh_per_second=4, transient=False) as live:
         while True:
             run = ledger.get(name)
             view.status = run.status

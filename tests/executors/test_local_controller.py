@@ -204,3 +204,25 @@ def test_tokens_per_second_is_one_steps_tokens_over_its_time():
     assert view.tokens_per_s == pytest.approx(10240)
     view.apply(_step(67, 68608, 0.1))  # after a resume: no step before it in view, the last figure stays
     assert view.tokens_per_s == pytest.approx(10240)
+
+
+def test_the_live_view_follows_a_run_to_its_end(tmp_path):
+    """The terminal view (rich Live and Progress on the stderr console) runs and folds the events in."""
+    from skyspot.events import EVENTS_DIR, EventTail, EventWriter
+    from skyspot.ledger import skyspot_home
+
+    run_dir = skyspot_home() / "runs" / "live"
+    executor = EventWriter(run_dir, "live", 1, 0, None)
+    executor.emit("attempt_start", where={"cloud": "aws", "region": "us-east-1", "spot": True, "simulated": True})
+    trainer = EventWriter(run_dir, "live", 1, 0, 0)
+    for step in range(1, 5):
+        trainer.emit("step", step=step, loss=2.0, step_seconds=0.1, tokens=1000 * step)
+    executor.emit("attempt_end", code=0, reason="complete")
+    ledger = Ledger()
+    ledger.add("live", "tiny", "local", run_dir=str(run_dir), total_steps=4, num_nodes=1)
+    ledger.update("live", status="SUCCEEDED")
+    view = RunView(4)
+    run = follow_module._follow_live(ledger, "live", view, EventTail(run_dir / EVENTS_DIR),
+                                     run_dir / "logs" / "run.log")
+    assert run.status == "SUCCEEDED" and view.step == 4
+    assert view.tokens_per_s == pytest.approx(1000 / 0.1)
