@@ -570,6 +570,24 @@ def test_cancelled_maintenance_changes_nothing_more(server, watchers, cloud):
     assert rec.notices == [] and w.is_alive()  # no exit for a shutdown that will not come
 
 
+@pytest.mark.parametrize("cloud", CLOUDS)
+def test_maintenance_announced_again_after_a_cancelled_one_is_warned_of_again(server, watchers, cloud):
+    rec = Recorder()
+    watch(server, cloud, rec, watchers, warnings=True)
+    settle(server, cloud)
+    server.announce_maintenance(time.time() + 3600)
+    assert wait_until(lambda: len(rec.warnings) == 1)
+    answered = server.count("gcp.maintenance_event")
+    server.cancel_maintenance()
+    if cloud == "gcp":  # the hanging GET answers NONE, then hangs again
+        assert wait_until(lambda: server.count("gcp.maintenance_event") > answered)
+    settle(server, cloud)
+    server.announce_maintenance(time.time() + 7200)
+    assert wait_until(lambda: len(rec.warnings) == 2)  # a new early checkpoint for the new date
+    assert rec.warnings[1].deadline - rec.warnings[0].deadline == pytest.approx(3600, abs=2)
+    assert rec.notices == []
+
+
 @pytest.mark.parametrize("cloud,kwargs,action", [
     ("aws", {"aws_code": "system-maintenance"}, "system-maintenance"),
     ("gcp", {"gcp_value": "MIGRATE_ON_HOST_MAINTENANCE"}, "migrate"),

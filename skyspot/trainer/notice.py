@@ -462,7 +462,7 @@ class Watcher:
     def is_alive(self) -> bool:
         return any(p.thread.is_alive() for p in self._paths)
 
-    def interval(self, default: float) -> float:
+    def _period(self, default: float) -> float:
         return float(self._poll) if self._poll is not None else default
 
     # -- delivering -----------------------------------------------------------------------------
@@ -653,10 +653,10 @@ def _aws_paths(w: Watcher) -> list[_Path]:
         for key in w._planned_keys("aws:") - active:
             w._cancel(key)
 
-    paths = [_Path(w, "aws-instance-action", w.interval(AWS_POLL_S), instance_action)]
+    paths = [_Path(w, "aws-instance-action", w._period(AWS_POLL_S), instance_action)]
     if w._on_warning is not None:
-        paths.append(_Path(w, "aws-rebalance", w.interval(AWS_POLL_S), rebalance))
-    paths.append(_Path(w, "aws-maintenance", w.interval(AWS_MAINTENANCE_POLL_S), maintenance))
+        paths.append(_Path(w, "aws-rebalance", w._period(AWS_POLL_S), rebalance))
+    paths.append(_Path(w, "aws-maintenance", w._period(AWS_MAINTENANCE_POLL_S), maintenance))
     return paths
 
 
@@ -678,6 +678,7 @@ def _gcp_paths(w: Watcher) -> list[_Path]:
     gpus = w._env.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
     maintenance_notice = GCP_GPU_MAINTENANCE_NOTICE_S if gpus not in ("", "0") else GCP_MAINTENANCE_NOTICE_S
     last_event = ["NONE"]
+    planned = [0]  # a new key per planned event, so a second one in an attempt is warned of too
 
     def preempted(value: str) -> None:
         if value.upper() == "TRUE":
@@ -691,18 +692,22 @@ def _gcp_paths(w: Watcher) -> list[_Path]:
         last_event[0] = value
         received = time.time()
         if value in GCP_SHUTDOWN_EVENTS:
+            planned[0] += 1
             deadline = _gcp_window_start(w) or received + maintenance_notice
-            w._plan("gcp:maintenance", Notice("gcp", deadline, "maintenance", received, "shutdown"))
+            w._plan(f"gcp:maintenance:{planned[0]}", Notice("gcp", deadline, "maintenance", received, "shutdown"))
         elif value in GCP_WARNING_EVENTS:
             w._warn(f"gcp:migrate:{received}", Notice("gcp", received + GCP_MAINTENANCE_NOTICE_S, "migrate", received,
                                                       "warning"))
         elif value == "NONE":
-            w._cancel("gcp:maintenance")
+            for key in w._planned_keys("gcp:"):
+                w._cancel(key)
         else:
             log.warning("unknown GCP maintenance-event %r; treating it as a planned shutdown", value)
-            w._plan("gcp:maintenance", Notice("gcp", received + maintenance_notice, "maintenance", received, "shutdown"))
+            planned[0] += 1
+            w._plan(f"gcp:maintenance:{planned[0]}", Notice("gcp", received + maintenance_notice, "maintenance",
+                                                            received, "shutdown"))
 
-    interval = w.interval(GCP_RETRY_S)
+    interval = w._period(GCP_RETRY_S)
     return [_Path(w, "gcp-preempted", interval, _gcp_hanging(w, GCP_PREEMPTED_PATH, preempted, interval)),
             _Path(w, "gcp-maintenance-event", interval, _gcp_hanging(w, GCP_MAINTENANCE_PATH, maintenance, interval))]
 
@@ -798,7 +803,10 @@ def _azure_paths(w: Watcher) -> list[_Path]:
         if status != 200:  # 429 above 5 requests a second, 5xx: back off
             raise _Unexpected(f"scheduledevents answered {status}")
         state["answered"] = True
-        events = json.loads(body).get("Events") or []
+        doc = json.loads(body)
+        if not isinstance(doc, dict):
+            raise _Unexpected("scheduledevents answered something other than a JSON object")
+        events = doc.get("Events") or []
         name = vm_name()
         received, current = time.time(), set()
         for event in events:
@@ -825,7 +833,7 @@ def _azure_paths(w: Watcher) -> list[_Path]:
         for key in w._planned_keys("azure:") - current:
             w._cancel(key)
 
-    return [_Path(w, "azure-scheduled-events", w.interval(AZURE_POLL_S), step)]
+    return [_Path(w, "azure-scheduled-events", w._period(AZURE_POLL_S), step)]
 
 
 def _names_us(event: dict, name: str | None) -> bool:
