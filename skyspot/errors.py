@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class SkyspotError(Exception):
     """A failure the user can act on; the message is one line that says what to do next."""
@@ -18,10 +20,11 @@ class UsageError(SkyspotError):
 class RecipeError(UsageError):
     """A recipe that does not load or validate. `problems` lists every problem found, not only the first."""
 
-    def __init__(self, source: str, problems: list[str]):
+    def __init__(self, source: Optional[str], problems: list[str]):
+        """`source` None: every problem is the user's override, not the file's, and names itself."""
         self.source = source
         self.problems = list(problems)
-        super().__init__(f"{source}: " + "; ".join(self.problems))
+        super().__init__((f"{source}: " if source else "") + "; ".join(self.problems))
 
 
 class StoreError(SkyspotError):

@@ -474,6 +474,7 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     _check_override_keys(env_pairs, "environment override", problems)
     _check_override_keys(cli_pairs, "override", problems)
     flag_pairs = [(k, v) for k, v in (flags or {}).items() if v is not None]
+    origins = _origins(env_pairs, environ if environ is not None else os.environ, cli_pairs, overrides, flag_pairs)
     if not problems:
         for key, value in env_pairs:
             _apply(data, key, value, "environment override", problems)
@@ -500,9 +501,40 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
                 message = "required key is missing"
             elif error["type"] in ("literal_error", "enum") and "input" in error:
                 message = f"{message} (got {error['input']!r})"
+            origin = _origin_of(loc, origins)
+            if origin is not None:  # the user's override set this value, not the file
+                problems.append(f"{origin}: {message}")
+                continue
             line = lines.get(loc)
             problems.append(f"{loc or '(top)'}{f' (line {line})' if line else ''}: {message}")
+        if all(p.startswith(("override ", "environment ", "flag ")) for p in problems):
+            raise RecipeError(None, [*problems[:-1], f"{problems[-1]} (recipe {source})"]) from None
         raise RecipeError(source, problems) from None
+
+
+def _origins(env_pairs, environ, cli_pairs, overrides, flag_pairs) -> dict[str, str]:
+    """Dotted key -> how the user set it (`override train.steps=abc`), the winning source last."""
+    found: dict[str, str] = {}
+    env_raw = {name[len(ENV_PREFIX):].lower().replace("__", "."): (name, raw) for name, raw in environ.items()
+               if name.startswith(ENV_PREFIX) and "__" in name}
+    for key, _ in env_pairs:
+        name, raw = env_raw.get(key, (key, ""))
+        found[key] = f"environment {name}={raw}"
+    for (key, _), pair in zip(cli_pairs, overrides):
+        found[key] = f"override {pair.strip()}"
+    for key, value in flag_pairs:
+        found[key] = f"flag {key}={value}"
+    return {key: text if len(text) <= 120 else text[:117] + "..." for key, text in found.items()}
+
+
+def _origin_of(loc: str, origins: dict[str, str]) -> Optional[str]:
+    """The override that set `loc` or a section above it, if one did."""
+    parts = loc.split(".") if loc else []
+    for end in range(len(parts), 0, -1):
+        origin = origins.get(".".join(parts[:end]))
+        if origin is not None:
+            return origin
+    return None
 
 
 def list_recipes() -> list[Recipe]:

@@ -133,3 +133,43 @@ def test_recipes_verbose_checks_the_notice_window_per_cloud():
 def test_dry_run_shows_the_window_check_and_launch_warns():
     result = invoke("launch", "llama70b", "--dry-run", "--store", "s3://my-bucket/runs")
     assert "Emergency checkpoint vs notice window" in result.stderr and "not in time" in result.stderr
+
+
+# --------------------------------------------------------------------------- whose error is it (issue 18)
+
+
+def _error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_a_bad_override_is_blamed_on_the_override_not_the_recipe_file():
+    line = _error_line(invoke("render", "tiny", "train.steps=abc"))
+    assert line == ("error: override train.steps=abc: Input should be a valid integer, unable to parse string as "
+                    "an integer (recipe recipes/tiny.yaml)")
+    assert "(line" not in line
+
+
+def test_a_bad_environment_override_names_the_variable():
+    line = _error_line(invoke("render", "tiny", env={"SKYSPOT_TRAIN__STEPS": "0"}))
+    assert line.startswith("error: environment SKYSPOT_TRAIN__STEPS=0: Input should be greater than or equal to 1")
+
+
+def test_a_bad_recipe_file_is_still_blamed_on_its_line(tmp_path):
+    recipe = tmp_path / "mine.yaml"
+    text = (REPO / "skyspot" / "recipes" / "tiny.yaml").read_text().replace("steps: 200", "steps: many")
+    assert "steps: many" in text
+    recipe.write_text(text)
+    number = text.splitlines().index(next(l for l in text.splitlines() if "steps: many" in l)) + 1
+    line = _error_line(invoke("render", str(recipe), "train.lr=0.001"))
+    assert line.startswith(f"error: {recipe}: train.steps (line {number}): Input should be a valid integer")
+
+
+def test_the_usage_line_names_the_arguments():
+    result = invoke("launch", "--help")
+    usage = result.stdout.splitlines()[0]
+    assert usage == "Usage: skyspot launch [OPTIONS] RECIPE [KEY=VALUE]..."
+    assert "-n, --name TEXT" in result.stdout and "--notice NUMBER" in result.stdout
+    assert "--name <str>" not in result.stdout
+    assert invoke("logs", "--help").stdout.splitlines()[0] == "Usage: skyspot logs [OPTIONS] [RUN]"
