@@ -38,6 +38,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "shutdown_warning": ("source", "deadline", "action"),
     "signal": ("signum", "name"),
     "emergency_checkpoint": ("step", "signal_to_commit_seconds", "durable_before_deadline"),
+    "notice_window": ("step", "deadline", "upload_deadline", "predicted_seconds", "margin_seconds"),
+    "local_disk": ("write_gbps", "mountpoint", "devices"),
     "interval_plan": ("every_seconds", "inputs"),
     "exit": ("code", "reason", "step"),
     # executor (local executor; SkyPilot's controller keeps its own record)

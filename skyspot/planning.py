@@ -236,19 +236,44 @@ _GCP_PD_BALANCED = (140.0, 0.28, 1200.0)
 _AZURE_PREMIUM_SSD_MBPS = ((32, 25), (64, 50), (128, 100), (256, 125), (512, 150), (1024, 200), (2048, 250),
                            (4096, 250), (8192, 500), (16384, 750), (32767, 900))
 
-# Upload from one node to an object store in the same region, sustained, by the uploader (8 files in
-# parallel, S3 multipart with 4 parts in flight each). Ours, deliberately modest: a p4d/p5-class VM has
-# 100+ Gbit/s of network and S3 serves "up to 100 Gb/s" to one instance with enough parallel requests
-# (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance-guidelines.html), but a
-# single Python uploader rarely sustains more than about 1 GB/s. Azure has no native store backend yet
-# (a blobfuse mount), which may well be slower.
-DEFAULT_UPLOAD_GBPS: dict[str, float] = {"aws": 1.0, "gcp": 1.0, "azure": 1.0}
+# Upload from one node to an object store in the same region, sustained. Every rank streams its own
+# shards while writing them (writer.py), through the SDK's parallel machinery: awscrt's S3 client
+# (what boto3 uses for its CRT transfers), GCS composite parts, Azure blocks; 8 parts of 16 MiB in
+# flight per rank, so 64 per 8-GPU node. Ours, a quarter of what the hardware allows: S3 serves "up
+# to 100 Gb/s" to one instance given enough parallel requests
+# (https://docs.aws.amazon.com/AmazonS3/latest/userguide/optimizing-performance-guidelines.html), a
+# p4de has 400 Gbit/s and a p5 3,200 Gbit/s of network, and awscrt aims each client at 10 Gbit/s
+# unless it knows the instance. 2.5 GB/s = 20 Gbit/s per node; the run's own upload_end events
+# replace it (plan_from_events, the trainer's save-time predictor, `measured_bandwidth`).
+DEFAULT_UPLOAD_GBPS: dict[str, float] = {"aws": 2.5, "gcp": 2.5, "azure": 2.5}
+
+# The fast tier on the node's local NVMe: the task's setup finds the instance-store / local-SSD /
+# temporary NVMe devices of the 8-GPU instances the recipes use (p4de: 8 x 1 TB, p5: 8 x 3.84 TB,
+# a2-ultragpu-8g: 8 x 375 GB, a3-highgpu-8g: 16 x 375 GB, ND96amsr A100 v4: 6.4 TB, ND H100 v5:
+# 8 x 3.5 TB), stripes them, mounts them and puts the run directory there
+# (`python -m skyspot.trainer.local_disk`). Clouds publish no per-instance write throughput for
+# most of these; ours: 4 GB/s per node, about 0.5 GB/s per drive, below GCP's local SSD table
+# (https://cloud.google.com/compute/docs/disks/local-ssd#performance, 8 NVMe devices: 3,120 MiB/s
+# write) times the drives. The node measures its disk at setup (a `local_disk` event) and that
+# figure replaces this one (`measured_bandwidth`).
+LOCAL_NVME_GBPS = 4.0
+# Device-to-host copy of a rank's ZeRO-3 shards into the pinned snapshot buffers, per GPU: PCIe Gen4
+# x16 moves about 25 GB/s; ours 20. The ranks copy in parallel, so a node takes bytes_per_rank / 20.
+SNAPSHOT_GBPS_PER_RANK = 20.0
+# GCP Spot VMs can be given a longer notice (scheduling.preemptionNoticeDuration, up to 120 s on top
+# of the 30 s); SkyPilot 0.14.1 cannot set it: sky/templates/gcp-ray.yml.j2 renders the scheduling
+# block with fixed keys, and the `gcp:` config schema (sky/utils/schemas.py) has no field for it, so
+# a task's config overrides cannot reach it either. GCP is planned with its 30 s.
 
 WRITE_ENV, UPLOAD_ENV = "SKYSPOT_WRITE_GBPS", "SKYSPOT_UPLOAD_GBPS"
 
 
-def default_write_gbps(cloud: str, disk_size_gb: int) -> tuple[float, str]:
-    """(GB/s, why) for writing to the root disk SkyPilot gives a node of `cloud` with `disk_size_gb`."""
+def default_write_gbps(cloud: str, disk_size_gb: int, local_nvme: bool = False) -> tuple[float, str]:
+    """(GB/s, why) for the fast tier of a node of `cloud`: the node's local NVMe when it has some
+    (`local_nvme`: GPU instances), else the root disk SkyPilot gives it with `disk_size_gb`."""
+    if local_nvme and cloud in NOTICE_WINDOWS_S:
+        return LOCAL_NVME_GBPS, (f"local NVMe (setup: skyspot.trainer.local_disk), assumed {LOCAL_NVME_GBPS:g} GB/s "
+                                 "until the node measures it")
     if cloud == "aws":
         return _AWS_GP3_MIBPS * MIB / GB, f"SkyPilot default disk: gp3, {_AWS_GP3_MIBPS} MiB/s"
     if cloud == "gcp":
@@ -286,16 +311,18 @@ def _positive_gbps(raw: Any, where: str) -> float:
 
 def bandwidth_for(cloud: str, *, disk_size_gb: int = 256,
                   overrides: Optional[Mapping[str, Mapping[str, float]]] = None,
-                  environ: Optional[Mapping[str, str]] = None) -> Bandwidth:
+                  environ: Optional[Mapping[str, str]] = None, local_nvme: bool = False) -> Bandwidth:
     """The bandwidths assumed for `cloud`, with the project's precedence: the `overrides` argument
-    (flags; keyed by cloud, or "*" for every cloud) > environment (SKYSPOT_WRITE_GBPS_AWS, then
-    SKYSPOT_WRITE_GBPS; the same for UPLOAD) > defaults."""
+    (flags, or `measured_bandwidth` of a run's events; keyed by cloud, or "*" for every cloud) >
+    environment (SKYSPOT_WRITE_GBPS_AWS, then SKYSPOT_WRITE_GBPS; the same for UPLOAD) > defaults."""
     environ = os.environ if environ is None else environ
     for scope in overrides or {}:
         if scope not in ("*", *NOTICE_WINDOWS_S):
             raise UsageError(f"bandwidth override for unknown cloud '{scope}'; expected aws, gcp, azure or *")
-    write, write_source = default_write_gbps(cloud, disk_size_gb)
-    upload, upload_source = DEFAULT_UPLOAD_GBPS[cloud], "default (ours): 1 GB/s per node to a same-region store"
+    write, write_source = default_write_gbps(cloud, disk_size_gb, local_nvme)
+    upload, upload_source = (DEFAULT_UPLOAD_GBPS[cloud],
+                             f"default (ours): {DEFAULT_UPLOAD_GBPS[cloud]:g} GB/s per node streamed to a "
+                             "same-region store")
     for key, env in (("write_gbps", WRITE_ENV), ("upload_gbps", UPLOAD_ENV)):
         chosen = None
         for name in (env, f"{env}_{cloud.upper()}"):  # the per-cloud variable wins
@@ -314,6 +341,40 @@ def bandwidth_for(cloud: str, *, disk_size_gb: int = 256,
         elif chosen:
             upload, upload_source = chosen
     return Bandwidth(cloud, write, upload, write_source, upload_source)
+
+
+def measured_bandwidth(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> dict[str, dict[str, float]]:
+    """What a run measured, as `bandwidth=` overrides for the window check (empty when nothing was).
+
+    write_gbps: the node's local disk as `python -m skyspot.trainer.local_disk` measured it at setup
+    (`local_disk` events, the slowest node), else the median over checkpoints of bytes / write_seconds
+    (serialisation, hashing and fsync included). upload_gbps: the median of the streamed bytes /
+    stream_seconds of the uploads that made a checkpoint durable (`upload_end`), else bytes / seconds.
+    """
+    events = _events(log)
+    found: dict[str, float] = {}
+    disks = [e["write_gbps"] for e in events if e.get("type") == "local_disk" and _positive(e.get("write_gbps"))]
+    writes = [e["bytes"] / e["write_seconds"] / GB for e in events if e.get("type") == "checkpoint_end"
+              and _positive(e.get("bytes")) and _positive(e.get("write_seconds")) and e["bytes"] >= 1e8]
+    if disks:
+        found["write_gbps"] = min(disks)
+    elif writes:
+        found["write_gbps"] = statistics.median(writes)
+    uploads = []
+    for e in events:
+        if e.get("type") != "upload_end" or e.get("durable") is not True:
+            continue
+        if _positive(e.get("streamed_bytes")) and _positive(e.get("stream_seconds")) and e["streamed_bytes"] >= 1e8:
+            uploads.append(e["streamed_bytes"] / e["stream_seconds"] / GB)
+        elif _positive(e.get("bytes")) and _positive(e.get("seconds")) and e["bytes"] >= 1e8:
+            uploads.append(e["bytes"] / e["seconds"] / GB)
+    if uploads:
+        found["upload_gbps"] = statistics.median(uploads)
+    return {"*": found} if found else {}
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 # =========================================================================== notice-window check
@@ -344,19 +405,30 @@ class WindowCheck:
     local_at_s: Optional[float]
     """Seconds after the notice at which the checkpoint is committed on local disk."""
     durable_at_s: Optional[float]
-    """Seconds after the notice at which it is committed in the store (the upload starts after the commit)."""
+    """Seconds after the notice at which it is durable in the store: the snapshot streams to the store
+    while it is written, so the write and the upload overlap and the slower one counts."""
     verdict: Verdict
     local_slack_s: Optional[float]
     """window - local_at: negative means short by that much."""
     durable_slack_s: Optional[float]
     meaning: str
+    snapshot_s: Optional[float] = None
+    """Device-to-host copy of each rank's shards (in parallel) before anything is written."""
+    arithmetic: str = ""
+    """durable_at_s worked out, for the plan's readers."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def check_window(cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth, *, step_s: float = 0.0) -> WindowCheck:
-    """The window check for one cloud, given what the busiest node must write and upload."""
+def check_window(cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth, *, step_s: float = 0.0,
+                 ranks_per_node: int = 1) -> WindowCheck:
+    """The window check for one cloud, given what the busiest node must write and upload.
+
+    durable_at = detect + step + snapshot + max(write, upload): the ranks copy their shards to host
+    memory at the step boundary, then each rank's bytes go to the local file and to the store in
+    one pass (writer.py), so the slower of the two paths decides.
+    """
     window, detect = NOTICE_WINDOWS_S[cloud], NOTICE_DETECT_S[cloud]
     common = dict(cloud=cloud, window_s=window, detect_s=detect, step_s=step_s, bytes_per_node=bytes_per_node,
                   write_gbps=bandwidth.write_gbps, upload_gbps=bandwidth.upload_gbps,
@@ -365,11 +437,16 @@ def check_window(cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth
         return WindowCheck(**common, write_s=None, upload_s=None, local_at_s=None, durable_at_s=None,
                            verdict="unknown", local_slack_s=None, durable_slack_s=None,
                            meaning="the model's size is unknown, so whether a checkpoint fits cannot be told")
+    snapshot_s = bytes_per_node / max(1, ranks_per_node) / (SNAPSHOT_GBPS_PER_RANK * GB)
     write_s = bytes_per_node / (bandwidth.write_gbps * GB)
     upload_s = bytes_per_node / (bandwidth.upload_gbps * GB)
-    local_at = detect + step_s + write_s
-    durable_at = local_at + upload_s
+    local_at = detect + step_s + snapshot_s + write_s
+    durable_at = detect + step_s + snapshot_s + max(write_s, upload_s)
     local_slack, durable_slack = window - local_at, window - durable_at
+    arithmetic = (f"{bytes_per_node / GB:,.1f} GB/node: {detect:g} s notice poll + {step_s:g} s step + "
+                  f"{snapshot_s:.1f} s snapshot + max({write_s:,.1f} s write at {bandwidth.write_gbps:g} GB/s, "
+                  f"{upload_s:,.1f} s upload at {bandwidth.upload_gbps:g} GB/s) = {durable_at:,.1f} s "
+                  f"{'<=' if durable_slack >= 0 else '>'} {window:.0f} s notice")
     if durable_slack >= 0:
         verdict: Verdict = "durable in time"
         meaning = f"durable {durable_slack:.0f} s before the VM goes: a preemption loses nothing"
@@ -381,7 +458,8 @@ def check_window(cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth
         verdict = "not in time"
         meaning = f"even the local commit needs {local_at:.0f} s of the {window:.0f} s window; {LOST_MEANING}"
     return WindowCheck(**common, write_s=write_s, upload_s=upload_s, local_at_s=local_at, durable_at_s=durable_at,
-                       verdict=verdict, local_slack_s=local_slack, durable_slack_s=durable_slack, meaning=meaning)
+                       verdict=verdict, local_slack_s=local_slack, durable_slack_s=durable_slack, meaning=meaning,
+                       snapshot_s=snapshot_s, arithmetic=arithmetic)
 
 
 @dataclass(frozen=True)
@@ -431,8 +509,10 @@ def check_notice_windows(recipe: "Recipe", *, clouds: Optional[Iterable[str]] = 
     state = state_bytes(recipe, environ=environ)
     checks = []
     for cloud in (list(clouds) if clouds is not None else list(recipe.resources.clouds)):
-        bw = bandwidth_for(cloud, disk_size_gb=recipe.resources.disk_size, overrides=bandwidth, environ=environ)
-        checks.append(check_window(cloud, state.bytes_per_node, bw, step_s=step_s))
+        bw = bandwidth_for(cloud, disk_size_gb=recipe.resources.disk_size, overrides=bandwidth, environ=environ,
+                           local_nvme=bool(recipe.resources.accelerators))
+        checks.append(check_window(cloud, state.bytes_per_node, bw, step_s=step_s,
+                                   ranks_per_node=recipe.resources.ranks_per_node))
     report = WindowReport(recipe.name, recipe.resources.spot, state, checks)
     report.advice.extend(advice(report, recipe, max_loss_s=max_loss_s if max_loss_s is not None else DEFAULT_MAX_LOSS_S))
     return report
@@ -467,30 +547,31 @@ def advice(report: WindowReport, recipe: "Recipe", *, max_loss_s: float = DEFAUL
                      f"keep the fast tier on the node's local NVMe (SKYSPOT_RUN_DIR) and tell the check its "
                      f"speed, e.g. {WRITE_ENV}=2")
     # 2. A shorter interval bounds what a preemption loses when the emergency checkpoint does not make it:
-    #    the newest durable copy is at worst interval + write (blocking) + upload old (see plan_interval).
-    worst = max(failing, key=lambda c: (c.write_s or 0) + (c.upload_s or 0))
-    write_s, upload_s = worst.write_s or 0.0, worst.upload_s or 0.0
+    #    the newest durable copy is at worst interval + its save (snapshot + the slower of write and upload,
+    #    which overlap) old. Training is blocked only for the snapshot; the rest runs in the background.
+    worst = max(failing, key=lambda c: (c.snapshot_s or 0) + max(c.write_s or 0, c.upload_s or 0))
+    snapshot_s = worst.snapshot_s or 0.0
+    save_s = snapshot_s + max(worst.write_s or 0.0, worst.upload_s or 0.0)
     every = recipe.checkpoint.every_seconds
-    now = (f"now every_seconds={every:g}: up to {(every + write_s + upload_s) / 60:.1f} min"
+    now = (f"now every_seconds={every:g}: up to {(every + save_s) / 60:.1f} min"
            if isinstance(every, (int, float)) else
            "now `auto`" if every == "auto" else "now no time-based interval")
-    target = max_loss_s - write_s - upload_s
-    if target >= upload_s and _round_down(target) >= upload_s:
+    target = max_loss_s - save_s
+    if target >= save_s and _round_down(target) >= save_s:
         interval = _round_down(target)
         head = f"checkpoint.every_seconds={interval}: a preemption on {names} then loses at most"
     else:
-        interval = math.ceil(upload_s)
+        interval = math.ceil(save_s)
         head = (f"checkpoint.every_seconds={interval} (the shortest interval whose upload finishes before the next "
                 f"checkpoint supersedes it): a preemption on {names} then still loses up to")
-    blocked = write_s / (interval + write_s)
+    blocked = snapshot_s / (interval + snapshot_s)
     if blocked <= MAX_BLOCKED_SHARE:
-        lines.append(f"{head} {(interval + write_s + upload_s) / 60:.1f} min (interval + {write_s:.0f} s write + "
-                     f"{upload_s:.0f} s upload), with training blocked {blocked:.0%} of the time by the writes "
+        lines.append(f"{head} {(interval + save_s) / 60:.1f} min (interval + {save_s:.0f} s to a durable copy), with "
+                     f"training blocked {blocked:.1%} of the time by the snapshots "
                      f"({now}; or `auto` to plan it from the preemption rate)")
     else:
         lines.append(f"a shorter checkpoint.every_seconds would only trade lost work for blocked training: each "
-                     f"checkpoint blocks {write_s:.0f} s, so {interval} s would block {blocked:.0%} of the time; "
-                     f"fix the write first ({now})")
+                     f"snapshot blocks {snapshot_s:.0f} s, so {interval} s would block {blocked:.0%} of the time ({now})")
     # 3. Fewer clouds, when some candidates make it.
     good = report.durable_clouds
     if good:
@@ -502,13 +583,19 @@ def advice(report: WindowReport, recipe: "Recipe", *, max_loss_s: float = DEFAUL
     for c in failing:
         budget = c.window_s - c.detect_s - c.step_s
         if budget > 0 and state.checkpoint_bytes and state.zero_stage == 3:
-            seconds_per_byte = 1 / (c.write_gbps * GB) + 1 / (c.upload_gbps * GB)
+            seconds_per_byte = (max(1 / (c.write_gbps * GB), 1 / (c.upload_gbps * GB))
+                                + 1 / (state.ranks_per_node * SNAPSHOT_GBPS_PER_RANK * GB))
             nodes = math.ceil(state.checkpoint_bytes * seconds_per_byte / budget)
             if nodes <= 4 * state.num_nodes:
                 needs.append(f"{nodes} on {c.cloud}")
     if needs:
         lines.append(f"resources.num_nodes: the state ({state.checkpoint_bytes / GB:.1f} GB) becomes durable in time "
                      f"with at least {', '.join(needs)} (now {state.num_nodes}; each node adds GPUs and cost)")
+    # 5. LoRA: only the adapters are trained, so only they are checkpointed (recipes llama70b-lora, llama8b-lora).
+    if getattr(recipe.train, "lora", None) is None and recipe.model.hub_id:
+        lines.append(f"train.lora={{}}: a LoRA fine-tune checkpoints only the adapters' state (for Llama-3.1-70B at "
+                     f"r=16, 2.5 GB instead of 846.6 GB: see the llama70b-lora recipe), durable in seconds on "
+                     f"{names}")
     return lines
 
 

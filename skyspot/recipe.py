@@ -180,6 +180,14 @@ class CheckpointSection(_Section):
     mtbp_prior_seconds: Optional[float] = Field(None, gt=0, le=BIG)
     """With every_seconds=auto: your prior mean time between preemptions of the whole job (default:
     skyspot's per cloud and accelerator prior, docs/planning.md); the run's own preemptions refine it."""
+    train_through_notice: bool = True
+    """After a preemption notice, keep training while the emergency checkpoint, predicted from this
+    run's measured save and upload times, still becomes durable before the notice's deadline; false:
+    save at the next step boundary. A signal without a notice always saves at the next step."""
+    notice_margin_seconds: float = Field(2.0, ge=0, le=3600)
+    """With train_through_notice: seconds kept free before the upload deadline (the notice's deadline
+    less 3 s to record the exit) on top of the next step and the predicted save, which are padded by a
+    quarter."""
 
     @field_validator("every_seconds")
     @classmethod

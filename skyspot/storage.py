@@ -24,6 +24,7 @@ one line that says what is wrong; `TransientStoreError` marks the ones worth ret
 from __future__ import annotations
 
 import errno
+import io
 import ipaddress
 import os
 import random
@@ -32,6 +33,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +261,11 @@ class Store(Protocol):
 
         A missing key raises FileNotFoundError whose `filename` is `<uri>/<key>`."""
 
+    def open_stream(self, key: str, source: str | os.PathLike | None = None) -> "StreamUpload":
+        """Start uploading `key` from bytes written to the returned stream as they are produced, many
+        parts in parallel; the object appears whole at `finish`, or never (`abort`). `source` is
+        the local file the producer writes the same bytes to first, read back after `release`."""
+
 
 def open_store(uri: str | os.PathLike | StoreURI) -> Store:
     """Open the store at a URI. Cheap: no network and no SDK import until the first call."""
@@ -368,6 +375,227 @@ def _replace_into(write: Callable[[Path], None], target: Path, durable: bool = T
         _fsync_dir(target.parent)
 
 
+# --------------------------------------------------------------------------- streaming uploads
+
+# What a checkpoint file streams in: parts of this size, this many in flight per file (S3
+# multipart parts, GCS composite parts, Azure blocks). 8 ranks per node x 8 parts x 16 MiB keeps
+# about 1 GiB in flight per node, which is what saturating a 100 Gbit/s NIC to S3 takes at
+# ~80 ms per part request (S3 performance guidelines: 8-16 MB parts, many connections).
+STREAM_PART_BYTES = 16 * 1024 * 1024
+STREAM_CONCURRENCY = 8
+# Chunks below this are copied as they pass (zip headers, pickles); larger ones are kept as views
+# of the caller's memory until `release()` (the snapshot buffers: no copy at all).
+_STREAM_COPY_BELOW = 1 << 20
+
+
+class StreamAborted(StoreError):
+    """The stream was aborted (superseded, past its deadline, or the writer failed); nothing was committed."""
+
+
+class _Pipe(io.RawIOBase):
+    """Bytes from a producer (the checkpoint writer) to an SDK's reader thread, never blocking the producer.
+
+    Large chunks are kept as views of the producer's memory, small ones copied. `release()` turns
+    every chunk not yet read into a range of `source` (the local file the producer writes first,
+    so it holds those bytes), after which the producer's memory may be reused. `abort()` makes the
+    reader fail, so the SDK never completes the object.
+    """
+
+    def __init__(self, source: str | os.PathLike | None):
+        super().__init__()
+        self._source = os.fspath(source) if source is not None else None
+        self._cv = threading.Condition()
+        self._segments: deque = deque()  # [memoryview] or [(offset, length)] for file ranges
+        self._written = 0
+        self._read = 0
+        self._eof = False
+        self._aborted: str | None = None
+        self._fd: int | None = None
+
+    # producer side
+    def feed(self, data) -> None:
+        view = memoryview(data).cast("B")
+        if not len(view):
+            return
+        with self._cv:
+            if self._aborted:
+                return
+            self._segments.append(view if len(view) >= _STREAM_COPY_BELOW else memoryview(bytes(view)))
+            self._written += len(view)
+            self._cv.notify_all()
+
+    def end(self) -> None:
+        with self._cv:
+            self._eof = True
+            self._cv.notify_all()
+
+    def release(self) -> None:
+        """From now on, read what is left from `source`, not from the producer's memory."""
+        with self._cv:
+            if self._source is None:
+                self._segments = deque(memoryview(bytes(s)) if isinstance(s, memoryview) else s
+                                       for s in self._segments)
+                return
+            offset = self._read
+            ranges: deque = deque()
+            for segment in self._segments:
+                length = len(segment) if isinstance(segment, memoryview) else segment[1]
+                ranges.append((offset, length))
+                offset += length
+            self._segments = ranges
+
+    def abort(self, reason: str) -> None:
+        with self._cv:
+            self._aborted = reason
+            self._segments.clear()
+            self._cv.notify_all()
+
+    @property
+    def written(self) -> int:
+        return self._written
+
+    @property
+    def aborted(self) -> str | None:
+        return self._aborted
+
+    @property
+    def consumed(self) -> int:
+        return self._read
+
+    # reader side (the SDK)
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, buffer) -> int:
+        out = memoryview(buffer).cast("B")
+        with self._cv:
+            self._cv.wait_for(lambda: self._segments or self._eof or self._aborted)
+            if self._aborted:
+                raise StreamAborted(self._aborted)
+            if not self._segments:
+                return 0  # end of data
+            head = self._segments[0]
+            if isinstance(head, memoryview):
+                n = min(len(out), len(head))
+                out[:n] = head[:n]
+                if n == len(head):
+                    self._segments.popleft()
+                else:
+                    self._segments[0] = head[n:]
+            else:
+                offset, length = head
+                if self._fd is None:
+                    self._fd = os.open(self._source, os.O_RDONLY)
+                n = os.preadv(self._fd, [out[:min(len(out), length)]], offset)
+                if n <= 0:
+                    raise StreamAborted(f"{self._source} is shorter than what was written to it")
+                if n == length:
+                    self._segments.popleft()
+                else:
+                    self._segments[0] = (offset + n, length - n)
+            self._read += n
+            return n
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        super().close()
+
+
+class StreamUpload:
+    """One object uploaded while its bytes are produced: `write` as they come (never blocks on the
+    network), `release` before the producer reuses its memory, `finish` to wait until the object is
+    whole in the store, `abort` to give up without ever committing it.
+
+    A backend supplies `send(reader)`, which uploads everything `reader` yields to the key with the
+    SDK's own parallel machinery and commits the object only at the end of the data; it runs on a
+    thread of its own. Errors surface from `finish` as StoreErrors."""
+
+    def __init__(self, store_uri: str, key: str, send: Callable[["_Pipe"], None], source=None,
+                 on_abort: Callable[[], None] | None = None):
+        self.key = key
+        self.where = f"{store_uri}/{key}"
+        self._pipe = _Pipe(source)
+        self._error: BaseException | None = None
+        self._on_abort = on_abort
+        self.started = time.monotonic()
+        self.finished: float | None = None
+
+        def run() -> None:
+            try:
+                send(self._pipe)
+            except BaseException as error:  # surfaces in finish()
+                self._error = error
+            finally:
+                self.finished = time.monotonic()
+                self._pipe.close()
+
+        self._thread = threading.Thread(target=run, name=f"skyspot-stream-{key.rsplit('/', 1)[-1]}", daemon=True)
+        self._thread.start()
+
+    def write(self, data) -> None:
+        self._pipe.feed(data)
+
+    def end(self) -> None:
+        """No more data (the producer's file is complete)."""
+        self._pipe.end()
+
+    def release(self) -> None:
+        self._pipe.release()
+
+    @property
+    def bytes(self) -> int:
+        return self._pipe.written
+
+    @property
+    def sent(self) -> int:
+        """Bytes the SDK has taken so far (read from the stream; not necessarily acknowledged)."""
+        return self._pipe.consumed
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def finish(self, timeout: float | None = None) -> bool:
+        """End the data and wait up to `timeout`; True once the object is whole in the store.
+        Raises the upload's StoreError (StreamAborted after abort)."""
+        self._pipe.end()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        if self._pipe.aborted:
+            raise StreamAborted(self._pipe.aborted)
+        if self._error is not None:
+            error = self._error
+            if isinstance(error, StoreError):
+                raise error
+            cause = next((e for e in (error, error.__cause__, error.__context__) if isinstance(e, StreamAborted)), None)
+            if cause is not None:
+                raise cause
+            raise StoreError(f"cannot upload {self.where}: {type(error).__name__}: {_one_line(error)}")
+        return True
+
+    def abort(self, reason: str, wait: float = 0.0) -> None:
+        """Stop: the object is never committed (the SDK's read fails; multipart uploads are aborted)."""
+        self._pipe.abort(reason)
+        if self._on_abort is not None:
+            try:
+                self._on_abort()
+            except Exception:
+                pass
+        if wait:
+            self._thread.join(wait)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 # --------------------------------------------------------------------------- local
 
 
@@ -466,6 +694,20 @@ class LocalStore:
         _run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
                       list(files), max_workers)
 
+    def open_stream(self, key, source=None):
+        target = self._path(key)
+
+        def send(pipe: _Pipe) -> None:
+            def write(temp: Path) -> None:
+                with open(temp, "wb") as f:
+                    shutil.copyfileobj(pipe, f, STREAM_PART_BYTES)
+            try:
+                _replace_into(write, target)  # a hidden name until the end: a reader never sees half of it
+            except OSError as error:
+                raise self._os_error(error, key) from None
+
+        return StreamUpload(self.uri, key, send, source)
+
 
 # --------------------------------------------------------------------------- S3
 
@@ -494,6 +736,9 @@ class S3Store:
         self._options = (sdk_attempts, connect_timeout, read_timeout)
         self._client = None
         self._transfer_config = None
+        self._stream_manager = None
+        self.stream_client: str | None = None
+        """"crt" or "classic" once a stream was opened: which transfer client streams go through."""
         self._lock = threading.Lock()
 
     def _s3(self):
@@ -609,6 +854,71 @@ class S3Store:
         _run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
                       list(files), max_workers)
 
+    def open_stream(self, key, source=None):
+        manager = self._streams()
+        future: list = []
+
+        def send(pipe: _Pipe) -> None:
+            try:
+                future.append(manager.upload(pipe, self.bucket, self._key(key)))
+                future[0].result()
+            except StreamAborted:
+                raise
+            except Exception as error:
+                raise self._error(error, "upload to", key) from None
+
+        return StreamUpload(self.uri, key, send, source, on_abort=lambda: future and future[0].cancel())
+
+    def _streams(self):
+        """The transfer manager streams go through: the AWS Common Runtime's S3 client (awscrt, the
+        one boto3 uses for its CRT transfers) when it is installed, else boto3's classic
+        TransferManager. SKYSPOT_S3_CLIENT=classic|crt chooses."""
+        client = self._s3()
+        with self._lock:
+            if self._stream_manager is None:
+                wanted = os.environ.get("SKYSPOT_S3_CLIENT", "").strip().lower() or "auto"
+                manager = None
+                if wanted in ("auto", "crt"):
+                    try:
+                        manager = _crt_transfer_manager(client)
+                        self.stream_client = "crt"
+                    except ImportError:
+                        if wanted == "crt":
+                            raise StoreError("SKYSPOT_S3_CLIENT=crt, but awscrt is not installed "
+                                             "(pip install awscrt)") from None
+                if manager is None:
+                    from boto3.s3.transfer import TransferConfig, create_transfer_manager
+
+                    manager = create_transfer_manager(client, TransferConfig(
+                        multipart_threshold=STREAM_PART_BYTES, multipart_chunksize=STREAM_PART_BYTES,
+                        max_concurrency=STREAM_CONCURRENCY, preferred_transfer_client="classic"))
+                    self.stream_client = "classic"
+                self._stream_manager = manager
+            return self._stream_manager
+
+
+def _crt_transfer_manager(client):
+    """s3transfer's CRTTransferManager over a CRT S3 client of our own. boto3's helper
+    (boto3.crt) would do the same but always with TLS and one client per machine (a cross-process
+    lock); ours follows the client's endpoint (http on loopback in tests) and lets every rank of a
+    node stream its own shards. Raises ImportError without awscrt."""
+    import awscrt.s3  # noqa: F401 - ImportError here means: fall back to the classic manager
+    import botocore.session
+    from s3transfer.crt import (BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer, CRTTransferManager,
+                                create_s3_crt_client)
+
+    endpoint = client.meta.endpoint_url or ""
+    region = client.meta.region_name or "us-east-1"
+    custom = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    credentials = client._get_credentials()  # botocore's refreshing credentials (instance role etc.)
+    provider = BotocoreCRTCredentialsWrapper(credentials).to_crt_credentials_provider() if credentials else None
+    threads = max(2, (os.cpu_count() or 2) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+    crt = create_s3_crt_client(region=region, crt_credentials_provider=provider, num_threads=threads,
+                               part_size=STREAM_PART_BYTES, use_ssl=not endpoint.startswith("http://"))
+    serializer = BotocoreCRTRequestSerializer(botocore.session.Session(),
+                                              {"region_name": region, "endpoint_url": custom})
+    return CRTTransferManager(crt, serializer)
+
 
 def _s3_code(error: BaseException) -> str | None:
     """The S3 error code of a ClientError, also when boto3 wrapped it (S3UploadFailedError)."""
@@ -633,6 +943,8 @@ def _s3_error(error: BaseException, what: str, client) -> StoreError:
     if isinstance(cause, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError,
                           bce.ConnectionClosedError, bce.ConnectionError)):
         return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(cause).__name__})")
+    if type(cause).__name__ == "AwsCrtError":  # the CRT client's transport errors (refused, reset, timed out)
+        return TransientStoreError(f"cannot {what}: {getattr(cause, 'name', 'AwsCrtError')}")
     code = _s3_code(error)
     if code is not None:
         status = None
@@ -803,6 +1115,96 @@ class GCSStore:
         finally:
             for temp in temps:
                 temp.unlink(missing_ok=True)
+
+
+    def open_stream(self, key, source=None):
+        """A parallel composite upload: parts become temporary objects (`<key>.parts/<n>`), uploaded
+        STREAM_CONCURRENCY at a time, then composed into the object (32 at a time, GCS's limit) and
+        deleted. This is what `gcloud storage` does for large files. Not the transfer manager's
+        `upload_chunks_concurrently`: it reads a finished file by ranges, and its XML multipart API
+        is not in fake-gcs-server (404), so it could not be tested here."""
+        bucket = self._gcs()
+        name = join_key(self.prefix, _check_key(key))
+        parts_prefix = f"{name}.parts-{uuid.uuid4().hex[:8]}/"
+
+        def upload_part(index: int, data: bytes) -> None:
+            blob = bucket.blob(f"{parts_prefix}{index:05d}")
+            blob.upload_from_string(data, retry=self._retry, timeout=self._timeout, checksum="crc32c")
+
+        def send(pipe: _Pipe) -> None:
+            count = 0
+            try:
+                # At most twice the concurrency of parts in memory: reading waits for a slot.
+                window = threading.Semaphore(STREAM_CONCURRENCY * 2)
+                with ThreadPoolExecutor(max_workers=STREAM_CONCURRENCY, thread_name_prefix="skyspot-gcs-part") as pool:
+                    futures = []
+                    while True:
+                        window.acquire()
+                        data = _read_full(pipe, STREAM_PART_BYTES)
+                        if not data and count > 0:
+                            break
+                        future = pool.submit(upload_part, count, data)
+                        future.add_done_callback(lambda _f: window.release())
+                        futures.append(future)
+                        count += 1
+                        if len(data) < STREAM_PART_BYTES:
+                            break
+                    for future in futures:
+                        future.result()
+                parts = [bucket.blob(f"{parts_prefix}{i:05d}") for i in range(count)]
+                _compose(bucket, bucket.blob(name), parts, self._retry, self._timeout)
+            except StreamAborted:
+                raise
+            except Exception as error:
+                raise self._error(error, "upload to", key) from None
+            finally:
+                _delete_quietly([bucket.blob(f"{parts_prefix}{i:05d}") for i in range(count)], self._retry,
+                                self._timeout)
+
+        return StreamUpload(self.uri, key, send, source)
+
+
+def _read_full(reader, size: int) -> bytes:
+    """Up to `size` bytes from a stream, fewer only at its end."""
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = reader.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    del view
+    return bytes(buffer) if got == size else bytes(buffer[:got])
+
+
+# GCS composes at most 32 sources per request (https://cloud.google.com/storage/docs/composite-objects).
+_GCS_COMPOSE_MAX = 32
+
+
+def _compose(bucket, target, parts: list, retry, timeout) -> None:
+    """Compose `parts` into `target`, in rounds of 32 through intermediate objects when there are more."""
+    level = 0
+    while len(parts) > _GCS_COMPOSE_MAX:
+        merged = []
+        for i in range(0, len(parts), _GCS_COMPOSE_MAX):
+            blob = bucket.blob(f"{parts[0].name}.c{level}-{i // _GCS_COMPOSE_MAX:05d}")
+            blob.compose(parts[i:i + _GCS_COMPOSE_MAX], retry=retry, timeout=timeout)
+            merged.append(blob)
+        if level:  # intermediate objects of the previous round (the caller deletes the parts)
+            _delete_quietly(parts, retry, timeout)
+        parts, level = merged, level + 1
+    target.compose(parts, retry=retry, timeout=timeout)
+    if level:
+        _delete_quietly(parts, retry, timeout)
+
+
+def _delete_quietly(blobs: list, retry, timeout) -> None:
+    """Best effort: leftover parts are only clutter (the retention pass deletes a step's keys)."""
+    for blob in blobs:
+        try:
+            blob.delete(retry=retry, timeout=timeout)
+        except Exception:
+            pass
 
 
 def _is_not_found(error: BaseException) -> bool:
@@ -1028,6 +1430,50 @@ class AzureStore:
         self._az()
         _run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
                       list(files), max_workers)
+
+    def open_stream(self, key, source=None):
+        """The SDK's own chunked upload of a stream of unknown length: blocks of _AZ_BLOCK_BYTES
+        staged STREAM_CONCURRENCY at a time, committed as one block list at the end (an aborted
+        stream commits nothing; staged blocks expire)."""
+        blob = self._blob(key)
+
+        def send(pipe: _Pipe) -> None:
+            try:
+                # The SDK's chunked path spins forever on a stream that turns out empty
+                # (azure-storage-blob 12.31 `_parallel_uploads` with nothing running): anything
+                # under one block goes as a single put instead.
+                head = _read_full(pipe, _AZ_BLOCK_BYTES)
+                if len(head) < _AZ_BLOCK_BYTES:
+                    blob.upload_blob(head, overwrite=True)
+                else:
+                    blob.upload_blob(_Chained(head, pipe), overwrite=True, max_concurrency=STREAM_CONCURRENCY)
+            except StreamAborted:
+                raise
+            except Exception as error:
+                if isinstance(error.__context__, StreamAborted):
+                    raise error.__context__ from None
+                raise self._error(error, "upload to", key) from None
+
+        return StreamUpload(self.uri, key, send, source)
+
+
+class _Chained(io.RawIOBase):
+    """`head`, then the rest of `reader`."""
+
+    def __init__(self, head: bytes, reader) -> None:
+        super().__init__()
+        self._head, self._reader = memoryview(head), reader
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if len(self._head):
+            n = min(len(buffer), len(self._head))
+            memoryview(buffer).cast("B")[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        return self._reader.readinto(buffer)
 
 
 def _az_code(error: BaseException) -> str | None:

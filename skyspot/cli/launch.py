@@ -205,5 +205,7 @@ def show_window_check(recipe, *, warn_only: bool) -> None:
         table.add_row(check.cloud, f"{check.window_s:.0f}s", f"{check.local_at_s:,.0f}s", f"{check.durable_at_s:,.0f}s",
                       check.verdict)
     err.print(table)
+    for check in report.checks:  # the arithmetic behind each verdict (docs/planning.md)
+        err.print(f"{check.cloud}: {check.arithmetic}: {check.verdict}", markup=False)
     for line in report.advice:
         err.print(f"- {line}", markup=False)

@@ -208,6 +208,8 @@ class CheckpointManager:
         self.every_steps = recipe.checkpoint.every_steps
         self.every_seconds = self._every_seconds(recipe)
         self.planner = None  # interval.IntervalPlanner, for every_seconds=auto on global rank 0
+        self.predictor = None  # preemption.SavePredictor: told when saves start and how long they took
+        self.stream_sink = None  # the node's uploader (node leaders): which files arrived by stream
         self._last_save_time = time.monotonic()
         if placement.is_node_leader:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -348,11 +350,19 @@ class CheckpointManager:
         from skyspot.trainer.writer import CheckpointWriter
 
         self.engine = engine
+        target = getattr(self.resume_source, "stream_target", None)  # durable.StoreTier: stream while writing
         self.writer = CheckpointWriter(rank=self.placement.rank, node_rank=self.placement.node_rank,
                                        is_node_leader=self.placement.is_node_leader,
                                        exchange=self.comm.writer_exchange, on_committed=self.on_committed,
-                                       after_commit=self._retain, warn=self.warn)
+                                       after_commit=self._retain, warn=self.warn,
+                                       streams=target() if target is not None else None)
+        self.writer.stream_sink = self.stream_sink
         engine.checkpoint_engine = SnapshotCheckpointEngine(self.writer, BufferPool())
+
+    def set_upload_deadline(self, deadline_ts: Optional[float]) -> None:
+        """A preemption's deadline: checkpoint streams still running then are abandoned."""
+        if self.writer is not None:
+            self.writer.set_deadline(deadline_ts)
 
     def load(self, point: Optional[ResumePoint]) -> Optional[Restored]:
         """Restore the engine, RNG states and data position from `point` (collective)."""
@@ -444,6 +454,8 @@ class CheckpointManager:
         if previous is not None and previous.committed and previous.step == step:
             return previous  # e.g. an emergency right after an interval save of the same step
         start = time.monotonic()
+        if self.predictor is not None:
+            self.predictor.started(step, time.time())
         directory = self.root / mf.step_dir_name(step)
         self._emit("checkpoint_begin", step=step, kind=kind)
         if self.placement.is_node_leader and directory.exists():
@@ -492,6 +504,8 @@ class CheckpointManager:
             return None
         if result.committed:
             self.last_committed = result.step
+            if self.predictor is not None:
+                self.predictor.observe_commit(result.blocked_seconds, result.write_seconds)
             self._emit("checkpoint_end", step=result.step, kind=result.kind,
                        blocked_seconds=round(result.blocked_seconds, 6), write_seconds=round(result.write_seconds, 6),
                        bytes=result.bytes, path=str(result.path), committed_at=result.committed_at)

@@ -152,6 +152,13 @@ class StoreTier:
 
         return download_checkpoint(self.store, self.run_id, step, directory, node_rank=node_rank)
 
+    def stream_target(self, environ: Mapping[str, str] = os.environ) -> Optional["StreamTarget"]:
+        """Where this rank's checkpoint files stream while they are written (writer.py); None when
+        SKYSPOT_STREAM_UPLOADS=0 (then the node's uploader sends committed files after the commit)."""
+        if environ.get("SKYSPOT_STREAM_UPLOADS", "").strip().lower() in ("0", "false", "no", "off"):
+            return None
+        return StreamTarget(self.store, self.run_id, self.remote_steps or [])
+
     def read_events(self) -> list[dict]:
         """Every event the store holds for this run (earlier attempts', synced by node leaders)."""
         from skyspot.events import read_events_store
@@ -175,6 +182,27 @@ class StoreTier:
                             events_every=_env_seconds("SKYSPOT_EVENTS_SYNC_SECONDS", 30.0, environ))
         uploader.note_durable(self.remote_steps or [])
         return uploader
+
+
+class StreamTarget:
+    """Opens one stream per checkpoint file: `<run>/checkpoints/step_<N>/<file>` in the store.
+
+    Steps the store already held durable at start are never streamed over (their markers would
+    vouch for files being replaced); the uploader's path handles those, marker first.
+    """
+
+    def __init__(self, store: Store, run_id: str, durable_at_start: list[int]):
+        self.store = store
+        self.run_id = run_id
+        self._skip = set(durable_at_start)
+
+    def enabled(self, step: int) -> bool:
+        return step not in self._skip and hasattr(self.store, "open_stream")
+
+    def open(self, step: int, rel: str, source: Path):
+        from skyspot.trainer.uploader import checkpoint_prefix
+
+        return self.store.open_stream(join_key(checkpoint_prefix(self.run_id, step), rel), source=source)
 
 
 def restore_run_json(run_dir: Path, probe: Probe, fresh: bool) -> None:

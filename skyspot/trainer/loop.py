@@ -94,6 +94,10 @@ class Run:
     """uploader.Uploader on node leaders when the run has a store."""
     upload_deadline: Optional[float] = None
     """Set by the emergency path: uploads end by then."""
+    predictor: Any = None
+    """preemption.SavePredictor: how long an emergency save takes to be safe, as measured (every rank)."""
+    notice: Optional[dict] = None
+    """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
 
     @property
     def run_dir(self) -> Path:
@@ -230,6 +234,10 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     run.emit("start", where=placement.where, world_size=placement.world_size, total_steps=recipe.train.steps,
              recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(), threads=threads,
              store=store_uri, fresh=bool(args.fresh))
+    if placement.is_node_leader:
+        from skyspot.trainer.local_disk import record_event
+
+        record_event(args.run_dir, events)  # the node's local NVMe as setup measured it (local_disk.py)
     run.notice_watcher = notice_watcher
     return run
 
@@ -320,6 +328,7 @@ def build(run: Run) -> None:
     run.ckpt.resume_source = run.tier
     if run.uploader is not None:
         run.ckpt.on_committed.append(run.uploader.submit)  # from the writer thread: only enqueues
+        run.ckpt.stream_sink = run.uploader  # told which files the writers streamed to the store
         run.ckpt.can_delete.append(run.uploader.can_delete_local)  # answered from memory
     point = run.ckpt.find()
     resharded = point is not None and resharding(point.manifest, p.world_size, p.num_nodes)
@@ -347,7 +356,9 @@ def build(run: Run) -> None:
     run.ckpt.attach(run.engine)
 
     run.resumed = run.ckpt.load(point)
-    run.ckpt.plan_interval(run.tier.read_events if run.tier is not None else list)
+    history = _store_history(run)
+    run.ckpt.plan_interval(history)
+    _start_predictor(run, history)
     if run.resumed is None:
         seed_everything(recipe.train.seed + 1000 * p.rank)  # dropout etc. differ per rank
     else:
@@ -358,6 +369,40 @@ def build(run: Run) -> None:
         if p.is_global_zero:
             s = run.resumed.state
             say(f"resumed from {point.path} (step {s.step}, {s.samples} samples) in {run.resumed.load_seconds:.2f} s")
+
+
+def _store_history(run: Run):
+    """Earlier attempts' events from the store, read at most once (a fresh node has none locally)."""
+    cache: list = []
+
+    def read() -> list[dict]:
+        if not cache:
+            cache.append(run.tier.read_events() if run.tier is not None else [])
+        return cache[0]
+    return read
+
+
+def _start_predictor(run: Run, history) -> None:
+    """The save-time predictor behind training through a notice window (preemption.py), seeded from
+    earlier attempts: the run directory's events, else (global rank 0, a fresh node) the store's."""
+    from skyspot.events import read_events_dir
+    from skyspot.trainer.preemption import SavePredictor
+
+    p = run.placement
+    run.predictor = SavePredictor(store=run.uploader is not None)
+    run.ckpt.predictor = run.predictor
+    if run.uploader is not None:
+        run.uploader.on_uploaded.append(run.predictor.observe_durable)
+    if not run.recipe.checkpoint.train_through_notice or not p.is_node_leader:
+        return
+    earlier = [e for e in read_events_dir(run.run_dir / "events").events if e.get("attempt") != run.attempt]
+    if not earlier and p.is_global_zero and run.tier is not None:
+        try:
+            earlier = history()
+        except Exception as err:  # advice only: without history the first notice saves at once
+            say(f"the store's event history is unreadable ({err}); a notice before the first checkpoint saves at once")
+            earlier = []
+    run.predictor.seed(earlier)  # every node's figures: the slowest node decides anyway
 
 
 def _apply_schedule(run: Run) -> None:
@@ -393,15 +438,22 @@ class Vote:
     first_seen: Optional[float]
     deadline: Optional[float]
     seconds: float
+    signaled: bool = False
+    """A signal, not only a notice: save now."""
+    need_s: float = 0.0
+    """The slowest rank's next step plus predicted save to safety (0: nothing measured)."""
+    now: float = 0.0
+    """Global rank 0's clock at the vote: every rank decides on the same number."""
 
 
-def _vote(run: Run, loss: float, tokens: int, pending: Pending, time_due: bool) -> Vote:
+def _vote(run: Run, loss: float, tokens: int, pending: Pending, time_due: bool, need_s: float = 0.0) -> Vote:
     import torch
     import torch.distributed as dist
 
     start = time.perf_counter()
     mine = torch.tensor([loss, float(tokens), float(pending.emergency), float(pending.checkpoint),
-                         float(time_due), pending.first_seen or 0.0, pending.deadline or 0.0],
+                         float(time_due), pending.first_seen or 0.0, pending.deadline or 0.0,
+                         float(pending.signaled), need_s, time.time()],
                         dtype=torch.float64, device=run.device)
     everyone = torch.empty(run.placement.world_size * mine.numel(), dtype=torch.float64, device=run.device)
     dist.all_gather_into_tensor(everyone, mine)
@@ -411,7 +463,8 @@ def _vote(run: Run, loss: float, tokens: int, pending: Pending, time_due: bool) 
     return Vote(loss=sum(r[0] for r in rows) / len(rows), tokens=int(sum(r[1] for r in rows)),
                 emergency=any(r[2] > 0 for r in rows), checkpoint=any(r[3] > 0 for r in rows),
                 time_due=rows[0][4] > 0, first_seen=min(seen) if seen else None,
-                deadline=min(deadlines) if deadlines else None, seconds=time.perf_counter() - start)
+                deadline=min(deadlines) if deadlines else None, seconds=time.perf_counter() - start,
+                signaled=any(r[7] > 0 for r in rows), need_s=max(r[8] for r in rows), now=rows[0][9])
 
 
 def _report_local(run: Run, pending: Pending) -> None:
@@ -427,11 +480,48 @@ def _report_local(run: Run, pending: Pending) -> None:
                         received=notice["received"])
 
 
-def _boundary(run: Run, loss: float = 0.0, tokens: int = 0) -> Vote:
+def _boundary(run: Run, loss: float = 0.0, tokens: int = 0, step_s: float = 0.0) -> Vote:
     pending = run.watch.take()
     _report_local(run, pending)
     time_due = run.placement.is_global_zero and run.ckpt.time_due()
-    return _vote(run, loss, tokens, pending, time_due)
+    return _vote(run, loss, tokens, pending, time_due, _need_seconds(run, step_s) if pending.emergency else 0.0)
+
+
+def _need_seconds(run: Run, step_s: float) -> float:
+    """This rank's time for one more step and a save that ends safe (0 when nothing is measured)."""
+    predicted = run.predictor.predict() if run.predictor is not None else None
+    if predicted is None or not run.recipe.checkpoint.train_through_notice:
+        return 0.0
+    if run.ckpt.writer is not None and run.ckpt.writer.in_flight:
+        predicted *= 2  # an interval checkpoint still being written goes first
+    return step_s + predicted
+
+
+def _train_through(run: Run, state, vote: Vote) -> bool:
+    """Every rank, after a vote with the emergency flag: keep training through the notice window?
+    The same answer on every rank (preemption.train_through on the vote's numbers)."""
+    from skyspot.trainer.durable import emergency_deadline
+    from skyspot.trainer.preemption import train_through
+
+    if run.notice is None:
+        run.notice = {"step": state.step, "first_seen": vote.first_seen, "deadline": vote.deadline, "held": 0}
+    cfg = run.recipe.checkpoint
+    upload_deadline = (emergency_deadline(vote.deadline, vote.first_seen, run.placement.where.get("cloud"))
+                       if vote.deadline is not None else None)
+    hold = (cfg.train_through_notice and not vote.signaled
+            and train_through(now=vote.now, need_s=vote.need_s, margin_s=cfg.notice_margin_seconds,
+                              upload_deadline=upload_deadline))
+    run.notice["predicted_seconds"] = round(vote.need_s, 3) if vote.need_s > 0 else None
+    if hold and run.notice["held"] == 0:
+        run.emit("notice_window", step=state.step, deadline=vote.deadline, upload_deadline=round(upload_deadline, 3),
+                 predicted_seconds=round(vote.need_s, 3), margin_seconds=cfg.notice_margin_seconds,
+                 source=run.predictor.source if run.predictor is not None else None)
+        if run.placement.is_global_zero:
+            say(f"preemption notice: training on through the window ({upload_deadline - vote.now:.0f} s to the "
+                f"deadline, a save predicted at {vote.need_s:.1f} s); emergency checkpoint when it no longer fits")
+    if hold:
+        run.notice["held"] += 1
+    return hold
 
 
 def _batch(run: Run, indices) -> tuple[Any, Any]:
@@ -456,8 +546,9 @@ def train(run: Run) -> int:
     run.step = state.step
 
     vote = _boundary(run)  # a signal during setup still gets its (trivial) emergency exit
-    if vote.emergency:
+    if vote.emergency and not _train_through(run, state, vote):
         _emergency(run, state, vote)
+    step_seconds = 0.0
 
     while state.step < total:
         start = time.perf_counter()
@@ -474,7 +565,7 @@ def train(run: Run) -> int:
         state = TrainState(state.step + 1, state.samples + order.global_batch, state.tokens, {})
         run.step = state.step
         fault_point("step_end", state.step)
-        vote = _boundary(run, sum(losses) / len(losses), tokens)
+        vote = _boundary(run, sum(losses) / len(losses), tokens, step_seconds)
         state.tokens += vote.tokens
         state.data = order.state(state.samples)
         step_seconds = time.perf_counter() - start
@@ -485,11 +576,11 @@ def train(run: Run) -> int:
             print(f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
                   f"{step_seconds * 1000:.0f} ms/step | {vote.tokens / step_seconds:.0f} tok/s", flush=True)
 
-        if vote.emergency:
+        if vote.emergency and not _train_through(run, state, vote):
             _emergency(run, state, vote)
         if state.step == total:
             break
-        if run.ckpt.due(state.step, vote.checkpoint or vote.time_due):
+        if run.notice is None and run.ckpt.due(state.step, vote.checkpoint or vote.time_due):
             run.ckpt.save(state.step, "requested" if vote.checkpoint else "interval", state)
 
     # ------------------------------------------------------------------ save (complete)
@@ -507,9 +598,12 @@ def _emergency(run: Run, state, vote: Vote) -> None:
     run.upload_deadline = emergency_deadline(vote.deadline, vote.first_seen, run.placement.where.get("cloud"))
     if run.uploader is not None:
         run.uploader.set_deadline(run.upload_deadline)  # before the commit hook submits the emergency step
+    run.ckpt.set_upload_deadline(run.upload_deadline)
+    save_started = time.time()
     result = run.ckpt.save(state.step, "emergency", state, blocking=True)
     committed = result is not None and result.committed
     durable, newest_durable = _push_before_deadline(run, state.step, committed)
+    safe_at = time.time()
     if committed:
         first = vote.first_seen or result.committed_at
         run.emit("emergency_checkpoint", step=state.step,
@@ -518,11 +612,27 @@ def _emergency(run: Run, state, vote: Vote) -> None:
                  deadline=vote.deadline, upload_deadline=round(run.upload_deadline, 3),
                  committed_before_deadline=None if vote.deadline is None else result.committed_at <= vote.deadline,
                  write_seconds=round(result.write_seconds, 6), blocked_seconds=round(result.blocked_seconds, 6),
-                 bytes=result.bytes)
+                 bytes=result.bytes, **_window_fields(run, state.step, vote, save_started, safe_at, durable))
         raise Preempted(state.step, f"preempted: emergency checkpoint step_{state.step} committed"
                         + ("" if durable is None else " and durable" if durable else ", not durable in the store"))
     raise Preempted(state.step, f"preempted: emergency checkpoint failed ({result.error if result else 'no result'}); "
                                 f"resume from step_{run.ckpt.last_committed}")
+
+
+def _window_fields(run: Run, step: int, vote: Vote, save_started: float, safe_at: float,
+                   durable: Optional[bool]) -> dict[str, Any]:
+    """How the notice window was spent (emergency_checkpoint fields; docs/trainer.md)."""
+    notice = run.notice or {}
+    first = vote.first_seen
+    window = (vote.deadline - first) if vote.deadline is not None and first else None
+    return {"signaled": vote.signaled, "notice_step": notice.get("step"),
+            "steps_after_notice": (step - notice["step"]) if notice.get("step") is not None else 0,
+            "window_seconds": round(window, 3) if window is not None else None,
+            "trained_after_notice_seconds": round(save_started - first, 3) if first else None,
+            "notice_to_safe_seconds": round(safe_at - first, 3) if first else None,
+            "slack_seconds": round(vote.deadline - safe_at, 3) if vote.deadline is not None else None,
+            "predicted_seconds": notice.get("predicted_seconds"),
+            "save_to_safe_seconds": round(safe_at - save_started, 3) if durable or durable is None else None}
 
 
 def _push_before_deadline(run: Run, step: int, committed: bool) -> tuple[Optional[bool], Optional[int]]:

@@ -10,15 +10,28 @@ together and exit PREEMPTED (75).
 Entry points for other threads (the notice watcher, notice.py):
     request_emergency(deadline, source)   a notice: same as a signal, with the cloud's deadline
     request_checkpoint(source, action)    a warning (rebalance, planned maintenance): an early normal checkpoint
+
+A notice is not a signal: it comes with a deadline, and the window before it is paid compute.
+With `checkpoint.train_through_notice` the ranks keep training while
+
+    now + (next step + predicted save) x 1.25 + margin < upload deadline
+
+where the predicted save (`SavePredictor`) is the slowest this run has measured from the start of
+a checkpoint to its commit, or to its durable copy in the store when there is one; with nothing
+measured yet, no prediction and the save comes at once. Every rank adds its own figure to the
+step-boundary vote and the ranks decide on the maximum (`train_through`), so they agree. A
+signal (SIGTERM, SIGUSR1) always saves at the next step boundary.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -35,6 +48,8 @@ class Pending:
     """The earliest cloud deadline (unix time) among notices, if any."""
     signals: list[tuple[int, str, float]] = field(default_factory=list)
     notices: list[dict[str, Any]] = field(default_factory=list)
+    signaled: bool = False
+    """A signal (not only a notice) was seen: no training through the window. Stays set."""
 
 
 class PreemptionWatch:
@@ -47,6 +62,7 @@ class PreemptionWatch:
         self._signals: list[tuple[int, str, float]] = []
         self._notices: list[dict[str, Any]] = []
         self._previous: dict[int, Any] = {}
+        self._signaled = False
 
     def install(self) -> None:
         """Handle SIGTERM and SIGUSR1 from now on (main thread only)."""
@@ -65,6 +81,7 @@ class PreemptionWatch:
         self._signals.append((signum, signal.Signals(signum).name, now))
         if self._first_seen is None:
             self._first_seen = now
+        self._signaled = True
         self._emergency = True
 
     def request_emergency(self, deadline: Optional[float], source: str, action: str = "preempt") -> None:
@@ -95,8 +112,98 @@ class PreemptionWatch:
         """This process's flags and what it saw since the last take(). The emergency flag stays set."""
         with self._lock:
             pending = Pending(self._emergency, self._checkpoint, self._first_seen, self._deadline,
-                              list(self._signals), list(self._notices))
+                              list(self._signals), list(self._notices), self._signaled)
             del self._signals[:len(pending.signals)]
             self._notices.clear()
             self._checkpoint = False
         return pending
+
+
+# --------------------------------------------------------------------------- the notice window
+
+# The prediction is padded by this factor, and the decision leaves `margin` seconds on top.
+PREDICTION_PAD = 1.25
+
+
+def train_through(*, now: float, need_s: float, margin_s: float, upload_deadline: Optional[float]) -> bool:
+    """Keep training one more step after a notice? Pure, and the same on every rank (all inputs come
+    from the vote). `need_s` is the slowest rank's next step plus its predicted save to durable; 0 or
+    less means nothing was measured, which never holds."""
+    if upload_deadline is None or not (need_s > 0) or not math.isfinite(need_s):
+        return False
+    return now + need_s * PREDICTION_PAD + margin_s < upload_deadline
+
+
+class SavePredictor:
+    """Seconds from the start of an emergency save to a safe checkpoint, from this run's measurements.
+
+    Safe means committed locally without a store, durable in the store with one (this node's part).
+    Observations are per checkpoint: the save's blocking part plus its background write
+    (`observe_commit`), and from the save's start to this node's marker in the store
+    (`observe_durable`). The prediction is the slowest of the last few, scaled to the bytes of the
+    newest checkpoint; None until one is measured (the caller then saves at once). Thread-safe: the
+    uploader reports from its own thread.
+    """
+
+    KEEP = 4
+
+    def __init__(self, store: bool):
+        self.store = store
+        self._lock = threading.Lock()
+        self._commit: deque[float] = deque(maxlen=self.KEEP)
+        self._durable: deque[float] = deque(maxlen=self.KEEP)
+        self._started: dict[int, float] = {}
+        self.source = "none"
+
+    def started(self, step: int, ts: float) -> None:
+        """A checkpoint of `step` began at wall time `ts` (the save's first call)."""
+        with self._lock:
+            self._started[step] = ts
+            for old in sorted(self._started)[:-8]:
+                del self._started[old]
+
+    def observe_commit(self, blocked_s: float, write_s: float) -> None:
+        with self._lock:
+            self._commit.append(max(0.0, blocked_s) + max(0.0, write_s))
+            if self.source == "none":
+                self.source = "measured"
+
+    def observe_durable(self, step: int, uploaded_at: float) -> None:
+        """This node's part of `step` (marker included) reached the store at wall time `uploaded_at`."""
+        with self._lock:
+            began = self._started.get(step)
+            if began is not None and uploaded_at >= began:
+                self._durable.append(uploaded_at - began)
+                self.source = "measured"
+
+    def seed(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Earlier attempts' figures (their event files), until this attempt measures its own."""
+        events = sorted((e for e in events if _number(e.get("ts"))), key=lambda e: e["ts"])
+        begun = {(e.get("attempt"), e.get("step")): e["ts"] for e in events if e.get("type") == "checkpoint_begin"}
+        commit, durable = [], []
+        for e in events:
+            kind = e.get("type")
+            if kind == "checkpoint_end":
+                blocked, write = e.get("blocked_seconds"), e.get("write_seconds")
+                if _number(blocked) and _number(write):
+                    commit.append(blocked + write)
+            elif kind == "upload_end" and e.get("error") is None and (e.get("bytes") or 0) > 0:
+                began = begun.get((e.get("attempt"), e.get("step")))
+                if began is not None and e["ts"] >= began:
+                    durable.append(e["ts"] - began)  # upload_end is written the moment the marker is up
+        with self._lock:
+            if not self._commit and commit:
+                self._commit.extend(commit[-self.KEEP:])
+                self.source = "earlier attempts"
+            if not self._durable and durable:
+                self._durable.extend(durable[-self.KEEP:])
+                self.source = "earlier attempts"
+
+    def predict(self) -> Optional[float]:
+        with self._lock:
+            figures = list(self._durable if self.store else self._commit)
+        return max(figures) if figures else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0

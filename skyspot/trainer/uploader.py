@@ -34,6 +34,13 @@ checkpoint interval must exceed the upload time, or nothing ever becomes durable
 `upload_end` events with `durable: false` make that visible. An emergency checkpoint
 submitted after `set_deadline` abandons the upload in flight only when that is what lets
 it become durable before the deadline (see `keep_in_flight`).
+
+Streamed checkpoints (writer.py): the ranks' writers stream the data files to the store while
+writing them. The writer announces such a step (`expect_streams`) before submitting it, and
+reports which files arrived (`streams_done`); the job waits for that report, uploads from
+disk only the files that did not arrive, then the manifest and the marker. The writer decides
+whether streams are abandoned for a newer checkpoint, so a job waiting for its streams is
+never superseded here.
 """
 
 from __future__ import annotations
@@ -132,6 +139,8 @@ class _Job:
     started: float | None = None
     supersedes: bool = True
     """False for an emergency submission that waits for the upload in flight instead of abandoning it."""
+    streamed_bytes: int = 0
+    stream_seconds: float = 0.0
 
 
 class Uploader:
@@ -179,12 +188,16 @@ class Uploader:
         self._closing = False
         self._deadline: float | None = None
         self._throughput_bps: float | None = None
+        self._streams: dict[int, dict | None] = {}  # step -> the writers' report (None: still streaming)
 
         self._outage_lock = threading.Lock()
         self._outage_since: float | None = None
 
         self._sync_lock = threading.Lock()
         self._synced: dict[str, tuple[int, int]] = {}
+        self.on_uploaded: list[Callable[[int, float], None]] = []
+        """Called with (step, wall time) once this node's part of a step, marker included, is in the
+        store (from the uploader's thread; keep it quick): the trainer's save-time predictor."""
 
         self._thread = threading.Thread(target=self._run, name="skyspot-uploader", daemon=True)
         self._thread.start()
@@ -205,7 +218,10 @@ class Uploader:
             if self._closing:
                 raise RuntimeError("Uploader.submit after close()")
             current, deadline = self._current, self._deadline
-        if deadline is not None and current is not None and current.step < step and current.stop_reason is None:
+            streaming = current is not None and self._streams.get(current.step, False) is None
+        if streaming:
+            job.supersedes = False  # the writer decides whether those streams give way (writer._keep_streams)
+        elif deadline is not None and current is not None and current.step < step and current.stop_reason is None:
             job.supersedes = not self._keep_current(current, job, deadline)
         with self._cv:
             if self._pending is not None and self._pending.step != step:
@@ -214,6 +230,20 @@ class Uploader:
             self._last_submitted = step
             self._given_up.pop(step, None)
             self._cv.notify_all()
+
+    def expect_streams(self, step: int) -> None:
+        """The writers are streaming this step's files (call before submitting it)."""
+        with self._cv:
+            self._streams[step] = None
+
+    def streams_done(self, step: int, ok: set[str], *, abandoned: str | None = None,
+                     failed: dict[str, str] | None = None, streamed_bytes: int = 0, seconds: float = 0.0) -> None:
+        """The writers' report: the files of this node that are whole in the store, or why they gave up."""
+        with self._cv:
+            if step in self._streams:
+                self._streams[step] = {"ok": set(ok), "abandoned": abandoned, "failed": dict(failed or {}),
+                                       "bytes": streamed_bytes, "seconds": seconds}
+                self._cv.notify_all()
 
     def set_deadline(self, deadline_ts: float | None) -> None:
         """From now on, submissions race this wall-clock deadline (a preemption's): see `keep_in_flight`."""
@@ -394,6 +424,24 @@ class Uploader:
                     self._current = None
                     self._cv.notify_all()
 
+    def _wait_streams(self, job: _Job) -> set[str]:
+        """The files the writers streamed for `job`'s step (empty when it was not streamed). Raises
+        _Abandoned when the writers gave up on it for a newer checkpoint, or the job was stopped."""
+        with self._cv:
+            if job.step not in self._streams:
+                return set()
+            self._cv.wait_for(lambda: self._streams.get(job.step) is not None or job.stop_reason is not None
+                              or self._closing)
+            report = self._streams.pop(job.step, None)
+        if report is None:
+            raise _Abandoned(job.stop_reason or "uploader closed")
+        if report["abandoned"]:
+            raise _Abandoned(report["abandoned"])
+        for rel, error in sorted(report["failed"].items())[:1]:
+            log.info("%s did not stream (%s); uploading it from the local copy", rel, error)
+        job.streamed_bytes, job.stream_seconds = report["bytes"], report["seconds"]
+        return report["ok"]
+
     def _upload(self, job: _Job) -> None:
         start = time.monotonic()
         job.started = start
@@ -401,9 +449,17 @@ class Uploader:
         try:
             files = _local_files(job.local_dir)
         except (OSError, ValueError) as error:
+            with self._cv:
+                self._streams.pop(job.step, None)
             self._fail(job, f"local checkpoint not uploadable: {error}", start)
             return
         job.total_bytes = sum(files.values())
+        try:
+            streamed = self._wait_streams(job)
+        except _Abandoned as stop:
+            self._fail(job, str(stop), start, warn=False)
+            return
+        job.done_bytes = sum(size for rel, size in files.items() if rel in streamed)
         manifest_key = join_key(prefix, manifest_name(self.node_rank))
         marker_key = join_key(prefix, marker_name(self.node_rank, self.num_nodes))
         uploaded: list[str] = []
@@ -419,7 +475,7 @@ class Uploader:
                     self._succeed(job, start, 0)
                     return
                 self._retry(job, lambda: self.store.delete(mine))
-            self._put_all(job, prefix, list(files), uploaded)
+            self._put_all(job, prefix, [rel for rel in files if rel not in streamed], uploaded)
             # Two small files from done: finished even if a newer checkpoint just arrived.
             for name, key in ((MANIFEST, manifest_key), (COMMIT_MARKER, marker_key)):
                 self._put_one(job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded,
@@ -443,17 +499,25 @@ class Uploader:
 
     def _succeed(self, job: _Job, start: float, nbytes: int) -> None:
         seconds = time.monotonic() - start
+        uploaded_at = time.time()
+        if nbytes > 0:
+            for hook in list(self.on_uploaded):
+                try:
+                    hook(job.step, uploaded_at)
+                except Exception:  # a hook must never break uploads
+                    log.exception("on_uploaded hook failed")
         with self._cv:
             self._uploaded.add(job.step)
             if self.num_nodes == 1:
                 self._durable.add(job.step)
-            if seconds > 0 and nbytes > 0:
-                self._throughput_bps = nbytes / seconds
+            if seconds > 0 and nbytes > job.streamed_bytes:  # streamed bytes went before the job began
+                self._throughput_bps = (nbytes - job.streamed_bytes) / seconds
             self._cv.notify_all()
         self._apply_retention()
         with self._cv:
             durable = job.step in self._durable
-        self._emit(job.step, nbytes, seconds, durable=durable, error=None)
+        self._emit(job.step, nbytes, seconds, durable=durable, error=None, streamed_bytes=job.streamed_bytes,
+                   stream_seconds=job.stream_seconds)
 
     def _put_all(self, job: _Job, prefix: str, names: list[str], uploaded: list[str]) -> None:
         """Upload the data files in parallel; the first failure stops the others at a file boundary."""
@@ -569,8 +633,8 @@ class Uploader:
 
     def _fits(self, target: int, seconds_left: float) -> bool:
         current = self._current
-        if current is None or current.step != target:
-            return True  # not started yet (or waiting behind a kept upload): keep trying until the deadline
+        if current is None or current.step != target or self._streams.get(target, False) is None:
+            return True  # not started yet, behind a kept upload, or streaming: keep trying until the deadline
         rate = self._rate(current)
         if not rate:
             return True  # nothing measured yet
@@ -586,16 +650,19 @@ class Uploader:
     def _give_up(self, step: int, reason: str, done_bytes: int, seconds: float) -> None:
         """Record that a step will not become durable here (caller holds the lock)."""
         self._given_up[step] = reason
+        self._streams.pop(step, None)
         self._cv.notify_all()
         self._emit(step, done_bytes, seconds, durable=False, error=reason)
 
-    def _emit(self, step: int, nbytes: int, seconds: float, durable: bool, error: str | None) -> None:
+    def _emit(self, step: int, nbytes: int, seconds: float, durable: bool, error: str | None,
+              streamed_bytes: int = 0, stream_seconds: float = 0.0) -> None:
         if self.events is None:
             return
+        extra = {"streamed_bytes": streamed_bytes, "stream_seconds": round(stream_seconds, 3)} if streamed_bytes else {}
         try:
             self.events.emit("upload_end", step=step, bytes=nbytes, seconds=round(seconds, 3),
                              throughput_bps=round(nbytes / seconds) if seconds > 0 else None,
-                             durable=durable, error=error, node=self.node_rank, nodes=self.num_nodes)
+                             durable=durable, error=error, node=self.node_rank, nodes=self.num_nodes, **extra)
         except (OSError, ValueError):
             log.exception("cannot write upload_end event")
 

@@ -126,13 +126,16 @@ def test_recipes_verbose_checks_the_notice_window_per_cloud():
     assert (checks["aws"]["window_s"], checks["gcp"]["window_s"], checks["azure"]["window_s"]) == (120, 30, 30)
     # 70.6e9 parameters x 12 bytes of checkpointed ZeRO-3 state over 4 nodes (docs/planning.md)
     assert checks["aws"]["bytes_per_node"] == 70_553_706_496 * 12 // 4
-    assert all(c["verdict"] == "not in time" for c in checks.values())
+    # streamed while written, on local NVMe: durable in 91 s of AWS's 120; GCP and Azure give 30 s
+    assert [checks[c]["verdict"] for c in ("aws", "gcp", "azure")] == ["durable in time", "not in time", "not in time"]
     assert all(c["verdict"] == "durable in time" for c in rows["tiny"]["window_checks"])
 
 
 def test_dry_run_shows_the_window_check_and_launch_warns():
     result = invoke("launch", "llama70b", "--dry-run", "--store", "s3://my-bucket/runs")
     assert "Emergency checkpoint vs notice window" in result.stderr and "not in time" in result.stderr
+    assert ("aws: 211.7 GB/node: 5 s notice poll + 0 s step + 1.3 s snapshot + max(52.9 s write at 4 GB/s, 84.7 s "
+            "upload at 2.5 GB/s) = 91.0 s <= 120 s notice: durable in time") in " ".join(result.stderr.split())
 
 
 # --------------------------------------------------------------------------- whose error is it (issue 18)

@@ -143,7 +143,8 @@ def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(ref
     # A notice long enough for each emergency checkpoint to become durable on a loaded machine: the
     # next, differently sized attempt reads the other nodes' parts from the store.
     result = launch("-n", "elastic", "--preempt-at-steps", "6,15", "--spot-nodes", "2,1,2", "--store", str(store),
-                    "--notice", "15", "--grace", "60", "--provision-delay", "0.5", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1", "resources.min_nodes=1")
+                    "--notice", "15", "--grace", "60", "--provision-delay", "0.5", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1", "resources.min_nodes=1",
+                    "checkpoint.train_through_notice=false")  # saves at the notice step, as checked below
     assert result.exit_code == 0, result.output
     run_dir = Path(Ledger().get("elastic").run_dir)
     assert "(node-1)" in (run_dir / "logs" / "run.log").read_text()

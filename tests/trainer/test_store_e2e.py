@@ -89,9 +89,11 @@ def wait_until(predicate, what: str, proc=None, timeout: float = 120.0) -> None:
 
 
 def preempt_by_notice(run_dir: Path, overrides: list[str], cloud: str, node: str, faults: Path) -> int:
-    """Start a node, hold it at step 6, announce a preemption due in 30 s, let it go: its exit code."""
+    """Start a node, hold it at step 6, announce a preemption due in 30 s, let it go: its exit code.
+    It saves at once (no training through the window, which tests/executors/test_notice_window.py covers)."""
     with MetadataServer() as metadata:
-        proc = start(run_dir, overrides, SKYPILOT_CLUSTER_INFO=node, SKYSPOT_NOTICE_POLL_SECONDS="0.2",
+        proc = start(run_dir, overrides + ["checkpoint.train_through_notice=false"], SKYPILOT_CLUSTER_INFO=node,
+                     SKYSPOT_NOTICE_POLL_SECONDS="0.2",
                      SKYSPOT_FAULT="step_end@6/0:hold=120", SKYSPOT_FAULT_DIR=str(faults),
                      **metadata.env_for(cloud), **FAST_STORE)
         wait_for_file(faults / "step_end@6.rank0", proc)
