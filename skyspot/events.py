@@ -41,6 +41,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "notice_window": ("step", "deadline", "upload_deadline", "predicted_seconds", "margin_seconds"),
     "local_disk": ("write_gbps", "mountpoint", "devices"),
     "interval_plan": ("every_seconds", "inputs"),
+    "base_model": ("repo", "source", "weights", "seconds"),
+    "base_copy": ("files", "bytes", "seconds", "error"),
     "exit": ("code", "reason", "step"),
     # executor (local executor; SkyPilot's controller keeps its own record)
     "attempt_start": ("where",),

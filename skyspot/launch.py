@@ -83,6 +83,10 @@ def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, s
     secrets = sky_executor.check_launchable(built.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds),
                                             store=recipe.storage.store,
                                             environ=os.environ if environ is None else environ)
+    from skyspot.preflight import preflight
+
+    # The hub, the model and the data, asked from here before any node is paid for (preflight.py).
+    preflight(recipe, local=False, environ=os.environ if environ is None else environ)
     record_launch(built.run_name, built, "sky", info={"task": built.task})
     return _submit_recorded(built.run_name, built.task, detach=detach, secrets=secrets)
 

@@ -59,7 +59,12 @@ _LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, 
                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
 _LLAMA32_3B = dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
                    num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+# HuggingFaceTB/SmolLM2-360M (ungated, Apache-2.0; LlamaForCausalLM): 361,821,120 parameters ("362M").
+_SMOLLM2_360M = dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
+                     num_attention_heads=15, num_key_value_heads=5, tie_word_embeddings=True)
 KNOWN_MODELS: dict[str, dict[str, Any]] = {
+    "HuggingFaceTB/SmolLM2-360M": _SMOLLM2_360M,
+    "HuggingFaceTB/SmolLM2-360M-Instruct": _SMOLLM2_360M,
     "meta-llama/Llama-3.1-8B": _LLAMA3_8B,
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA3_8B,
     "meta-llama/Meta-Llama-3.1-8B": _LLAMA3_8B,
@@ -191,29 +196,57 @@ def state_bytes(recipe: "Recipe", *, environ: Optional[Mapping[str, str]] = None
     Stages 0-2 keep whole 16-bit weights on every rank and rank 0 alone saves them (2 B/param, 4 in
     fp32) on top of its optimizer shard: an approximation, flagged in `note`.
     """
+    from skyspot.hub import local_config
+    from skyspot.lora import trainable_params
+
     resources, ds = recipe.resources, recipe.deepspeed
     nodes, per_node = resources.num_nodes, resources.ranks_per_node
     ranks = nodes * per_node
     params, source = model_params(recipe, environ)
-    name = recipe.model.hub_id or "inline config"
+    model = recipe.model
+    name = model.hub_id or "inline config"
+    known = _KNOWN_LOWER.get((model.hub_id or "").lower())
+    arch = model.config or (KNOWN_MODELS[known] if known else None) or local_config(model.hub_id)
+    if params is None and arch is not None and model.is_local:  # a local directory: its own config.json
+        try:
+            params, source = llama_param_count(arch), f"config.json in {model.hub_id}"
+        except ValueError as err:
+            source = f"cannot count the parameters of {model.hub_id}/config.json: {err}"
+    # LoRA trains (and checkpoints) only the adapters; the frozen base stays resident as 16-bit weights
+    # (fp32 on CPU) without gradients or optimizer state, and comes back from its files on a resume.
+    lora, frozen = recipe.train.lora, 0
+    if params is not None and lora is not None:
+        try:
+            if arch is None:
+                raise ValueError("the model's architecture is unknown (neither in skyspot's table nor a local "
+                                 "directory with config.json)")
+            trainable = trainable_params(arch, lora.r, lora.target_modules)
+        except ValueError as err:
+            params, source = None, f"cannot count LoRA's trainable parameters: {err}"
+        else:
+            frozen, params = params, trainable
+            source = (f"LoRA r={lora.r} on {', '.join(dict.fromkeys(lora.target_modules))}: {trainable:,} of "
+                      f"{frozen:,} parameters trainable ({source})")
     if params is None:
         return StateEstimate(name, None, source, ds.zero_stage, nodes, per_node, CHECKPOINT_BYTES_PER_PARAM,
                              MEMORY_BYTES_PER_PARAM, None, None, None, None, None, "parameter count unknown")
     total = CHECKPOINT_BYTES_PER_PARAM * params
     weight_bytes = (2 if ds.bf16 else 4) * params
-    note = ""
+    note = ("LoRA: a checkpoint holds the adapters' state only; the frozen base comes back from its files"
+            if frozen else "")
     if ds.zero_stage == 3:
         busiest_node, busiest_rank = math.ceil(total / nodes), math.ceil(total / ranks)
     elif ds.zero_stage in (1, 2):
         total += weight_bytes
         busiest_node = math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / nodes) + weight_bytes
         busiest_rank = math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / ranks) + weight_bytes
-        note = f"ZeRO stage {ds.zero_stage}: node 0 also saves the whole 16-bit model (approximate)"
+        note = "; ".join(n for n in (note, f"ZeRO stage {ds.zero_stage}: node 0 also saves the whole 16-bit "
+                                           "model (approximate)") if n)
     else:
         total += weight_bytes
         busiest_node = busiest_rank = total
-        note = "ZeRO stage 0: rank 0 saves everything (approximate)"
-    memory = MEMORY_BYTES_PER_PARAM * params
+        note = "; ".join(n for n in (note, "ZeRO stage 0: rank 0 saves everything (approximate)") if n)
+    memory = MEMORY_BYTES_PER_PARAM * params + (2 if ds.bf16 else 4) * frozen
     return StateEstimate(name, params, source, ds.zero_stage, nodes, per_node, CHECKPOINT_BYTES_PER_PARAM,
                          MEMORY_BYTES_PER_PARAM, total, busiest_node, busiest_rank, memory,
                          math.ceil(memory / ranks) if ds.zero_stage == 3 else None, note)

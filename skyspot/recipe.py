@@ -31,7 +31,10 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 # A name resolves only through this table; it can never reach another file.
 REGISTRY: dict[str, str] = {
     "llama70b": "llama70b.yaml",
+    "llama70b-lora": "llama70b-lora.yaml",
     "llama8b": "llama8b.yaml",
+    "llama8b-lora": "llama8b-lora.yaml",
+    "smollm2-360m": "smollm2-360m.yaml",
     "tiny": "tiny.yaml",
 }
 
@@ -74,19 +77,48 @@ def _hub_id(value: Optional[str]) -> Optional[str]:
     return value
 
 
+def _hub_ref(value: Optional[str]) -> Optional[str]:
+    """A hub id, or a local directory given as an absolute path (or ~/...), made absolute."""
+    if value is None:
+        return None
+    from skyspot.hub import is_local_ref  # import-light
+
+    if is_local_ref(value):
+        _one_line(value)
+        return os.path.abspath(os.path.expanduser(value))
+    if value.startswith(".") or value.count("/") > 1:
+        raise ValueError(f"{value!r} is not a Hugging Face repo id (org/name) nor an absolute path; give a "
+                         "local directory as an absolute path (the trainer may run in another directory)")
+    return _hub_id(value)
+
+
+# A git revision on the hub: a branch, a tag or a commit sha (huggingface_hub passes it in a URL path).
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
+
+
+def _revision(value: Optional[str]) -> Optional[str]:
+    if value is not None and (not _REVISION.fullmatch(value) or ".." in value):
+        raise ValueError(f"{value!r} is not a hub revision (a branch, a tag or a commit sha)")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
-    hub_id: Annotated[Optional[str], AfterValidator(_hub_id)] = None
-    """Hugging Face hub id of the base model (e.g. meta-llama/Llama-3.1-70B)."""
+    hub_id: Annotated[Optional[str], AfterValidator(_hub_ref)] = None
+    """The pretrained base model: a Hugging Face hub id (meta-llama/Llama-3.1-70B) or a local directory
+    (an absolute path) holding config.json and *.safetensors, as save_pretrained writes them."""
+    revision: Annotated[Optional[str], AfterValidator(_revision)] = None
+    """Hub models only: the branch, tag or commit to load (default: main). A commit sha pins the weights."""
     config: Optional[dict[str, Any]] = None
     """An inline transformers config (LlamaConfig fields) for a model built from scratch, no download."""
     gated: bool = False
     """The hub model needs an access token: HF_TOKEN is passed to the task as a secret."""
-    tokenizer: Annotated[Optional[str], AfterValidator(lambda v: v if v == "bytes" else _hub_id(v))] = None
-    """Tokenizer hub id; default the model's own. `bytes` is the built-in byte tokenizer (no download)."""
+    tokenizer: Annotated[Optional[str], AfterValidator(lambda v: v if v == "bytes" else _hub_ref(v))] = None
+    """Tokenizer: a hub id or a local directory; default the model's own. `bytes` is the built-in byte
+    tokenizer (no download; the default for model.config)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSection":
@@ -94,16 +126,34 @@ class ModelSection(_Section):
             raise ValueError("set exactly one of model.hub_id and model.config")
         if self.config is not None and self.tokenizer is None:
             self.tokenizer = "bytes"
+        if self.revision is not None and (self.hub_id is None or self.is_local):
+            raise ValueError("model.revision applies to a hub model (model.hub_id = org/name), not to "
+                             + ("a local directory" if self.hub_id else "model.config"))
         return self
+
+    @property
+    def is_local(self) -> bool:
+        """model.hub_id names a local directory."""
+        return self.hub_id is not None and self.hub_id.startswith("/")
 
 
 class DataSection(_Section):
     source: Text = Field(min_length=1)
-    """`synthetic`, a hub dataset `hf://org/name`, or a JSONL/text file path or URI (s3://, gs://, az://)."""
+    """`synthetic`, a hub dataset `hf://org/name[:split]`, a local `.jsonl`, `.json`, `.parquet` or `.txt`
+    file, or such a file in a bucket (s3://, gs://, az://: the task mounts it)."""
+    format: Literal["text", "alpaca", "chat"] = "text"
+    """How a record becomes tokens: `text` (its `text_field`; loss on every token), `alpaca` (instruction,
+    input, output through the Alpaca prompt; loss on the output only) or `chat` (its `messages_field`
+    through the tokenizer's chat template; loss on the assistant turns only)."""
     text_field: Text = "text"
-    """The field of each JSONL record (or hub dataset row) that holds the text."""
+    """format=text: the field of each record (JSON object or dataset row) that holds the text."""
+    messages_field: Text = "messages"
+    """format=chat: the field that holds the conversation, a list of {role, content}."""
+    packing: bool = True
+    """Concatenate examples into full train.seq_len sequences (no padding; an example may continue in the
+    next sequence). Off: one example per sequence, truncated to seq_len and padded (no loss on padding)."""
     split: Text = "train"
-    """Hub dataset split."""
+    """Hub dataset split (`hf://org/name:split` overrides it)."""
     num_samples: int = Field(4096, ge=1, le=BIG)
     """Synthetic set only: how many sequences it holds."""
     shuffle: bool = True
@@ -115,7 +165,10 @@ class DataSection(_Section):
         # The task mounts a bucket source and hands the mount path to the trainer, so only
         # bucket URIs the store knows (s3, gs, az) or hf:// may carry a scheme.
         if value.startswith("hf://"):
-            return "hf://" + _hub_id(value[len("hf://"):])
+            name, colon, split = value[len("hf://"):].partition(":")
+            if colon and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", split):
+                raise ValueError(f"{split!r} is not a dataset split name (hf://org/name:split)")
+            return "hf://" + _hub_id(name) + (f":{split}" if colon else "")
         if "://" in value:
             from skyspot.storage import parse_store_uri  # import-light: no cloud SDKs
             try:
@@ -128,6 +181,23 @@ class DataSection(_Section):
         return value
 
 
+# The linear layers of a Llama-style decoder (attention and MLP): LoRA's default targets.
+LLAMA_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSection(_Section):
+    r: int = Field(16, ge=1, le=4096)
+    """Rank of each adapter: a frozen layer W gets W + (alpha / r) * B @ A, A of shape r x in, B out x r."""
+    alpha: float = Field(32.0, gt=0, le=1e6)
+    """Scale of the adapters' update (alpha / r)."""
+    dropout: float = Field(0.05, ge=0, lt=1)
+    """Dropout on each adapter's input."""
+    target_modules: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")]] = Field(
+        default_factory=lambda: list(LLAMA_LINEAR), min_length=1)
+    """Layers that get adapters, by module name (as peft matches them). Default: every linear layer of a
+    Llama-style block."""
+
+
 class TrainSection(_Section):
     steps: int = Field(ge=1, le=BIG)
     """Optimizer steps to train."""
@@ -135,8 +205,8 @@ class TrainSection(_Section):
     """Sequences per rank per forward pass."""
     grad_accum: int = Field(1, ge=1, le=1 << 20)
     """Micro-batches accumulated per optimizer step."""
-    lr: float = Field(gt=0)
-    """Peak learning rate."""
+    lr: float = Field(ge=0)
+    """Peak learning rate (0 leaves the weights untouched: a check of the loading path)."""
     seq_len: int = Field(ge=8, le=1 << 24)
     """Tokens per packed sequence."""
     seed: int = Field(1234, ge=0, lt=2**32)
@@ -151,6 +221,9 @@ class TrainSection(_Section):
     """Gradient norm clipping (0 disables)."""
     log_every: int = Field(10, ge=1, le=BIG)
     """Print a loss line every N steps (rank 0)."""
+    lora: Optional[LoraSection] = None
+    """LoRA (through peft): train low-rank adapters on a frozen base; checkpoints hold only the adapters'
+    state. Unset: a full fine-tune. `train.lora={}` turns it on with the defaults."""
 
 
 class DeepSpeedSection(_Section):
@@ -293,6 +366,12 @@ class StorageSection(_Section):
         return value
 
 
+class ExportSection(_Section):
+    merge: bool = False
+    """With train.lora: also write final/merged/, the base with the adapters merged in, which
+    from_pretrained loads without peft. final/ itself holds the adapter either way."""
+
+
 class Recipe(_Section):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     """Recipe name (lowercase letters, digits, hyphens)."""
@@ -305,12 +384,27 @@ class Recipe(_Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     resources: ResourcesSection
     storage: StorageSection = Field(default_factory=StorageSection)
+    export: ExportSection = Field(default_factory=ExportSection)
 
     @model_validator(mode="after")
     def _elastic_needs_a_store(self) -> "Recipe":
         if self.resources.fewest_nodes < self.resources.num_nodes and not self.storage.store:
             raise ValueError("resources.min_nodes below resources.num_nodes needs storage.store: a resume on fewer "
                              "nodes reads the missing nodes' checkpoint parts from it")
+        return self
+
+    @model_validator(mode="after")
+    def _consistent_training(self) -> "Recipe":
+        data, model = self.data, self.model
+        if data.source == "synthetic" and data.format != "text":
+            raise ValueError(f"data.format={data.format} needs records; the synthetic source is token ids")
+        if data.format == "chat" and model.tokenizer == "bytes":
+            raise ValueError("data.format=chat needs a tokenizer with a chat template; the byte tokenizer has none")
+        if self.train.lora is not None and model.config is not None:
+            raise ValueError("train.lora adapts a pretrained model (model.hub_id); model.config builds one from "
+                             "scratch, which a full fine-tune trains")
+        if self.export.merge and self.train.lora is None:
+            raise ValueError("export.merge needs train.lora: a full fine-tune's final/ is the whole model already")
         return self
 
     def fingerprint(self) -> str:
@@ -438,6 +532,9 @@ def _field_exists(model: type[BaseModel], parts: list[str]) -> bool:
     if len(parts) == 1:
         return True
     annotation = field.annotation
+    inner = [a for a in getattr(annotation, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)]
+    if len(inner) == 1:  # Optional[Section] (train.lora)
+        annotation = inner[0]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return _field_exists(annotation, parts[1:])
     # Free-form dicts (model.config, deepspeed.extra) accept any sub-key.

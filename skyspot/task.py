@@ -10,8 +10,11 @@ it on clouds, the local executor runs the same `run` script on this machine. It:
   mounted at PACKAGE_MOUNT and `setup` installs exactly that file with its pinned stack,
   then prepares what the trainer would otherwise build on its first start;
 - mounts a data source that lives in a bucket (a streaming read is what a mount does well);
-  the run's store is not mounted: the trainer writes checkpoints through the cloud SDK and
-  counts one durable only once its remote commit marker exists;
+- mounts the run's store (a bucket) when the recipe loads a hub model: the first start keeps a
+  copy of the base model in `<store>/<run id>/base/` and every later start reads it there, in the
+  bucket's region, instead of downloading it from the hub again (trainer/base.py). Checkpoints
+  are never written through the mount: the trainer writes them through the cloud SDK and counts
+  one durable only once its remote commit marker exists;
 - names the run: SKYSPOT_RUN_NAME is the managed job's name, the ledger's name and the
   store prefix (unset in a task rendered without a name: the node then uses SkyPilot's
   SKYPILOT_TASK_ID, unique per job and stable across its recoveries);
@@ -40,6 +43,7 @@ RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rende
 # Where a node keeps the fast checkpoint tier and where a bucket data source is mounted.
 NODE_RUNS_DIR = "$HOME/skyspot/runs"
 DATA_MOUNT = "/skyspot/data"
+STORE_MOUNT = "/skyspot/store"  # the run's store bucket; SKYSPOT_STORE_MOUNT names the store's root in it
 
 # Distributed timeouts: a lost node must make the others fail fast, so SkyPilot recovers
 # the job instead of paying for a hung cluster. Values in seconds.
@@ -75,6 +79,14 @@ def _data_mount(uri: str) -> tuple[str, dict[str, Any], str]:
     parsed = parse_store_uri(uri)
     mount_point = f"{DATA_MOUNT}/{parsed.bucket}"
     return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, f"{mount_point}/{parsed.prefix}"
+
+
+def _store_mount(uri: str) -> tuple[str, dict[str, Any], str]:
+    """(mount point, SkyPilot mount, the store's root on the node) for the run's store bucket."""
+    parsed = parse_store_uri(uri)
+    mount_point = f"{STORE_MOUNT}/{parsed.bucket}"
+    root = f"{mount_point}/{parsed.prefix}" if parsed.prefix else mount_point
+    return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, root
 
 
 # The secret an Azure Blob store needs on a node: SkyPilot's Azure VMs carry no identity that
@@ -140,6 +152,10 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
         "SKYSPOT_PACKAGE_DIR": PACKAGE_MOUNT,
         **DIST_ENV,
     }
+    if store and recipe.model.hub_id and not recipe.model.is_local and not parse_store_uri(store).is_local:
+        mount_point, mount, store_root = _store_mount(store)
+        file_mounts[mount_point] = mount
+        envs["SKYSPOT_STORE_MOUNT"] = store_root
     task: dict[str, Any] = {
         "name": run_name or f"skyspot-{recipe.name}",
         "num_nodes": recipe.resources.num_nodes,

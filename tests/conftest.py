@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.storage_servers"]
+pytest_plugins = ["tests.storage_servers", "tests.hub_server"]
 
 
 @pytest.fixture(autouse=True)

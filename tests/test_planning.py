@@ -461,3 +461,37 @@ def test_planning_imports_no_heavy_modules():
 def test_advice_is_empty_when_every_cloud_makes_it():
     r = recipe("tiny")
     assert advice(check_notice_windows(r, environ={}), r) == []
+
+
+# --------------------------------------------------------------------------- LoRA
+
+
+def test_lora_checkpoints_only_the_adapters_state():
+    """Llama-3.1-70B, r=16 on the 7 linear layers of each of 80 blocks: per block 16 x ((8192+8192) x 2 q,o
+    + (8192+1024) x 2 k,v + (8192+28672) x 3 gate,up,down) = 2,588,672; x 80 = 207,093,760 parameters,
+    x 12 bytes = 2.49 GB on one node, against 847 GB for the full fine-tune."""
+    state = state_bytes(recipe("llama70b-lora"), environ={})
+    assert state.params == 207_093_760 and state.checkpoint_bytes == 207_093_760 * 12 == state.bytes_per_node
+    assert "LoRA r=16" in state.params_source and "70,553,706,496" in state.params_source
+    # resident: the bf16 base (2 B/param) plus 16 B per trainable parameter
+    assert state.memory_bytes == 2 * 70_553_706_496 + 16 * 207_093_760
+    full = state_bytes(recipe("llama70b"), environ={})
+    assert full.checkpoint_bytes / state.checkpoint_bytes > 340
+
+
+def test_llama70b_lora_is_durable_in_time_on_every_cloud():
+    report = check_notice_windows(recipe("llama70b-lora"), environ={})
+    assert {c.cloud: c.verdict for c in report.checks} == {c: "durable in time" for c in ("aws", "gcp", "azure")}
+    assert report.advice == []
+
+
+def test_lora_on_a_local_model_counts_from_its_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="llama", vocab_size=100, hidden_size=32,
+                                                          intermediate_size=64, num_hidden_layers=2,
+                                                          num_attention_heads=4, num_key_value_heads=2)))
+    state = state_bytes(recipe("llama8b-lora", f"model.hub_id={tmp_path}", "model.gated=false",
+                               "train.lora.r=4", "train.lora.target_modules=[q_proj,v_proj]"), environ={})
+    # per block 4 x ((32 + 32) + (32 + 16)) = 448, 2 blocks
+    assert state.params == 896 and state.checkpoint_bytes == 896 * 12
+    unknown = state_bytes(recipe("llama8b-lora", "train.lora.target_modules=[mixer]"), environ={})
+    assert not unknown.known and "cannot count LoRA parameters on mixer" in unknown.params_source

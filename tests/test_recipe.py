@@ -128,3 +128,57 @@ def test_min_nodes_must_fit_under_num_nodes_and_a_smaller_resume_needs_a_store()
         load_recipe("tiny", ["resources.num_nodes=4", "resources.min_nodes=5", "storage.store=/tmp/x"])
     with pytest.raises(UsageError, match="needs storage.store"):
         load_recipe("tiny", ["resources.num_nodes=4", "resources.min_nodes=2"])
+
+
+# --------------------------------------------------------------------------- real models, formats, LoRA
+
+
+def test_a_local_model_directory_is_an_absolute_path(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert load_recipe(path, [f"model.hub_id={tmp_path}/m"], environ={}).model.is_local
+    assert load_recipe(path, ["model.hub_id=~/models/m"], environ={}).model.hub_id.startswith("/")
+    with pytest.raises(RecipeError, match="not a Hugging Face repo id \\(org/name\\) nor an absolute path"):
+        load_recipe(path, ["model.hub_id=./models/m"], environ={})
+
+
+def test_a_revision_pins_a_hub_model_only(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert load_recipe(path, ["model.revision=0123abc"], environ={}).model.revision == "0123abc"
+    with pytest.raises(RecipeError, match="model.revision applies to a hub model"):
+        load_recipe(path, [f"model.hub_id={tmp_path}", "model.revision=main"], environ={})
+    with pytest.raises(RecipeError, match="is not a hub revision"):
+        load_recipe(path, ["model.revision=../x"], environ={})
+
+
+def test_lora_is_a_typed_section_reachable_by_overrides(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert load_recipe(path, environ={}).train.lora is None
+    lora = load_recipe(path, ["train.lora.r=8"], environ={}).train.lora
+    assert (lora.r, lora.alpha, lora.dropout) == (8, 32.0, 0.05) and "down_proj" in lora.target_modules
+    assert load_recipe(path, ["train.lora={}"], environ={}).train.lora.r == 16
+    with pytest.raises(RecipeError) as error:
+        load_recipe(path, ["train.lora.rank=8", "train.lora.dropout=1.5"], environ={})
+    assert "train.lora.rank" in str(error.value)
+    with pytest.raises(RecipeError, match="export.merge needs train.lora"):
+        load_recipe(path, ["export.merge=true"], environ={})
+
+
+def test_formats_and_sources(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert load_recipe(path, ["data.source=hf://yahma/alpaca-cleaned:test"], environ={}).data.source.endswith(":test")
+    with pytest.raises(RecipeError, match="not a dataset split name"):
+        load_recipe(path, ["data.source=hf://a/b:x y"], environ={})
+    with pytest.raises(RecipeError, match="needs records; the synthetic source is token ids"):
+        load_recipe(path, ["data.format=alpaca"], environ={})
+    with pytest.raises(RecipeError, match="Input should be 'text', 'alpaca' or 'chat'"):
+        load_recipe(path, ["data.format=sharegpt"], environ={})
+    with pytest.raises(RecipeError, match="the byte tokenizer has none"):
+        load_recipe("tiny", ["data.format=chat", "data.source=/x.jsonl"], environ={})
+    assert load_recipe(path, ["train.lr=0"], environ={}).train.lr == 0
+
+
+def test_the_llama_recipes_train_on_alpaca_formatting():
+    for name in ("llama8b", "llama70b", "llama8b-lora", "llama70b-lora", "smollm2-360m"):
+        data = load_recipe(name, environ={}).data
+        assert (data.source, data.format) == ("hf://yahma/alpaca-cleaned", "alpaca")
+    assert load_recipe("llama70b-lora", environ={}).train.lora.r == 16

@@ -57,11 +57,20 @@ def test_golden_task_parses_with_skypilot(sky, name):
     assert "python -m skyspot.trainer.supervise" in task.run
 
 
-def test_the_store_is_not_mounted_the_trainer_reaches_it_through_the_sdk(sky):
+def test_the_store_is_mounted_for_the_base_model_copy_and_written_through_the_sdk(sky):
     built = build("llama70b", flags={"storage.store": "gs://my-ckpts/team"}, environ={})
-    sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict
-    assert list(built.task["file_mounts"]) == ["/skyspot/package"]
+    task = sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict
+    assert built.task["file_mounts"]["/skyspot/store/my-ckpts"] == {"source": "gs://my-ckpts", "mode": "MOUNT"}
+    assert task.storage_mounts["/skyspot/store/my-ckpts"].mode.value == "MOUNT"
+    # The trainer reads <store>/<run id>/base/ there; checkpoints go through the SDK (SKYSPOT_STORE).
+    assert built.task["envs"]["SKYSPOT_STORE_MOUNT"] == "/skyspot/store/my-ckpts/team"
     assert built.task["envs"]["SKYSPOT_STORE"] == "gs://my-ckpts/team"
+
+
+def test_a_recipe_without_a_hub_model_mounts_no_store():
+    built = build("tiny", flags={"storage.store": "s3://my-ckpts/team"}, environ={})
+    assert list(built.task["file_mounts"]) == ["/skyspot/package"]
+    assert "SKYSPOT_STORE_MOUNT" not in built.task["envs"]
 
 
 def test_a_bucket_data_source_is_mounted_in_mount_mode_and_read_there(sky):

@@ -63,6 +63,9 @@ def launch_command(
     run_name = check_new_run_name(name) if name is not None else new_run_name(probe.recipe.name)
     built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package)
     if run_local:
+        from skyspot.preflight import preflight
+
+        preflight(built.recipe, local=True)  # a missing model, token or field: one line, before the run starts
         from skyspot.executors.local import LocalOptions, launch_local
 
         options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),

@@ -10,8 +10,11 @@ Modules, one concept each, in the order a start goes through them:
     loop         setup, resume, loop, save, cleanup (the entry point, `python -m skyspot.trainer`)
     cluster      where this process runs: SkyPilot's and torchrun's variables
     rundir       the run directory: layout, run.json, attempts.json, the writer lock, --fresh
-    model        the model (hub id or inline config, under zero.Init) and the byte tokenizer
-    data         datasets, packing, and the deterministic resumable sample order
+    base         where the base model's files are on this node (local, earlier fetch, store copy, hub)
+    model        the model under zero.Init (pretrained weights copied in by rank 0, or an inline
+                 config), LoRA through peft, tokenizers (Hugging Face, or the byte tokenizer)
+    data         sources, formats (text, alpaca, chat) with loss masks, packing or padding, and
+                 the deterministic resumable sample order
     engine       the DeepSpeed config and engine built from a recipe
     determinism  threads, seeds, RNG capture/restore, and what makes resume bitwise exact
     checkpoint   the checkpoint manager: when, where, what to resume from, retention, hooks
@@ -21,7 +24,7 @@ Modules, one concept each, in the order a start goes through them:
     preemption   SIGTERM/SIGUSR1/notices -> a flag the ranks agree on at each step boundary
     durable      the store tier from the trainer's side: start-up probe, resume source, deadlines
     uploader     background upload of committed checkpoints and event files; download, retention
-    export       final/: a Hugging Face model directory
+    export       final/: a Hugging Face model directory with its tokenizer (LoRA: the adapter, and merged/)
     exit_codes   the exit codes and the exit record the supervisor reads
     supervise    runs torchrun and exits with the trainer's code
     faults       test-only fault injection points (inert unless SKYSPOT_FAULT is set)

@@ -214,6 +214,11 @@ class CheckpointManager:
         if placement.is_node_leader:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
+    @property
+    def adapters_only(self) -> bool:
+        """LoRA: checkpoints hold what training changes (adapters, their optimizer state), not the frozen base."""
+        return self.recipe.train.lora is not None
+
     def _every_seconds(self, recipe) -> Optional[float]:
         value = recipe.checkpoint.every_seconds
         return None if value == "auto" else value  # auto: plan_interval(), once the run's history is known
@@ -382,8 +387,10 @@ class CheckpointManager:
             load_dir, convert_seconds = self._universal(point)
         else:
             load_dir = self.root
+        # With LoRA the checkpoint holds only the trainable state: the frozen base is not in it (it was
+        # loaded from its files before), so the module state is loaded non-strictly.
         path, _ = self.engine.load_checkpoint(str(load_dir), tag=point.path.name, load_optimizer_states=True,
-                                              load_lr_scheduler_states=True, load_module_strict=True)
+                                              load_lr_scheduler_states=True, load_module_strict=not self.adapters_only)
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load {point.path}")
         if resharded:
@@ -466,7 +473,8 @@ class CheckpointManager:
         self.comm.barrier()
         self.writer.begin(step, kind, directory)
         try:
-            self.engine.save_checkpoint(str(self.root), tag=directory.name, client_state={}, save_latest=False)
+            self.engine.save_checkpoint(str(self.root), tag=directory.name, client_state={}, save_latest=False,
+                                        exclude_frozen_parameters=self.adapters_only)
             self.writer.add(directory / TRAINER_STATE.format(rank=self.placement.rank),
                             {"rng": capture_rng(), "step": step, "samples": state.samples,
                              "tokens": state.tokens, "data": state.data})

@@ -88,6 +88,8 @@ class Run:
     notice_watcher: Any = None
     resumed: Any = None
     step: Optional[int] = None
+    base: Any = None
+    """base.BaseModel: where the pretrained model's files are on this node (hub models)."""
     tier: Any = None
     """durable.StoreTier when the run has a store (every rank)."""
     uploader: Any = None
@@ -154,6 +156,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     # attempt's first minutes are covered only if that request goes out now (notice.py).
     notice_watcher = _start_notice_watcher(watch) if placement.is_node_leader else None
     recipe = load_recipe(args.recipe, args.overrides, flags={"storage.store": args.store})
+    _check_local_paths(recipe)  # before the slow imports: a missing directory is one line in a second
 
     _quiet_libraries()
     import deepspeed
@@ -242,6 +245,22 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     return run
 
 
+def _check_local_paths(recipe) -> None:
+    """A local model directory, tokenizer directory or data file that is not on this node (UsageError)."""
+    from skyspot import hub
+
+    model = recipe.model
+    if model.is_local:
+        hub.check_local_model(model.hub_id)
+    if model.tokenizer not in (None, "bytes", model.hub_id) and hub.is_local_ref(model.tokenizer):
+        hub.check_local_tokenizer(model.tokenizer)
+    source = recipe.data.source
+    if "://" not in source and source != "synthetic" and not Path(os.path.expanduser(source)).is_file():
+        from skyspot.errors import UsageError
+
+        raise UsageError(f"data.source '{source}' is not 'synthetic', hf://org/name, or an existing file")
+
+
 def _start_notice_watcher(watch: PreemptionWatch):
     """The node leader watches the cloud's metadata for shutdown warnings (notice.py); the flags
     then reach every rank through the step-boundary vote. A preemption, or a planned shutdown
@@ -314,13 +333,33 @@ def keep_global_batch(recipe, manifest: dict[str, Any], world_size: int):
     return recipe, (f"world size {manifest.get('world_size')} -> {world_size}: {note}" if note else None)
 
 
+def _data_source(run: Run) -> str:
+    """Where the ranks read data.source: a bucket URI is downloaded into DIR/data/ by each node
+    leader first (the task mounts bucket data on cloud nodes, so this is for a URI given directly)."""
+    from skyspot.errors import UsageError
+    from skyspot.trainer.data import local_source_path, resolve_source
+
+    source, cache = run.recipe.data.source, run.run_dir / "data"
+    error = None
+    if run.placement.is_node_leader:
+        try:
+            resolve_source(source, cache)
+        except UsageError as err:
+            error = str(err)
+    errors = [e for e in run.comm.all_gather_object(error) if e]
+    if errors:
+        raise UsageError(errors[0])
+    return local_source_path(source, cache)
+
+
 def build(run: Run) -> None:
     """Find the resume point, then build data, model and engine, and restore the state."""
+    from skyspot.trainer.base import BaseModel
     from skyspot.trainer.checkpoint import CheckpointManager, resharding
-    from skyspot.trainer.data import DataOrder, build_samples
+    from skyspot.trainer.data import DataOrder, build_dataset
     from skyspot.trainer.determinism import seed_everything
     from skyspot.trainer.engine import deepspeed_config, initialize
-    from skyspot.trainer.model import build_model, load_tokenizer
+    from skyspot.trainer.model import build_model, load_tokenizer, trainable_count
 
     p = run.placement
     run.ckpt = CheckpointManager(run.run_dir, p, run.recipe, run_id=run.run_id, attempt=run.attempt,
@@ -342,18 +381,36 @@ def build(run: Run) -> None:
                 say(line)
     recipe = run.recipe
 
-    run.tokenizer = load_tokenizer(recipe.model)
-    run.samples = build_samples(recipe, run.tokenizer)
+    # Config and tokenizer first, then the data: a data set the format cannot read fails here, before
+    # any weights move. The weights only where they are needed: a fresh start, or LoRA's frozen base
+    # (a resumed full fine-tune gets every parameter from the checkpoint).
+    run.base = BaseModel(recipe, run.run_dir, p, run.comm, tier=run.tier, emit=run.emit, say=say)
+    run.base.prepare(weights=False)
+    run.tokenizer = load_tokenizer(recipe.model, run.base.path)
+    run.samples = build_dataset(recipe, run.tokenizer, _data_source(run))
+    if p.is_global_zero and run.samples.examples:
+        dropped = f"; {run.samples.dropped} left out (nothing to train on within seq_len)" if run.samples.dropped else ""
+        say(f"data: {run.samples.examples} examples ({recipe.data.format}) -> {len(run.samples)} sequences of "
+            f"{recipe.train.seq_len} tokens ({'packed' if recipe.data.packing else 'padded'}){dropped}")
     run.order = DataOrder(len(run.samples), recipe.train.seed, recipe.data.shuffle, p.rank, p.world_size,
                           recipe.train.micro_batch_size, recipe.train.grad_accum)
+    weights = recipe.model.hub_id is not None and (point is None or recipe.train.lora is not None)
+    if weights:
+        run.base.prepare(weights=True)
 
     ds_config = deepspeed_config(recipe)
     if resharded:
         ds_config.setdefault("checkpoint", {})["load_universal"] = True  # reshard.py
     seed_everything(recipe.train.seed)  # the same initial weights on every rank, every start
-    model, run.keepalive = build_model(recipe, ds_config, run.tokenizer)
+    model, run.keepalive = build_model(recipe, ds_config, run.tokenizer, run.base.path, load_weights=weights)
+    if recipe.train.lora is not None and p.is_global_zero:
+        trainable, total = trainable_count(model)
+        say(f"LoRA r={recipe.train.lora.r} on {', '.join(recipe.train.lora.target_modules)}: {trainable:,} of "
+            f"{total:,} parameters trainable ({trainable / max(1, total):.2%})")
     run.engine = initialize(recipe, model, ds_config)
     run.ckpt.attach(run.engine)
+    if weights:
+        run.base.start_copy()
 
     run.resumed = run.ckpt.load(point)
     history = _store_history(run)
@@ -525,13 +582,11 @@ def _train_through(run: Run, state, vote: Vote) -> bool:
 
 
 def _batch(run: Run, indices) -> tuple[Any, Any]:
+    """Token ids and labels (-100 where there is no loss: prompts, padding) of these samples."""
     import torch
 
-    ids = torch.from_numpy(run.samples[indices]).to(run.device)
-    labels = ids.clone()
-    pad = getattr(run.tokenizer, "pad_token_id", None)
-    if pad is not None:
-        labels[ids == pad] = -100
+    ids = torch.from_numpy(run.samples.ids[indices]).to(run.device)
+    labels = torch.from_numpy(run.samples.labels[indices]).to(run.device)
     return ids, labels
 
 
@@ -557,7 +612,10 @@ def train(run: Run) -> int:
         tokens = 0
         for indices in order.step_indices(state.samples):
             ids, labels = _batch(run, indices)
-            loss = engine(input_ids=ids, labels=labels).loss
+            # A micro-batch of prompt only (possible with packing) has no token to learn: its mean loss
+            # would be 0/0 = NaN; summed over nothing it is 0, and so is its gradient.
+            empty = not bool((labels[:, 1:] != -100).any())
+            loss = engine(input_ids=ids, labels=labels, **({"num_items_in_batch": 1} if empty else {})).loss
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
@@ -663,7 +721,8 @@ def _finish(run: Run, state) -> None:
             raise SkyspotError(f"the final checkpoint step_{state.step} could not be written "
                                f"({result.error if result else 'no result'}); the next start resumes from "
                                f"step_{run.ckpt.last_committed} once {run.run_dir} has room")
-    target = export_final(run.engine, run.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero)
+    target = export_final(run.engine, run.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero,
+                          merge=run.recipe.export.merge)
     if target is not None:
         say(f"training complete at step {state.step}; model written to {target}")
         if run.uploader is not None and run.uploader.put_tree(target, "final"):

@@ -1,8 +1,16 @@
-"""The model and tokenizer: a hub model, or one built from an inline config (tiny), under zero.Init.
+"""The model and tokenizer: a pretrained model (hub or local directory), or one built from an inline
+config (tiny), always under zero.Init with ZeRO-3, optionally with LoRA adapters (peft).
 
-With ZeRO-3 the parameters are partitioned as they are created (deepspeed.zero.Init), so a
-model larger than one device's memory can be built at all; for hub models, transformers does
-the same inside from_pretrained while an HfDeepSpeedConfig is alive.
+With ZeRO-3 the parameters are partitioned as they are created (deepspeed.zero.Init), so a model
+larger than one device's memory can be built at all. Pretrained weights are then copied in one
+module at a time: the module's parameters are gathered, global rank 0 reads their tensors from
+the safetensors files and writes them in, and leaving the gather (modifier_rank=0) scatters them
+to every rank's partition. Only rank 0 reads the files; every parameter must be found in them
+(and nothing else may be), so a model can never start silently random. A resumed full fine-tune
+skips the weights: the checkpoint restores every parameter.
+
+LoRA (train.lora): the base is frozen, peft wraps the target layers, and only the adapters are
+trainable; DeepSpeed then partitions the new adapter parameters too (broadcast from rank 0).
 """
 
 from __future__ import annotations
@@ -52,14 +60,16 @@ class ByteTokenizer:
         return cls()
 
 
-def load_tokenizer(model_section):
-    """The byte tokenizer for `tokenizer: bytes`, else the Hugging Face tokenizer of the hub id."""
-    name = model_section.tokenizer or model_section.hub_id
+def load_tokenizer(model_section, directory: Optional[Path] = None):
+    """The byte tokenizer for `tokenizer: bytes`; else a Hugging Face tokenizer: model.tokenizer (a hub
+    id or a local directory), or the base model's own from `directory` (base.py put its files there)."""
+    name = model_section.tokenizer or (str(directory) if directory is not None else model_section.hub_id)
     if name == "bytes":
         return ByteTokenizer()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    revision = model_section.revision if name == model_section.hub_id else None
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -82,42 +92,58 @@ def model_config(model_section, tokenizer):
     return config
 
 
-def build_model(recipe, ds_config: dict[str, Any], tokenizer) -> tuple[torch.nn.Module, Optional[object]]:
-    """The model, partitioned as it is built. Returns (model, keepalive): keep the second alive
-    while the model is in use (transformers' ZeRO-3 integration holds it through a weak reference)."""
+def pretrained_config(directory: Path, tokenizer):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(directory)
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+    vocab = getattr(config, "vocab_size", None)
+    if size is not None and vocab is not None and size > vocab:
+        raise UsageError(f"the tokenizer has {size} tokens but the model's embedding only {vocab}; "
+                         "model.tokenizer must belong to the model")
+    return config
+
+
+def build_model(recipe, ds_config: dict[str, Any], tokenizer, directory: Optional[Path] = None,
+                load_weights: bool = True) -> tuple[torch.nn.Module, Optional[object]]:
+    """The model, partitioned as it is built. `directory` holds a pretrained model's files (base.py);
+    with `load_weights` its weights are copied in (a fresh start, or LoRA's frozen base), else the
+    caller restores a checkpoint over it. Returns (model, keepalive): keep the second alive while
+    the model is in use."""
     from transformers import AutoModelForCausalLM
 
     section = recipe.model
     dtype = torch.bfloat16 if recipe.deepspeed.bf16 else torch.float32
     zero3 = ds_config.get("zero_optimization", {}).get("stage") == 3
-    keepalive = None
-    if section.config is not None:
-        config = model_config(section, tokenizer)
-        max_pos = getattr(config, "max_position_embeddings", None)
-        if max_pos is not None and recipe.train.seq_len > max_pos:
-            raise UsageError(f"train.seq_len={recipe.train.seq_len} exceeds model.config.max_position_embeddings={max_pos}")
-        model = _from_config(config, ds_config, dtype) if zero3 else AutoModelForCausalLM.from_config(config, dtype=dtype)
+    pretrained = section.config is None
+    config = pretrained_config(directory, tokenizer) if pretrained else model_config(section, tokenizer)
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if max_pos is not None and recipe.train.seq_len > max_pos:
+        where = "the model's max_position_embeddings" if pretrained else "model.config.max_position_embeddings"
+        raise UsageError(f"train.seq_len={recipe.train.seq_len} exceeds {where}={max_pos}")
+    if zero3:
+        model = _from_config(config, ds_config, dtype, init=not pretrained)
     else:
-        if zero3:
-            # transformers loads under deepspeed.zero.Init while this object lives (needs `accelerate`).
-            from transformers.integrations import HfDeepSpeedConfig
-
-            keepalive = HfDeepSpeedConfig(ds_config)
-        model = AutoModelForCausalLM.from_pretrained(section.hub_id, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if pretrained and load_weights:
+        load_weights_into(model, directory, zero3=zero3)
     if recipe.deepspeed.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    return model, keepalive
+    if recipe.train.lora is not None:
+        model = apply_lora(model, recipe)
+    return model, None
 
 
-def _from_config(config, ds_config: dict[str, Any], dtype: torch.dtype) -> torch.nn.Module:
-    """Build under deepspeed.zero.Init, then initialise the weights the way transformers would.
+def _from_config(config, ds_config: dict[str, Any], dtype: torch.dtype, *, init: bool = True) -> torch.nn.Module:
+    """Build under deepspeed.zero.Init, then (with `init`) initialise the weights the way transformers would.
 
     Inside zero.Init each module's parameters are partitioned as soon as it is built, so
     transformers' own init (post_init) sees empty shards: it would leave PyTorch's default init
     and fails outright on the padding row of the embedding. So the model is built without a
     padding index and each module's parameters are gathered in turn, initialised on rank 0 with
-    the model's own `_init_weights`, and scattered again (modifier_rank=0).
+    the model's own `_init_weights`, and scattered again (modifier_rank=0). A model whose weights
+    come next (pretrained, or a checkpoint) skips that.
     """
     import deepspeed
     import torch.distributed as dist
@@ -134,6 +160,8 @@ def _from_config(config, ds_config: dict[str, Any], dtype: torch.dtype) -> torch
     if wrong:
         raise RuntimeError(f"zero.Init built {wrong} parameters, expected {dtype}")
     model.config.pad_token_id = pad
+    if not init:
+        return model
     rank = dist.get_rank() if dist.is_initialized() else 0
     for module in model.modules():
         params = list(module.parameters(recurse=False))
@@ -144,3 +172,124 @@ def _from_config(config, ds_config: dict[str, Any], dtype: torch.dtype) -> torch
                 with torch.no_grad():
                     model._init_weights(module)
     return model
+
+
+# --------------------------------------------------------------------------- pretrained weights
+
+
+def weight_index(directory: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file that holds it (model.safetensors.index.json, or every file)."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        return {name: directory / file for name, file in weight_map.items()}
+    out: dict[str, Path] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():
+                out[name] = path
+    if not out:
+        raise UsageError(f"{directory} has no *.safetensors weights")
+    return out
+
+
+def _file_name(param_name: str, index: dict[str, Path], prefix: str) -> Optional[str]:
+    """The checkpoint's name for a parameter: the same, or without the base model's prefix (a
+    checkpoint of the bare decoder, e.g. `layers.0...` for `model.layers.0...`)."""
+    if param_name in index:
+        return param_name
+    if prefix and param_name.startswith(prefix + "."):
+        bare = param_name[len(prefix) + 1:]
+        if bare in index:
+            return bare
+    return None
+
+
+def load_weights_into(model: torch.nn.Module, directory: Path, *, zero3: bool) -> None:
+    """Copy the pretrained weights of `directory` into `model` (collective under ZeRO-3).
+
+    Every parameter must be in the files and every tensor in the files must be a parameter or a
+    buffer of the model; shapes must agree. Under ZeRO-3 global rank 0 reads and the gather's exit
+    scatters; otherwise every rank reads.
+    """
+    import deepspeed
+    import torch.distributed as dist
+    from safetensors import safe_open
+
+    index = weight_index(directory)
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    reader = not zero3 or not dist.is_initialized() or dist.get_rank() == 0
+    names = {id(p): n for n, p in model.named_parameters()}  # tied parameters appear once
+    wanted = {n: _file_name(n, index, prefix) for n in names.values()}
+    missing = sorted(n for n, f in wanted.items() if f is None)
+    buffers = {n for n, _ in model.named_buffers()}
+    used = {f for f in wanted.values() if f is not None}
+    unexpected = sorted(k for k in index if k not in used and k not in buffers
+                        and not k.endswith("rotary_emb.inv_freq"))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} ({len(missing)})")
+        if unexpected:
+            parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''} "
+                         f"({len(unexpected)})")
+        raise UsageError(f"the weights in {directory} do not match its config.json: {'; '.join(parts)}")
+    handles: dict[Path, Any] = {}
+    done: set[int] = set()
+    try:
+        for module_name, module in model.named_modules():
+            own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in done]
+            if not own:
+                continue
+            with deepspeed.zero.GatheredParameters([p for _, p in own], modifier_rank=0, enabled=zero3):
+                if reader:
+                    with torch.no_grad():
+                        for _, param in own:
+                            key = wanted[names[id(param)]]
+                            file = index[key]
+                            if file not in handles:
+                                handles[file] = safe_open(file, framework="pt")
+                            tensor = handles[file].get_tensor(key)
+                            if tuple(tensor.shape) != tuple(param.shape):
+                                raise UsageError(f"{key} in {file.name} has shape {tuple(tensor.shape)}, the model "
+                                                 f"expects {tuple(param.shape)} (config.json from another model?)")
+                            param.data.copy_(tensor.to(param.dtype))
+            done.update(id(p) for _, p in own)
+    finally:
+        handles.clear()
+
+
+# --------------------------------------------------------------------------- LoRA
+
+
+def apply_lora(model: torch.nn.Module, recipe) -> torch.nn.Module:
+    """Freeze the base and wrap the target layers with LoRA adapters (peft). The adapters are created
+    on every rank from the same RNG state (the loop seeds it) in the base's dtype; DeepSpeed then
+    partitions them like every other parameter, broadcasting rank 0's values."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = recipe.train.lora
+    for param in model.parameters():
+        param.requires_grad_(False)
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    try:
+        wrapped = get_peft_model(model, config, autocast_adapter_dtype=False)
+    except ValueError as err:
+        raise UsageError(f"train.lora.target_modules: {str(err).splitlines()[0]}") from None
+    # The adapter's config names the base it belongs to as the recipe does (not a cache or mount path).
+    wrapped.peft_config["default"].base_model_name_or_path = recipe.model.hub_id
+    wrapped.peft_config["default"].revision = recipe.model.revision
+    return wrapped
+
+
+def trainable_count(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts, ZeRO-3 partitioned or not."""
+    def numel(p) -> int:
+        return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
+
+    params = list(model.parameters())
+    return sum(numel(p) for p in params if p.requires_grad), sum(numel(p) for p in params)

@@ -24,7 +24,7 @@ def test_recipes_lists_every_recipe_as_json():
     result = invoke("recipes", "--json")
     assert result.exit_code == 0
     rows = json.loads(result.stdout)
-    assert [r["name"] for r in rows] == ["llama70b", "llama8b", "tiny"]
+    assert [r["name"] for r in rows] == ["llama70b", "llama70b-lora", "llama8b", "llama8b-lora", "smollm2-360m", "tiny"]
     assert rows[0]["nodes"] == 4 and rows[0]["accelerators"] == ["A100-80GB:8", "H100:8"]
 
 

@@ -55,10 +55,35 @@ AZURE_H100_COUNT = ("catalog row Standard_ND96isr_H100_v5 says 12 H100 (skyspot.
                     "SkyPilot places no Azure H100:8 and suggests H100:12")
 
 
+# The snapshot copies the catalog's 8-GPU rows only (skyspot/pricing_data/SOURCE.md), so a catalog made
+# from it has no single-GPU instance to place llama8b-lora's or smollm2-360m's candidates on; SkyPilot's
+# own catalog has them. Not run: there is nothing for the optimizer to find.
+NOT_IN_SNAPSHOT = "a single-GPU instance: not in the price snapshot (8-GPU rows only), so not in this catalog"
+
+
 def _defect(candidate) -> Optional[str]:
     if candidate.cloud == "azure" and candidate.accelerators == "H100:8":
         return AZURE_H100_COUNT
+    if candidate.price_note == "not in snapshot":
+        return NOT_IN_SNAPSHOT
     return None
+
+
+def _marks(candidate) -> list:
+    reason = _defect(candidate)
+    if reason is None:
+        return []
+    return [pytest.mark.xfail(strict=True, reason=reason, run=reason is not NOT_IN_SNAPSHOT)]
+
+
+def _render_params(renders):
+    """Renders whose first candidate the snapshot lacks are not run (see NOT_IN_SNAPSHOT)."""
+    params = []
+    for render in renders:
+        first = _build(*render).candidates[0]
+        params.append(pytest.param(render, id=_render_id(render),
+                                   marks=_marks(first) if _defect(first) is NOT_IN_SNAPSHOT else []))
+    return params
 
 
 def _candidate_params():
@@ -66,10 +91,8 @@ def _candidate_params():
     params = []
     for render in PLAIN_GPU_RENDERS:
         for index, candidate in enumerate(_build(*render).candidates):
-            reason = _defect(candidate)
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
             kind = "spot" if candidate.spot else "od"
-            params.append(pytest.param(render, index, marks=marks,
+            params.append(pytest.param(render, index, marks=_marks(candidate),
                                        id=f"{_render_id(render)}-{index + 1}-{candidate.cloud}-"
                                           f"{candidate.accelerators}-{kind}"))
     return params
@@ -214,7 +237,7 @@ def test_rendered_task_passes_skypilot_schema_parser_and_dag_validation(sky, sky
 # --- 2. the optimizer ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("render", GPU_RENDERS, ids=_render_id)
+@pytest.mark.parametrize("render", _render_params(GPU_RENDERS))
 def test_skypilot_launches_candidate_one_first(plans, render):
     first = plans.built(render).candidates[0]
     chosen = plans.ordered(render)
@@ -223,7 +246,7 @@ def test_skypilot_launches_candidate_one_first(plans, render):
         f"skyspot ordered first {first.cloud} {first.accelerators} spot={first.spot} at ${first.usd_per_hour}/h")
 
 
-@pytest.mark.parametrize("render", PLAIN_GPU_RENDERS, ids=_render_id)
+@pytest.mark.parametrize("render", _render_params(PLAIN_GPU_RENDERS))
 def test_skypilot_left_to_choose_picks_candidate_one(plans, render):
     """Given every candidate unordered, SkyPilot's cheapest choice is the one skyspot put first.
 

@@ -14,3 +14,33 @@ def reference(tmp_path_factory):
     code = finish(start(run_dir, TINY))
     assert code == 0, log_text(run_dir)
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def real_model(tmp_path_factory):
+    """A small Llama saved with safetensors, its BPE tokenizer, Alpaca data and a recipe file (real_model.py)."""
+    from tests.trainer.real_model import build, recipe_file
+
+    root = tmp_path_factory.mktemp("real-model")
+    paths = build(root)
+    paths["recipe"] = recipe_file(root / "recipe.yaml", paths["model"], paths["alpaca"])
+    paths["lora_recipe"] = recipe_file(root / "lora.yaml", paths["model"], paths["alpaca"], lora=True)
+    return paths
+
+
+def _trained(run_dir, recipe, overrides):
+    code = finish(start(run_dir, overrides, recipe=str(recipe), HF_HUB_OFFLINE="1"))
+    assert code == 0, log_text(run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def real_reference(real_model, tmp_path_factory):
+    """The real model fine-tuned for the recipe's 12 steps on 2 ranks, uninterrupted."""
+    return _trained(tmp_path_factory.mktemp("real") / "reference", real_model["recipe"], [])
+
+
+@pytest.fixture(scope="session")
+def lora_reference(real_model, tmp_path_factory):
+    """The same with LoRA (merged export on), uninterrupted."""
+    return _trained(tmp_path_factory.mktemp("real") / "lora-reference", real_model["lora_recipe"], [])

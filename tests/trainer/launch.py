@@ -37,17 +37,17 @@ def trainer_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun_command(run_dir: Path, overrides: list[str], nproc: int = 2, *, nnodes: int = 1, node_rank: int = 0,
-                     port: Optional[int] = None) -> list[str]:
+                     port: Optional[int] = None, recipe: str = "tiny") -> list[str]:
     nodes = ["--nnodes", str(nnodes), "--node_rank", str(node_rank)] if nnodes > 1 else []
     return [TORCHRUN, *nodes, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(port or free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
+            "--master_port", str(port or free_port()), "-m", "skyspot.trainer", recipe, "--run-dir", str(run_dir),
             *overrides]
 
 
 def start(run_dir: Path, overrides: list[str] = TINY, *, supervised: bool = True, log_name: str = "log",
-          nproc: int = 2, **env: str) -> subprocess.Popen:
-    """Start a node: `supervise -- torchrun ... -m skyspot.trainer`, in its own session."""
-    command = torchrun_command(run_dir, overrides, nproc)
+          nproc: int = 2, recipe: str = "tiny", **env: str) -> subprocess.Popen:
+    """Start a node: `supervise -- torchrun ... -m skyspot.trainer RECIPE`, in its own session."""
+    command = torchrun_command(run_dir, overrides, nproc, recipe=recipe)
     if supervised:
         command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--", *command]
     run_dir.mkdir(parents=True, exist_ok=True)

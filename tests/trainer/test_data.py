@@ -97,3 +97,102 @@ def test_bad_data_sources_say_what_to_do(tmp_path):
         list(iter_documents(str(_jsonl(tmp_path, ["x"])), "body", "train"))
     with pytest.raises(UsageError, match="bucket"):
         iter_documents("s3://bucket/data.jsonl", "text", "train")
+
+
+# --------------------------------------------------------------------------- formats, masks, sources
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    """A real byte-level BPE tokenizer with a chat template (tests/trainer/real_model.py)."""
+    from tests.trainer.real_model import alpaca_records, build_tokenizer
+
+    return build_tokenizer(tmp_path_factory.mktemp("tok"), [" ".join(r.values()) for r in alpaca_records()])
+
+
+def _recipe(tmp_path, source, *overrides):
+    from skyspot.recipe import load_recipe
+    from tests.trainer.real_model import recipe_file
+
+    return load_recipe(str(recipe_file(tmp_path / "r.yaml", tmp_path, source)), list(overrides), environ={})
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_alpaca_trains_on_the_output_only(tmp_path, bpe):
+    from skyspot.trainer.data import ALPACA_PROMPT, IGNORE_INDEX, examples
+
+    record = {"instruction": "Reverse the words.", "input": "apple river", "output": "river apple"}
+    recipe = _recipe(tmp_path, _write(tmp_path / "a.jsonl", [record]))
+    [(ids, labels)] = list(examples(recipe, bpe, [("a:1", record)]))
+    prompt = [bpe.bos_token_id] + bpe(ALPACA_PROMPT.format(instruction=record["instruction"], input="apple river"),
+                                      add_special_tokens=False)["input_ids"]
+    assert ids[:len(prompt)] == prompt and labels[:len(prompt)] == [IGNORE_INDEX] * len(prompt)
+    trained = labels[len(prompt):]
+    assert trained == ids[len(prompt):] and trained[-1] == bpe.eos_token_id
+    assert bpe.decode(trained[:-1]) == "river apple"
+    # without an input, the other Alpaca prompt
+    [(ids, _)] = list(examples(recipe, bpe, [("a:2", {**record, "input": ""})]))
+    assert "### Input:" not in bpe.decode(ids) and "### Response:\nriver apple" in bpe.decode(ids)
+
+
+def test_chat_trains_on_every_assistant_turn_and_nothing_else(tmp_path, bpe):
+    from skyspot.trainer.data import IGNORE_INDEX, examples
+    from tests.trainer.real_model import chat_records
+
+    record = chat_records(1)[0]
+    recipe = _recipe(tmp_path, _write(tmp_path / "c.jsonl", [record]), "data.format=chat")
+    [(ids, labels)] = list(examples(recipe, bpe, [("c:1", record)]))
+    assert ids == bpe.apply_chat_template(record["messages"], tokenize=True)
+    trained = bpe.decode([i for i, label in zip(ids, labels) if label != IGNORE_INDEX])
+    assert trained == (f"{record['messages'][2]['content']}<|im_end|>\nYou are welcome.<|im_end|>\n")
+
+
+def test_padding_keeps_one_example_per_sequence_and_drops_what_cannot_be_trained(tmp_path, bpe):
+    from skyspot.trainer.data import IGNORE_INDEX, build_dataset
+
+    records = [{"instruction": "Say yes.", "input": "", "output": "yes"},
+               {"instruction": "word " * 200, "input": "", "output": "no"}]  # the prompt alone passes seq_len
+    recipe = _recipe(tmp_path, _write(tmp_path / "a.jsonl", records), "data.packing=false")
+    samples = build_dataset(recipe, bpe)
+    assert (len(samples), samples.examples, samples.dropped) == (1, 2, 1)
+    row, labels = samples.ids[0], samples.labels[0]
+    real = int((row != bpe.pad_token_id).sum())
+    assert (row[real:] == bpe.pad_token_id).all() and (labels[real:] == IGNORE_INDEX).all()
+    packed = build_dataset(_recipe(tmp_path, recipe.data.source), bpe)
+    assert packed.ids.shape[1] == 128 and (packed.labels != IGNORE_INDEX).sum() > 0
+
+
+def test_jsonl_json_and_parquet_give_the_same_samples(tmp_path, bpe):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from skyspot.trainer.data import build_dataset
+    from tests.trainer.real_model import alpaca_records
+
+    records = alpaca_records(24)
+    jsonl = _write(tmp_path / "d.jsonl", records)
+    (tmp_path / "d.json").write_text(json.dumps(records))
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "d.parquet")
+    built = [build_dataset(_recipe(tmp_path, path), bpe) for path in (jsonl, tmp_path / "d.json", tmp_path / "d.parquet")]
+    for other in built[1:]:
+        assert np.array_equal(built[0].ids, other.ids) and np.array_equal(built[0].labels, other.labels)
+    hub = build_dataset(_recipe(tmp_path, jsonl), bpe, source=str(jsonl))
+    assert np.array_equal(hub.ids, built[0].ids)
+
+
+def test_a_bucket_file_is_downloaded_once_then_read_locally(tmp_path, s3_server):
+    import boto3
+
+    from skyspot.trainer.data import local_source_path, resolve_source
+
+    bucket = s3_server.bucket()
+    boto3.client("s3", endpoint_url=s3_server.url).put_object(Bucket=bucket[5:], Key="sets/a.jsonl", Body=b"{}\n")
+    cache = tmp_path / "data"
+    assert resolve_source(f"{bucket}/sets/a.jsonl", cache) == local_source_path(f"{bucket}/sets/a.jsonl", cache)
+    assert (cache / bucket[5:] / "sets" / "a.jsonl").read_bytes() == b"{}\n"
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_source(f"{bucket}/sets/missing.jsonl", cache)

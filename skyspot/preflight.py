@@ -1,0 +1,73 @@
+"""Preflight: what would make a run fail at its start, found before anything is paid for.
+
+    preflight(recipe, local=True)      # raises UsageError: one line, exit 2 in the CLI
+
+`skyspot launch` calls it before it records or submits a run (not `--dry-run`, which needs neither
+network nor tokens). The trainer meets the same problems in the same words at its own start
+(base.py, data.py), so a run that gets past launch and still lacks something fails there once,
+with exit 2, which the local executor does not retry.
+
+Checked: a gated model without HF_TOKEN; a hub that cannot be reached (or HF_HUB_OFFLINE without
+the model in the cache); a model, revision or dataset that does not exist or this token cannot
+read; a local model directory or data file that is missing; a data file whose first record lacks
+the fields its format needs. A cloud launch cannot use this machine's files: a local model
+directory or data file is refused there.
+
+Import-light: huggingface_hub is imported only when the hub is asked.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+from skyspot.errors import UsageError
+
+
+def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None) -> None:
+    from skyspot import hub
+
+    environ = os.environ if environ is None else environ
+    model = recipe.model
+    if model.hub_id is not None:
+        if model.is_local:
+            if not local:
+                raise UsageError(f"model.hub_id {model.hub_id} is a directory on this machine, which a cloud node "
+                                 "does not have: give a hub id (org/name), or run with --local")
+            hub.check_local_model(model.hub_id)
+        else:
+            hub.check_model(model.hub_id, revision=model.revision, gated=model.gated, environ=environ)
+    tokenizer = model.tokenizer
+    if tokenizer not in (None, "bytes", model.hub_id):
+        if hub.is_local_ref(tokenizer):
+            if not local:
+                raise UsageError(f"model.tokenizer {tokenizer} is a directory on this machine, which a cloud node "
+                                 "does not have: give a hub id, or run with --local")
+            hub.check_local_tokenizer(tokenizer)
+        else:
+            hub.check_model(tokenizer, revision=None, gated=model.gated, environ=environ, what="model.tokenizer",
+                            need_weights=False)
+    _check_data(recipe, local=local, environ=environ)
+
+
+def _check_data(recipe, *, local: bool, environ: Mapping[str, str]) -> None:
+    from skyspot import hub
+    from skyspot.trainer.data import HUB_PREFIX, REMOTE_SCHEMES, SYNTHETIC, check_record, first_record
+
+    data = recipe.data
+    source = data.source
+    if source == SYNTHETIC or source.startswith(REMOTE_SCHEMES):
+        return  # a bucket file is mounted on the node; the trainer checks its records there
+    if source.startswith(HUB_PREFIX):
+        name, _, _ = source[len(HUB_PREFIX):].partition(":")
+        hub.check_dataset(name, environ=environ)
+        return
+    if not local:
+        raise UsageError(f"data.source {source} is a file on this machine, which a cloud node does not have: put it "
+                         "in a bucket (data.source=s3://BUCKET/PATH, mounted on the node) or on the hub (hf://ORG/NAME)")
+    where, record = first_record(source, data.split)
+    if os.path.splitext(source)[1] in (".jsonl", ".json", ".parquet"):
+        check_record(data, record, where)
+    elif data.format != "text":
+        raise UsageError(f"data.source '{source}' is plain text; data.format={data.format} needs records "
+                         "(.jsonl, .json, .parquet or hf://)")
