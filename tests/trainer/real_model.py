@@ -121,6 +121,7 @@ train:
 checkpoint:
   every_steps: 5
   keep: 3
+  train_through_notice: false   # save at the notice's step: the tests preempt at chosen steps
 resources:
   cpu_ranks: 2
   cpus: "2+"
