@@ -199,4 +199,9 @@ def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
         "# Candidates: spot first, then on-demand, each cheapest first (price snapshot).\n"
         f"# Exit code {RECOVER_EXIT_CODE} = preempted with an emergency checkpoint committed: recover.\n"
     )
+    secrets = list(task.get("secrets") or {})
+    if secrets:
+        flags = " ".join(f"--secret {name}" for name in secrets)
+        header += (f"# Secrets are named here, never valued: `skyspot launch` passes them from your environment;\n"
+                   f"# with SkyPilot's CLI: sky jobs launch FILE {flags}\n")
     return header + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 import typer
@@ -49,6 +50,15 @@ def launch_command(
     run_local = probe.recipe.resources.local_only if local is None else local
     if fresh_node and not run_local:
         raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
+    local_only = [flag for flag, value in (("--preempt-every", preempt_every), ("--preempt-at-steps", preempt_at_steps),
+                                           ("--spot-trace", spot_trace), ("--fallback-after", fallback_after),
+                                           ("--spot-nodes", spot_nodes)) if value is not None]
+    if local_only and not run_local:
+        raise UsageError(f"{', '.join(local_only)} inject(s) preemptions into a local run: add --local, "
+                         "or leave it out for a cloud run")
+    if not (dry_run or run_local or yes) and not sys.stdin.isatty():
+        raise UsageError(f"launching '{probe.recipe.name}' on the cloud needs confirmation: pass -y/--yes "
+                         "when not attached to a terminal (--dry-run shows the plan first)")
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
     package = packaging.build() if (not run_local or fresh_node) else None
 

@@ -32,10 +32,18 @@ def test_ls_is_an_alias_of_recipes():
     assert invoke("ls", "--json").stdout == invoke("recipes", "--json").stdout
 
 
-def test_render_prints_the_golden_yaml():
+def test_render_prints_the_golden_yaml_with_the_real_wheel_folder():
+    """The golden file shows a placeholder for the wheel's folder; `render` names the real one, so its
+    output is a task `sky jobs launch` accepts."""
+    from pathlib import Path
+
+    from skyspot.package import PLACEHOLDER
+
     result = invoke("render", "llama70b")
     assert result.exit_code == 0
-    assert result.stdout == (REPO / "tasks" / "llama70b.yaml").read_text()
+    folder = yaml.safe_load(result.stdout)["file_mounts"]["/skyspot/package"]
+    assert [p.suffix for p in Path(folder).iterdir()] == [".whl"]
+    assert result.stdout.replace(folder, PLACEHOLDER) == (REPO / "tasks" / "llama70b.yaml").read_text()
 
 
 def test_render_applies_overrides_and_writes_a_file(tmp_path):
