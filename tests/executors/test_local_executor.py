@@ -27,7 +27,10 @@ runner = CliRunner()
 
 STEPS = REFERENCE_STEPS  # compared with the shared uninterrupted run (tests/conftest.py `reference`)
 # Small, fast and exact: interval checkpoints every 10 steps, so an emergency checkpoint is what saves the work.
-OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=10", "train.log_every=4"]
+# Saving at the notice's step (not training through the window, tests/executors/test_notice_window.py
+# covers that) makes each chosen preemption step cost exactly one resume, whatever the machine's load.
+OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=10", "train.log_every=4",
+             "checkpoint.train_through_notice=false"]
 FAST = ["--notice", "4", "--grace", "60", "--provision-delay", "0.5"]
 
 
