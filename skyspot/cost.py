@@ -220,7 +220,8 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     `now` bills a still-running last attempt up to that time.
     `store` is the run's store URI: attempts on another cloud than its own pay internet egress.
     """
-    events = sorted(log.events, key=lambda e: e["ts"])
+    # A deadline's decisions belong to no attempt (skyspot/deadline.py): they bill nothing.
+    events = sorted((e for e in log.events if e.get("type") != "deadline_decision"), key=lambda e: e["ts"])
     by_attempt: dict[int, list[dict]] = {}
     for event in events:
         by_attempt.setdefault(int(event.get("attempt", 0)), []).append(event)

@@ -50,6 +50,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "preempt_sigterm": (),
     "preempt_sigkill": (),
     "attempt_end": ("code", "reason"),
+    # the deadline's policy (skyspot/deadline.py), in the local executor or its controller on SkyPilot
+    "deadline_decision": ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),
 }
 
 EVENTS_DIR = "events"

@@ -70,12 +70,42 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
                  package=package)
 
 
-def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0,
+                  now: Optional[float] = None) -> Optional[dict[str, Any]]:
+    """The launch's deadline (resources.deadline, or --deadline), or None: when it falls (a duration
+    counts from now), the policy and the step-time hint. A deadline that even all on-demand cannot
+    make is refused here, with the arithmetic, before anything is recorded or paid for."""
+    import time
+
+    from skyspot import deadline as dl
+    from skyspot.errors import UsageError
+
+    text = recipe.resources.deadline
+    if not text:
+        return None
+    now = time.time() if now is None else now
+    try:
+        at = dl.parse_deadline(text, now)
+    except dl.DeadlineError as error:
+        raise UsageError(str(error)) from None
+    restart = provision_seconds + dl.LOCAL_START_PRIOR_SECONDS if local else dl.CLOUD_RESTART_PRIOR_SECONDS
+    check = dl.feasibility(now=now, deadline=at, steps=recipe.train.steps,
+                           step_seconds_hint=recipe.resources.step_seconds_hint, restart_seconds=restart)
+    if not check.ok:
+        raise UsageError(check.text)
+    return {"at": at, "start": now, "given": text, "policy": recipe.resources.deadline_policy,
+            "step_seconds_hint": recipe.resources.step_seconds_hint, "check": check.text}
+
+
+def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, str]] = None,
+                 deadline: Optional[dict[str, Any]] = None) -> Optional[int]:
     """Submit a built task as a SkyPilot managed job named `built.run_name`; returns the job id.
 
     What can be refused (no store, a missing secret, no enabled cloud) is refused first; then
     the run is recorded, so a submission that fails leaves a FAILED row rather than no trace.
-    The ledger keeps the rendered task (never a secret value) for `skyspot resume`."""
+    The ledger keeps the rendered task (never a secret value) for `skyspot resume`. With a
+    `deadline` (plan_deadline) the job submitted is the deadline's controller, which runs the
+    task itself on spot or on-demand (executors/sky_deadline.py, docs/deadline.md)."""
     from skyspot.executors import sky as sky_executor
     from skyspot.runs import record_launch
 
@@ -87,8 +117,30 @@ def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, s
 
     # The hub, the model and the data, asked from here before any node is paid for (preflight.py).
     preflight(recipe, local=False, environ=os.environ if environ is None else environ)
-    record_launch(built.run_name, built, "sky", info={"task": built.task})
-    return _submit_recorded(built.run_name, built.task, detach=detach, secrets=secrets)
+    if deadline:
+        from skyspot.executors.sky_deadline import check_api_server
+
+        check_api_server()
+    record_launch(built.run_name, built, "sky", info={"task": built.task, **({"deadline": deadline} if deadline else {})})
+    task = built.task
+    if deadline:
+        task = _deadline_controller(built.run_name, built.task, recipe=recipe.name, store=recipe.storage.store,
+                                    total_steps=recipe.train.steps, deadline=deadline, package=built.package)
+    return _submit_recorded(built.run_name, task, detach=detach, secrets=secrets)
+
+
+def _deadline_controller(name: str, task: dict[str, Any], *, recipe: str, store: str, total_steps: int,
+                         deadline: dict[str, Any], package: Optional[Package]) -> dict[str, Any]:
+    """The managed-job task of a deadline's controller, its plan written where the task mounts it from."""
+    from skyspot.executors import sky_deadline
+    from skyspot.ledger import skyspot_home
+
+    plan = sky_deadline.plan_for(task, run=name, store=store, deadline=deadline, total_steps=total_steps,
+                                 recipe=recipe)
+    plan["plan_dir"] = sky_deadline.write_plan(skyspot_home(), plan)
+    ordered = (task.get("resources") or {}).get("ordered") or (task.get("resources") or {}).get("any_of") or []
+    clouds = list(dict.fromkeys(str(c["cloud"]) for c in ordered if c.get("cloud"))) or ["aws", "gcp", "azure"]
+    return sky_deadline.controller_task(task, plan, clouds=clouds, package=package)
 
 
 def _submit_recorded(name: str, task: dict[str, Any], *, detach: bool, secrets: dict[str, str]) -> Optional[int]:
@@ -143,7 +195,15 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
             raise UsageError(f"run '{run.name}' mounts {source} at {target}, and that file is gone; "
                              "put it back to resume")
     secrets = sky_executor.secrets_for(task, run.recipe, os.environ if environ is None else environ)
+    deadline = run.info.get("deadline")
+    if isinstance(deadline, dict):
+        from skyspot.executors.sky_deadline import check_api_server
+
+        check_api_server()
     previous = [j for j in (run.info.get("previous_job_ids") or []) if isinstance(j, int)]
     _update(run.name, status="PENDING", ended_at=None, exit_code=None,
             info={**run.info, "task": task, "previous_job_ids": previous + [run.job_id] if run.job_id else previous})
+    if isinstance(deadline, dict):  # the same deadline as at launch: its controller starts again
+        task = _deadline_controller(run.name, task, recipe=run.recipe, store=run.store, total_steps=run.total_steps,
+                                    deadline=deadline, package=packaging.build())
     return _submit_recorded(run.name, task, detach=detach, secrets=secrets)

@@ -270,6 +270,14 @@ class CheckpointSection(_Section):
         return value
 
 
+def _deadline(value: Optional[str]) -> Optional[str]:
+    if value is not None:
+        from skyspot.deadline import check_deadline_text  # import-light: the standard library only
+
+        check_deadline_text(value)
+    return value
+
+
 class ResourcesSection(_Section):
     accelerators: list[Text] = Field(default_factory=list)
     """Accelerator candidates per node as SkyPilot spells them, e.g. `H100:8`. Empty: CPU nodes."""
@@ -294,6 +302,17 @@ class ResourcesSection(_Section):
     """Disk per node in GB (the fast checkpoint tier lives there)."""
     local_only: bool = False
     """The recipe is meant for the embedded local executor (e.g. `tiny`): `launch` runs it locally."""
+    deadline: Annotated[Optional[str], AfterValidator(_deadline)] = None
+    """Finish by then at the least cost (docs/deadline.md): a duration from launch (`36h`, `90m`, `2d`,
+    `1h30m`) or an ISO 8601 time (`2026-05-01T17:00+02:00`; without an offset, the launching machine's
+    local time). Spot while there is slack, on-demand when behind. `launch --deadline` sets it."""
+    deadline_policy: Literal["adaptive", "uniform-progress", "greedy"] = "adaptive"
+    """With a deadline: `uniform-progress` (Can't Be Late, NSDI 2024: spot while ahead of a straight line
+    to the deadline, on-demand when behind), `adaptive` (the same, waiting for spot as greedy does while
+    the slack affords few restarts) or `greedy` (spot until the slack runs out, then on-demand)."""
+    step_seconds_hint: Optional[float] = Field(None, gt=0, le=BIG)
+    """With a deadline: seconds per optimizer step on these nodes, used until the run has measured its
+    own, and by `launch` to refuse a deadline that even on-demand cannot make."""
 
     @field_validator("clouds", "regions", "accelerators", mode="before")
     @classmethod

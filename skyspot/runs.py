@@ -186,4 +186,63 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "cost_so_far_usd": cost, "simulated": run.executor == "local" or any(is_simulated(w) for w in wheres),
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
+        "deadline": _deadline(run, events),
     }
+
+
+def deadline_report(run, log, report) -> Optional[dict]:
+    """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
+    and greedy on the same trace (skyspot/deadline.py `compare`). A local run replays its own spot
+    trace; a SkyPilot run the spot it observed."""
+    import json
+    from pathlib import Path
+
+    from skyspot import deadline as dl
+    from skyspot import pricing
+    from skyspot.errors import UsageError
+
+    plan = run.info.get("deadline")
+    if not isinstance(plan, dict) or not report.attempts:
+        return None
+    first = report.attempts[0]
+    nodes = report.nodes or 1
+    try:
+        prices = [pricing.hourly_price(first.cloud or "", instance_type=first.instance_type, region=first.region,
+                                       zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
+    except UsageError as error:
+        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
+    events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
+    if run.executor == "local":
+        from skyspot.executors.spot_trace import SpotTrace
+
+        try:
+            spec = json.loads((Path(run.run_dir or "") / "local.json").read_text())
+        except (OSError, ValueError):
+            return {"deadline": plan.get("at"), "note": "no comparison: the run's local.json is unreadable"}
+        trace = SpotTrace(preemptions=list(spec.get("trace_times") or []),
+                          capacity_gone_after=spec.get("capacity_gone_after"),
+                          unavailable=[(float(a), float(b)) for a, b in spec.get("unavailable") or []])
+        starts = [e["ts"] for e in events if e.get("type") == "attempt_start"]
+        t0 = min(starts) if starts else float(plan["start"])
+        provision = float(spec.get("provision_delay") or 0.0)
+        prior, notice = provision + dl.LOCAL_START_PRIOR_SECONDS, float(spec.get("notice") or 0.0)
+    else:
+        from skyspot.executors.sky_deadline import CLOUD_PROVISION_SECONDS
+
+        t0 = float(plan["start"])
+        trace = dl.observed_trace(log.events, t0)
+        provision, prior, notice = CLOUD_PROVISION_SECONDS, dl.CLOUD_RESTART_PRIOR_SECONDS, 0.0
+    result = dl.compare(plan, events, trace, t0=t0, total_steps=run.total_steps or 1, spot_usd_per_hour=prices[0],
+                        on_demand_usd_per_hour=prices[1], provision_seconds=provision, restart_prior=prior,
+                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd, notice_seconds=notice)
+    result["trace"] = "replayed from the run's spot trace" if run.executor == "local" else "as the controller observed it"
+    return result
+
+
+def _deadline(run, events) -> Optional[dict]:
+    """A run launched with a deadline: its mode, projected finish and deadline (skyspot/deadline.py)."""
+    if not isinstance(run.info.get("deadline"), dict):
+        return None
+    from skyspot.deadline import status_row
+
+    return status_row(run.info["deadline"], events, ended_at=run.ended_at if run.terminal else None)

@@ -46,6 +46,10 @@ def _report(run):
     data.update(recipe=run.recipe, executor=run.executor, status=run.status)
     if log.malformed:
         data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
+    if run.info.get("deadline"):
+        from skyspot.runs import deadline_report
+
+        data["deadline"] = deadline_report(run, log, report)
     return report, log, data
 
 
@@ -165,6 +169,9 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
         f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}")
     sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
     say(f"prices: {data['source']} (estimates from published list prices, not a bill; docs/cost.md).{sim}")
+    if data.get("deadline"):
+        for line in _deadline_lines(data["deadline"]):
+            say(line)
     plans = data.get("interval_plans") or []
     if plans:
         trail = " -> ".join(f"{p['every_seconds']:.0f}s" for p in plans[-4:])
@@ -186,6 +193,31 @@ RECOVERY_COLUMNS = [Column("n", "#", right=True), Column("cause", "CAUSE", 5),
                     Column("exit_to_start", "PROVISIONING", 1, right=True), Column("start_to_restore", "RESTORE", 1, right=True),
                     Column("restore_to_first_step", "FIRST STEP", 1, right=True),
                     Column("total", "RECOVERY", right=True), Column("lost_steps", "LOST STEPS", right=True)]
+
+
+def _deadline_lines(d: dict) -> list[str]:
+    """A deadline run against all on-demand and greedy on the same trace (docs/deadline.md)."""
+    from skyspot.deadline import when
+
+    met = {True: "met", False: "MISSED", None: "not finished"}[d.get("met")]
+    lines = [f"deadline {when(d.get('deadline'))}: {met}" + (f" (finished {when(d['finished_at'])})"
+                                                             if d.get("finished_at") else "")
+             + f"; policy {d.get('policy')}"]
+    if d.get("note"):
+        return lines + [d["note"]]
+
+    def versus(label: str, usd_value, pct) -> str:
+        if usd_value is None:
+            return f"{label} -"
+        saved = "" if pct is None else f" (this run {'saved' if pct >= 0 else 'cost'} {abs(pct):.0f}%)"
+        return f"{label} {usd(usd_value, 4)}{saved}"
+
+    lines.append(f"this run {usd(d.get('cost_usd'), 4)}; " + versus("all on-demand", d.get("all_on_demand_usd"),
+                                                                    d.get("vs_all_on_demand_pct"))
+                 + "; " + versus("greedy", d.get("greedy_usd"), d.get("vs_greedy_pct"))
+                 + f" ({'met' if d.get('greedy_met') else 'would MISS'} the deadline; replayed on the same trace, "
+                 f"{d.get('trace', 'same trace')}; the policy replayed: {usd(d.get('policy_replayed_usd'), 4)})")
+    return lines
 
 
 def _baseline_note(data: dict) -> str:

@@ -24,6 +24,7 @@ def launch_command(
     clouds: Optional[str] = typer.Option(None, "--clouds", help="Comma-separated clouds to consider: aws,gcp,azure."),
     store: Optional[str] = typer.Option(None, "--store", help="Where checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."),
     no_on_demand_fallback: bool = typer.Option(False, "--no-on-demand-fallback", help="Spot candidates only."),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish by then at the least cost: 36h, 90m, 2d or an ISO time (resources.deadline; docs/deadline.md). Spot while there is slack, on-demand when behind."),
     local: Optional[bool] = typer.Option(None, "--local/--cloud", help=LOCAL_HELP),
     preempt_every: Optional[float] = typer.Option(None, "--preempt-every", help="Local: inject a preemption every N seconds of running."),
     preempt_at_steps: Optional[str] = typer.Option(None, "--preempt-at-steps", help="Local: inject a preemption notice when the run reaches these steps, e.g. 15,40."),
@@ -43,7 +44,8 @@ def launch_command(
     from skyspot.runs import check_new_run_name, check_run_name, new_run_name
 
     flags = {"resources.clouds": split_csv(clouds), "storage.store": store,
-             "resources.on_demand_fallback": False if no_on_demand_fallback else None}
+             "resources.on_demand_fallback": False if no_on_demand_fallback else None,
+             "resources.deadline": deadline}
     if name is not None:
         check_run_name(name)
     probe = build(recipe, overrides or [], flags=flags, run_name=name)  # the recipe's errors come first
@@ -62,6 +64,12 @@ def launch_command(
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
     package = packaging.build() if (not run_local or fresh_node) else None
 
+    from skyspot.launch import plan_deadline
+
+    # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
+    deadline_plan = plan_deadline(probe.recipe, local=run_local, provision_seconds=provision_delay)
+    if deadline_plan:
+        err.print(deadline_plan["check"], markup=False, soft_wrap=True)
     if dry_run:
         built = build(recipe, overrides or [], flags=flags, run_name=name, package=package)
         _show_plan(built)
@@ -81,7 +89,7 @@ def launch_command(
         options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
                                spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
                                fallback_after=fallback_after, cloud=simulate,
-                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node)
+                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node, deadline=deadline_plan)
         raise typer.Exit(launch_local(built, name=run_name, detach=detach, options=options))
 
     _show_plan(built)
@@ -91,8 +99,9 @@ def launch_command(
         raise typer.Exit(1)
     from skyspot.launch import submit_cloud
 
-    job_id = submit_cloud(built, detach=detach)
-    err.print(f"submitted managed job {job_id} as '{run_name}'; `skyspot status` follows it")
+    job_id = submit_cloud(built, detach=detach, deadline=deadline_plan)
+    what = "the deadline's controller (it runs the training on spot or on-demand)" if deadline_plan else "managed job"
+    err.print(f"submitted {what} as managed job {job_id} '{run_name}'; `skyspot status` follows it")
 
 
 @handle_errors

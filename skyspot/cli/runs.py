@@ -20,6 +20,8 @@ STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column(
                   Column("progress", "STEP", 2, right=True), Column("recoveries", "#RECOVERIES", 3, right=True),
                   Column("last_checkpoint", "LAST CKPT", 7, right=True), Column("elapsed", "ELAPSED", 8, right=True),
                   Column("cost", "EST. COST", 4)]
+# Shown when a listed run has a deadline (docs/deadline.md): its mode, projected finish and the deadline.
+DEADLINE_COLUMN = Column("deadline_text", "DEADLINE", 6)
 # A finished run's status row is cached in the ledger; a new version here recomputes rows cached by an older one.
 SUMMARY_VERSION = 3
 SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
@@ -76,7 +78,9 @@ def status_command(
         row["cost"] = None if row["cost_so_far_usd"] is None else usd(row["cost_so_far_usd"]) + (
             " (sim)" if row["simulated"] else "")
         row["elapsed"] = _duration(row["elapsed_seconds"])
-    display(rows, STATUS_COLUMNS, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
+        row["deadline_text"] = _deadline_text(row.get("deadline"))
+    columns = STATUS_COLUMNS + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else [])
+    display(rows, columns, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
             caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
     if not as_json:
         for row in rows:
@@ -88,6 +92,22 @@ def status_command(
         err.print(f"skipped {skipped} malformed event line(s)")
     if damaged_rows:
         err.print(f"skipped {damaged_rows} damaged ledger row(s); `skyspot cost-report` skips them too")
+
+
+def _deadline_text(deadline: dict | None) -> str | None:
+    """`spot, ETA 14:02:10 <= due 15:00:00`, `waiting for spot ...`, or `met (due ...)` once it ended."""
+    if not deadline:
+        return None
+    from skyspot.deadline import clock
+
+    due = f"due {clock(deadline['at'])}"
+    if deadline.get("met") is not None:
+        return f"{'met' if deadline['met'] else 'MISSED'} ({due})"
+    mode = {"idle": "waiting for spot"}.get(deadline.get("mode"), deadline.get("mode")) or "planning"
+    eta = deadline.get("projected_finish")
+    if eta is None:
+        return f"{mode}, {due}"
+    return f"{mode}, ETA {clock(eta)} {'<=' if eta <= deadline['at'] else '> LATE,'} {due}"
 
 
 def _sky_records(sky_runs) -> tuple[dict, str | None]:

@@ -35,6 +35,8 @@ class LocalOptions:
     cloud: str = "aws"
     spot_nodes: list[int] = field(default_factory=list)
     fresh_node: bool = False
+    deadline: Optional[dict] = None
+    """launch --deadline: {at, start, policy, step_seconds_hint} (skyspot/launch.py plan_deadline)."""
 
 
 def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
@@ -61,6 +63,9 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         if value < 0:
             raise UsageError(f"{flag} takes seconds >= 0")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
+    if options.deadline and options.fallback_after is not None:
+        raise UsageError("--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
+                         "(the deadline's policy switches when the run falls behind)")
     if options.spot_nodes and trace.nodes:
         raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
     spot_nodes = list(options.spot_nodes or trace.nodes)
@@ -88,6 +93,7 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         trace_times=trace.preemptions, capacity_gone_after=trace.capacity_gone_after, spot_nodes=spot_nodes,
         notice=trace.notice if trace.notice is not None else options.notice, grace=options.grace,
         provision_delay=options.provision_delay, fallback_after=options.fallback_after,
+        unavailable=[[start, end] for start, end in trace.unavailable], deadline=options.deadline,
         fresh_node=options.fresh_node, setup_script=built.task.get("setup", "") if options.fresh_node else "",
         file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
@@ -115,7 +121,8 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
         raise UsageError(f"a run named '{name}' exists already ({run_dir}); pick another -n/--name")
     record_launch(name, built, "local", run_dir=str(run_dir),
                   info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
-                        "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log")})
+                        "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
+                        **({"deadline": options.deadline} if options.deadline else {})})
     ledger = Ledger()
     try:
         try:
@@ -177,7 +184,7 @@ def resume_local(run, *, detach: bool) -> int:
         raise UsageError(f"run '{run.name}' cannot be resumed: its spec {run_dir / 'local.json'} is unreadable "
                          f"({getattr(error, 'strerror', None) or error})") from None
     spec = replace(spec, preempt_every=None, preempt_at_steps=[], trace_times=[], capacity_gone_after=None,
-                   spot_nodes=[], fallback_after=None)
+                   spot_nodes=[], fallback_after=None, unavailable=[])
     _write_spec(run_dir, spec, exclusive=False)
     ledger = Ledger()
     try:

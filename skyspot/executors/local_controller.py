@@ -96,6 +96,10 @@ class Spec:
     """Local file mounts of the task (target -> source), copied onto a fresh node."""
     prepare_script: str = "python -m skyspot.trainer.prepare"
     """Run once before the first attempt when DeepSpeed's CPU op is not built yet (the setup's last step)."""
+    unavailable: list[list[float]] = field(default_factory=list)
+    """The trace's spot outages [start, end), seconds after launch."""
+    deadline: Optional[dict] = None
+    """launch --deadline: {at, start, policy, step_seconds_hint, period} (executors/local_deadline.py)."""
 
 
 def free_port() -> int:
@@ -120,11 +124,17 @@ class Controller:
         self.log: IO[str] = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
-        self.pending_trace = list(spec.trace_times)
+        # An outage starts with a notice to the spot instance running then, like a preemption.
+        self.pending_trace = sorted([*spec.trace_times, *(start for start, _ in spec.unavailable)])
         self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
         self.attempt = 0  # the last attempt number used
         self.prepared = spec.fresh_node  # a fresh node's setup prepares it
         self.last_cause: Optional[str] = None  # the last line a node printed that says why it stopped
+        self.planner = None  # the deadline's policy (executors/local_deadline.py) when spec.deadline
+        if spec.deadline:
+            from skyspot.executors.local_deadline import Planner
+
+            self.planner = Planner(self)
 
     # ------------------------------------------------------------------ helpers
     def say(self, line: str) -> None:
@@ -137,7 +147,8 @@ class Controller:
             return False
         if spec.capacity_gone_after is not None and self.preemptions >= spec.capacity_gone_after:
             return False
-        return True
+        elapsed = time.time() - self.launched_at
+        return not any(start <= elapsed < end for start, end in spec.unavailable)
 
     def next_attempt_number(self) -> int:
         """One past the last attempt: ours, or the trainer's (it numbers each start in its run root or
@@ -312,8 +323,10 @@ class Controller:
         step, offset = 0, 0
         notice_deadline: Optional[float] = None
         sigterm_at: Optional[float] = None
-        killed = cancelled = False
+        killed = cancelled = switched = False
         first_failure: Optional[float] = None
+        if self.planner is not None:
+            self.planner.started(spot)
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
@@ -333,7 +346,13 @@ class Controller:
                 self.say("cancel requested: SIGTERM to the nodes (emergency checkpoint), then stop")
                 _signal_all(procs, signal.SIGTERM)
                 sigterm_at = now
-            if notice_deadline is None and not cancelled and spot and self._should_preempt(step, attempt_started, now):
+            if (self.planner is not None and sigterm_at is None and notice_deadline is None and not cancelled
+                    and self.planner.switch_due(now)):
+                switched = True  # the deadline wants the other capacity: stop here with an emergency checkpoint
+                _signal_all(procs, signal.SIGTERM)
+                sigterm_at = now
+            if (notice_deadline is None and not cancelled and not switched and spot
+                    and self._should_preempt(step, attempt_started, now)):
                 notice_deadline = now + spec.notice
                 metadata.announce_preemption(notice_deadline)
                 events.emit("preempt_notice_sent", deadline=notice_deadline, step=step)
@@ -358,6 +377,8 @@ class Controller:
             reason = "complete"
         elif cancelled:
             reason = "cancelled"
+        elif switched:
+            reason = "switched"
         elif notice_deadline is not None:
             reason = "preempted"
         elif code == RECOVER_EXIT_CODE:
@@ -457,8 +478,14 @@ class Controller:
                         return self._finish("CANCELLED", RECOVER_EXIT_CODE)
                 else:
                     self.ledger.update(spec.name, status="STARTING", controller_pid=os.getpid())
-                spot = self.spot_available()
-                if not spot and self.preemptions and first is False:
+                if self.planner is not None:
+                    chosen = self.planner.choose()
+                    if chosen is None:
+                        return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
+                    spot = chosen
+                else:
+                    spot = self.spot_available()
+                if not spot and self.preemptions and first is False and self.planner is None:
                     self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
                 first = False
                 attempt = self.next_attempt_number()
@@ -472,6 +499,8 @@ class Controller:
                     return self._finish("FAILED_SETUP", code, cause)
                 if reason == "preempted":
                     self.preemptions += 1
+                    continue
+                if reason == "switched":
                     continue
                 if code in NOT_RETRIED:
                     self.say(f"not restarted: exit {code} is {NOT_RETRIED[code]}, which a restart cannot fix")

@@ -11,10 +11,15 @@ Format (YAML; see `traces/example.yaml` and docs/local.md):
     # optional: spot nodes granted to each attempt in turn (the last repeats); below the recipe's
     # resources.num_nodes the trainer resumes at the smaller world size (needs resources.min_nodes)
     nodes: [2, 1, 2]
+    # optional: spot capacity outages [start, end): a notice at the start takes a spot instance
+    # running then, and no spot can be had until the end
+    unavailable: [[300, 900], [1500, 1560]]
 
 Times count wall-clock from the launch, as a cloud's interruption log would. A notice
 that falls while the run is between attempts (provisioning) is delivered to the next
-attempt at once, as a cloud would preempt a freshly granted instance.
+attempt at once, as a cloud would preempt a freshly granted instance. `available` and
+`losses` are what a trace means for capacity, for the local executor and the deadline
+simulator (skyspot/deadline.py) alike.
 """
 
 from __future__ import annotations
@@ -34,6 +39,18 @@ class SpotTrace:
     notice: Optional[float] = None
     capacity_gone_after: Optional[int] = None
     nodes: list[int] = field(default_factory=list)
+    unavailable: list[tuple[float, float]] = field(default_factory=list)
+    """Spot outages [start, end), seconds since launch, sorted and disjoint."""
+
+    def available(self, t: float, preemptions: int = 0) -> bool:
+        """Whether spot capacity can be had `t` seconds after launch, after `preemptions` so far."""
+        if self.capacity_gone_after is not None and preemptions >= self.capacity_gone_after:
+            return False
+        return not any(start <= t < end for start, end in self.unavailable)
+
+    def losses(self) -> list[float]:
+        """Every moment a spot instance running then is taken: preemptions and outage starts."""
+        return sorted([*self.preemptions, *(start for start, _ in self.unavailable)])
 
     @classmethod
     def load(cls, path: str | Path) -> "SpotTrace":
@@ -48,10 +65,10 @@ class SpotTrace:
             raise UsageError(f"{where}: malformed spot trace YAML") from None
         if not isinstance(data, dict):
             raise UsageError(f"{path}: a spot trace is a mapping with a 'preemptions' list (see docs/local.md)")
-        unknown = set(data) - {"preemptions", "notice", "capacity_gone_after", "nodes"}
+        unknown = set(data) - {"preemptions", "notice", "capacity_gone_after", "nodes", "unavailable"}
         if unknown:
             raise UsageError(f"{path}: unknown spot trace key(s) {', '.join(sorted(unknown))} "
-                             "(known: preemptions, notice, capacity_gone_after, nodes)")
+                             "(known: preemptions, notice, capacity_gone_after, nodes, unavailable)")
         times = data.get("preemptions") or []
         if not isinstance(times, list) or not all(isinstance(t, (int, float)) and t >= 0 for t in times):
             raise UsageError(f"{path}: 'preemptions' must be a list of seconds >= 0")
@@ -65,4 +82,20 @@ class SpotTrace:
         if not isinstance(nodes, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
                                                   for n in nodes):
             raise UsageError(f"{path}: 'nodes' must be a list of node counts >= 1 (one per spot attempt)")
-        return cls(sorted(float(t) for t in times), None if notice is None else float(notice), gone, nodes)
+        return cls(sorted(float(t) for t in times), None if notice is None else float(notice), gone, nodes,
+                   _windows(path, data.get("unavailable") or []))
+
+
+def _windows(path: Path, raw) -> list[tuple[float, float]]:
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(raw, list) or not all(isinstance(w, list) and len(w) == 2 and all(map(number, w))
+                                            and w[0] < w[1] for w in raw):
+        raise UsageError(f"{path}: 'unavailable' must be a list of [start, end] pairs of seconds, "
+                         "0 <= start < end")
+    windows = sorted((float(a), float(b)) for a, b in raw)
+    for (_, end), (start, _) in zip(windows, windows[1:]):
+        if start < end:
+            raise UsageError(f"{path}: 'unavailable' windows overlap at {start:g}s; merge them")
+    return windows

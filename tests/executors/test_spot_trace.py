@@ -54,3 +54,29 @@ def test_spot_node_counts_reach_the_controller_within_min_nodes_and_num_nodes(tm
         make_spec(built, "r", LocalOptions(spot_nodes=[2], spot_trace=trace))
     with pytest.raises(UsageError, match=r"1 node\(s\) outside 2\.\.2.*min_nodes"):
         make_spec(_built(), "r", LocalOptions(spot_nodes=[2, 1]))
+
+
+def test_outages_are_read_sorted_and_mean_no_spot_until_they_end(tmp_path):
+    trace = SpotTrace.load(_trace(tmp_path, "preemptions: [5]\nunavailable: [[30, 40], [10, 20]]\n"))
+    assert trace.unavailable == [(10.0, 20.0), (30.0, 40.0)]
+    assert [trace.available(t) for t in (9, 10, 19.9, 20, 35)] == [True, False, False, True, False]
+    assert trace.losses() == [5.0, 10.0, 30.0]  # an outage starts with a notice to a running spot instance
+    assert not SpotTrace(capacity_gone_after=1).available(0, preemptions=1)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("unavailable: [[20, 10]]\n", "pairs of seconds, 0 <= start < end"),
+    ("unavailable: [[1, 2, 3]]\n", "pairs of seconds"),
+    ("unavailable: [[0, 30], [20, 40]]\n", "windows overlap at 20s"),
+])
+def test_a_bad_outage_is_one_clear_line(tmp_path, text, message):
+    with pytest.raises(UsageError, match=message):
+        SpotTrace.load(_trace(tmp_path, text))
+
+
+def test_outages_reach_the_controller_and_a_deadline_refuses_fallback_after(tmp_path):
+    built = build("tiny", [], local=True)
+    trace = _trace(tmp_path, "unavailable: [[30, 90]]\n")
+    assert make_spec(built, "r", LocalOptions(spot_trace=trace)).unavailable == [[30.0, 90.0]]
+    with pytest.raises(UsageError, match="drop --fallback-after"):
+        make_spec(built, "r", LocalOptions(fallback_after=1, deadline={"at": 1.0, "start": 0.0}))
