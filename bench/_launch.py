@@ -67,10 +67,11 @@ def trainer_command(run_dir: Path, overrides: list[str], *, fresh: bool = False,
 
 
 def run_worker(module: str, args: list[str], *, timeout: float, log: Optional[Path] = None,
-               env: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """Run a torchrun worker script to the end; its BENCH_JSON object."""
+               env: Optional[dict[str, str]] = None, cpus: Optional[set[int]] = None) -> dict[str, Any]:
+    """Run a torchrun worker script to the end (on `cpus` only, when given); its BENCH_JSON object."""
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.run(torchrun(module, args), cwd=REPO, env=env or bench_env(), capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, preexec_fn=pin)
     if log is not None:
         log.write_text(proc.stdout + proc.stderr)
     found = [line[len(JSON_PREFIX):] for line in proc.stdout.splitlines() if line.startswith(JSON_PREFIX)]

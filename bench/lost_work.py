@@ -1,7 +1,7 @@
 """Benchmark 4: lost work under preemption, skyspot against the baseline blueprints ship.
 
-Both run `tiny` on the local executor replaying the same spot trace (a notice every P seconds
-after launch, SIGTERM N seconds after each notice, then recovery):
+Both run `tiny` on the local executor replaying the same spot traces (a notice at given times
+after launch, SIGTERM N seconds after each notice as AWS gives 120 s, then recovery):
 
 - skyspot: `skyspot launch tiny --local --spot-trace T --notice N ...`, every feature on;
 - baseline: the same launch (bench/_local_launch.py) with bench/_baseline_trainer.py on the
@@ -11,12 +11,14 @@ after launch, SIGTERM N seconds after each notice, then recovery):
 Both checkpoint every 50 steps, so the only difference is the emergency path. From rank 0's
 events, per attempt: the steps it executed and the step the next attempt resumed from.
 Lost steps at a preemption = the attempt's last executed step - the next attempt's resume step.
-Goals (skyspot): at most the one in-flight step lost per preemption, and steps needed / steps
+Goals (skyspot): at most the one in-flight step lost per preemption, steps needed / steps
 executed >= 0.99 (the issue writes the ratio the other way up; executed >= needed always, so the
-goal only makes sense as the useful fraction).
+goal only makes sense as the useful fraction), and (issue 15) wall-clock to finish no later than
+the baseline's on every trace: skyspot trains through the notice's window while its measured
+save still fits (docs/trainer.md), the baseline trains on until SIGTERM and loses the steps since
+its last interval checkpoint.
 
-The trace and the run length come from `_plan`. Wall-clock to finish is reported too: skyspot
-stops at the notice, the baseline trains on until SIGTERM.
+The traces and the run length come from `_plan`.
 """
 
 from __future__ import annotations
@@ -34,33 +36,37 @@ from bench.common import Figure, Results
 
 GOAL_FRACTION = 0.99
 GOAL_LOST = 1
+GOAL_WALL = 1.0
 EVERY_STEPS = 50
 
 
-def _plan(quick: bool) -> dict:
-    """The trace and the run length for this machine (bench._launch.CALIBRATION).
+def _plan(quick: bool) -> list[dict]:
+    """The traces and the run length for this machine (bench._launch.CALIBRATION).
 
-    Full: notices 60 s and 120 s after launch, SIGTERM 30 s after each. --quick: one notice,
-    15 s of training after the first start (a quick start here takes that much longer), 10 s to
-    SIGTERM. The run is long enough that skyspot trains some seconds into the attempt after the
-    last notice, and the baseline, which trains through the notice window, is still running at
-    the first SIGTERM.
+    Full: AWS's 120 s notices (SIGTERM at the deadline), two traces whose notice falls at two
+    phases of the 50-step checkpoint interval: 10 s and 25 s of training after the first start.
+    --quick: one trace, a 10 s notice 15 s into training. Each run is long enough that both
+    variants train some seconds into the attempt after the notice.
     """
     startup = _launch.CALIBRATION["startup_s"]
     step = _launch.CALIBRATION["step_s"]
     provision = 2.0
     if quick:
-        notices, notice, tail = 1, 10.0, 5.0
-        period = round(startup + 15.0)
+        shapes, notice, tail = [("short notice", 15.0)], 10.0, 5.0
     else:
-        notices, notice, tail = 2, 30.0, 25.0
-        period = 60.0
-    ours = max(0.0, period - startup) + (notices - 1) * max(0.0, period - provision - startup) + tail
-    baseline = max(0.0, period + notice - startup) + (5.0 if quick else 10.0)
-    # The first steps of a start, which calibrated `step`, are slower than the steady ones.
-    steps = max(2 * EVERY_STEPS, int(max(ours, baseline) / (0.8 * step)))
-    return {"period": period, "notice": notice, "steps": steps, "provision": provision,
-            "trace": [period * (i + 1) for i in range(notices)], "timeout": 420.0 if quick else 900.0}
+        shapes, notice, tail = [("120 s notice, early", 10.0), ("120 s notice, late", 25.0)], 120.0, 20.0
+    plans = []
+    for name, trained in shapes:
+        at = round(startup + trained)
+        # Both variants train through the window (the baseline until SIGTERM), then resume.
+        first = max(0.0, at + notice - startup)
+        # Sized for steps faster than calibrated (the first steps of a start, which calibrated `step`, are
+        # slower than the steady ones; 0.08-0.11 s was seen here): a run that ends inside the window is
+        # never preempted and compares nothing.
+        steps = max(2 * EVERY_STEPS, int((first + tail) / min(0.8 * step, 0.06)))
+        plans.append({"name": name, "notice": notice, "steps": steps, "provision": provision, "trace": [at],
+                      "timeout": 420.0 if quick else 900.0})
+    return plans
 
 
 def _launch_run(variant: str, home: Path, plan: dict, trace: Path, log: Path) -> tuple[int, float]:
@@ -89,29 +95,43 @@ def _launch_run(variant: str, home: Path, plan: dict, trace: Path, log: Path) ->
 def analyse(run_dir: Path, total: int) -> dict:
     """Per trainer attempt: executed steps and resume step; lost steps at each preemption."""
     by_attempt: dict[int, dict] = {}
+    step_seconds = []
     for e in events(run_dir, rank=0):
-        a = by_attempt.setdefault(e.get("attempt", 0), {"steps": [], "resume": 0})
+        a = by_attempt.setdefault(e.get("attempt", 0), {"steps": [], "resume": 0, "ts": []})
         if e["type"] == "step":
             a["steps"].append(e["step"])
+            a["ts"].append(e["ts"])
+            step_seconds.append(e.get("step_seconds") or 0.0)
         elif e["type"] == "resume":
             a["resume"] = e["step"]
     controller = [e for e in events(run_dir, "attempt_end", rank=None) if e.get("rank") is None]
     preempted = sum(1 for e in controller if e.get("reason") == "preempted")
     order = sorted(by_attempt)
-    lost = []
+    lost, costs = [], []
+    median_step = sorted(step_seconds)[len(step_seconds) // 2] if step_seconds else 0.0
     for a, b in zip(order, order[1:]):
         reached = max(by_attempt[a]["steps"], default=by_attempt[a]["resume"])
         lost.append(reached - by_attempt[b]["resume"])
+        if by_attempt[a]["ts"] and by_attempt[b]["ts"]:
+            # What the preemption cost in time, at this run's own step rate (runs one after the other on a
+            # shared machine differ by 20 % and more in speed): from the last step of the attempt to the
+            # first of the next (less that step's own work), plus the steps to do again.
+            gap = by_attempt[b]["ts"][0] - by_attempt[a]["ts"][-1] - median_step
+            costs.append(gap + lost[-1] * median_step)
     executed = sum(len(by_attempt[a]["steps"]) for a in order)
     return {"attempts": len(order), "preemptions": preempted, "lost": lost, "executed": executed,
-            "fraction": total / executed if executed else 0.0}
+            "fraction": total / executed if executed else 0.0, "costs": costs, "median_step": median_step}
 
 
 def run(results: Results, quick: bool) -> None:
     ensure_shm_op(results)
-    plan = _plan(quick)
-    print(f"   lost_work: {plan['steps']} steps, notices at {plan['trace']} s, SIGTERM {plan['notice']:.0f} s later",
-          file=sys.stderr, flush=True)
+    for plan in _plan(quick):
+        run_trace(results, plan)
+
+
+def run_trace(results: Results, plan: dict) -> None:
+    print(f"   lost_work ({plan['name']}): {plan['steps']} steps, notices at {plan['trace']} s, SIGTERM "
+          f"{plan['notice']:.0f} s later", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="skyspot-bench-lost-") as tmp:
         trace = Path(tmp) / "trace.yaml"
         trace.write_text(json.dumps({"preemptions": plan["trace"]}) + "\n")  # JSON is YAML
@@ -127,13 +147,14 @@ def run(results: Results, quick: bool) -> None:
                     results.notes.append("lost_work: baseline not available (see bench/_baseline_trainer.py)")
                     continue
                 raise RuntimeError(f"{variant} run exited {code}; see {log}")
-            found[variant] = {**analyse(home / "runs" / f"bench-{variant}", plan["steps"]), "wall": wall}
+            found[variant] = {**analyse(home / "runs" / f"bench-{variant}", plan["steps"]), "wall": wall,
+                              "window": _window_use(home / "runs" / f"bench-{variant}")}
             f = found[variant]
             print(f"   lost_work {variant}: {wall:.0f}s, {f['preemptions']} preemptions, lost {f['lost']}, "
                   f"{f['executed']} steps executed", file=sys.stderr, flush=True)
 
-    setting = (f"tiny, {plan['steps']} steps, notices at {', '.join(f'{t:.0f}' for t in plan['trace'])} s, "
-               f"SIGTERM {plan['notice']:.0f} s later")
+    setting = (f"{plan['name']}: tiny, {plan['steps']} steps, notice at "
+               f"{', '.join(f'{t:.0f}' for t in plan['trace'])} s, SIGTERM {plan['notice']:.0f} s later")
     ours = found["skyspot"]
     base = found.get("baseline")
     lost = ours["lost"] or [0]
@@ -141,18 +162,36 @@ def run(results: Results, quick: bool) -> None:
                        goal=f">= {GOAL_FRACTION}", met=ours["fraction"] >= GOAL_FRACTION,
                        note=f"{ours['executed']} executed, {ours['preemptions']} preemptions, "
                             f"{ours['wall']:.0f} s to finish"))
-    results.add(Figure("lost_work", "lost steps per preemption, skyspot", "steps", lost,
+    window = ours["window"]
+    results.add(Figure("lost_work", f"lost steps per preemption, skyspot ({plan['name']})", "steps", lost,
                        goal=f"<= {GOAL_LOST}", met=max(lost) <= GOAL_LOST,
-                       note="" if ours["lost"] else "no preemption hit the run: it finished first"))
+                       note=("" if ours["lost"] else "no preemption hit the run: it finished first")
+                       + (f"; {window}" if window else "")))
     if base is not None:
-        results.add(Figure("lost_work", "steps needed / executed, baseline (every 50 steps, no signal handling)",
+        results.add(Figure("lost_work", f"steps needed / executed, baseline ({plan['name']}, every 50 steps, "
+                                        "no signal handling)",
                            "x", [base["fraction"]],
                            note=f"{base['executed']} executed, {base['preemptions']} preemptions, "
                                 f"{base['wall']:.0f} s to finish"))
-        results.add(Figure("lost_work", "lost steps per preemption, baseline", "steps", base["lost"] or [0],
+        results.add(Figure("lost_work", f"lost steps per preemption, baseline ({plan['name']})", "steps",
+                           base["lost"] or [0],
                            note="" if base["lost"] else "no preemption hit the run: it finished first"))
-        slower = ours["wall"] > base["wall"]
-        results.add(Figure("lost_work", "wall-clock to finish, skyspot / baseline", "x", [ours["wall"] / base["wall"]],
-                           note=f"{ours['wall']:.0f} s against {base['wall']:.0f} s" + (
-                               f": skyspot checkpoints and exits at the notice, the baseline trains on through the "
-                               f"{plan['notice']:.0f} s until SIGTERM" if slower else "")))
+        if ours["costs"] and base["costs"]:
+            results.add(Figure("lost_work", f"time a preemption cost, skyspot / baseline ({plan['name']})", "x",
+                               [sum(ours["costs"]) / sum(base["costs"])],
+                               note=f"{sum(ours['costs']):.1f} s against {sum(base['costs']):.1f} s: last step before the "
+                                    "preemption to the first after it, plus the steps done again, at each run's own "
+                                    f"median step ({ours['median_step'] * 1000:.0f} and {base['median_step'] * 1000:.0f} ms)"))
+        ratio = ours["wall"] / base["wall"]
+        results.add(Figure("lost_work", f"wall-clock to finish, skyspot / baseline ({plan['name']})", "x", [ratio],
+                           goal=f"<= {GOAL_WALL:g}", met=ratio <= GOAL_WALL,
+                           note=f"{ours['wall']:.0f} s against {base['wall']:.0f} s"
+                                + ("" if ratio <= GOAL_WALL else "; missed: see docs/benchmarks.md")))
+
+
+def _window_use(run_dir: Path) -> str:
+    """How skyspot spent the notice windows (its emergency_checkpoint events), in words."""
+    found = [e for e in events(run_dir, "emergency_checkpoint") if e.get("window_seconds")]
+    return "; ".join(f"trained {e['steps_after_notice']} steps ({e['trained_after_notice_seconds']:.0f} s) of a "
+                     f"{e['window_seconds']:.0f} s window, safe {e['slack_seconds']:.1f} s before the deadline"
+                     for e in found)

@@ -24,13 +24,18 @@ four kinds, in a seeded random order:
 The first three kill either every process of the tree at once (a VM taken away) or only the
 supervisor's process group (torchrun and the workers must then die with it: PR_SET_PDEATHSIG).
 With --store, checkpoints are also uploaded to a local-directory store, so kills land during
-uploads too.
+uploads too (each file streams to the store while it is written). With --wipe (which implies
+--store) every kill also wipes the node's local disk, the way a spot VM's instance storage goes
+with it: the run directory is deleted (its event files kept aside for the checks), so every
+resume comes from the store alone.
 
 Checked after every kill (a full sha256 scan of checkpoints/, and the store's markers):
     no checkpoint directory is ever corrupt: a kill leaves a complete checkpoint or one without a marker;
     the newest valid checkpoint never goes back, and a committed one disappears only when retention
     removed it because `keep` newer ones exist: no committed checkpoint is lost;
-    no killed process survives into the next start.
+    no killed process survives into the next start;
+    every durable checkpoint in the store (all markers there) has every file its manifest lists, with
+    that size and sha256, and the newest durable one never goes back.
 Checked per start: its `resume` event names the newest valid checkpoint seen before it started
 (newest of the local ones and the store's durable ones); a start never trains from step 0 while a
 valid checkpoint exists. At the end: exit 0, every logged step's loss and lr equal the
@@ -109,6 +114,11 @@ class Result:
     orphans: int = 0
     durable_uploads: int = 0
     """Checkpoints the uploader made durable in the store (with --store)."""
+    wipe: bool = False
+    wipes: int = 0
+    durable_verified: int = 0
+    """Durable checkpoints whose files were checked against their manifests after a kill (with --wipe)."""
+    durable_corrupt: int = 0
     violations: list[str] = field(default_factory=list)
     steps_compared: int = 0
     final_equal: bool = False
@@ -123,6 +133,9 @@ class Result:
     def summary(self) -> str:
         kinds = {k: sum(1 for x in self.kills if x.kind == k) for k in KINDS}
         uploads = f"{self.durable_uploads} uploads made durable, " if self.store else ""
+        if self.wipe:
+            uploads += (f"{self.wipes} local disks wiped, {self.durable_verified} durable checkpoint checks "
+                        f"({self.durable_corrupt} corrupt), ")
         return (f"seed {self.seed}: {len(self.kills)} kills ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
                 f"{self.starts} starts, {self.resumes} resumes ({self.resumes_from_store} from the store), "
                 f"{self.lost_steps} steps recomputed, {self.lost_committed} committed checkpoints lost, "
@@ -157,10 +170,16 @@ def overrides_for(steps: int, every: int, keep: int) -> list[str]:
 # --------------------------------------------------------------------------- reading a run
 
 
+# With --wipe, the event files of a wiped run directory are kept here (keyed by the run directory)
+# before the wipe, as a VM's logs outlive it elsewhere; every reader below reads both.
+ARCHIVES: dict[Path, Path] = {}
+
+
 def read_events(run_dir: Path, pattern: str = "*.jsonl") -> list[dict]:
     """Every readable event line (a kill may tear the last line of a file: skipped)."""
     out = []
-    for path in sorted((run_dir / "events").glob(pattern)):
+    dirs = [run_dir / "events"] + ([ARCHIVES[run_dir]] if run_dir in ARCHIVES else [])
+    for path in sorted(p for d in dirs for p in d.glob(pattern)):
         try:
             lines = path.read_text(errors="replace").splitlines()
         except OSError:
@@ -177,7 +196,8 @@ def read_events(run_dir: Path, pattern: str = "*.jsonl") -> list[dict]:
 
 def attempts_seen(run_dir: Path) -> set[int]:
     found = set()
-    for path in (run_dir / "events").glob("attempt-*.node-*.rank-*.jsonl"):
+    dirs = [run_dir / "events"] + ([ARCHIVES[run_dir]] if run_dir in ARCHIVES else [])
+    for path in (p for d in dirs for p in d.glob("attempt-*.node-*.rank-*.jsonl")):
         try:
             found.add(int(path.name.split(".")[0].split("-")[1]))
         except (IndexError, ValueError):
@@ -220,6 +240,31 @@ def durable_steps(store: Optional[Path], run_name: str) -> list[int]:
     return sorted((int(p.parent.name.split("_")[1]) for p in root.glob("step_*/COMMITTED.node-0-of-1")), reverse=True)
 
 
+def verify_durable(store: Path, run_name: str) -> tuple[int, list[str]]:
+    """Check every durable checkpoint's files in the store against its manifest: (checked, problems)."""
+    import hashlib
+
+    problems, checked = [], 0
+    for step in durable_steps(store, run_name):
+        directory = store / run_name / "checkpoints" / f"step_{step}"
+        checked += 1
+        try:
+            manifest = json.loads((directory / "manifest.node-0.json").read_text())
+            marker = json.loads((directory / "COMMITTED.node-0-of-1").read_text())
+        except (OSError, ValueError) as err:
+            problems.append(f"durable step_{step}: manifest or marker unreadable ({err})")
+            continue
+        if hashlib.sha256((directory / "manifest.node-0.json").read_bytes()).hexdigest() != marker.get("manifest_sha256"):
+            problems.append(f"durable step_{step}: the manifest does not match its marker")
+        for rel, meta in manifest.get("files", {}).items():
+            path = directory / rel
+            if not path.is_file():
+                problems.append(f"durable step_{step}: {rel} is missing")
+            elif path.stat().st_size != meta["size"] or hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
+                problems.append(f"durable step_{step}: {rel} is corrupt")
+    return checked, problems
+
+
 def tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -248,9 +293,11 @@ def environ_rank(p: psutil.Process) -> Optional[int]:
 
 class Harness:
     def __init__(self, *, seed: int, kills: int, steps: int, every: int, keep: int, work: Path,
-                 reference: Optional[Path], store: bool, say=None):
+                 reference: Optional[Path], store: bool, say=None, wipe: bool = False):
         self.rng = random.Random(seed)
-        self.result = Result(seed, kills, steps, every, keep, store, work=str(work))
+        store = store or wipe
+        self.wipe = wipe
+        self.result = Result(seed, kills, steps, every, keep, store, work=str(work), wipe=wipe)
         self.steps, self.every, self.keep = steps, every, keep
         self.work = work
         self.run_dir = work / "kills"
@@ -434,6 +481,8 @@ class Harness:
                             durable_before: list[int], durable_after: list[int], committed_events: list[int]) -> None:
         r = self.result
         where = f"after start {number}"
+        if self.wipe:  # the local disk goes with every kill by design: only the store's copies count
+            valid_before, valid_after, committed_events = [], [], []
         if valid_before and (not valid_after or valid_after[0] < valid_before[0]):
             r.lost_committed += 1
             r.violations.append(f"{where}: the newest valid checkpoint went back from {valid_before[0]} "
@@ -485,6 +534,8 @@ class Harness:
             committed = [e["step"] for e in read_events(self.run_dir)
                          if e.get("attempt") == attempt and e["type"] == "checkpoint_end"] if attempt else []
             self._check_nothing_lost(number, valid_before, valid_after, durable_before, durable_after, committed)
+            if kill is not None and self.wipe:
+                self._wipe_and_verify(number)
             if kill is not None:
                 kill.resumed_from = newest or None
                 # The work this kill cost: what the next start must redo (it resumes at the newest valid).
@@ -504,6 +555,22 @@ class Harness:
         r.durable_uploads = sum(1 for e in read_events(self.run_dir) if e["type"] == "upload_end" and e.get("durable"))
         self._compare(began)
         return self._done(began)
+
+    def _wipe_and_verify(self, number: int) -> None:
+        """The node is gone: its local disk with it (event files kept aside for the checks). Then every
+        durable checkpoint in the store must still verify."""
+        import shutil
+
+        archive = ARCHIVES.setdefault(self.run_dir, self.work / "events-archive")
+        archive.mkdir(parents=True, exist_ok=True)
+        for path in (self.run_dir / "events").glob("*.jsonl"):
+            shutil.copy2(path, archive / path.name)  # a later start may reuse an attempt number: newest wins
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.result.wipes += 1
+        checked, problems = verify_durable(self.store, self.run_dir.name)
+        self.result.durable_verified += checked
+        self.result.durable_corrupt += len(problems)
+        self.result.violations += [f"after kill {number}: {p}" for p in problems]
 
     def _compare(self, began: float) -> None:
         import torch
@@ -535,11 +602,11 @@ class Harness:
 
 
 def run(seed: int, kills: int, steps: int = 24, every: int = 1, keep: int = 3, work: Optional[Path] = None,
-        reference: Optional[Path] = None, store: bool = False, say=None) -> Result:
+        reference: Optional[Path] = None, store: bool = False, say=None, wipe: bool = False) -> Result:
     """The harness as a function (tests/reliability/test_random_kills.py calls it)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
     return Harness(seed=seed, kills=kills, steps=steps, every=every, keep=keep, work=work, reference=reference,
-                   store=store, say=say).run()
+                   store=store, say=say, wipe=wipe).run()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -551,6 +618,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--every", type=int, default=1, help="checkpoint.every_steps (default 1)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoint.keep (default 3)")
     parser.add_argument("--store", action="store_true", help="also upload to a local-directory store")
+    parser.add_argument("--wipe", action="store_true",
+                        help="every kill also wipes the node's local disk: resumes come from the store alone (implies --store)")
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a new temporary one)")
     parser.add_argument("--reference", type=Path, default=None,
                         help="run dir of an uninterrupted run with the same train.steps (default: run one first)")
@@ -559,7 +628,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"seed {seed}", flush=True)
     steps = args.steps or max(24, args.kills + 8)
-    result = run(seed, args.kills, steps, args.every, args.keep, args.work, args.reference, args.store)
+    result = run(seed, args.kills, steps, args.every, args.keep, args.work, args.reference, args.store,
+                 wipe=args.wipe)
     if args.json:
         args.json.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=2) + "\n")
     for line in result.violations:

@@ -23,6 +23,8 @@ while SkyPilot's root disk is network storage of a few hundred MB/s (docs/planni
 
 Nothing here is fatal: without NVMe, or when a command fails, the run directory stays on the root
 disk and the trainer works as before (one line says why). `--dry-run` prints the commands only.
+It acts only on a SkyPilot node (SKYPILOT_CLUSTER_INFO set, and not the local executor's simulated
+one), so a developer's machine is never reformatted; `--force` overrides that.
 """
 
 from __future__ import annotations
@@ -209,15 +211,33 @@ def record_event(run_dir: Path, events) -> Optional[dict]:
     return fields
 
 
+def _not_a_node(environ) -> Optional[str]:
+    raw = environ.get("SKYPILOT_CLUSTER_INFO", "").strip()
+    if not raw:
+        return "not a SkyPilot node (SKYPILOT_CLUSTER_INFO unset)"
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(info, dict) and info.get("simulated"):
+        return "a node simulated by the local executor"
+    return None
+
+
 def run(argv: Optional[Sequence[str]] = None, *, execute: Callable[[list[str]], int] = None,
         say: Callable[[str], None] = lambda line: print(f"[skyspot] {line}", file=sys.stderr, flush=True),
-        sys_block: Path = Path("/sys/block"), mounts_text: Optional[str] = None) -> int:
+        sys_block: Path = Path("/sys/block"), mounts_text: Optional[str] = None, environ=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m skyspot.trainer.local_disk", description=__doc__.split("\n")[0])
     parser.add_argument("--link", required=True, type=Path, help="the directory the task keeps run directories in")
     parser.add_argument("--mount", default=MOUNT, help=f"where to mount the local NVMe (default {MOUNT})")
     parser.add_argument("--measure-mb", type=int, default=1024, help="MiB written once to measure the disk (0: skip)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, change nothing")
+    parser.add_argument("--force", action="store_true", help="act even where this is not a SkyPilot node")
     args = parser.parse_args(argv)
+    why_not = None if args.force or args.dry_run else _not_a_node(os.environ if environ is None else environ)
+    if why_not:
+        say(f"local disk: {why_not}; nothing changed")
+        return 0
     execute = execute or (lambda command: subprocess.run(command, stdout=subprocess.DEVNULL,
                                                          stderr=subprocess.PIPE).returncode)
     devices = find_devices(sys_block, mounts_text)

@@ -498,7 +498,7 @@ class Vote:
     signaled: bool = False
     """A signal, not only a notice: save now."""
     need_s: float = 0.0
-    """The slowest rank's next step plus predicted save to safety (0: nothing measured)."""
+    """The slowest rank's next step plus predicted save to safety (0: some rank has measured nothing)."""
     now: float = 0.0
     """Global rank 0's clock at the vote: every rank decides on the same number."""
 
@@ -521,7 +521,8 @@ def _vote(run: Run, loss: float, tokens: int, pending: Pending, time_due: bool, 
                 emergency=any(r[2] > 0 for r in rows), checkpoint=any(r[3] > 0 for r in rows),
                 time_due=rows[0][4] > 0, first_seen=min(seen) if seen else None,
                 deadline=min(deadlines) if deadlines else None, seconds=time.perf_counter() - start,
-                signaled=any(r[7] > 0 for r in rows), need_s=max(r[8] for r in rows), now=rows[0][9])
+                signaled=any(r[7] > 0 for r in rows), now=rows[0][9],
+                need_s=0.0 if any(r[8] < 0 for r in rows) else max(r[8] for r in rows))
 
 
 def _report_local(run: Run, pending: Pending) -> None:
@@ -541,14 +542,19 @@ def _boundary(run: Run, loss: float = 0.0, tokens: int = 0, step_s: float = 0.0)
     pending = run.watch.take()
     _report_local(run, pending)
     time_due = run.placement.is_global_zero and run.ckpt.time_due()
-    return _vote(run, loss, tokens, pending, time_due, _need_seconds(run, step_s) if pending.emergency else 0.0)
+    return _vote(run, loss, tokens, pending, time_due, _need_seconds(run, step_s))
 
 
 def _need_seconds(run: Run, step_s: float) -> float:
-    """This rank's time for one more step and a save that ends safe (0 when nothing is measured)."""
+    """A node leader's time for one more step and a save that ends safe (its node's part durable, or
+    committed without a store); -1 when it has measured none yet. Sent every step, since a notice seen
+    on one node must be judged by every node's figure. Other ranks send 0: their part is written
+    alongside, and the leader's figure (which waits for the whole node) covers it."""
+    if not run.placement.is_node_leader:
+        return 0.0
     predicted = run.predictor.predict() if run.predictor is not None else None
     if predicted is None or not run.recipe.checkpoint.train_through_notice:
-        return 0.0
+        return -1.0
     if run.ckpt.writer is not None and run.ckpt.writer.in_flight:
         predicted *= 2  # an interval checkpoint still being written goes first
     return step_s + predicted
@@ -565,17 +571,33 @@ def _train_through(run: Run, state, vote: Vote) -> bool:
     cfg = run.recipe.checkpoint
     upload_deadline = (emergency_deadline(vote.deadline, vote.first_seen, run.placement.where.get("cloud"))
                        if vote.deadline is not None else None)
-    hold = (cfg.train_through_notice and not vote.signaled
-            and train_through(now=vote.now, need_s=vote.need_s, margin_s=cfg.notice_margin_seconds,
-                              upload_deadline=upload_deadline))
+    eligible = (cfg.train_through_notice and not vote.signaled and upload_deadline is not None
+                and (state.step > 0 or run.resumed is not None))
+    hold, early = False, run.notice.get("early")
+    if eligible and vote.need_s > 0:
+        hold = train_through(now=vote.now, need_s=vote.need_s, margin_s=cfg.notice_margin_seconds,
+                             upload_deadline=upload_deadline)
+    elif eligible and early is None:
+        # Nothing measured yet: checkpoint now (it secures the steps so far and measures the save), and
+        # train on while it runs.
+        run.notice["early"] = early = {"step": state.step, "at": vote.now}
+        run.notice["checkpoint_now"] = True
+        hold = vote.now + cfg.notice_margin_seconds < upload_deadline
+    elif eligible:
+        # Still nothing measured (the early checkpoint is still on its way): use at most half of what
+        # was left of the window when it began, so an emergency save still has the other half.
+        hold = vote.now < early["at"] + (upload_deadline - early["at"]) / 2
     run.notice["predicted_seconds"] = round(vote.need_s, 3) if vote.need_s > 0 else None
     if hold and run.notice["held"] == 0:
         run.emit("notice_window", step=state.step, deadline=vote.deadline, upload_deadline=round(upload_deadline, 3),
-                 predicted_seconds=round(vote.need_s, 3), margin_seconds=cfg.notice_margin_seconds,
+                 predicted_seconds=round(vote.need_s, 3) if vote.need_s > 0 else None,
+                 margin_seconds=cfg.notice_margin_seconds, early_checkpoint=early is not None,
                  source=run.predictor.source if run.predictor is not None else None)
         if run.placement.is_global_zero:
+            said = (f"a save predicted at {vote.need_s:.1f} s" if vote.need_s > 0 else
+                    "no save measured yet: a checkpoint now measures one")
             say(f"preemption notice: training on through the window ({upload_deadline - vote.now:.0f} s to the "
-                f"deadline, a save predicted at {vote.need_s:.1f} s); emergency checkpoint when it no longer fits")
+                f"deadline, {said}); emergency checkpoint when it no longer fits")
     if hold:
         run.notice["held"] += 1
     return hold
@@ -638,8 +660,9 @@ def train(run: Run) -> int:
             _emergency(run, state, vote)
         if state.step == total:
             break
-        if run.notice is None and run.ckpt.due(state.step, vote.checkpoint or vote.time_due):
-            run.ckpt.save(state.step, "requested" if vote.checkpoint else "interval", state)
+        early = run.notice is not None and run.notice.pop("checkpoint_now", False)  # a notice, nothing measured
+        if (early or run.notice is None) and run.ckpt.due(state.step, early or vote.checkpoint or vote.time_due):
+            run.ckpt.save(state.step, "requested" if early or vote.checkpoint else "interval", state)
 
     # ------------------------------------------------------------------ save (complete)
     _finish(run, state)

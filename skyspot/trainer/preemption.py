@@ -17,10 +17,11 @@ With `checkpoint.train_through_notice` the ranks keep training while
     now + (next step + predicted save) x 1.25 + margin < upload deadline
 
 where the predicted save (`SavePredictor`) is the slowest this run has measured from the start of
-a checkpoint to its commit, or to its durable copy in the store when there is one; with nothing
-measured yet, no prediction and the save comes at once. Every rank adds its own figure to the
-step-boundary vote and the ranks decide on the maximum (`train_through`), so they agree. A
-signal (SIGTERM, SIGUSR1) always saves at the next step boundary.
+a checkpoint to its commit, or to its durable copy in the store when there is one. Every node
+leader adds its figure to the step-boundary vote and the ranks decide on the maximum
+(`train_through`), so they agree. With nothing measured yet, the loop checkpoints at the notice
+(which measures a save) and trains on for at most half the window left (loop.py). A signal
+(SIGTERM, SIGUSR1) always saves at the next step boundary.
 """
 
 from __future__ import annotations

@@ -635,7 +635,9 @@ class Uploader:
         current = self._current
         if current is None or current.step != target or self._streams.get(target, False) is None:
             return True  # not started yet, behind a kept upload, or streaming: keep trying until the deadline
-        rate = self._rate(current)
+        # Only a finished upload's throughput: the one in flight advances a file at a time, and its
+        # small files finish first, so its progress so far says little about its rate.
+        rate = self._throughput_bps
         if not rate:
             return True  # nothing measured yet
         return (current.total_bytes - current.done_bytes) / rate <= seconds_left

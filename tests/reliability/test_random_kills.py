@@ -45,3 +45,22 @@ def test_random_sigkills_lose_no_committed_checkpoint_and_end_bitwise_equal(refe
     assert result.resumes >= 1, context
     assert result.final_code == 0 and result.final_equal, context
     assert result.steps_compared >= STEPS, context
+
+
+WIPE_KILLS = int(os.environ.get("RANDOM_KILLS_WIPE", "0"))
+
+
+@pytest.mark.skipif(not WIPE_KILLS, reason="opt-in: RANDOM_KILLS_WIPE=N runs N kills that also wipe the local disk "
+                                           "(about 20 s each here; docs/reliability.md has the long run's figures)")
+def test_random_sigkills_with_the_local_disk_wiped_lose_no_durable_checkpoint(reference, tmp_path):
+    """Each kill also deletes the node's run directory, as a spot VM's disk goes with it: every resume comes
+    from the store alone, so the streamed uploads are what is being tested."""
+    kills = harness()
+    print(f"seed {SEED}")
+    result = kills.run(SEED, WIPE_KILLS, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, wipe=True,
+                       say=print)
+    print(result.summary())
+    context = f"seed {SEED}; logs in {tmp_path / 'logs'}"
+    assert not result.violations, f"{context}: " + "\n".join(result.violations)
+    assert result.wipes == WIPE_KILLS and result.durable_corrupt == 0 and result.lost_committed == 0, context
+    assert result.final_code == 0 and result.final_equal, context

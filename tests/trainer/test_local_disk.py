@@ -10,6 +10,7 @@ from skyspot.trainer import local_disk
 from skyspot.trainer.local_disk import MD_DEVICE, find_devices, link, plan, record_event, run
 
 ROOT_MOUNTS = "/dev/nvme0n1p1 / ext4 rw 0 0\n"
+NODE = {"SKYPILOT_CLUSTER_INFO": '{"cloud": "AWS", "region": "us-east-1"}'}
 
 
 def fake_sys(tmp_path: Path, disks: dict[str, str], *, partitioned=(), held=()) -> Path:
@@ -68,7 +69,8 @@ def test_without_free_local_nvme_the_run_directory_stays_on_the_root_disk(tmp_pa
     assert chosen.mountpoint is None and "nvme1n1 part of md127" in chosen.reason
     assert plan([], "").reason == "no local NVMe"
     lines = []
-    assert run(["--link", str(tmp_path / "runs")], sys_block=tmp_path / "nothing", mounts_text="", say=lines.append) == 0
+    assert run(["--link", str(tmp_path / "runs")], sys_block=tmp_path / "nothing", mounts_text="", say=lines.append,
+               environ=NODE) == 0
     assert lines == ["local disk: no local NVMe; run directories stay on the root disk"]
     assert not (tmp_path / "runs").exists()
 
@@ -77,7 +79,8 @@ def test_a_failing_command_leaves_everything_on_the_root_disk(tmp_path):
     sys_block = fake_sys(tmp_path, {"nvme1n1": "Amazon EC2 NVMe Instance Storage"})
     lines, ran = [], []
     code = run(["--link", str(tmp_path / "runs"), "--mount", str(tmp_path / "mnt")], sys_block=sys_block,
-               mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or (1 if "mkfs.ext4" in c else 0))
+               mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or (1 if "mkfs.ext4" in c else 0),
+               environ=NODE)
     assert code == 0 and len(ran) == 1 and "failed (exit 1)" in lines[0] and not (tmp_path / "runs").exists()
 
 
@@ -86,7 +89,7 @@ def test_setup_links_the_runs_directory_measures_it_once_and_the_trainer_records
     mnt, runs = tmp_path / "mnt", tmp_path / "home" / "skyspot" / "runs"
     ran, lines = [], []
     code = run(["--link", str(runs), "--mount", str(mnt), "--measure-mb", "8"], sys_block=sys_block,
-               mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or 0)
+               mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or 0, environ=NODE)
     assert code == 0 and [c[1] for c in ran] == ["mkfs.ext4", "mkdir", "mount", "chown"]
     assert runs.is_symlink() and runs.resolve() == (mnt / "skyspot-runs").resolve()
     record = json.loads((runs / ".local_disk.json").read_text())
@@ -121,3 +124,13 @@ def test_dry_run_prints_the_commands_and_changes_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"sudo mdadm --create {MD_DEVICE} --level=0 --raid-devices=8")
     assert not (tmp_path / "runs").exists()
+
+
+def test_nothing_happens_off_a_skypilot_node_or_on_a_simulated_one(tmp_path):
+    sys_block = fake_sys(tmp_path, P4DE)
+    for environ, why in (({}, "not a SkyPilot node"),
+                         ({"SKYPILOT_CLUSTER_INFO": '{"cloud": "AWS", "simulated": true}'}, "simulated")):
+        lines = []
+        assert run(["--link", str(tmp_path / "runs")], sys_block=sys_block, mounts_text=ROOT_MOUNTS,
+                   execute=lambda c: 1 / 0, say=lines.append, environ=environ) == 0
+        assert why in lines[0] and "nothing changed" in lines[0] and not (tmp_path / "runs").exists()
