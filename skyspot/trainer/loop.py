@@ -120,8 +120,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         return
-    if os.getppid() != parent:  # the parent died before prctl took effect
+    if os.getppid() != parent or not _is_launcher(parent):
+        # torchrun died before prctl took effect (even before `parent` was read: this process was
+        # handed to init or a subreaper): an orphan must not go on into DIR. The random-kill harness
+        # caught one (a kill of the supervisor's group while the workers were still importing).
         os._exit(ERROR)
+
+
+def _is_launcher(pid: int) -> bool:
+    """Whether `pid` is a torch elastic launcher (torchrun, python -m torch.distributed.run)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+    except OSError:
+        return True  # cannot tell: trust the parent check above
+    return b"torchrun" in command or b"torch.distributed.run" in command or b"torch.distributed.launch" in command
 
 
 def _standalone_env() -> None:

@@ -57,14 +57,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, command
 
 
-def _child_setup() -> None:
-    """In the child, before exec: its own process group, and die with the supervisor."""
+def _child_setup(supervisor: int) -> None:
+    """In the child, before exec: its own process group, and die with the supervisor (also when it
+    died between the fork and the prctl, when no signal would come)."""
     os.setpgid(0, 0)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         except OSError:
             pass
+        if os.getppid() != supervisor:
+            os._exit(1)
 
 
 def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
@@ -90,7 +93,8 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         try:
-            child = subprocess.Popen(command, env=env, preexec_fn=_child_setup)
+            me = os.getpid()
+            child = subprocess.Popen(command, env=env, preexec_fn=lambda: _child_setup(me))
         except OSError as err:
             say(f"cannot run {command[0]!r}: {err}")
             return 127

@@ -103,3 +103,22 @@ def test_command_killed_by_a_signal_maps_to_128_plus_n(tmp_path):
     command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path), "--",
                sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
     assert subprocess.run(command, cwd=REPO, env=trainer_env(), timeout=30).returncode == 137
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_an_orphan_never_runs_on_when_its_parent_died_before_the_death_signal_was_armed():
+    """Found by the wiped-disk random kills (docs/reliability.md): a child whose parent is not the one it
+    expects exits at once, in the supervisor's child (before exec) and in the trainer's workers."""
+    import os
+
+    from skyspot.trainer import loop
+    from skyspot.trainer.supervise import _child_setup
+
+    me = os.getpid()  # read here: the preexec function runs in the child
+    mine = subprocess.run([sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(me),
+                          capture_output=True, text=True)
+    assert mine.returncode == 0 and mine.stdout.strip() == "ran"  # its parent is the one it expects
+    stranger = subprocess.run([sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(1),
+                              capture_output=True, text=True)
+    assert stranger.returncode == 1 and stranger.stdout == ""  # never exec'd
+    assert not loop._is_launcher(os.getpid())  # pytest is no torch elastic launcher
