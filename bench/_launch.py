@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from skyspot.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -30,12 +31,6 @@ LARGE = ["model.config.hidden_size=1024", "model.config.intermediate_size=2816",
 # --quick: 2 layers, about 26M parameters, 0.31 GB.
 LARGE_QUICK = [o if not o.startswith("model.config.num_hidden_layers") else "model.config.num_hidden_layers=2"
                for o in LARGE]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_env(**extra: str) -> dict[str, str]:

@@ -29,7 +29,6 @@ import itertools
 import json
 import logging
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -39,17 +38,13 @@ from pathlib import Path
 
 import pytest
 
+from skyspot.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 _names = itertools.count(1)
 # urllib must not route loopback requests through a proxy set in the environment.
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def _no_proxy_for_loopback(mp: pytest.MonkeyPatch) -> None:
@@ -118,7 +113,7 @@ class GCSServer:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port(HOST)
         self._process: subprocess.Popen | None = None
 
     @property
@@ -187,7 +182,7 @@ class AzureServer:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port(HOST)
         self._process: subprocess.Popen | None = None
 
     @property

@@ -26,6 +26,7 @@ import pytest
 
 from skyspot import metadata_server as ms
 from skyspot.metadata_server import MetadataServer
+from skyspot.ports import free_port
 from skyspot.trainer import notice
 from skyspot.trainer.notice import Notice, fallback_target, start_notice_watcher, watch_target
 
@@ -178,12 +179,6 @@ def request(srv, method, path, headers=None, body=None):
         return response.status, dict(response.headers), response.read()
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 MAIN_ENDPOINT = {"aws": "aws.instance_action", "gcp": "gcp.preempted", "azure": "azure.scheduled_events"}

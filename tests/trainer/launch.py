@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from skyspot.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -18,12 +19,6 @@ TORCHRUN = str(BIN / "torchrun")
 
 # Small enough to train in seconds on 2 CPU ranks; checkpoints every 4 steps.
 TINY = ["train.steps=16", "checkpoint.every_steps=4", "train.log_every=4", "checkpoint.keep=3"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
