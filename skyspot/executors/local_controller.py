@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,7 @@ from typing import IO, Optional
 
 from skyspot.events import EVENTS_DIR, EventWriter, read_events_dir
 from skyspot.ledger import Ledger
+from skyspot.ports import free_port
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
 
 RECOVER_EXIT_CODE = 75
@@ -100,12 +100,6 @@ class Spec:
     """The trace's spot outages [start, end), seconds after launch."""
     deadline: Optional[dict] = None
     """launch --deadline: {at, start, policy, step_seconds_hint, period} (executors/local_deadline.py)."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Controller:
@@ -536,16 +530,35 @@ def _is_exception_line(text: str) -> bool:
 
 
 def deepspeed_op_cached(env: Optional[dict] = None) -> bool:
-    """Whether torch's extension cache holds a build of DeepSpeed's CPU communication op (a cheap
-    look at the directory torch.utils.cpp_extension builds into; a miss only costs one `prepare`)."""
+    """Whether torch's extension cache holds a build of DeepSpeed's CPU communication op made from this
+    DeepSpeed's sources (a cheap look at the directory torch.utils.cpp_extension builds into; a build
+    from another install, say another checkout's venv, is rebuilt by torch at the trainer's start,
+    so it does not count; a miss only costs one `prepare`)."""
     env = os.environ if env is None else env
     root = env.get("TORCH_EXTENSIONS_DIR")
     if root:
-        patterns = [Path(root).glob(f"{SHM_OP}*/{SHM_OP}*.so")]
+        builds = list(Path(root).glob(f"{SHM_OP}*/{SHM_OP}*.so"))
     else:
         cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
-        patterns = [(cache / "torch_extensions").glob(f"*/{SHM_OP}*/{SHM_OP}*.so")]
-    return any(any(p) for p in patterns)
+        builds = list((cache / "torch_extensions").glob(f"*/{SHM_OP}*/{SHM_OP}*.so"))
+    sources = _deepspeed_dir()
+    return any(sources is None or sources in _read_text(so.parent / "build.ninja") for so in builds)
+
+
+def _deepspeed_dir() -> Optional[str]:
+    """Where this environment's DeepSpeed lives, without importing it (seconds of start-up)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return str(Path(locations[0]).resolve()) if locations else None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _latest_step(path: Path, step: int, offset: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from skyspot.events import read_events_dir
 from skyspot.executors import follow as follow_module
 from skyspot.executors import local as local_module
 from skyspot.executors.follow import RunView
+from skyspot.executors.local_controller import _deepspeed_dir, deepspeed_op_cached
 from skyspot.ledger import Ledger
 
 runner = CliRunner()
@@ -71,6 +72,7 @@ def nodes(monkeypatch, tmp_path):
     built_ops = tmp_path / "torch-extensions"
     (built_ops / "deepspeed_shm_comm").mkdir(parents=True)
     (built_ops / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
+    (built_ops / "deepspeed_shm_comm" / "build.ninja").write_text(f"build shm.o: compile {_deepspeed_dir()}/ops/csrc/cpu/comm/shm.cpp\n")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(built_ops))  # built already, unless a test says not
     return scripts
 
@@ -154,6 +156,21 @@ def test_an_op_already_built_is_not_built_again(nodes):
     result = launch()
     assert result.exit_code == 0 and "preparing this machine" not in result.stderr
     assert "SHOULD-NOT-RUN" not in runner.invoke(app, ["logs", "run-1"]).stdout
+
+
+def test_an_op_built_from_another_deepspeed_install_is_built_again(nodes, tmp_path, monkeypatch):
+    """Torch rebuilds an op whose sources moved (another checkout's venv, a CI clone): at the trainer's
+    start, where a preemption would interrupt it. So it is prepared first, like a missing one."""
+    stale = tmp_path / "other-extensions" / "deepspeed_shm_comm"
+    stale.mkdir(parents=True)
+    (stale / "deepspeed_shm_comm.so").write_bytes(b"")
+    (stale / "build.ninja").write_text("build shm.o: compile /elsewhere/venv/deepspeed/ops/csrc/cpu/comm/shm.cpp\n")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(stale.parent))
+    assert not deepspeed_op_cached()
+    nodes["prepare"] = "echo PREPARED"
+    result = launch()
+    assert result.exit_code == 0 and "DeepSpeed's op ready after" in result.stderr
+    assert "PREPARED" in runner.invoke(app, ["logs", "run-1"]).stdout
 
 
 def test_a_slow_start_is_reported_with_the_logs_last_line(nodes, monkeypatch):

@@ -142,6 +142,10 @@ def test_pretrained_weights_arrive_on_every_rank_and_the_first_loss_is_the_sourc
 def test_a_real_model_preempted_twice_through_the_local_executor_ends_bitwise_equal(real_model, real_reference,
                                                                                   monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Rank 0 waits 8 s at the end of steps 3 and 7, before the ranks vote on a notice: the controller
+    # sees the step and its notice arrives while the trainer is still at that step, however loaded
+    # the machine (otherwise a fast run can finish before a notice sent at step 7 is read).
+    monkeypatch.setenv("SKYSPOT_FAULT", "step_end@3/0:pause=8,step_end@7/0:pause=8")
     result, run_dir = launch_local(real_model["recipe"], "--preempt-at-steps", "3,7")
     assert result.exit_code == 0, result.output + log_text(run_dir)
     assert len(events(run_dir, "resume")) == 2
