@@ -142,10 +142,11 @@ def test_pretrained_weights_arrive_on_every_rank_and_the_first_loss_is_the_sourc
 def test_a_real_model_preempted_twice_through_the_local_executor_ends_bitwise_equal(real_model, real_reference,
                                                                                   monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # Rank 0 waits 8 s at the end of steps 3 and 7, before the ranks vote on a notice: the controller
-    # sees the step and its notice arrives while the trainer is still at that step, however loaded
-    # the machine (otherwise a fast run can finish before a notice sent at step 7 is read).
-    monkeypatch.setenv("SKYSPOT_FAULT", "step_end@3/0:pause=8,step_end@7/0:pause=8")
+    # The controller sends each notice when it reads step 3's (7's) event; rank 0 then waits 8 s at the
+    # end of the next step, before the ranks vote, so the notice is read by then however loaded the
+    # machine, and each attempt saves at a known step (otherwise a fast run passed step 7 before the
+    # first notice was read, and the second notice came after the run had finished).
+    monkeypatch.setenv("SKYSPOT_FAULT", "step_end@4/0:pause=8,step_end@8/0:pause=8")
     result, run_dir = launch_local(real_model["recipe"], "--preempt-at-steps", "3,7")
     assert result.exit_code == 0, result.output + log_text(run_dir)
     assert len(events(run_dir, "resume")) == 2
