@@ -169,8 +169,9 @@ def test_an_op_built_from_another_deepspeed_install_is_built_again(nodes, tmp_pa
     assert not deepspeed_op_cached()
     nodes["prepare"] = "echo PREPARED"
     result = launch()
-    assert result.exit_code == 0 and "DeepSpeed's op ready after" in result.stderr
-    assert "PREPARED" in runner.invoke(app, ["logs", "run-1"]).stdout
+    assert result.exit_code == 0, result.stderr
+    log = runner.invoke(app, ["logs", "run-1"]).stdout
+    assert "PREPARED" in log and "DeepSpeed's op ready after" in log
 
 
 def test_a_slow_start_is_reported_with_the_logs_last_line(nodes, monkeypatch):
