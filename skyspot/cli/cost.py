@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, err, handle_errors, one_line, out, terminal_width, usd
+from skyspot.cli.common import Column, display, handle_errors, one_line, terminal_width, usd
+from skyspot.console import err, out
 from skyspot.errors import SkyspotError, UsageError
 
 # Stable field names of the one-row-per-run report (JSON and CSV).

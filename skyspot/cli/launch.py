@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from skyspot.cli.common import confirm, err, handle_errors, out, split_csv
+from skyspot.cli.common import confirm, handle_errors, split_csv
+from skyspot.console import err, out
 
 LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
               "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default.")

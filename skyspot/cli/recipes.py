@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, handle_errors, err
+from skyspot.cli.common import Column, display, handle_errors
+from skyspot.console import err
 from skyspot.errors import UsageError
 
 

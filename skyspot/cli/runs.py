@@ -11,7 +11,8 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, confirm, display, err, handle_errors, usd
+from skyspot.cli.common import Column, confirm, display, handle_errors, usd
+from skyspot.console import err
 from skyspot.errors import SkyspotError
 
 # On a narrow terminal the columns with the highest `drop` are hidden first (docs: `status --json` has all).

@@ -108,7 +108,7 @@ def follow(name: str) -> int:
         view = RunView(run.total_steps or 0)
         tail = EventTail(Path(run.run_dir) / EVENTS_DIR)
         log_path = Path(run.run_dir) / "logs" / "run.log"
-        from skyspot.cli.common import err, is_tty
+        from skyspot.console import err, is_tty
 
         try:
             if is_tty() and sys.stderr.isatty():
@@ -222,7 +222,7 @@ def _follow_live(ledger, name, view, tail, log_path):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
-    from skyspot.cli.common import err
+    from skyspot.console import err
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err.console)

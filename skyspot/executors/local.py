@@ -201,7 +201,7 @@ def launch_local(built, *, name: Optional[str], detach: bool, options: LocalOpti
 
 
 def _attach(name: str, detach: bool, *, verb: str) -> int:
-    from skyspot.cli.common import err
+    from skyspot.console import err
 
     if detach:
         err.print(f"{verb} '{name}' locally in the background; `skyspot status` and `skyspot logs {name} -f` follow it")
