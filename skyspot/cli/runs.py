@@ -155,6 +155,7 @@ def logs_command(
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."),
 ) -> None:
     """Show a run's log (the newest run's by default); -f follows it across recoveries."""
+    from skyspot.events import FileTail
     from skyspot.ledger import Ledger
 
     ledger = Ledger()
@@ -171,29 +172,22 @@ def logs_command(
             from skyspot.errors import SkyspotError
 
             raise SkyspotError(f"run '{run_name}' has no local run directory in the ledger, so no log to show")
-        path = Path(run.run_dir) / "logs" / "run.log"
-        offset = 0
+        tail = FileTail(Path(run.run_dir) / "logs" / "run.log")
         while True:
-            offset = _copy_new(path, offset)
+            _copy_new(tail)
             if not follow or ledger.get(run_name).terminal:
-                offset = _copy_new(path, offset)
+                _copy_new(tail)
                 break
             time.sleep(0.5)
     finally:
         ledger.close()
 
 
-def _copy_new(path: Path, offset: int) -> int:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except FileNotFoundError:
-        return offset
+def _copy_new(tail) -> None:
+    data = tail.read(whole_lines=False)
     if data:
         sys.stdout.write(data.decode("utf-8", errors="replace"))
         sys.stdout.flush()
-    return offset + len(data)
 
 
 @handle_errors
