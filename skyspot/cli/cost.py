@@ -68,12 +68,9 @@ def cost_report_command(
         raise UsageError("pick one of --json and --csv")
     if plot and not run_name:
         raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         runs = [ledger.get(run_name)] if run_name else ledger.runs()
         damaged_rows = ledger.skipped_rows
-    finally:
-        ledger.close()
     reports = []
     for run in runs:
         try:

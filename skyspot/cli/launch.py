@@ -115,11 +115,8 @@ def resume_command(
     from skyspot.errors import UsageError
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         run = ledger.get(run_name)
-    finally:
-        ledger.close()
     if run.status == "SUCCEEDED":
         raise UsageError(f"run '{run_name}' finished (SUCCEEDED): nothing to resume")
     if run.executor == "local":

@@ -37,8 +37,7 @@ def status_command(
     from skyspot.ledger import Ledger
     from skyspot.runs import events_signature, run_events, summarize
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         runs = ledger.runs(include_finished=True)
         damaged_rows = ledger.skipped_rows
         if not all_runs:
@@ -70,8 +69,6 @@ def status_command(
                     ledger.update(run.name, info={**run.info, "summary": row, "summary_of": signature})
                 except Exception:  # a read-only or busy ledger: the cache is only an optimisation
                     pass
-    finally:
-        ledger.close()
     for row in rows:
         row["where"] = "/".join(x for x in (row["cloud"], row["region"]) if x) or "-"
         row["capacity"] = None if row["spot"] is None else ("spot" if row["spot"] else "on-demand")
@@ -158,8 +155,7 @@ def logs_command(
     from skyspot.events import FileTail
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         run = ledger.get(run_name) if run_name else _latest(ledger)
         if run_name is None:
             err.print(f"logs of '{run.name}', the newest run", markup=False)
@@ -179,8 +175,6 @@ def logs_command(
                 _copy_new(tail)
                 break
             time.sleep(0.5)
-    finally:
-        ledger.close()
 
 
 def _copy_new(tail) -> None:
@@ -203,8 +197,7 @@ def cancel_command(
 
     if all_runs and run_name:
         raise UsageError("give a run name or --all, not both")
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         if all_runs:
             runs = [r for r in ledger.runs(include_finished=False)]
             if not runs:
@@ -234,8 +227,6 @@ def cancel_command(
                 err.print(f"run '{run.name}': not cancelled ({error})", markup=False)
         if failed:
             raise typer.Exit(1)
-    finally:
-        ledger.close()
 
 
 def _cancel(ledger, run) -> None:

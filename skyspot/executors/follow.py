@@ -102,8 +102,7 @@ def _exit_code(run) -> int:
 
 
 def follow(name: str) -> int:
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         run = ledger.get(name)
         view = RunView(run.total_steps or 0)
         tail = EventTail(Path(run.run_dir) / EVENTS_DIR)
@@ -122,8 +121,6 @@ def follow(name: str) -> int:
         for line in ending(run):
             err.print(line, markup=False, highlight=False)
         return _exit_code(run)
-    finally:
-        ledger.close()
 
 
 def ending(run) -> list[str]:

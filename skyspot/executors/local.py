@@ -123,8 +123,7 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
                   info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
                         "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
                         **({"deadline": options.deadline} if options.deadline else {})})
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         try:
             run_dir.mkdir(mode=0o700)
             (run_dir / "logs").mkdir(mode=0o700)
@@ -133,8 +132,6 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
             raise UsageError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
         _write_spec(run_dir, spec, exclusive=True)
         _start_controller(name, run_dir, ledger)
-    finally:
-        ledger.close()
     return name
 
 
@@ -186,12 +183,9 @@ def resume_local(run, *, detach: bool) -> int:
     spec = replace(spec, preempt_every=None, preempt_at_steps=[], trace_times=[], capacity_gone_after=None,
                    spot_nodes=[], fallback_after=None, unavailable=[])
     _write_spec(run_dir, spec, exclusive=False)
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         ledger.update(run.name, status="PENDING", ended_at=None, exit_code=None)
         _start_controller(run.name, run_dir, ledger)
-    finally:
-        ledger.close()
     return _attach(run.name, detach, verb="resumed")
 
 

@@ -588,23 +588,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(argv) != 1:
         print("usage: python -m skyspot.executors.local_controller RUN_NAME", file=sys.stderr)
         return 2
-    ledger = Ledger()
-    run = ledger.get(argv[0])
-    run_dir = Path(run.run_dir)
-    spec = Spec(**json.loads((run_dir / "local.json").read_text()))
-    controller = Controller(run_dir, spec, ledger)
+    with Ledger() as ledger:
+        run = ledger.get(argv[0])
+        run_dir = Path(run.run_dir)
+        spec = Spec(**json.loads((run_dir / "local.json").read_text()))
+        controller = Controller(run_dir, spec, ledger)
 
-    def request_cancel(signum, frame):
-        controller.cancel.set()
+        def request_cancel(signum, frame):
+            controller.cancel.set()
 
-    signal.signal(signal.SIGTERM, request_cancel)
-    signal.signal(signal.SIGINT, request_cancel)
-    try:
-        return controller.run()
-    except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
-        ledger.update(spec.name, status="FAILED", exit_code=1)
-        controller.say(f"controller failed: {type(error).__name__}: {error}")
-        raise
+        signal.signal(signal.SIGTERM, request_cancel)
+        signal.signal(signal.SIGINT, request_cancel)
+        try:
+            return controller.run()
+        except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
+            ledger.update(spec.name, status="FAILED", exit_code=1)
+            controller.say(f"controller failed: {type(error).__name__}: {error}")
+            raise
 
 
 if __name__ == "__main__":
