@@ -62,27 +62,6 @@ def record_launch(name: str, built, executor: str, *, info: Optional[dict] = Non
                    info={**_info(built), **(info or {})}, **fields)
 
 
-def record_sky_status(runs, records: dict[int, dict]) -> None:
-    """Keep the ledger's status of managed-job runs as SkyPilot last reported it, so every command
-    (status, cost-report, resume) sees one status, also when SkyPilot is not reachable later."""
-    from skyspot.ledger import STATUSES, Ledger
-
-    changed = [(run, records[run.job_id]["status"]) for run in runs
-               if run.job_id in records and records[run.job_id].get("status") in STATUSES
-               and records[run.job_id]["status"] != run.status]
-    if not changed:
-        return
-    with Ledger() as ledger:
-        try:
-            for run, status in changed:
-                end = records[run.job_id].get("end_at")
-                ended = {"ended_at": float(end)} if isinstance(end, (int, float)) and end > 0 else {}
-                ledger.update(run.name, status=status, **ended)
-                run.status = status
-        except Exception:  # a read-only or busy ledger: the next command tries again
-            pass
-
-
 def _info(built) -> dict[str, Any]:
     return {"candidates": [{"cloud": c.cloud, "region": c.region, "accelerators": c.accelerators,
                             "instance_type": c.instance_type, "spot": c.spot} for c in built.candidates],

@@ -30,14 +30,12 @@ def _report(run):
         candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
     elif not any(c.get("instance_type") for c in candidates):
         candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
-    queue_record = None
-    if run.executor == "sky" and run.job_id is not None:
-        from skyspot.cli.runs import _sky_records
+    from skyspot.executors import refresh
 
-        records, note = _sky_records([run])
-        queue_record = records.get(run.job_id)
-        if note:
-            err.print(note)
+    records, notes = refresh([run])
+    queue_record = records.get(run.name)
+    for note in notes:
+        err.print(note)
     try:
         report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
     except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:

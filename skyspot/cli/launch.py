@@ -113,23 +113,19 @@ def resume_command(
 ) -> None:
     """Continue a cancelled, failed or interrupted run under its own name, from its newest durable checkpoint."""
     from skyspot.errors import UsageError
+    from skyspot.executors import executor_for
     from skyspot.ledger import Ledger
 
     with Ledger() as ledger:
         run = ledger.get(run_name)
     if run.status == "SUCCEEDED":
         raise UsageError(f"run '{run_name}' finished (SUCCEEDED): nothing to resume")
-    if run.executor == "local":
-        from skyspot.executors.local import resume_local
-
-        raise typer.Exit(resume_local(run, detach=detach))
-    if not confirm(f"Resume '{run_name}' as a new SkyPilot managed job?", yes):
+    executor = executor_for(run)
+    question = executor.resume_question(run)
+    if question and not confirm(question, yes):
         err.print("not resumed")
         raise typer.Exit(1)
-    from skyspot.launch import resume_cloud
-
-    job_id = resume_cloud(run, detach=detach)
-    err.print(f"resumed '{run_name}' as managed job {job_id}; it continues from its newest durable checkpoint")
+    raise typer.Exit(executor.resume(run, detach=detach))
 
 
 def _show_package(built) -> None:
