@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from skyspot.cli.common import Column, display, handle_errors, one_line, terminal_width, usd
+from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out
 from skyspot.errors import SkyspotError, UsageError
 
@@ -54,12 +55,13 @@ def _report(run):
 
 @handle_errors
 def cost_report_command(
-    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="One run's breakdown; all runs when omitted."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (stable field names)."),
+    run_name: OptionalRunArgument = None,
+    as_json: JsonOption = False,
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV (stable field names)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline PNG (attempts, notices, checkpoints, cost vs on-demand)."),
 ) -> None:
-    """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput."""
+    """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput;
+    with RUN, that run's breakdown."""
     from skyspot.ledger import Ledger
 
     if as_json and as_csv:
@@ -284,7 +286,7 @@ def _recovery_row(r: dict) -> dict:
 def prices_command(
     cloud: Optional[str] = typer.Option(None, "--cloud", help="Only this cloud: aws, gcp or azure."),
     instance: Optional[str] = typer.Option(None, "--instance", help="Only this instance type."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+    as_json: JsonOption = False,
 ) -> None:
     """What the shipped price snapshot holds (cheapest zone per instance type and region)."""
     from skyspot.pricing import SNAPSHOT_DATE, snapshot_rows

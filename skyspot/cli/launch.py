@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from skyspot.cli.common import confirm, handle_errors, split_csv
+from skyspot.cli.options import DetachOption, OverridesArgument, RecipeArgument, RunArgument, YesOption
 from skyspot.console import err, out
 
 LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
@@ -16,11 +17,11 @@ LOCAL_HELP = ("Run on this machine with the embedded local executor, which injec
 
 @handle_errors
 def launch_command(
-    recipe: str = typer.Argument(..., help="Recipe name (see `skyspot recipes`) or path to a recipe YAML."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides as section.key=value, e.g. train.steps=40."),
+    recipe: RecipeArgument,
+    overrides: OverridesArgument = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the task YAML and the candidate table; submit nothing."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    detach: bool = typer.Option(False, "-d", "--detach", help="Return once submitted instead of following the run."),
+    yes: YesOption = False,
+    detach: DetachOption = False,
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Run name (default: recipe name + timestamp)."),
     clouds: Optional[str] = typer.Option(None, "--clouds", help="Comma-separated clouds to consider: aws,gcp,azure."),
     store: Optional[str] = typer.Option(None, "--store", help="Where checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."),
@@ -107,9 +108,9 @@ def launch_command(
 
 @handle_errors
 def resume_command(
-    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status -a`)."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation (cloud runs)."),
-    detach: bool = typer.Option(False, "-d", "--detach", help="Return once started instead of following the run."),
+    run_name: RunArgument,
+    yes: YesOption = False,
+    detach: DetachOption = False,
 ) -> None:
     """Continue a cancelled, failed or interrupted run under its own name, from its newest durable checkpoint."""
     from skyspot.errors import UsageError

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from skyspot.cli.common import Column, confirm, display, handle_errors, usd
+from skyspot.cli.options import JsonOption, OptionalRunArgument, YesOption
 from skyspot.console import err
 from skyspot.errors import SkyspotError
 
@@ -25,7 +26,7 @@ SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (esti
 
 @handle_errors
 def status_command(
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of objects instead of a table."),
+    as_json: JsonOption = False,
     all_runs: bool = typer.Option(False, "-a", "--all", help="Include finished runs."),
 ) -> None:
     """Every run: status, where, spot or on-demand, step, #RECOVERIES, last checkpoint, elapsed, cost so far."""
@@ -127,8 +128,7 @@ def _latest(ledger, *, live: bool = False):
 
 @handle_errors
 def logs_command(
-    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="Run name (see `skyspot status -a`); "
-                                                                         "default: the newest run."),
+    run_name: OptionalRunArgument = None,
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."),
 ) -> None:
     """Show a run's log (the newest run's by default); -f follows it across recoveries."""
@@ -144,12 +144,12 @@ def logs_command(
 
 @handle_errors
 def cancel_command(
-    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="Run name (see `skyspot status`); "
-                                                                         "default: the newest run still going."),
+    run_name: OptionalRunArgument = None,
     all_runs: bool = typer.Option(False, "-a", "--all", help="Cancel every run that has not ended."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    yes: YesOption = False,
 ) -> None:
-    """Stop a run gracefully (emergency checkpoint, then stop) and mark it CANCELLED."""
+    """Stop a run gracefully (emergency checkpoint, then stop) and mark it CANCELLED; without RUN, the newest
+    run still going."""
     from skyspot.errors import UsageError
     from skyspot.executors import executor_for
     from skyspot.ledger import Ledger
