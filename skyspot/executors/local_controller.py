@@ -1,5 +1,9 @@
 """The local controller: runs one local run to the end, as SkyPilot's managed-jobs controller would.
 
+Over 500 lines because it is one loop, the attempt's life (provision, start, watch, preempt, recover),
+and each of its steps shares that loop's state; the policies it calls live elsewhere (spot_trace.py,
+local_deadline.py, metadata_server.py).
+
     python -m skyspot.executors.local_controller RUN_NAME
 
 It is started by `skyspot launch --local` in its own session (so a run survives the
