@@ -30,7 +30,6 @@ recomputed steps, checkpoint stalls and start-ups after the first count against 
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
@@ -362,7 +361,9 @@ def _attempt_cost(number: int, events: list[dict], *, last: bool, queue_record, 
         for key, value in (e.get("where") or {}).items():
             where.setdefault(key, value)
     if queue_record is not None:
-        for key, value in _where_from_queue(queue_record).items():
+        from skyspot.executors.sky import where_from_queue
+
+        for key, value in where_from_queue(queue_record).items():
             if where.get(key) in (None, ""):
                 where[key] = value
 
@@ -623,26 +624,3 @@ def _get(record: Any, key: str) -> Any:
 
 def _status_name(status: Any) -> str:
     return str(getattr(status, "value", status) or "").upper()
-
-
-def _where_from_queue(record: Any) -> dict[str, Any]:
-    """cloud, region, zone, nodes, spot, accelerators and instance type from a queue_v2 record.
-
-    `cluster_resources(_full)` reads like "2x[spot](gpus=H100:8, p5.48xlarge, ...)"
-    (sky.utils.resources_utils.format_resource); the short form truncates long type names.
-    """
-    where: dict[str, Any] = {}
-    for key in ("cloud", "region", "zone"):
-        if _get(record, key):
-            where[key] = str(_get(record, key)).lower() if key == "cloud" else _get(record, key)
-    text = str(_get(record, "cluster_resources_full") or _get(record, "cluster_resources") or "")
-    match = re.match(r"\s*(\d+)x\s*(\[spot\])?\((.*)\)", text)
-    if match:
-        where["num_nodes"] = int(match.group(1))
-        where["spot"] = bool(match.group(2))
-        for part in (p.strip() for p in match.group(3).split(",")):
-            if part.startswith("gpus="):
-                where["accelerators"] = part[len("gpus="):]
-            elif part and "=" not in part and part != "..." and "..." not in part:
-                where.setdefault("instance_type", part)
-    return where

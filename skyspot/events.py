@@ -232,29 +232,42 @@ def iter_attempts(log: EventLog) -> Iterator[int]:
     yield from sorted({e.get("attempt", 0) for e in log.events})
 
 
+class FileTail:
+    """What was appended to one file since the last read: the one incremental reader, from a byte
+    offset, of an append-only file (an events file, a run's log). A missing file reads as nothing yet."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.offset = 0
+
+    def read(self, *, whole_lines: bool = True) -> bytes:
+        """The new bytes; `whole_lines`: only up to the last newline (a line still being written waits)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return b""
+        if whole_lines:
+            data = data[:data.rfind(b"\n") + 1]
+        self.offset += len(data)
+        return data
+
+
 class EventTail:
     """Follow an `events/` directory: each `poll()` returns the whole lines appended since the last one."""
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
-        self._offsets: dict[Path, int] = {}
+        self._tails: dict[Path, FileTail] = {}
 
     def poll(self) -> list[dict[str, Any]]:
         log = EventLog()
         if not self.directory.is_dir():
             return []
         for path in sorted(self.directory.glob("*.jsonl")):
-            offset = self._offsets.get(path, 0)
-            try:
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    data = handle.read()
-            except OSError:
-                continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self._offsets[path] = offset + end + 1
-            parse_lines(data[:end].decode("utf-8", errors="replace").split("\n"), str(path), log)
+            data = self._tails.setdefault(path, FileTail(path)).read()
+            if data:
+                parse_lines(data[:-1].decode("utf-8", errors="replace").split("\n"), str(path), log)
         log.events.sort(key=lambda e: e["ts"])
         return log.events

@@ -158,11 +158,8 @@ def _submit_recorded(name: str, task: dict[str, Any], *, detach: bool, secrets: 
 def _update(name: str, **fields: Any) -> None:
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         ledger.update(name, **fields)
-    finally:
-        ledger.close()
 
 
 def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Literal, Optional
 
 from skyspot.errors import SkyspotError, UsageError
 
@@ -58,23 +58,39 @@ def skyspot_home() -> Path:
     return home
 
 
+ExecutorName = Literal["local", "sky"]
+"""Which executor runs a run (skyspot/executors: `executor_for(run)`)."""
+
+
 @dataclass
 class Run:
+    """One ledger row: what was launched and the executor's view of it."""
+
     name: str
+    """The run name: the managed job's name, the node's run id and the store prefix."""
     recipe: str
-    executor: str
+    """The recipe's name."""
+    executor: ExecutorName
     status: str
+    """One of STATUSES, as SkyPilot spells managed-job statuses."""
     created_at: float
+    """Unix time the run was recorded (before submission)."""
     updated_at: float
     ended_at: Optional[float]
+    """Unix time it reached a TERMINAL status; None while it has not."""
     run_dir: Optional[str]
+    """Local runs: the run root (checkpoints/, events/, logs/, local.json)."""
     store: Optional[str]
+    """Where durable checkpoints and events live (s3://, gs://, az:// or a path), if any."""
     job_id: Optional[int]
+    """SkyPilot runs: the managed job id."""
     controller_pid: Optional[int]
+    """Local runs: the controller process."""
     total_steps: Optional[int]
     num_nodes: Optional[int]
     exit_code: Optional[int]
     info: dict[str, Any]
+    """JSON extras: candidates, the rendered task (cloud runs), deadline, cause, cached summary; never secrets."""
 
     @property
     def terminal(self) -> bool:
@@ -126,6 +142,12 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

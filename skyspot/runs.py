@@ -25,11 +25,8 @@ def new_run_name(recipe: str) -> str:
     """A fresh name for an unnamed launch: recipe, UTC time, and random bits, never one the ledger holds."""
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         taken = {run.name for run in ledger.runs(include_finished=True)}
-    finally:
-        ledger.close()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = recipe[:RUN_NAME_ROOM]
     while True:
@@ -47,11 +44,8 @@ def check_new_run_name(name: str) -> str:
     from skyspot.ledger import Ledger
 
     check_run_name(name)
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         existing = {run.name: run for run in ledger.runs(include_finished=True)}.get(name)
-    finally:
-        ledger.close()
     if existing is not None:
         raise UsageError(f"a run named '{name}' exists already ({existing.status}); `skyspot resume {name}` "
                          "continues it from its newest durable checkpoint, or pick another -n/--name")
@@ -62,36 +56,10 @@ def record_launch(name: str, built, executor: str, *, info: Optional[dict] = Non
     """The ledger row of a run, written before anything is submitted or started (never secrets)."""
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         ledger.add(name, built.recipe.name, executor, status="PENDING", store=built.recipe.storage.store,
                    total_steps=built.recipe.train.steps, num_nodes=built.recipe.resources.num_nodes,
                    info={**_info(built), **(info or {})}, **fields)
-    finally:
-        ledger.close()
-
-
-def record_sky_status(runs, records: dict[int, dict]) -> None:
-    """Keep the ledger's status of managed-job runs as SkyPilot last reported it, so every command
-    (status, cost-report, resume) sees one status, also when SkyPilot is not reachable later."""
-    from skyspot.ledger import STATUSES, Ledger
-
-    changed = [(run, records[run.job_id]["status"]) for run in runs
-               if run.job_id in records and records[run.job_id].get("status") in STATUSES
-               and records[run.job_id]["status"] != run.status]
-    if not changed:
-        return
-    ledger = Ledger()
-    try:
-        for run, status in changed:
-            end = records[run.job_id].get("end_at")
-            ended = {"ended_at": float(end)} if isinstance(end, (int, float)) and end > 0 else {}
-            ledger.update(run.name, status=status, **ended)
-            run.status = status
-    except Exception:  # a read-only or busy ledger: the next command tries again
-        pass
-    finally:
-        ledger.close()
 
 
 def _info(built) -> dict[str, Any]:

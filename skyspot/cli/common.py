@@ -1,4 +1,5 @@
-"""What every command shares: the consoles, error handling, and one table helper for plain text or JSON."""
+"""What every command shares: error handling, one table helper for plain text or JSON, confirmation,
+one-line usage errors and plain parameter coercion. The consoles themselves are skyspot/console.py."""
 
 from __future__ import annotations
 
@@ -12,50 +13,8 @@ from typing import Optional, Any, Callable, Iterable, Sequence, Union
 
 import typer
 
+from skyspot.console import err
 from skyspot.errors import SkyspotError
-
-
-# Data to stdout, diagnostics to stderr; rich honours NO_COLOR and drops colour off a TTY.
-def _width(stream) -> Optional[int]:
-    """Off a terminal rich assumes 80 columns and folds every table; use COLUMNS, else a wide page."""
-    if os.environ.get("COLUMNS") or stream.isatty():
-        return None
-    return 160
-
-
-class _LazyConsole:
-    """A rich Console made on first use: importing rich costs a command that prints no rich text
-    (render, --json, a plain table) a noticeable share of its start-up."""
-
-    def __init__(self, stderr: bool):
-        self._stderr = stderr
-        self._console = None
-
-    def _get(self):
-        if self._console is None:
-            from rich.console import Console
-
-            stream = sys.stderr if self._stderr else sys.stdout
-            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=_width(stream))
-        return self._console
-
-    @property
-    def console(self):
-        """The rich Console itself, for rich objects that take one (Live, Progress)."""
-        return self._get()
-
-    def __getattr__(self, name: str):
-        return getattr(self._get(), name)
-
-    def __enter__(self):
-        return self._get().__enter__()
-
-    def __exit__(self, *exc):
-        return self._get().__exit__(*exc)
-
-
-out: Any = _LazyConsole(stderr=False)
-err: Any = _LazyConsole(stderr=True)
 
 
 def terminal_width(stream=None) -> int:
@@ -248,10 +207,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return one_line(", ".join(str(v) for v in value))
     return one_line(str(value))
-
-
-def is_tty() -> bool:
-    return sys.stdout.isatty() and not os.environ.get("CI")
 
 
 def split_csv(value: str | None) -> list[str] | None:

@@ -9,7 +9,9 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, err, handle_errors, one_line, out, terminal_width, usd
+from skyspot.cli.common import Column, display, handle_errors, one_line, terminal_width, usd
+from skyspot.cli.options import JsonOption, OptionalRunArgument
+from skyspot.console import err, out
 from skyspot.errors import SkyspotError, UsageError
 
 # Stable field names of the one-row-per-run report (JSON and CSV).
@@ -29,14 +31,12 @@ def _report(run):
         candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
     elif not any(c.get("instance_type") for c in candidates):
         candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
-    queue_record = None
-    if run.executor == "sky" and run.job_id is not None:
-        from skyspot.cli.runs import _sky_records
+    from skyspot.executors import refresh
 
-        records, note = _sky_records([run])
-        queue_record = records.get(run.job_id)
-        if note:
-            err.print(note)
+    records, notes = refresh([run])
+    queue_record = records.get(run.name)
+    for note in notes:
+        err.print(note)
     try:
         report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
     except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
@@ -55,24 +55,22 @@ def _report(run):
 
 @handle_errors
 def cost_report_command(
-    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="One run's breakdown; all runs when omitted."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (stable field names)."),
+    run_name: OptionalRunArgument = None,
+    as_json: JsonOption = False,
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV (stable field names)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline PNG (attempts, notices, checkpoints, cost vs on-demand)."),
 ) -> None:
-    """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput."""
+    """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput;
+    with RUN, that run's breakdown."""
     from skyspot.ledger import Ledger
 
     if as_json and as_csv:
         raise UsageError("pick one of --json and --csv")
     if plot and not run_name:
         raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         runs = [ledger.get(run_name)] if run_name else ledger.runs()
         damaged_rows = ledger.skipped_rows
-    finally:
-        ledger.close()
     reports = []
     for run in runs:
         try:
@@ -288,7 +286,7 @@ def _recovery_row(r: dict) -> dict:
 def prices_command(
     cloud: Optional[str] = typer.Option(None, "--cloud", help="Only this cloud: aws, gcp or azure."),
     instance: Optional[str] = typer.Option(None, "--instance", help="Only this instance type."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+    as_json: JsonOption = False,
 ) -> None:
     """What the shipped price snapshot holds (cheapest zone per instance type and region)."""
     from skyspot.pricing import SNAPSHOT_DATE, snapshot_rows

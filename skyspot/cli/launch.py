@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from skyspot.cli.common import confirm, err, handle_errors, out, split_csv
+from skyspot.cli.common import confirm, handle_errors, split_csv
+from skyspot.cli.options import DetachOption, OverridesArgument, RecipeArgument, RunArgument, YesOption
+from skyspot.console import err, out
 
 LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
               "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default.")
@@ -15,11 +17,11 @@ LOCAL_HELP = ("Run on this machine with the embedded local executor, which injec
 
 @handle_errors
 def launch_command(
-    recipe: str = typer.Argument(..., help="Recipe name (see `skyspot recipes`) or path to a recipe YAML."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides as section.key=value, e.g. train.steps=40."),
+    recipe: RecipeArgument,
+    overrides: OverridesArgument = None,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the task YAML and the candidate table; submit nothing."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
-    detach: bool = typer.Option(False, "-d", "--detach", help="Return once submitted instead of following the run."),
+    yes: YesOption = False,
+    detach: DetachOption = False,
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Run name (default: recipe name + timestamp)."),
     clouds: Optional[str] = typer.Option(None, "--clouds", help="Comma-separated clouds to consider: aws,gcp,azure."),
     store: Optional[str] = typer.Option(None, "--store", help="Where checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."),
@@ -106,32 +108,25 @@ def launch_command(
 
 @handle_errors
 def resume_command(
-    run_name: str = typer.Argument(..., metavar="RUN", help="Run name (see `skyspot status -a`)."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation (cloud runs)."),
-    detach: bool = typer.Option(False, "-d", "--detach", help="Return once started instead of following the run."),
+    run_name: RunArgument,
+    yes: YesOption = False,
+    detach: DetachOption = False,
 ) -> None:
     """Continue a cancelled, failed or interrupted run under its own name, from its newest durable checkpoint."""
     from skyspot.errors import UsageError
+    from skyspot.executors import executor_for
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         run = ledger.get(run_name)
-    finally:
-        ledger.close()
     if run.status == "SUCCEEDED":
         raise UsageError(f"run '{run_name}' finished (SUCCEEDED): nothing to resume")
-    if run.executor == "local":
-        from skyspot.executors.local import resume_local
-
-        raise typer.Exit(resume_local(run, detach=detach))
-    if not confirm(f"Resume '{run_name}' as a new SkyPilot managed job?", yes):
+    executor = executor_for(run)
+    question = executor.resume_question(run)
+    if question and not confirm(question, yes):
         err.print("not resumed")
         raise typer.Exit(1)
-    from skyspot.launch import resume_cloud
-
-    job_id = resume_cloud(run, detach=detach)
-    err.print(f"resumed '{run_name}' as managed job {job_id}; it continues from its newest durable checkpoint")
+    raise typer.Exit(executor.resume(run, detach=detach))
 
 
 def _show_package(built) -> None:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, handle_errors, err
+from skyspot.cli.common import Column, display, handle_errors
+from skyspot.cli.options import JsonOption, OverridesArgument, RecipeArgument
+from skyspot.console import err
 from skyspot.errors import UsageError
 
 
 @handle_errors
 def recipes_command(
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+    as_json: JsonOption = False,
     verbose: bool = typer.Option(False, "-v", "--verbose",
                                  help="Also check, per cloud, whether an emergency checkpoint becomes durable "
                                       "within the preemption notice window (docs/planning.md)."),
@@ -77,8 +79,8 @@ def _window_fields(recipe) -> dict:
 
 @handle_errors
 def render_command(
-    recipe: str = typer.Argument(..., help="Recipe name (see `skyspot recipes`) or path to a recipe YAML."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Overrides as section.key=value, e.g. train.steps=40."),
+    recipe: RecipeArgument,
+    overrides: OverridesArgument = None,
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the YAML to this file instead of stdout."),
 ) -> None:
     """Print the SkyPilot managed-job task YAML a recipe renders to (launchable with `sky jobs launch`)."""

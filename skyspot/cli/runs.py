@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-import time
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, confirm, display, err, handle_errors, usd
+from skyspot.cli.common import Column, confirm, display, handle_errors, usd
+from skyspot.cli.options import JsonOption, OptionalRunArgument, YesOption
+from skyspot.console import err
 from skyspot.errors import SkyspotError
 
 # On a narrow terminal the columns with the highest `drop` are hidden first (docs: `status --json` has all).
@@ -29,25 +26,26 @@ SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (esti
 
 @handle_errors
 def status_command(
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of objects instead of a table."),
+    as_json: JsonOption = False,
     all_runs: bool = typer.Option(False, "-a", "--all", help="Include finished runs."),
 ) -> None:
     """Every run: status, where, spot or on-demand, step, #RECOVERIES, last checkpoint, elapsed, cost so far."""
+    from skyspot.executors import executor_for, refresh
     from skyspot.ledger import Ledger
     from skyspot.runs import events_signature, run_events, summarize
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         runs = ledger.runs(include_finished=True)
         damaged_rows = ledger.skipped_rows
         if not all_runs:
             # Finished runs are hidden, except the newest few, so a just-finished run is still seen.
             recent = [r for r in runs if r.terminal][:5]
             runs = [r for r in runs if not r.terminal or r in recent]
-        records, note = _sky_records([r for r in runs if r.executor == "sky"])
+        records, notes = refresh(runs)
         rows, skipped = [], 0
         for run in runs:
-            cacheable = run.terminal and run.executor == "local"
+            executor = executor_for(run)
+            cacheable = run.terminal and executor.local_events
             signature = f"{SUMMARY_VERSION}:{events_signature(run)}" if cacheable else None
             cached = run.info.get("summary") if cacheable else None
             if (isinstance(cached, dict) and cached.get("status") == run.status
@@ -56,21 +54,19 @@ def status_command(
                 skipped += int(cached.get("malformed_event_lines") or 0)
                 continue
             try:
-                log = run_events(run, store_ok=run.executor == "sky")
+                log = run_events(run, store_ok=not executor.local_events)
             except Exception:  # an unreachable store: still list the run, from the ledger alone
                 from skyspot.events import EventLog
 
                 log = EventLog()
-            row = summarize(run, log, records.get(run.job_id) if run.job_id is not None else None)
+            row = summarize(run, log, records.get(run.name))
             skipped += log.malformed
             rows.append(row)
-            if run.terminal and run.executor == "local":
+            if cacheable:
                 try:
                     ledger.update(run.name, info={**run.info, "summary": row, "summary_of": signature})
                 except Exception:  # a read-only or busy ledger: the cache is only an optimisation
                     pass
-    finally:
-        ledger.close()
     for row in rows:
         row["where"] = "/".join(x for x in (row["cloud"], row["region"]) if x) or "-"
         row["capacity"] = None if row["spot"] is None else ("spot" if row["spot"] else "on-demand")
@@ -86,7 +82,7 @@ def status_command(
         for row in rows:
             if row.get("cause") and str(row["status"]).startswith("FAILED"):
                 err.print(f"{row['name']} {row['status']}: {row['cause']}", markup=False, highlight=False)
-    if note:
+    for note in notes:
         err.print(note)
     if skipped:
         err.print(f"skipped {skipped} malformed event line(s)")
@@ -108,23 +104,6 @@ def _deadline_text(deadline: dict | None) -> str | None:
     if eta is None:
         return f"{mode}, {due}"
     return f"{mode}, ETA {clock(eta)} {'<=' if eta <= deadline['at'] else '> LATE,'} {due}"
-
-
-def _sky_records(sky_runs) -> tuple[dict, str | None]:
-    job_ids = [r.job_id for r in sky_runs if r.job_id is not None]
-    if not job_ids:
-        return {}, None
-    from skyspot.errors import SkyspotError
-    from skyspot.executors import sky as sky_executor
-
-    try:
-        records = sky_executor.queue(job_ids)
-    except SkyspotError as error:
-        return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
-    from skyspot.runs import record_sky_status
-
-    record_sky_status(sky_runs, records)
-    return records, None
 
 
 def _duration(seconds: float | None) -> str:
@@ -149,67 +128,35 @@ def _latest(ledger, *, live: bool = False):
 
 @handle_errors
 def logs_command(
-    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="Run name (see `skyspot status -a`); "
-                                                                         "default: the newest run."),
+    run_name: OptionalRunArgument = None,
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."),
 ) -> None:
     """Show a run's log (the newest run's by default); -f follows it across recoveries."""
+    from skyspot.executors import executor_for
     from skyspot.ledger import Ledger
 
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         run = ledger.get(run_name) if run_name else _latest(ledger)
         if run_name is None:
             err.print(f"logs of '{run.name}', the newest run", markup=False)
-        run_name = run.name
-        if run.executor == "sky":
-            from skyspot.executors import sky as sky_executor
-
-            raise typer.Exit(sky_executor.tail_logs(run.job_id, follow))
-        if not run.run_dir:
-            from skyspot.errors import SkyspotError
-
-            raise SkyspotError(f"run '{run_name}' has no local run directory in the ledger, so no log to show")
-        path = Path(run.run_dir) / "logs" / "run.log"
-        offset = 0
-        while True:
-            offset = _copy_new(path, offset)
-            if not follow or ledger.get(run_name).terminal:
-                offset = _copy_new(path, offset)
-                break
-            time.sleep(0.5)
-    finally:
-        ledger.close()
-
-
-def _copy_new(path: Path, offset: int) -> int:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except FileNotFoundError:
-        return offset
-    if data:
-        sys.stdout.write(data.decode("utf-8", errors="replace"))
-        sys.stdout.flush()
-    return offset + len(data)
+    raise typer.Exit(executor_for(run).logs(run, follow=follow))
 
 
 @handle_errors
 def cancel_command(
-    run_name: Optional[str] = typer.Argument(None, metavar="[RUN]", help="Run name (see `skyspot status`); "
-                                                                         "default: the newest run still going."),
+    run_name: OptionalRunArgument = None,
     all_runs: bool = typer.Option(False, "-a", "--all", help="Cancel every run that has not ended."),
-    yes: bool = typer.Option(False, "-y", "--yes", help="Do not ask for confirmation."),
+    yes: YesOption = False,
 ) -> None:
-    """Stop a run gracefully (emergency checkpoint, then stop) and mark it CANCELLED."""
+    """Stop a run gracefully (emergency checkpoint, then stop) and mark it CANCELLED; without RUN, the newest
+    run still going."""
     from skyspot.errors import UsageError
+    from skyspot.executors import executor_for
     from skyspot.ledger import Ledger
 
     if all_runs and run_name:
         raise UsageError("give a run name or --all, not both")
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         if all_runs:
             runs = [r for r in ledger.runs(include_finished=False)]
             if not runs:
@@ -231,7 +178,7 @@ def cancel_command(
         failed = 0
         for run in runs:
             try:
-                _cancel(ledger, run)
+                executor_for(run).cancel(run, ledger)
             except SkyspotError as error:  # one run that cannot be reached must not stop the others
                 if len(runs) == 1:
                     raise
@@ -239,28 +186,3 @@ def cancel_command(
                 err.print(f"run '{run.name}': not cancelled ({error})", markup=False)
         if failed:
             raise typer.Exit(1)
-    finally:
-        ledger.close()
-
-
-def _cancel(ledger, run) -> None:
-    run_name = run.name
-    if run.executor == "sky":
-        from skyspot.executors import sky as sky_executor
-
-        sky_executor.cancel(run.job_id)
-        ledger.update(run_name, status="CANCELLED")
-        err.print(f"cancelled managed job {run.job_id} ('{run_name}')")
-        return
-    ledger.update(run_name, status="CANCELLING")
-    try:
-        os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
-    except (ProcessLookupError, TypeError):
-        ledger.update(run_name, status="CANCELLED")
-        err.print(f"run '{run_name}' had no live controller; marked CANCELLED")
-        return
-    deadline = time.time() + 300
-    while time.time() < deadline and not ledger.get(run_name).terminal:
-        time.sleep(0.5)
-    run = ledger.get(run_name)
-    err.print(f"run '{run_name}' {run.status}")

@@ -102,13 +102,12 @@ def _exit_code(run) -> int:
 
 
 def follow(name: str) -> int:
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         run = ledger.get(name)
         view = RunView(run.total_steps or 0)
         tail = EventTail(Path(run.run_dir) / EVENTS_DIR)
         log_path = Path(run.run_dir) / "logs" / "run.log"
-        from skyspot.cli.common import err, is_tty
+        from skyspot.console import err, is_tty
 
         try:
             if is_tty() and sys.stderr.isatty():
@@ -122,8 +121,6 @@ def follow(name: str) -> int:
         for line in ending(run):
             err.print(line, markup=False, highlight=False)
         return _exit_code(run)
-    finally:
-        ledger.close()
 
 
 def ending(run) -> list[str]:
@@ -222,7 +219,7 @@ def _follow_live(ledger, name, view, tail, log_path):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
-    from skyspot.cli.common import err
+    from skyspot.console import err
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err.console)

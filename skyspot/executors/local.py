@@ -4,20 +4,25 @@
 run, and starts the controller (skyspot/executors/local_controller.py) in its own
 session, so a detached run survives the terminal. Attached, it follows the run until
 it ends and returns the run's exit code. docs/local.md says what this emulates and what
-it does not.
+it does not. `EXECUTOR` is its side of the executors' surface (skyspot/executors/__init__.py):
+its log, its cancel (SIGTERM to the controller) and its resume.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
-from skyspot.errors import UsageError
+from skyspot.console import err
+from skyspot.errors import SkyspotError, UsageError
+from skyspot.events import FileTail
 from skyspot.executors.local_controller import SIMULATED_PLACES, Spec
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.runs import new_run_name, record_launch
@@ -123,8 +128,7 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
                   info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
                         "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
                         **({"deadline": options.deadline} if options.deadline else {})})
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         try:
             run_dir.mkdir(mode=0o700)
             (run_dir / "logs").mkdir(mode=0o700)
@@ -133,8 +137,6 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
             raise UsageError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
         _write_spec(run_dir, spec, exclusive=True)
         _start_controller(name, run_dir, ledger)
-    finally:
-        ledger.close()
     return name
 
 
@@ -186,12 +188,9 @@ def resume_local(run, *, detach: bool) -> int:
     spec = replace(spec, preempt_every=None, preempt_at_steps=[], trace_times=[], capacity_gone_after=None,
                    spot_nodes=[], fallback_after=None, unavailable=[])
     _write_spec(run_dir, spec, exclusive=False)
-    ledger = Ledger()
-    try:
+    with Ledger() as ledger:
         ledger.update(run.name, status="PENDING", ended_at=None, exit_code=None)
         _start_controller(run.name, run_dir, ledger)
-    finally:
-        ledger.close()
     return _attach(run.name, detach, verb="resumed")
 
 
@@ -201,11 +200,60 @@ def launch_local(built, *, name: Optional[str], detach: bool, options: LocalOpti
 
 
 def _attach(name: str, detach: bool, *, verb: str) -> int:
-    from skyspot.cli.common import err
-
     if detach:
         err.print(f"{verb} '{name}' locally in the background; `skyspot status` and `skyspot logs {name} -f` follow it")
         return 0
     from skyspot.executors.follow import follow
 
     return follow(name)
+
+
+class LocalExecutor:
+    """Local runs behind the executors' surface: their controller keeps the ledger's status itself."""
+
+    name = "local"
+    local_events = True
+
+    def refresh(self, runs):
+        return {}, None
+
+    def logs(self, run, *, follow: bool) -> int:
+        if not run.run_dir:
+            raise SkyspotError(f"run '{run.name}' has no local run directory in the ledger, so no log to show")
+        tail = FileTail(Path(run.run_dir) / "logs" / "run.log")
+        with Ledger() as ledger:
+            while True:
+                _copy_new(tail)
+                if not follow or ledger.get(run.name).terminal:
+                    _copy_new(tail)
+                    return 0
+                time.sleep(0.5)
+
+    def cancel(self, run, ledger) -> None:
+        ledger.update(run.name, status="CANCELLING")
+        try:
+            os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
+        except (ProcessLookupError, TypeError):
+            ledger.update(run.name, status="CANCELLED")
+            err.print(f"run '{run.name}' had no live controller; marked CANCELLED")
+            return
+        deadline = time.time() + 300
+        while time.time() < deadline and not ledger.get(run.name).terminal:
+            time.sleep(0.5)
+        err.print(f"run '{run.name}' {ledger.get(run.name).status}")
+
+    def resume_question(self, run) -> None:
+        return None  # nothing is paid for
+
+    def resume(self, run, *, detach: bool) -> int:
+        return resume_local(run, detach=detach)
+
+
+def _copy_new(tail: FileTail) -> None:
+    data = tail.read(whole_lines=False)
+    if data:
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+
+
+EXECUTOR = LocalExecutor()

@@ -1,5 +1,9 @@
 """The local controller: runs one local run to the end, as SkyPilot's managed-jobs controller would.
 
+Over 500 lines because it is one loop, the attempt's life (provision, start, watch, preempt, recover),
+and each of its steps shares that loop's state; the policies it calls live elsewhere (spot_trace.py,
+local_deadline.py, metadata_server.py).
+
     python -m skyspot.executors.local_controller RUN_NAME
 
 It is started by `skyspot launch --local` in its own session (so a run survives the
@@ -43,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Optional
 
-from skyspot.events import EVENTS_DIR, EventWriter, read_events_dir
+from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.ledger import Ledger
 from skyspot.ports import free_port
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
@@ -313,8 +317,8 @@ class Controller:
         self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
                  f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {nodes} of {spec.num_nodes} node(s)")
 
-        steps_file: Optional[Path] = None
-        step, offset = 0, 0
+        steps_tail: Optional[FileTail] = None
+        step = 0
         notice_deadline: Optional[float] = None
         sigterm_at: Optional[float] = None
         killed = cancelled = switched = False
@@ -326,10 +330,11 @@ class Controller:
             if all(c is not None for c in codes):
                 break
             now = time.time()
-            if steps_file is None:
+            if steps_tail is None:
                 steps_file = self._trainer_events_file(attempt)
-            if steps_file is not None:
-                step, offset = _latest_step(steps_file, step, offset)
+                steps_tail = FileTail(steps_file) if steps_file is not None else None
+            if steps_tail is not None:
+                step = _latest_step(steps_tail, step)
             if any(c not in (None, 0) for c in codes) and first_failure is None:
                 first_failure = now  # a node died; the others must fail fast on their own
             if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
@@ -561,25 +566,16 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _latest_step(path: Path, step: int, offset: int) -> tuple[int, int]:
-    """Read new `step` events from rank 0's events file (incrementally, from a byte offset)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except OSError:
-        return step, offset
-    end = data.rfind(b"\n")
-    if end < 0:
-        return step, offset
-    for line in data[:end].splitlines():
+def _latest_step(tail: FileTail, step: int) -> int:
+    """The newest step in rank 0's events file, reading only what was appended since the last call."""
+    for line in tail.read().splitlines():
         try:
             event = json.loads(line)
         except ValueError:
             continue
         if event.get("type") in ("step", "resume") and isinstance(event.get("step"), int):
             step = max(step, event["step"])
-    return step, offset + end + 1
+    return step
 
 
 def _signal_all(procs: list[subprocess.Popen], sig: int) -> None:
@@ -596,23 +592,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(argv) != 1:
         print("usage: python -m skyspot.executors.local_controller RUN_NAME", file=sys.stderr)
         return 2
-    ledger = Ledger()
-    run = ledger.get(argv[0])
-    run_dir = Path(run.run_dir)
-    spec = Spec(**json.loads((run_dir / "local.json").read_text()))
-    controller = Controller(run_dir, spec, ledger)
+    with Ledger() as ledger:
+        run = ledger.get(argv[0])
+        run_dir = Path(run.run_dir)
+        spec = Spec(**json.loads((run_dir / "local.json").read_text()))
+        controller = Controller(run_dir, spec, ledger)
 
-    def request_cancel(signum, frame):
-        controller.cancel.set()
+        def request_cancel(signum, frame):
+            controller.cancel.set()
 
-    signal.signal(signal.SIGTERM, request_cancel)
-    signal.signal(signal.SIGINT, request_cancel)
-    try:
-        return controller.run()
-    except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
-        ledger.update(spec.name, status="FAILED", exit_code=1)
-        controller.say(f"controller failed: {type(error).__name__}: {error}")
-        raise
+        signal.signal(signal.SIGTERM, request_cancel)
+        signal.signal(signal.SIGINT, request_cancel)
+        try:
+            return controller.run()
+        except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
+            ledger.update(spec.name, status="FAILED", exit_code=1)
+            controller.say(f"controller failed: {type(error).__name__}: {error}")
+            raise
 
 
 if __name__ == "__main__":

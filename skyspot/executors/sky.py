@@ -1,4 +1,6 @@
-"""The SkyPilot executor: submit the rendered task as a managed job through SkyPilot's Python SDK.
+"""The SkyPilot executor: submit the rendered task as a managed job through SkyPilot's Python SDK, read
+its queue (and the `cluster_resources` string it reports), tail its logs, cancel it; `EXECUTOR` is its side
+of the executors' surface (skyspot/executors/__init__.py).
 
 SkyPilot is imported here only, when a command needs it (it takes seconds to import
 and starts a local API server on first use).
@@ -8,9 +10,12 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
+from collections.abc import Mapping
 from typing import Any, Optional
 
+from skyspot.console import err
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
 
 SKY_CHECK_HINT = "run `sky check` and set up credentials for one of them (docs.skypilot.co, 'Cloud account setup')"
@@ -181,3 +186,89 @@ def tail_logs(job_id: int, follow: bool) -> int:
     except Exception as error:
         raise SkyspotError(f"SkyPilot could not stream the logs of managed job {job_id}: {_one_line(error)}") from None
     return int(code or 0)
+
+
+def where_from_queue(record: Any) -> dict[str, Any]:
+    """cloud, region, zone, nodes, spot, accelerators and instance type from a queue_v2 record.
+
+    `cluster_resources(_full)` reads like "2x[spot](gpus=H100:8, p5.48xlarge, ...)"
+    (sky.utils.resources_utils.format_resource); the short form truncates long type names.
+    """
+    def get(key: str) -> Any:
+        return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
+
+    where: dict[str, Any] = {}
+    for key in ("cloud", "region", "zone"):
+        if get(key):
+            where[key] = str(get(key)).lower() if key == "cloud" else get(key)
+    text = str(get("cluster_resources_full") or get("cluster_resources") or "")
+    match = re.match(r"\s*(\d+)x\s*(\[spot\])?\((.*)\)", text)
+    if match:
+        where["num_nodes"] = int(match.group(1))
+        where["spot"] = bool(match.group(2))
+        for part in (p.strip() for p in match.group(3).split(",")):
+            if part.startswith("gpus="):
+                where["accelerators"] = part[len("gpus="):]
+            elif part and "=" not in part and part != "..." and "..." not in part:
+                where.setdefault("instance_type", part)
+    return where
+
+
+def record_status(runs, records: dict[int, dict]) -> None:
+    """Keep the ledger's status of managed-job runs as SkyPilot last reported it, so every command
+    (status, cost-report, resume) sees one status, also when SkyPilot is not reachable later."""
+    from skyspot.ledger import STATUSES, Ledger
+
+    changed = [(run, records[run.job_id]["status"]) for run in runs
+               if run.job_id in records and records[run.job_id].get("status") in STATUSES
+               and records[run.job_id]["status"] != run.status]
+    if not changed:
+        return
+    with Ledger() as ledger:
+        try:
+            for run, status in changed:
+                end = records[run.job_id].get("end_at")
+                ended = {"ended_at": float(end)} if isinstance(end, (int, float)) and end > 0 else {}
+                ledger.update(run.name, status=status, **ended)
+                run.status = status
+        except Exception:  # a read-only or busy ledger: the next command tries again
+            pass
+
+
+class SkyExecutor:
+    """Managed-job runs behind the executors' surface: SkyPilot keeps their status, logs and recovery."""
+
+    name = "sky"
+    local_events = False
+
+    def refresh(self, runs):
+        job_ids = [r.job_id for r in runs if r.job_id is not None]
+        if not job_ids:
+            return {}, None
+        try:
+            records = queue(job_ids)
+        except SkyspotError as error:
+            return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
+        record_status(runs, records)
+        return {r.name: records[r.job_id] for r in runs if r.job_id in records}, None
+
+    def logs(self, run, *, follow: bool) -> int:
+        return tail_logs(run.job_id, follow)
+
+    def cancel(self, run, ledger) -> None:
+        cancel(run.job_id)
+        ledger.update(run.name, status="CANCELLED")
+        err.print(f"cancelled managed job {run.job_id} ('{run.name}')")
+
+    def resume_question(self, run) -> str:
+        return f"Resume '{run.name}' as a new SkyPilot managed job?"
+
+    def resume(self, run, *, detach: bool) -> int:
+        from skyspot.launch import resume_cloud  # the cloud's resume: re-record, rebuild the wheel, resubmit
+
+        job_id = resume_cloud(run, detach=detach)
+        err.print(f"resumed '{run.name}' as managed job {job_id}; it continues from its newest durable checkpoint")
+        return 0
+
+
+EXECUTOR = SkyExecutor()
