@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
-from skyspot.planning import (MAX_INTERVAL_S, MIN_INTERVAL_S, NOTICE_WINDOWS_S, advice, attempt_uptimes,
-                              bandwidth_for, blocking_cost_from_events, check_notice_windows, daly_exact_interval,
-                              daly_interval, daly_wall_time, initial_plan, llama_param_count, measured_bandwidth,
-                              mtbp_from_events, mtbp_prior, plan_from_events, plan_interval, state_bytes, upload_seconds_from_events,
-                              young_interval)
+from skyspot.clouds import NOTICE_WINDOWS_S, bandwidth_for, mtbp_prior
+from skyspot.notice_window import advice, check_notice_windows, measured_bandwidth
+from skyspot.sizing import llama_param_count, state_bytes
+from skyspot.trainer.interval import (MAX_INTERVAL_S, MIN_INTERVAL_S, attempt_uptimes, blocking_cost_from_events,
+                                      daly_exact_interval, daly_interval, daly_wall_time, initial_plan,
+                                      mtbp_from_events, plan_from_events, plan_interval, upload_seconds_from_events,
+                                      young_interval)
 from skyspot.recipe import load_recipe
 
 MIB = 1024 * 1024
@@ -452,7 +454,7 @@ def test_priors_are_per_node_and_shrink_with_the_job():
 
 
 def test_planning_imports_no_heavy_modules():
-    code = ("import sys, skyspot.planning; "
+    code = ("import sys, skyspot.clouds, skyspot.sizing, skyspot.notice_window; "
             "print(sorted(m for m in ('torch', 'deepspeed', 'sky', 'boto3') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
