@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Optional, Union
 
+from skyspot.attempts import NOTICE_TYPES, split
 from skyspot.clouds import GB, bandwidth_for, mtbp_prior
 from skyspot.events import EventLog, EventTail
 from skyspot.sizing import state_bytes
@@ -246,77 +247,17 @@ class MtbpEstimate:
         return asdict(self)
 
 
-_NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_sigterm")
-
-
 def _events(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
     events = log.events if isinstance(log, EventLog) else list(log)
     return sorted((e for e in events if isinstance(e.get("ts"), (int, float))), key=lambda e: e["ts"])
 
 
-def _preempted_reason(text: Any) -> Optional[bool]:
-    """The end reasons docs/cost.md maps onto `preempted`; None when there is no reason to read."""
-    word = str(text or "").strip().lower()
-    if not word:
-        return None
-    return "preempt" in word or word in ("signal", "sigterm", "sigkill", "terminated", "notice")
-
-
-def _as_bool(value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes", "spot")
-    return bool(value)
-
-
 def attempt_uptimes(log: Union[EventLog, Iterable[Mapping[str, Any]]], *,
                     now: Optional[float] = None) -> list[AttemptUptime]:
-    """Per attempt: how long it ran before it was preempted (or until it ended, or until `now`).
-
-    Start: `attempt_start` (executor) or the first trainer `start`. A preempted attempt ends at its first
-    notice (`preemption_notice`, `preempt_notice_sent`, `signal`, `preempt_sigterm`); without one, at its
-    `attempt_end`, last `exit` or last event. Preempted: `attempt_end` or `exit` says so, or the attempt
-    left no end record and a later attempt exists (killed with its node, as docs/cost.md reads it), or it
-    is still open with a notice in it. Spot: `where.spot` of attempt_start or start (assumed spot if unset).
-    """
-    events = _events(log)
-    by_attempt: dict[int, list[Mapping[str, Any]]] = {}
-    for e in events:
-        attempt = e.get("attempt", 0)
-        by_attempt.setdefault(attempt if isinstance(attempt, int) else 0, []).append(e)
-    numbers = sorted(by_attempt)
-    result = []
-    for index, number in enumerate(numbers):
-        evs = by_attempt[number]
-        later = index + 1 < len(numbers)
-        executor_start = next((e for e in evs if e.get("type") == "attempt_start"), None)
-        starts = [e for e in evs if e.get("type") == "start"]
-        start = executor_start["ts"] if executor_start else (starts[0]["ts"] if starts else evs[0]["ts"])
-        where: dict[str, Any] = {}
-        for e in ([executor_start] if executor_start else []) + starts:
-            if isinstance(e.get("where"), Mapping):
-                for key, value in e["where"].items():
-                    where.setdefault(key, value)
-        spot = _as_bool(where.get("spot"), True)
-        notices = [e["ts"] for e in evs if e.get("type") in _NOTICE_TYPES]
-        ends = [e for e in evs if e.get("type") == "attempt_end"]
-        exits = [e for e in evs if e.get("type") == "exit"]
-        if ends:
-            preempted = _preempted_reason(ends[-1].get("reason"))
-            end = ends[-1]["ts"]
-        elif exits:
-            preempted = _preempted_reason(exits[-1].get("reason"))
-            end = exits[-1]["ts"]
-        else:
-            preempted = True if later else None
-            end = evs[-1]["ts"] if later or now is None else max(now, evs[-1]["ts"])
-        if preempted is None:
-            preempted = bool(notices)
-        if preempted and notices:
-            end = min(notices)
-        result.append(AttemptUptime(number, max(0.0, end - start), bool(preempted), spot))
-    return result
+    """Per attempt (skyspot/attempts.py `split`): how long it ran before it was preempted (to its first
+    notice), or until it ended, or until `now`; whether it was preempted; whether it ran on spot."""
+    events = log.events if isinstance(log, EventLog) else log
+    return [AttemptUptime(a.number, a.uptime_s, a.preempted, a.spot) for a in split(events, now=now)]
 
 
 def mtbp_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]], prior_s: float, min_observations: int = 2,
@@ -415,8 +356,7 @@ def initial_plan(recipe: "Recipe", cloud: str, *, bandwidth: Optional[Mapping[st
 # =========================================================================== the planner the loop asks
 
 # The event types the planner reads (attempt_uptimes, blocking and upload medians).
-_KEPT = {"attempt_start", "start", "attempt_end", "exit", "preemption_notice", "preempt_notice_sent", "signal",
-         "preempt_sigterm", "checkpoint_end", "upload_end"}
+_KEPT = {"attempt_start", "start", "attempt_end", "exit", *NOTICE_TYPES, "checkpoint_end", "upload_end"}
 CHANGE = 0.10
 DEFAULT_AUTO_SECONDS = 1800.0
 FALLBACK_COST_S, FALLBACK_PRIOR_S = 10.0, 6 * 3600.0
