@@ -1,5 +1,9 @@
 """What a run cost, what it saved, and what each preemption cost, computed from its events.
 
+One concept despite its length: every figure of the cost report (attempt costs, egress, recoveries,
+the on-demand baseline, goodput) is read off the same attempts and steps in one pass, and
+docs/cost.md defines them together; the attempts themselves come from skyspot/attempts.py.
+
 Nothing here is typed in: every figure comes from an `events.EventLog` (trainer events, and
 executor events when the local executor ran the job) plus hourly list prices from
 `skyspot.pricing`. docs/cost.md defines each figure and works one example by hand.

@@ -1,5 +1,9 @@
 """Deadlines: finish a run by a given time at the least cost (docs/deadline.md).
 
+One concept despite its length: the policy, what it is fed (`measure`), the simulator that replays it
+and the check and rows built on it must change together, since the simulator and the comparisons are
+only worth anything while they run the very decisions the controllers run.
+
     skyspot launch RECIPE --deadline 36h        # or an ISO time, or resources.deadline in the recipe
 
 Plain functions and no I/O, so the same code decides in the local executor, in the controller
