@@ -1,18 +1,19 @@
 """What a run cost, what it saved, and what each preemption cost, computed from its events.
 
+One concept despite its length: every figure of the cost report (attempt costs, egress, recoveries,
+the on-demand baseline, goodput) is read off the same attempts and steps in one pass, and
+docs/cost.md defines them together; the attempts themselves come from skyspot/attempts.py.
+
 Nothing here is typed in: every figure comes from an `events.EventLog` (trainer events, and
 executor events when the local executor ran the job) plus hourly list prices from
 `skyspot.pricing`. docs/cost.md defines each figure and works one example by hand.
 
-Attempts. An attempt is one placement of the job on nodes, numbered by the events'
-`attempt` field.
-
-- With executor events (local executor): it runs from `attempt_start` (nodes provisioned)
-  to `attempt_end`, and `attempt_start.where` says where.
-- Without them (SkyPilot runs, whose controller keeps its own record): from the trainer's
-  first `start` to its last `exit`, or to its last event if it never wrote one. Billing
-  that began before the trainer started (provisioning, setup) is invisible here, so these
-  figures are a floor. A SkyPilot `queue_v2` record, when given, fills what events lack.
+Attempts. An attempt is one placement of the job on nodes, as skyspot/attempts.py splits the
+events: from `attempt_start` (local executor: nodes provisioned) or the trainer's first `start`
+(SkyPilot runs, whose controller keeps its own record) to its `attempt_end` or last `exit`, or to
+its last event if it never wrote one. Billing that began before the trainer started (provisioning,
+setup) is invisible in a SkyPilot run's events, so its figures are a floor. A SkyPilot `queue_v2`
+record, when given, fills what events lack.
 
 Money. An attempt costs (end - start) x nodes x the hourly price of its instance, spot or
 on-demand as `where.spot` says, plus internet egress when it ran on another cloud than the
@@ -35,13 +36,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from skyspot import pricing
+from skyspot.attempts import DECISION_EVENT, Attempt, is_simulated, is_spot, split
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
-
-END_REASONS = ("complete", "preempted", "error", "cancelled", "running", "unknown")
-
-# Events that mean "this attempt is being taken away": the first one starts the recovery clock.
-_NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_sigterm")
 
 # SkyPilot ManagedJobStatus -> how the last attempt ended, when only the queue record knows.
 _QUEUE_STATUS = {"SUCCEEDED": "complete", "CANCELLED": "cancelled", "FAILED": "error",
@@ -219,22 +216,18 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     `now` bills a still-running last attempt up to that time.
     `store` is the run's store URI: attempts on another cloud than its own pay internet egress.
     """
-    # A deadline's decisions belong to no attempt (skyspot/deadline.py): they bill nothing.
-    events = sorted((e for e in log.events if e.get("type") != "deadline_decision"), key=lambda e: e["ts"])
-    by_attempt: dict[int, list[dict]] = {}
-    for event in events:
-        by_attempt.setdefault(int(event.get("attempt", 0)), []).append(event)
-    numbers = sorted(by_attempt)
+    # A deadline's decisions belong to no attempt (skyspot/attempts.py): they bill nothing.
+    events = sorted((e for e in log.events if e.get("type") != DECISION_EVENT), key=lambda e: e["ts"])
+    split_attempts = split(events, now=now)
     warnings: list[str] = []
 
-    attempts = [_attempt_cost(n, by_attempt[n], last=(n == numbers[-1]), queue_record=queue_record,
-                              now=now, warnings=warnings) for n in numbers]
+    attempts = [_attempt_cost(a, queue_record=queue_record, warnings=warnings) for a in split_attempts]
     home = _store_cloud(store, warnings)
-    for attempt in attempts:
-        _add_egress(attempt, by_attempt[attempt.attempt], home, warnings)
+    for attempt, split_attempt in zip(attempts, split_attempts):
+        _add_egress(attempt, split_attempt.events, home, warnings)
     runs = step_runs(log)
-    details = [_recovery(prev, nxt, by_attempt[prev.attempt], by_attempt[nxt.attempt], runs)
-               for prev, nxt in zip(attempts, attempts[1:])]
+    details = [_recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs)
+               for i, (prev, nxt) in enumerate(zip(attempts, attempts[1:]))]
 
     useful = [r for r in runs if not r.recomputed]
     useful_seconds = sum(r.seconds for r in useful)
@@ -349,17 +342,10 @@ def step_runs(log: EventLog) -> list[StepRun]:
 # --- attempts ----------------------------------------------------------------------------
 
 
-def _attempt_cost(number: int, events: list[dict], *, last: bool, queue_record, now: Optional[float],
-                  warnings: list[str]) -> AttemptCost:
-    executor_start = _first(events, "attempt_start")
-    executor_end = _last(events, "attempt_end")
+def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) -> AttemptCost:
+    number, events = split_attempt.number, split_attempt.events
     trainer_starts = [e for e in events if e["type"] == "start"]
-    exits = [e for e in events if e["type"] == "exit"]
-
-    where = dict(executor_start.get("where") or {}) if executor_start else {}
-    for e in trainer_starts:
-        for key, value in (e.get("where") or {}).items():
-            where.setdefault(key, value)
+    where = dict(split_attempt.where)
     if queue_record is not None:
         from skyspot.executors.sky import where_from_queue
 
@@ -367,26 +353,13 @@ def _attempt_cost(number: int, events: list[dict], *, last: bool, queue_record, 
             if where.get(key) in (None, ""):
                 where[key] = value
 
-    start = executor_start["ts"] if executor_start else min(
-        (e["ts"] for e in trainer_starts), default=events[0]["ts"])
-    if executor_end:
-        end, reason = executor_end["ts"], _reason(executor_end.get("reason"))
-    elif exits:
-        final = max(exits, key=lambda e: e["ts"])
-        end, reason = final["ts"], _reason(final.get("reason"))
-    elif not last:
-        # A later attempt exists and this one left no exit: its process was killed with its node.
-        end, reason = events[-1]["ts"], "preempted"
-    elif queue_record is not None and _get(queue_record, "end_at"):
+    start, end, reason = split_attempt.start, split_attempt.end, split_attempt.reason
+    if split_attempt.open and queue_record is not None and _get(queue_record, "end_at"):
         end = float(_get(queue_record, "end_at"))
         reason = _QUEUE_STATUS.get(_status_name(_get(queue_record, "status")), "unknown")
-    elif now is not None:
-        end, reason = max(now, events[-1]["ts"]), "running"
-    else:
-        end, reason = events[-1]["ts"], "unknown"
 
     nodes = int(where.get("num_nodes") or len({e.get("node_rank") for e in trainer_starts}) or 1)
-    spot = _as_bool(where.get("spot"))
+    spot = is_spot(where)
     seconds = max(0.0, end - start)
     billed_hours = seconds / 3600 * nodes
     accelerator, count = _accelerator(where.get("accelerators"))
@@ -471,10 +444,10 @@ def _bytes(event: dict) -> int:
     return int(value)
 
 
-def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_events: list[dict], next_events: list[dict],
+def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_split: Attempt,
               runs: list[StepRun]) -> Recovery:
-    notices = [e["ts"] for e in prev_events if e["type"] in _NOTICE_TYPES]
-    notice_at = min(notices) if notices else None
+    prev_events, next_events = prev_split.events, next_split.events
+    notice_at = prev_split.notice_at
     checkpoints = [e["ts"] for e in prev_events if e["type"] == "emergency_checkpoint"]
     checkpoint_at = max(checkpoints) if checkpoints else None
     exits = [e["ts"] for e in prev_events if e["type"] == "exit"]
@@ -568,43 +541,8 @@ def _one_per_key(events: list[dict], type: str, keys: tuple[str, ...]) -> list[d
     return sorted(chosen.values(), key=lambda e: e["ts"])
 
 
-def _first(events: list[dict], type: str) -> Optional[dict]:
-    return next((e for e in events if e["type"] == type), None)
-
-
-def _last(events: list[dict], type: str) -> Optional[dict]:
-    return next((e for e in reversed(events) if e["type"] == type), None)
-
-
 def _gap(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else b - a
-
-
-def _reason(text: Any) -> str:
-    """Map the words trainers and executors use onto END_REASONS."""
-    word = str(text or "").strip().lower()
-    if word in END_REASONS:
-        return word
-    if word.startswith("complet") or word in ("done", "finished", "success", "succeeded"):
-        return "complete"
-    if "preempt" in word or word in ("signal", "sigterm", "sigkill", "terminated", "notice"):
-        return "preempted"
-    if "cancel" in word:
-        return "cancelled"
-    if word.startswith("fail") or word in ("exception", "crash", "crashed"):
-        return "error"
-    return word or "unknown"
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes", "spot")
-    return bool(value)
-
-
-def is_simulated(where: Mapping[str, Any]) -> bool:
-    """Whether a `where` describes a local run standing in for a cloud instance."""
-    return _as_bool(where.get("simulated")) or where.get("executor") == "local"
 
 
 def _accelerator(value: Any) -> tuple[Optional[str], Optional[int]]:

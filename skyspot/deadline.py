@@ -1,5 +1,9 @@
 """Deadlines: finish a run by a given time at the least cost (docs/deadline.md).
 
+One concept despite its length: the policy, what it is fed (`measure`), the simulator that replays it
+and the check and rows built on it must change together, since the simulator and the comparisons are
+only worth anything while they run the very decisions the controllers run.
+
     skyspot launch RECIPE --deadline 36h        # or an ISO time, or resources.deadline in the recipe
 
 Plain functions and no I/O, so the same code decides in the local executor, in the controller
@@ -42,6 +46,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
+from skyspot.attempts import DECISION_EVENT, is_spot, split
+
 SPOT, ON_DEMAND, IDLE = "spot", "on-demand", "idle"
 POLICIES = ("adaptive", "uniform-progress", "greedy")
 DEFAULT_POLICY = "adaptive"
@@ -65,7 +71,6 @@ CLOUD_RESTART_PRIOR_SECONDS = 900.0
 # imports, DeepSpeed's start and a resume take about this long for `tiny` on 2 cores.
 LOCAL_START_PRIOR_SECONDS = 30.0
 
-DECISION_EVENT = "deadline_decision"
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -315,57 +320,34 @@ def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hi
       (last step to the end of an attempt that did not complete) + recomputed steps per restart;
       mean for the line, worst for the safety net; `restart_prior` before any attempt has stepped.
     """
-    events = sorted(events, key=lambda e: e.get("ts", 0.0))
-    attempts: dict[int, dict[str, Any]] = {}
-    for e in events:
-        if e.get("type") == DECISION_EVENT:
-            continue
-        a = attempts.setdefault(int(e.get("attempt", 0)), {"steps": {}, "begin": None, "end": None, "spot": None,
-                                                             "reason": None, "starts": []})
-        kind = e.get("type")
-        if kind == "attempt_start":
-            a["begin"] = e["ts"]
-            a["spot"] = _spot(e.get("where"), a["spot"])
-        elif kind == "start":
-            a["starts"].append(e["ts"])
-            if a["spot"] is None:
-                a["spot"] = _spot(e.get("where"), None)
-        elif kind == "attempt_end":
-            a["end"], a["reason"] = e["ts"], str(e.get("reason") or "")
-        elif kind == "exit" and a["reason"] is None:
-            a["end"] = max(a["end"] or 0.0, e["ts"])
-            a["exit_reason"] = str(e.get("reason") or "")
-        elif kind == "step" and isinstance(e.get("step"), int):
-            held = a["steps"].get(e["step"])
-            rank = e.get("rank") if e.get("rank") is not None else 0
-            if held is None or rank < held[0]:
-                a["steps"][e["step"]] = (rank, e["ts"], float(e.get("step_seconds") or 0.0))
-
     by_mode: dict[str, list[float]] = {SPOT: [], ON_DEMAND: []}
     startups, wind_downs, lost = [], [], []
     seen_steps: set[int] = set()
-    numbers = sorted(attempts)
-    for i, number in enumerate(numbers):
-        a = attempts[number]
-        steps = sorted(a["steps"].items(), key=lambda kv: kv[1][1])
-        mode = SPOT if a["spot"] else ON_DEMAND
+    attempts = split(events)
+    for i, attempt in enumerate(attempts):
+        later = i + 1 < len(attempts)
+        lowest: dict[int, tuple[Any, float, float]] = {}  # step -> (rank, ts, seconds) of its lowest rank
+        for e in attempt.events:
+            if e.get("type") == "step" and isinstance(e.get("step"), int):
+                held = lowest.get(e["step"])
+                rank = e.get("rank") if e.get("rank") is not None else 0
+                if held is None or rank < held[0]:
+                    lowest[e["step"]] = (rank, e["ts"], float(e.get("step_seconds") or 0.0))
+        steps = sorted(lowest.items(), key=lambda kv: kv[1][1])
+        mode = SPOT if attempt.spot else ON_DEMAND
         by_mode[mode].extend(s for _, (_, _, s) in steps[1:] if s > 0)
         if len(steps) == 1 and steps[0][1][2] > 0:
             by_mode[mode].append(steps[0][1][2])
-        begin = a["begin"] if a["begin"] is not None else (min(a["starts"]) if a["starts"] else None)
-        if steps and begin is not None:
+        if steps and attempt.started:
             first_ts, first_seconds = steps[0][1][1], steps[0][1][2]
-            startups.append(max(0.0, first_ts - first_seconds - begin))
+            startups.append(max(0.0, first_ts - first_seconds - attempt.start))
         redo = [s for s, _ in steps if s in seen_steps]
         if redo:
-            lost.append(sum(a["steps"][s][2] for s in redo))
+            lost.append(sum(lowest[s][2] for s in redo))
         seen_steps.update(s for s, _ in steps)
-        end = a["end"]
-        if end is None and i + 1 < len(numbers) and steps:
-            end = steps[-1][1][1]  # killed with its node: it ended at its last step
-        reason = a["reason"] or a.get("exit_reason") or ""
-        complete = "complet" in reason
-        if steps and end is not None and not complete and i + 1 < len(numbers):
+        # Killed with its node (no end record, a later attempt): it ended at its last step.
+        end = attempt.end if attempt.recorded_end else (steps[-1][1][1] if later and steps else None)
+        if steps and end is not None and attempt.reason != "complete" and later:
             wind_downs.append(max(0.0, end - steps[-1][1][1]))
 
     sources: dict[str, str] = {}
@@ -396,13 +378,6 @@ def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hi
     worst = max(restart, worst, restart_prior or 0.0)
     return Estimates(step_seconds=step_seconds, restart_seconds=restart, restart_seconds_max=worst,
                      sources=sources)
-
-
-def _spot(where: Any, default: Optional[bool]) -> Optional[bool]:
-    if not isinstance(where, dict) or "spot" not in where:
-        return default
-    value = where["spot"]
-    return value.strip().lower() in ("true", "1", "yes", "spot") if isinstance(value, str) else bool(value)
 
 
 def progress(events: Iterable[dict]) -> int:
@@ -691,7 +666,7 @@ def observed_trace(events: list[dict], t0: float) -> Any:
             else:
                 windows.append((start, end))
     preempted = [e["ts"] - t0 for e in events if e.get("type") == "exit" and "preempt" in str(e.get("reason"))
-                 and _spot(e.get("where"), True)]
+                 and is_spot(e.get("where"))]
     losses = sorted([*preempted, *(a for a, _ in windows)])
 
     def available(t: float, preemptions: int = 0) -> bool:

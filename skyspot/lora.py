@@ -9,7 +9,7 @@ linear layers and their shapes (LlamaAttention, LlamaMLP in transformers):
     v_proj  hidden -> kv_heads * head_dim      up_proj    hidden -> intermediate
                                                down_proj  intermediate -> hidden
 
-Import-light and pure: planning.state_bytes uses it at CLI start-up.
+Import-light and pure: sizing.state_bytes uses it at CLI start-up.
 """
 
 from __future__ import annotations

@@ -116,19 +116,19 @@ def egress(recipe: Recipe, cloud: str, *, spot: bool, accelerator: Optional[str]
            environ: Optional[Mapping[str, str]] = None) -> Egress:
     """What a candidate on `cloud` is expected to pay per hour for traffic to and from the recipe's store.
 
-    - uploads: one checkpoint (`planning.state_bytes(...).checkpoint_bytes`, every node's part) per
+    - uploads: one checkpoint (`sizing.state_bytes(...).checkpoint_bytes`, every node's part) per
       checkpoint interval: `checkpoint.every_seconds`, or the planner's initial interval for `auto`.
       With `every_steps` as well, checkpoints may come more often: this is then a floor.
     - resume downloads (spot only): the same bytes once per expected preemption of the job, at
-      `checkpoint.mtbp_prior_seconds` or the planning module's prior (`planning.mtbp_prior`).
+      `checkpoint.mtbp_prior_seconds` or the cloud's prior (`clouds.mtbp_prior`).
     """
-    from skyspot import planning, pricing
+    from skyspot import clouds, pricing, sizing
 
     environ = os.environ if environ is None else environ
     store = pricing.store_cloud(recipe.storage.store)
     if store is None or store == cloud:
         return Egress(0.0, 0.0, 0.0, "" if store is None else "store's cloud")
-    state = planning.state_bytes(recipe, environ=environ)
+    state = sizing.state_bytes(recipe, environ=environ)
     if state.checkpoint_bytes is None:
         return Egress(None, None, 0.0, "egress unknown: checkpoint size unknown")
     interval = _interval_s(recipe, cloud, environ)
@@ -142,7 +142,7 @@ def egress(recipe: Recipe, cloud: str, *, spot: bool, accelerator: Optional[str]
     download = 0.0
     if spot:
         mtbp = (recipe.checkpoint.mtbp_prior_seconds
-                or planning.mtbp_prior(cloud, accelerator, recipe.resources.num_nodes).job_s)
+                or clouds.mtbp_prior(cloud, accelerator, recipe.resources.num_nodes).job_s)
         download = state.checkpoint_bytes * 3600 / mtbp
     usd = pricing.egress_price(cloud).cost(upload or 0.0) + pricing.egress_price(store).cost(download)
     return Egress(usd, upload, download, note)
@@ -150,23 +150,23 @@ def egress(recipe: Recipe, cloud: str, *, spot: bool, accelerator: Optional[str]
 
 def _interval_s(recipe: Recipe, cloud: str, environ: Mapping[str, str]) -> Optional[float]:
     """Seconds between interval checkpoints, when the recipe gives them in seconds (or `auto`)."""
-    from skyspot import planning
+    from skyspot.trainer.interval import initial_plan  # the interval the trainer will start with
 
     every = recipe.checkpoint.every_seconds
     if every == "auto":
-        plan = planning.initial_plan(recipe, cloud, environ=environ)
+        plan = initial_plan(recipe, cloud, environ=environ)
         return plan.every_seconds if plan else None
     return float(every) if every else None
 
 
 def egress_basis(recipe: Recipe, *, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """One line saying what the egress column of a plan assumes; None without a cloud store."""
-    from skyspot import planning, pricing
+    from skyspot import pricing, sizing
 
     store = pricing.store_cloud(recipe.storage.store)
     if store is None:
         return None
-    state = planning.state_bytes(recipe, environ=environ)
+    state = sizing.state_bytes(recipe, environ=environ)
     size = "unknown" if state.checkpoint_bytes is None else f"{state.checkpoint_bytes / 1e9:,.1f} GB"
     ckpt = recipe.checkpoint
     every = ckpt.every_seconds

@@ -115,23 +115,24 @@ def events_signature(run) -> Optional[str]:
 def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
     """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far,
     and for a run that failed, why (`cause`, as the local executor recorded it)."""
-    from skyspot.cost import cost_so_far, is_simulated
+    from skyspot.attempts import is_simulated, split
+    from skyspot.cost import cost_so_far
 
     now = now or time.time()
     events = log.events
     steps = [e["step"] for e in events if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
-    wheres = [e["where"] for e in events if e.get("type") in ("attempt_start", "start") and isinstance(e.get("where"), dict)]
+    started = [a for a in split(events) if a.started]
+    wheres = [a.where for a in started]
+    # Where the newest attempt runs; an earlier attempt's placement fills what it does not say yet.
     where = dict(wheres[-1]) if wheres else {}
-    # The executor's attempt_start knows more (simulated) than the trainer's start, which comes last.
     for earlier in reversed(wheres[:-1]):
         for key, value in earlier.items():
             where.setdefault(key, value)
-    attempts = {e.get("attempt") for e in events if e.get("type") in ("attempt_start", "start")}
     durable = [e["step"] for e in events
                if e.get("type") == "upload_end" and e.get("durable") is True and isinstance(e.get("step"), int)]
     committed = [e["step"] for e in events if e.get("type") == "checkpoint_end" and isinstance(e.get("step"), int)]
     status = run.status
-    recoveries = max(0, len(attempts) - 1)
+    recoveries = max(0, len(started) - 1)
     if queue_record:
         status = queue_record.get("status") or status
         recoveries = int(queue_record.get("recovery_count") or recoveries)

@@ -13,10 +13,10 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from skyspot import planning
 from skyspot.cli.main import app
 from skyspot.plan import candidates, egress
 from skyspot.recipe import load_recipe
+from skyspot.trainer.interval import initial_plan
 
 CKPT_70B = 846_644_477_952
 # Azure A100-80GB:8 spot, store on S3: 2 uploads/h leave Azure at $0.087/GB, 1 resume/h leaves AWS at $0.09/GB.
@@ -106,7 +106,7 @@ def test_egress_follows_the_recipe_checkpoint_interval_and_preemption_prior():
     calmer, _ = azure_egress("checkpoint.mtbp_prior_seconds=7200")
     assert calmer.download_bytes_per_hour == CKPT_70B / 2
     auto, recipe = azure_egress("checkpoint.every_seconds=auto")
-    every = planning.initial_plan(recipe, "azure", environ={}).every_seconds
+    every = initial_plan(recipe, "azure", environ={}).every_seconds
     assert auto.upload_bytes_per_hour == pytest.approx(CKPT_70B * 3600 / every)
     # An interval in steps only: the step time is unknown before the run, so uploads are not counted
     # (and the plan says so) rather than guessed.

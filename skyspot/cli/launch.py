@@ -200,7 +200,7 @@ def show_window_check(recipe, *, warn_only: bool) -> None:
     """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
     from rich.table import Table
 
-    from skyspot.planning import check_notice_windows
+    from skyspot.notice_window import check_notice_windows
 
     report = check_notice_windows(recipe)
     if not report.state.known:

@@ -64,7 +64,7 @@ def _recipe_rows(verbose: bool) -> list[dict]:
 
 
 def _window_fields(recipe) -> dict:
-    from skyspot.planning import check_notice_windows
+    from skyspot.notice_window import check_notice_windows
 
     report = check_notice_windows(recipe)
     if not report.state.known:

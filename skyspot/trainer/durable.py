@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
+from skyspot.clouds import NOTICE_WINDOWS_S
 from skyspot.errors import StoreError
 from skyspot.storage import Store, TransientStoreError, join_key, open_store, with_retries
 
-# Notice windows per cloud (their sources are in notice.py and docs/notices.md). A SIGTERM that
+# Notice windows per cloud: skyspot/clouds.py (sources there and in docs/notices.md). A SIGTERM that
 # came without a notice gets its cloud's window; elsewhere (local runs, unknown clouds) 30 s.
 DEFAULT_WINDOW_S = 30.0
 # Kept free before the deadline to record the exit and sync the event files.
@@ -39,14 +40,6 @@ EXIT_MARGIN_S = 3.0
 START_RETRIES = dict(attempts=6, base_delay=1.0, max_delay=8.0)
 # How long a completed run waits for its final checkpoint to become durable before exiting.
 FINAL_UPLOAD_S = 900.0
-
-
-def notice_windows() -> dict[str, float]:
-    try:
-        from skyspot.trainer.notice import AWS_NOTICE_WINDOW_S, AZURE_NOTICE_WINDOW_S, GCP_NOTICE_WINDOW_S
-    except ImportError:
-        return {}
-    return {"aws": AWS_NOTICE_WINDOW_S, "gcp": GCP_NOTICE_WINDOW_S, "azure": AZURE_NOTICE_WINDOW_S}
 
 
 def emergency_deadline(notice_deadline: Optional[float], first_seen: Optional[float], cloud: Optional[str],
@@ -58,7 +51,7 @@ def emergency_deadline(notice_deadline: Optional[float], first_seen: Optional[fl
     the signal); minus EXIT_MARGIN_S to record the exit and sync the events.
     """
     seen = first_seen or (time.time() if now is None else now)
-    deadline = notice_deadline or seen + notice_windows().get(cloud or "", DEFAULT_WINDOW_S)
+    deadline = notice_deadline or seen + NOTICE_WINDOWS_S.get(cloud or "", DEFAULT_WINDOW_S)
     raw = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "").strip()
     try:
         shutdown = float(raw) if raw else None

@@ -18,7 +18,7 @@ while SkyPilot's root disk is network storage of a few hundred MB/s (docs/planni
    with a symlink, unless it already holds something (then nothing is moved: one line says so);
 4. writes and fsyncs `--measure-mb` MiB there once and records the bandwidth in
    `<link>/.local_disk.json`; the trainer emits it as a `local_disk` event at its next start
-   (`record_event`), so the planner (`planning.measured_bandwidth`) and the cost report use the
+   (`record_event`), so the window check (`notice_window.measured_bandwidth`) and the cost report use the
    node's measured disk, not a table.
 
 Nothing here is fatal: without NVMe, or when a command fails, the run directory stays on the root

@@ -1,5 +1,10 @@
 """Shutdown-warning watchers: learn from the cloud's metadata service that this VM is about to go.
 
+One concept despite its length: three clouds' metadata protocols (IMDSv2 tokens, GCP's hanging GETs,
+Azure's Scheduled Events and their approval) all answer the one question "when does this VM go?",
+and share the thread, backoff and delivery machinery below; the clouds' published windows and poll
+periods themselves live in skyspot/clouds.py.
+
 A VM is told before it is taken away, through endpoints only the VM itself can reach:
 
     AWS    GET /latest/meta-data/spot/instance-action            spot interruption, 2 min ahead
@@ -60,21 +65,14 @@ from datetime import datetime
 from typing import Callable, Mapping
 from urllib.parse import urlencode, urlsplit
 
+from skyspot.clouds import (AWS_NOTICE_WINDOW_S, AWS_POLL_S, AZURE_NOTICE_WINDOW_S, AZURE_POLL_S,
+                            GCP_GPU_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_NOTICE_S, GCP_NOTICE_WINDOW_S,
+                            NOTICE_WINDOWS_S)
+
 log = logging.getLogger(__name__)
 
-# Notice windows: how long between a preemption notice and the VM going away.
-AWS_NOTICE_WINDOW_S = 120.0  # "two minutes before": https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
-GCP_NOTICE_WINDOW_S = 30.0  # ACPI soft off, hard off 30 s later: https://cloud.google.com/compute/docs/instances/spot#preemption-process
-AZURE_NOTICE_WINDOW_S = 30.0  # Preempt minimum notice: https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events#event-scheduling
-# Planned maintenance on GCP: "Compute Engine gives GPU VMs a 1-hour stopping notice, while normal VMs
-# receive only a 60-second notice": https://cloud.google.com/compute/docs/gpus/gpu-host-maintenance
-GCP_GPU_MAINTENANCE_NOTICE_S = 3600.0
-GCP_MAINTENANCE_NOTICE_S = 60.0
-
-# How often to ask.
-AWS_POLL_S = 5.0  # "check for these interruption notices every 5 seconds" (the AWS page above)
+# Notice windows and poll periods are cloud facts (skyspot/clouds.py), shared with the CLI's window check.
 AWS_MAINTENANCE_POLL_S = 60.0  # ours: scheduled events come days ahead ("at least 14 days" for most)
-AZURE_POLL_S = 1.0  # "we recommend that you poll the service once per second" (the Azure page above)
 GCP_RETRY_S = 1.0  # the Compute docs' sample retries a 503 after 1 s; the GET itself hangs
 GCP_WAIT_TIMEOUT_S = 60  # timeout_sec of each hanging GET; reconnect with last_etag after it
 
@@ -412,8 +410,7 @@ class Watcher:
         self._on_notice = on_notice
         self._on_warning = on_warning
         self._poll = poll_interval
-        self._lead = float(lead) if lead is not None else {
-            "aws": AWS_NOTICE_WINDOW_S, "gcp": GCP_NOTICE_WINDOW_S, "azure": AZURE_NOTICE_WINDOW_S}[cloud]
+        self._lead = float(lead) if lead is not None else NOTICE_WINDOWS_S[cloud]
         self._env = dict(env)
         self._http = _Http(endpoint, fallback_target(env) if cloud == "gcp" else None)
         self._done = threading.Event()

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from skyspot.cli.main import app
 from skyspot.events import read_events_dir
 from skyspot.ledger import Ledger
-from skyspot.planning import daly_interval
+from skyspot.trainer.interval import daly_interval
 from tests.conftest import REFERENCE_STEPS
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """checkpoint.every_seconds=auto in the trainer: the planner over a run's events (interval.py).
-Hand-computed against planning.py's formulas; no training needed."""
+Hand-computed against the interval policy's formulas; no training needed."""
 
 from __future__ import annotations
 
