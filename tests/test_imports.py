@@ -98,3 +98,11 @@ def test_the_rule_catches_a_trainer_module_importing_the_cli(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from skyspot.cli.common import err\n")
     assert "skyspot.cli.common" in _imports(bad) - set(TRAINER_MAY_IMPORT)
+
+
+def test_nothing_below_the_cli_imports_the_cli():
+    """The CLI is the thin shell on top: executors, runs, cost and the rest print through
+    skyspot.console and raise skyspot.errors; none of them reaches back up into skyspot.cli."""
+    wrong = {f"{module} imports {name}" for module, names in _modules().items()
+             if not module.startswith("skyspot.cli") for name in names if name.startswith("skyspot.cli")}
+    assert not wrong, "the arrows run upward:\n" + "\n".join(sorted(wrong))

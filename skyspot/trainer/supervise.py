@@ -35,10 +35,11 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from skyspot.clouds import NOTICE_WINDOWS_S
 from skyspot.trainer.exit_codes import TOKEN_ENV, USAGE, describe, read_exit_record
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
-DEFAULT_GRACE_S = 120.0  # AWS's notice window; GCP and Azure give about 30 s
+DEFAULT_GRACE_S = max(NOTICE_WINDOWS_S.values())  # the longest notice window (AWS's); GCP and Azure give 30 s
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
