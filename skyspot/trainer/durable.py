@@ -108,7 +108,8 @@ class StoreTier:
     # ------------------------------------------------------------------ start (global rank 0)
     def probe(self, *, fresh: bool = False, retries: Optional[dict] = None) -> Probe:
         """Ask the store what a start needs: is the run there, which checkpoints are durable, which attempt this is."""
-        from skyspot.trainer.uploader import RUN_JSON_KEY, next_attempt, remote_checkpoints
+        from skyspot.trainer.rundir import RUN_JSON, next_attempt_in_store
+        from skyspot.trainer.uploader import remote_checkpoints
 
         retries = START_RETRIES if retries is None else retries
         where = f"{self.uri}/{self.run_id}"
@@ -119,8 +120,8 @@ class StoreTier:
                     f"--fresh cannot start {self.run_id!r} over: {where} holds its checkpoints "
                     f"(steps {', '.join(map(str, steps))}), and the store's are never deleted; use another "
                     "--run-name, or delete that prefix yourself"))
-            run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON_KEY)), **retries)
-            attempt = next_attempt(self.store, self.run_id, **retries)
+            run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON)), **retries)
+            attempt = next_attempt_in_store(self.store, self.run_id, **retries)
         except TransientStoreError as err:
             return Probe(warning=(f"cannot reach the store {where} ({err}); resuming from local checkpoints if "
                                   "there are any; uploads retry in the background"))

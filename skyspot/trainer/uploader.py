@@ -45,11 +45,9 @@ never superseded here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -63,40 +61,22 @@ from typing import Callable, TypeVar
 from skyspot.errors import CheckpointError, StoreError
 from skyspot.events import EVENTS_DIR, EventWriter
 from skyspot.storage import Store, TransientStoreError, join_key, with_retries
+from skyspot.trainer import manifest as mf
+from skyspot.trainer.rundir import CHECKPOINTS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CHECKPOINTS_DIR = "checkpoints"
-MANIFEST = "manifest.json"
-COMMIT_MARKER = "COMMITTED"
-ATTEMPTS_KEY = "attempts.json"
-RUN_JSON_KEY = "run.json"
-_STEP_RE = re.compile(r"^step_(\d+)$")
-_MARKER_RE = re.compile(r"^COMMITTED\.node-(\d+)-of-(\d+)$")
-_HASH_CHUNK = 8 * 1024 * 1024
-
-
 def checkpoint_prefix(run_prefix: str, step: int) -> str:
     """The key prefix of one checkpoint: `<run_prefix>/checkpoints/step_<N>`."""
-    return join_key(run_prefix, CHECKPOINTS_DIR, f"step_{step}")
-
-
-def manifest_name(node_rank: int) -> str:
-    """Node K's manifest in the store (locally it is `manifest.json`)."""
-    return f"manifest.node-{node_rank}.json"
-
-
-def marker_name(node_rank: int, num_nodes: int) -> str:
-    """Node K's commit marker in the store (locally `COMMITTED`); the name says how many nodes there are."""
-    return f"COMMITTED.node-{node_rank}-of-{num_nodes}"
+    return join_key(run_prefix, CHECKPOINTS, mf.step_dir_name(step))
 
 
 def _markers(keys) -> set[tuple[int, int]]:
     """(node, nodes) of every node marker among a checkpoint's keys."""
     found = set()
     for key in keys:
-        match = _MARKER_RE.match(key.rsplit("/", 1)[-1])
+        match = mf.NODE_MARKER.match(key.rsplit("/", 1)[-1])
         if match:
             found.add((int(match.group(1)), int(match.group(2))))
     return found
@@ -460,24 +440,24 @@ class Uploader:
             self._fail(job, str(stop), start, warn=False)
             return
         job.done_bytes = sum(size for rel, size in files.items() if rel in streamed)
-        manifest_key = join_key(prefix, manifest_name(self.node_rank))
-        marker_key = join_key(prefix, marker_name(self.node_rank, self.num_nodes))
+        manifest_key = join_key(prefix, mf.node_manifest_name(self.node_rank))
+        marker_key = join_key(prefix, mf.node_marker_name(self.node_rank, self.num_nodes))
         uploaded: list[str] = []
         try:
             existing = self._retry(job, lambda: self.store.list(prefix + "/"))
-            mine = [k for k in existing if (m := _MARKER_RE.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank]
+            mine = [k for k in existing if (m := mf.NODE_MARKER.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank]
             if mine:
                 # An earlier attempt got this node's part there. The same checkpoint (a resume from
                 # it) needs no upload; a different one replaces it, and the old marker must not
                 # vouch for half-replaced files, so it goes first.
                 remote = self._retry(job, lambda: self.store.get_bytes(manifest_key))
-                if marker_key in mine and remote == (job.local_dir / MANIFEST).read_bytes():
+                if marker_key in mine and remote == (job.local_dir / mf.MANIFEST).read_bytes():
                     self._succeed(job, start, 0)
                     return
                 self._retry(job, lambda: self.store.delete(mine))
             self._put_all(job, prefix, [rel for rel in files if rel not in streamed], uploaded)
             # Two small files from done: finished even if a newer checkpoint just arrived.
-            for name, key in ((MANIFEST, manifest_key), (COMMIT_MARKER, marker_key)):
+            for name, key in ((mf.MANIFEST, manifest_key), (mf.MARKER, marker_key)):
                 self._put_one(job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded,
                               check=False)
         except _Abandoned as stop:
@@ -670,7 +650,7 @@ class Uploader:
 
     def _cleanup(self, prefix: str, uploaded: list[str]) -> None:
         """Best effort: delete a failed upload's files. Without a marker they never count anyway."""
-        keys = [k for k in uploaded if not _MARKER_RE.match(k.rsplit("/", 1)[-1])]
+        keys = [k for k in uploaded if not mf.NODE_MARKER.match(k.rsplit("/", 1)[-1])]
         try:
             self.store.delete(keys)
         except StoreError as error:
@@ -693,8 +673,8 @@ class Uploader:
                 with self._cv:
                     self._durable.discard(step)
                 keys = sorted(listing[step])
-                self.store.delete([k for k in keys if k.rsplit("/", 1)[-1].startswith(COMMIT_MARKER)])
-                self.store.delete([k for k in keys if not k.rsplit("/", 1)[-1].startswith(COMMIT_MARKER)])
+                self.store.delete([k for k in keys if mf.is_marker(k.rsplit("/", 1)[-1])])
+                self.store.delete([k for k in keys if not mf.is_marker(k.rsplit("/", 1)[-1])])
             if durable and self.node_rank == 0:
                 for step, keys in listing.items():
                     if step < durable[-1] and step not in durable:
@@ -719,12 +699,12 @@ class Uploader:
 
 def _local_files(local_dir: Path) -> dict[str, int]:
     """The data files a committed local checkpoint lists, with sizes checked against its manifest."""
-    if not (local_dir / COMMIT_MARKER).is_file():
-        raise ValueError(f"{local_dir} has no {COMMIT_MARKER} marker")
+    if not (local_dir / mf.MARKER).is_file():
+        raise ValueError(f"{local_dir} has no {mf.MARKER} marker")
     try:
-        files = _manifest_files(json.loads((local_dir / MANIFEST).read_text(encoding="utf-8")))
+        files = mf.file_table(json.loads((local_dir / mf.MANIFEST).read_text(encoding="utf-8")))
     except ValueError as error:
-        raise ValueError(f"{local_dir / MANIFEST}: {error}") from None
+        raise ValueError(f"{local_dir / mf.MANIFEST}: {error}") from None
     sizes = {}
     for rel, meta in files.items():
         size = (local_dir / rel).stat().st_size
@@ -734,30 +714,11 @@ def _local_files(local_dir: Path) -> dict[str, int]:
     return sizes
 
 
-def _reserved(name: str) -> bool:
-    return name in (MANIFEST, COMMIT_MARKER) or name.startswith(("manifest.node-", "COMMITTED."))
-
-
-def _manifest_files(manifest: object) -> dict[str, dict]:
-    """The manifest's file table, checked: paths stay inside the checkpoint, each has a size and sha256."""
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise ValueError("no 'files' table")
-    for rel, meta in files.items():
-        parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or _reserved(rel):
-            raise ValueError(f"unsafe path {rel!r}")
-        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int)
-                and isinstance(meta.get("sha256"), str)):
-            raise ValueError(f"entry {rel!r} lacks an integer size and a sha256")
-    return files
-
-
 def _remote_listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
-    root = join_key(run_prefix, CHECKPOINTS_DIR) + "/"
+    root = join_key(run_prefix, CHECKPOINTS) + "/"
     steps: dict[int, set[str]] = {}
     for key in store.list(root):
-        match = _STEP_RE.match(key[len(root):].split("/", 1)[0])
+        match = mf.STEP_DIR.match(key[len(root):].split("/", 1)[0])
         if match:
             steps.setdefault(int(match.group(1)), set()).add(key)
     return steps
@@ -770,14 +731,6 @@ def _durable_steps(listing: dict[int, set[str]]) -> list[int]:
 def remote_checkpoints(store: Store, run_prefix: str) -> list[int]:
     """Durable steps (every node's marker exists), oldest first. Their files are verified on download."""
     return _durable_steps(_remote_listing(store, run_prefix))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
@@ -801,29 +754,29 @@ def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str
     keys = get(lambda: store.list(prefix + "/"))
     if not is_durable_listing(keys):
         have = sorted(f"node {k} of {n}" for k, n in _markers(keys))
-        raise CheckpointError(f"{where} is not durable: it lacks a {COMMIT_MARKER} marker of every node"
+        raise CheckpointError(f"{where} is not durable: it lacks a {mf.MARKER} marker of every node"
                               + (f" (has {', '.join(have)})" if have else ""))
     nodes = max(n for _, n in _markers(keys) if all((k, n) in _markers(keys) for k in range(n)))
     if node_rank >= nodes and any_node:
         node_rank = 0  # a node the writer did not have: node 0's part names the step (reshard.py gathers the rest)
     if node_rank >= nodes:
         raise CheckpointError(f"{where} was written by {nodes} nodes; this is node {node_rank}")
-    marker = get(lambda: store.get_bytes(join_key(prefix, marker_name(node_rank, nodes))))
+    marker = get(lambda: store.get_bytes(join_key(prefix, mf.node_marker_name(node_rank, nodes))))
     if marker is None:
         raise CheckpointError(f"{where}: the marker of node {node_rank} is missing")
-    raw = get(lambda: store.get_bytes(join_key(prefix, manifest_name(node_rank))))
+    raw = get(lambda: store.get_bytes(join_key(prefix, mf.node_manifest_name(node_rank))))
     if raw is None:
-        raise CheckpointError(f"{where}: {manifest_name(node_rank)} is missing")
+        raise CheckpointError(f"{where}: {mf.node_manifest_name(node_rank)} is missing")
     try:
         expected = json.loads(marker).get("manifest_sha256")
     except (ValueError, AttributeError):
         raise CheckpointError(f"{where}: the marker of node {node_rank} is not valid JSON") from None
-    if expected is not None and hashlib.sha256(raw).hexdigest() != expected:
-        raise CheckpointError(f"{where}: {manifest_name(node_rank)} does not match its marker's hash")
+    if expected is not None and mf.sha256_bytes(raw) != expected:
+        raise CheckpointError(f"{where}: {mf.node_manifest_name(node_rank)} does not match its marker's hash")
     try:
-        files = _manifest_files(json.loads(raw))
+        files = mf.file_table(json.loads(raw))
     except ValueError as error:  # json.JSONDecodeError is a ValueError
-        raise CheckpointError(f"{where}: {manifest_name(node_rank)} is unusable ({error})") from None
+        raise CheckpointError(f"{where}: {mf.node_manifest_name(node_rank)} is unusable ({error})") from None
 
     target.parent.mkdir(parents=True, exist_ok=True)
     temp = target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
@@ -846,15 +799,15 @@ def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str
             if size != meta["size"]:
                 raise CheckpointError(
                     f"{where}: file {rel!r} is corrupt ({size} bytes, the manifest says {meta['size']})")
-            if _sha256(temp / rel) != meta["sha256"].lower():
+            if mf.sha256_file(temp / rel) != meta["sha256"].lower():
                 raise CheckpointError(f"{where}: file {rel!r} is corrupt (sha256 does not match the manifest)")
 
         # hashlib releases the GIL on large buffers, so hashing in threads uses several cores.
         with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
             for _ in pool.map(verify, sorted(files)):
                 pass
-        (temp / MANIFEST).write_bytes(raw)
-        (temp / COMMIT_MARKER).write_bytes(marker)  # last, as when the checkpoint was written
+        (temp / mf.MANIFEST).write_bytes(raw)
+        (temp / mf.MARKER).write_bytes(marker)  # last, as when the checkpoint was written
         if target.exists():
             stale = target.with_name(f".{target.name}.stale-{uuid.uuid4().hex[:8]}")
             os.replace(target, stale)
@@ -863,27 +816,3 @@ def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     return target
-
-
-def next_attempt(store: Store, run_prefix: str, *, attempts: int = 4, base_delay: float = 0.5,
-                 max_delay: float = 5.0) -> int:
-    """Count one more start of the run in `<run_prefix>/attempts.json` and return it (1 for the first).
-
-    Best effort, not atomic: two racers could read the same count. That is fine because
-    only rank 0 of node 0 calls it, once per start. An unreadable counter restarts at 1
-    rather than stopping training. Transient errors are retried `attempts` times; then
-    the `StoreError` propagates.
-    """
-    key = join_key(run_prefix, ATTEMPTS_KEY)
-    retry = dict(attempts=attempts, base_delay=base_delay, max_delay=max_delay)
-    raw = with_retries(lambda: store.get_bytes(key), **retry)
-    previous = 0
-    if raw is not None:
-        try:
-            previous = int(json.loads(raw)["attempt"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("%s/%s is unreadable; counting attempts from 1 again", store.uri, key)
-    attempt = previous + 1
-    body = json.dumps({"attempt": attempt, "updated": time.time()}).encode()
-    with_retries(lambda: store.put_bytes(key, body), **retry)
-    return attempt

@@ -34,7 +34,6 @@ finish (uploader.keep_in_flight).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import threading
@@ -48,7 +47,7 @@ import torch
 from skyspot.storage import StoreError
 from skyspot.trainer.faults import fault_point
 from skyspot.trainer.files import atomic_write_bytes, fsync_dir
-from skyspot.trainer.manifest import write_manifest, write_marker
+from skyspot.trainer.manifest import LATEST, new_digest, write_manifest, write_marker
 
 Exchange = Callable[[Any], list]
 
@@ -96,7 +95,7 @@ class _HashingFile:
 
     def __init__(self, f, on_first_write: Callable[[], None], stream=None):
         self._f = f
-        self.sha = hashlib.sha256()
+        self.sha = new_digest()
         self.size = 0
         self._first = on_first_write
         self._stream = stream
@@ -336,9 +335,9 @@ class CheckpointWriter:
         if batch.stream and self.stream_sink is not None:
             self.stream_sink.expect_streams(batch.step)  # before the hooks submit the step
         try:
-            atomic_write_bytes(batch.directory.parent / "latest", batch.directory.name.encode())
+            atomic_write_bytes(batch.directory.parent / LATEST, batch.directory.name.encode())
         except OSError as err:
-            self.warn(f"could not update {batch.directory.parent / 'latest'} (advisory): {err}")
+            self.warn(f"could not update {batch.directory.parent / LATEST} (advisory): {err}")
         for hook in list(self.on_committed):
             try:
                 hook(batch.step, batch.directory)
