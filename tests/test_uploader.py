@@ -15,7 +15,8 @@ from skyspot.errors import CheckpointError, StoreError
 from skyspot.events import EventWriter, read_events_dir
 from skyspot.storage import GCSStore, S3Store, open_store, parse_store_uri
 from skyspot.trainer.rundir import next_attempt_in_store
-from skyspot.trainer.uploader import Uploader, download_checkpoint, remote_checkpoints
+from skyspot.trainer.remote import download_checkpoint, remote_checkpoints
+from skyspot.trainer.uploader import Uploader
 
 RUN = "run-1"
 FAST = dict(retry_base_delay=0.05, retry_max_delay=0.2)
@@ -341,7 +342,7 @@ def node_checkpoint(run_dir: Path, step: int, node: int) -> Path:
 
 
 def test_durability_needs_every_nodes_marker_and_the_marker_says_how_many_nodes():
-    from skyspot.trainer.uploader import is_durable_listing
+    from skyspot.trainer.remote import is_durable_listing
 
     assert is_durable_listing(["s/COMMITTED.node-0-of-1"])
     assert not is_durable_listing(["s/COMMITTED.node-0-of-2", "s/manifest.node-1.json"])

@@ -1,4 +1,4 @@
-"""Background upload of committed local checkpoints to the run's store, and reading them back.
+"""The upload worker: committed local checkpoints to the run's store, in the background.
 
 The trainer saves to a local fast tier and hands each committed checkpoint to one
 `Uploader` per node (the caller runs it on local rank 0); the training loop never waits
@@ -14,14 +14,9 @@ on the network:
 
 Local checkpoint contract (written by the checkpoint module): `step_<N>/` holds the files
 this node's ranks wrote, `manifest.json` with `"files": {relpath: {"size", "sha256"}}`,
-and the `COMMITTED` marker written last. Remote layout under `<run_prefix>/`:
-
-    checkpoints/step_<N>/<files of every node>                 file names are unique per rank
-    checkpoints/step_<N>/manifest.node-<K>.json                node K's manifest
-    checkpoints/step_<N>/COMMITTED.node-<K>-of-<NODES>         node K's marker, its last upload
-    events/*.jsonl                                             (sync_events)
-    run.json, final/...                                        (sync_small, put_tree)
-    attempts.json                                              (next_attempt)
+and the `COMMITTED` marker written last (manifest.py). Remote layout: remote.py, which also
+lists and downloads; beside the checkpoints this worker syncs `events/*.jsonl` (sync_events)
+and `run.json`, `final/...` (sync_small, put_tree).
 
 Each node uploads its own files, then its manifest, then its marker. A remote checkpoint
 is *durable* only when the markers of all NODES nodes exist (the marker's name carries
@@ -41,6 +36,10 @@ reports which files arrived (`streams_done`); the job waits for that report, upl
 disk only the files that did not arrive, then the manifest and the marker. The writer decides
 whether streams are abandoned for a newer checkpoint, so a job waiting for its streams is
 never superseded here.
+
+One concept although long: one background worker's state (the queue, newest-wins, the
+deadline race, streamed files, retries through outages, retention) under one lock, which
+has to be read together to be trusted.
 """
 
 from __future__ import annotations
@@ -48,44 +47,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from skyspot.errors import CheckpointError, StoreError
+from skyspot.errors import StoreError
 from skyspot.events import EVENTS_DIR, EventWriter
 from skyspot.storage import Store, TransientStoreError, join_key, with_retries
 from skyspot.trainer import manifest as mf
-from skyspot.trainer.rundir import CHECKPOINTS
+from skyspot.trainer.remote import checkpoint_prefix, durable_steps, listing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-def checkpoint_prefix(run_prefix: str, step: int) -> str:
-    """The key prefix of one checkpoint: `<run_prefix>/checkpoints/step_<N>`."""
-    return join_key(run_prefix, CHECKPOINTS, mf.step_dir_name(step))
-
-
-def _markers(keys) -> set[tuple[int, int]]:
-    """(node, nodes) of every node marker among a checkpoint's keys."""
-    found = set()
-    for key in keys:
-        match = mf.NODE_MARKER.match(key.rsplit("/", 1)[-1])
-        if match:
-            found.add((int(match.group(1)), int(match.group(2))))
-    return found
-
-
-def is_durable_listing(keys) -> bool:
-    """Whether a checkpoint's keys include the markers of every node (for some node count). Pure."""
-    markers = _markers(keys)
-    return any(all((k, n) in markers for k in range(n)) for n in {n for _, n in markers})
 
 
 def keep_in_flight(current_left_bytes: int, new_bytes: int, bytes_per_second: float | None,
@@ -373,7 +350,7 @@ class Uploader:
 
     def refresh_durable(self) -> list[int]:
         """List the store and update which checkpoints are durable (every node's marker there)."""
-        durable = _durable_steps(_remote_listing(self.store, self.run_prefix))
+        durable = durable_steps(listing(self.store, self.run_prefix))
         with self._cv:
             self._durable = set(durable)
             self._cv.notify_all()
@@ -664,19 +641,19 @@ class Uploader:
         other over the same keys.
         """
         try:
-            listing = _remote_listing(self.store, self.run_prefix)
-            durable = _durable_steps(listing)
+            keys_by_step = listing(self.store, self.run_prefix)
+            durable = durable_steps(keys_by_step)
             doomed = durable[:-self.keep] if self.keep is not None and self.node_rank == 0 else []
             with self._cv:
                 self._durable = set(durable)
             for step in doomed:
                 with self._cv:
                     self._durable.discard(step)
-                keys = sorted(listing[step])
+                keys = sorted(keys_by_step[step])
                 self.store.delete([k for k in keys if mf.is_marker(k.rsplit("/", 1)[-1])])
                 self.store.delete([k for k in keys if not mf.is_marker(k.rsplit("/", 1)[-1])])
             if durable and self.node_rank == 0:
-                for step, keys in listing.items():
+                for step, keys in keys_by_step.items():
                     if step < durable[-1] and step not in durable:
                         self.store.delete(sorted(keys))
         except StoreError as error:
@@ -694,9 +671,6 @@ class Uploader:
                 log.exception("events sync failed")
 
 
-# ---------------------------------------------------------------------- reading back
-
-
 def _local_files(local_dir: Path) -> dict[str, int]:
     """The data files a committed local checkpoint lists, with sizes checked against its manifest."""
     if not (local_dir / mf.MARKER).is_file():
@@ -712,107 +686,3 @@ def _local_files(local_dir: Path) -> dict[str, int]:
             raise ValueError(f"{rel} is {size} bytes, the manifest says {meta['size']}")
         sizes[rel] = size
     return sizes
-
-
-def _remote_listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
-    root = join_key(run_prefix, CHECKPOINTS) + "/"
-    steps: dict[int, set[str]] = {}
-    for key in store.list(root):
-        match = mf.STEP_DIR.match(key[len(root):].split("/", 1)[0])
-        if match:
-            steps.setdefault(int(match.group(1)), set()).add(key)
-    return steps
-
-
-def _durable_steps(listing: dict[int, set[str]]) -> list[int]:
-    return sorted(step for step, keys in listing.items() if is_durable_listing(keys))
-
-
-def remote_checkpoints(store: Store, run_prefix: str) -> list[int]:
-    """Durable steps (every node's marker exists), oldest first. Their files are verified on download."""
-    return _durable_steps(_remote_listing(store, run_prefix))
-
-
-def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
-                        max_workers: int = 8, *, node_rank: int = 0, any_node: bool = False) -> Path:
-    """Download node `node_rank`'s part of a durable checkpoint to `local_dir`, verifying every file.
-
-    Only the files the node's manifest lists come down (each node's directory holds only
-    what its ranks wrote), as `manifest.json` and `COMMITTED` locally. Files land in a
-    hidden sibling directory that is renamed into place once all of them check out, so a
-    half download never looks like a checkpoint. Raises `CheckpointError` naming the file
-    when one is missing or corrupt (the caller falls back to an earlier checkpoint);
-    `StoreError` when the store stays unreachable.
-    """
-    target = Path(local_dir)
-    prefix = checkpoint_prefix(run_prefix, step)
-    where = f"checkpoint step_{step} in {store.uri}"
-
-    def get(fn):
-        return with_retries(fn, attempts=4, base_delay=0.5, max_delay=5.0)
-
-    keys = get(lambda: store.list(prefix + "/"))
-    if not is_durable_listing(keys):
-        have = sorted(f"node {k} of {n}" for k, n in _markers(keys))
-        raise CheckpointError(f"{where} is not durable: it lacks a {mf.MARKER} marker of every node"
-                              + (f" (has {', '.join(have)})" if have else ""))
-    nodes = max(n for _, n in _markers(keys) if all((k, n) in _markers(keys) for k in range(n)))
-    if node_rank >= nodes and any_node:
-        node_rank = 0  # a node the writer did not have: node 0's part names the step (reshard.py gathers the rest)
-    if node_rank >= nodes:
-        raise CheckpointError(f"{where} was written by {nodes} nodes; this is node {node_rank}")
-    marker = get(lambda: store.get_bytes(join_key(prefix, mf.node_marker_name(node_rank, nodes))))
-    if marker is None:
-        raise CheckpointError(f"{where}: the marker of node {node_rank} is missing")
-    raw = get(lambda: store.get_bytes(join_key(prefix, mf.node_manifest_name(node_rank))))
-    if raw is None:
-        raise CheckpointError(f"{where}: {mf.node_manifest_name(node_rank)} is missing")
-    try:
-        expected = json.loads(marker).get("manifest_sha256")
-    except (ValueError, AttributeError):
-        raise CheckpointError(f"{where}: the marker of node {node_rank} is not valid JSON") from None
-    if expected is not None and mf.sha256_bytes(raw) != expected:
-        raise CheckpointError(f"{where}: {mf.node_manifest_name(node_rank)} does not match its marker's hash")
-    try:
-        files = mf.file_table(json.loads(raw))
-    except ValueError as error:  # json.JSONDecodeError is a ValueError
-        raise CheckpointError(f"{where}: {mf.node_manifest_name(node_rank)} is unusable ({error})") from None
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
-    temp.mkdir()
-    try:
-        def missing() -> list[str]:
-            return [rel for rel, meta in files.items()
-                    if not (temp / rel).is_file() or (temp / rel).stat().st_size != meta["size"]]
-
-        try:
-            # A retry after a transient error fetches only what is not there yet.
-            get(lambda: store.download_files(prefix, missing(), temp, max_workers))
-        except FileNotFoundError as error:
-            rel = str(error.filename).removeprefix(f"{store.uri}/{prefix}/")
-            raise CheckpointError(f"{where}: file {rel!r} is missing from the store") from None
-
-        def verify(rel: str) -> None:
-            meta = files[rel]
-            size = (temp / rel).stat().st_size
-            if size != meta["size"]:
-                raise CheckpointError(
-                    f"{where}: file {rel!r} is corrupt ({size} bytes, the manifest says {meta['size']})")
-            if mf.sha256_file(temp / rel) != meta["sha256"].lower():
-                raise CheckpointError(f"{where}: file {rel!r} is corrupt (sha256 does not match the manifest)")
-
-        # hashlib releases the GIL on large buffers, so hashing in threads uses several cores.
-        with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-            for _ in pool.map(verify, sorted(files)):
-                pass
-        (temp / mf.MANIFEST).write_bytes(raw)
-        (temp / mf.MARKER).write_bytes(marker)  # last, as when the checkpoint was written
-        if target.exists():
-            stale = target.with_name(f".{target.name}.stale-{uuid.uuid4().hex[:8]}")
-            os.replace(target, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(temp, target)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    return target

@@ -20,7 +20,8 @@ from skyspot.trainer import rundir
 from skyspot.trainer.checkpoint import CheckpointManager
 from skyspot.trainer.cluster import Placement
 from skyspot.trainer.durable import EXIT_MARGIN_S, StoreTier, emergency_deadline
-from skyspot.trainer.uploader import Uploader, remote_checkpoints
+from skyspot.trainer.remote import remote_checkpoints
+from skyspot.trainer.uploader import Uploader
 
 RUN = "run-1"
 ONE = Placement(rank=0, world_size=1, local_rank=0, node_rank=0, num_nodes=1)
