@@ -117,7 +117,8 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-    from skyspot.trainer.checkpoint import TrainState, remove_checkpoint_dir
+    from skyspot.trainer.checkpoint import TrainState
+    from skyspot.trainer.manifest import remove_checkpoint_dir
 
     engine, p = run.engine, run.placement
     samples = 0

@@ -48,7 +48,6 @@ from typing import Any, Callable, Optional, Protocol
 
 from skyspot.errors import CheckpointError, StoreError
 from skyspot.trainer import manifest as mf
-from skyspot.trainer.files import fsync_dir
 from skyspot.trainer.rundir import checkpoints_dir
 
 TRAINER_STATE = "trainer_state_rank_{rank}.pt"
@@ -175,16 +174,6 @@ def resharding(manifest: dict[str, Any], world_size: int, num_nodes: Optional[in
     if int(manifest.get("world_size") or world_size) != world_size:
         return True
     return num_nodes is not None and int(manifest.get("num_nodes") or num_nodes) != num_nodes
-
-
-def remove_checkpoint_dir(path: Path) -> None:
-    """Unlink the marker first, so a kill mid-delete leaves an 'incomplete' directory, never a 'corrupt' one."""
-    try:
-        (path / mf.MARKER).unlink()
-        fsync_dir(path)
-    except FileNotFoundError:
-        pass
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class CheckpointManager:
@@ -469,7 +458,7 @@ class CheckpointManager:
             # A leftover of a cut write or a step not valid on every node: never write into it.
             stale = self.root / f".stale-{directory.name}-{self.attempt}-{os.getpid()}"
             os.replace(directory, stale)
-            remove_checkpoint_dir(stale)
+            mf.remove_checkpoint_dir(stale)
         self.comm.barrier()
         self.writer.begin(step, kind, directory)
         try:
@@ -539,4 +528,4 @@ class CheckpointManager:
         verdicts = mf.scan(self.root, verify_checksums=False)
         allow = lambda s: all(hook(s) for hook in self.can_delete)  # noqa: E731
         for victim in retention_victims(verdicts, self.recipe.checkpoint.keep, step, allow):
-            remove_checkpoint_dir(victim)
+            mf.remove_checkpoint_dir(victim)

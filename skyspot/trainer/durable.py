@@ -141,9 +141,10 @@ class StoreTier:
     def fetch(self, step: int, checkpoints_dir: Path) -> None:
         """This node's part of `step`, downloaded in parallel and verified, renamed into place (node 0's
         when the step was written by fewer nodes: a resume at another world size gathers the rest)."""
+        from skyspot.trainer.manifest import step_dir_name
         from skyspot.trainer.remote import download_checkpoint
 
-        download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / f"step_{step}",
+        download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / step_dir_name(step),
                             node_rank=self.placement.node_rank, any_node=True)
 
     def fetch_part(self, step: int, node_rank: int, directory: Path) -> Path:

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -123,6 +124,16 @@ def write_marker(directory: Path, step: int, manifest_sha256: str) -> None:
     write_durably(directory / MARKER, json.dumps(
         {"format": FORMAT, "step": step, "manifest_sha256": manifest_sha256}).encode() + b"\n")
     fsync_dir(directory)
+
+
+def remove_checkpoint_dir(path: Path) -> None:
+    """Unlink the marker first, so a kill mid-delete leaves an 'incomplete' directory, never a 'corrupt' one."""
+    try:
+        (path / MARKER).unlink()
+        fsync_dir(path)
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

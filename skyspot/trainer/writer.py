@@ -47,7 +47,7 @@ import torch
 from skyspot.storage import StoreError
 from skyspot.trainer.faults import fault_point
 from skyspot.trainer.files import atomic_write_bytes, fsync_dir
-from skyspot.trainer.manifest import LATEST, new_digest, write_manifest, write_marker
+from skyspot.trainer.manifest import LATEST, new_digest, remove_checkpoint_dir, write_manifest, write_marker
 
 Exchange = Callable[[Any], list]
 
@@ -119,14 +119,6 @@ class _HashingFile:
 
     def flush(self) -> None:
         self._f.flush()
-
-
-def discard_uncommitted(directory: Path) -> None:
-    """Remove the directory of a write that failed: it never committed on every node, and on a full
-    disk its partial files hold the space the event files and the next checkpoint need."""
-    from skyspot.trainer.checkpoint import remove_checkpoint_dir
-
-    remove_checkpoint_dir(directory)
 
 
 class CheckpointWriter:
@@ -322,7 +314,9 @@ class CheckpointWriter:
                 stream.abort("the checkpoint was not committed")
             batch.streams.clear()
             if self.is_node_leader:
-                discard_uncommitted(batch.directory)  # every rank is done with it (two exchanges)
+                # It never committed on every node, and on a full disk its partial files hold the space the
+                # event files and the next checkpoint need. Every rank is done with it (two exchanges).
+                remove_checkpoint_dir(batch.directory)
             return WriteResult(batch.step, batch.kind, batch.directory, False, "; ".join(errors),
                                blocked_seconds=batch.blocked_seconds, write_seconds=write_seconds)
         result = WriteResult(batch.step, batch.kind, batch.directory, True, None, node_bytes,
