@@ -194,7 +194,7 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
         if profiler is not None and r > 0:
             profiler.enable()
         start = time.perf_counter()
-        run.ckpt.save(1000 + r, "interval", TrainState(1000 + r, samples, 0, run.order.state(samples)))
+        run.ckpt.save(1000 + r, TrainState(1000 + r, samples, 0, run.order.state(samples)), kind="requested")
         elapsed = time.perf_counter() - start
         if profiler is not None:
             profiler.disable()

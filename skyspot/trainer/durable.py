@@ -3,7 +3,7 @@
     tier = StoreTier(uri, run_id, placement)   # every rank; no network yet
     probe = tier.probe(fresh=...)              # global rank 0 at start: attempt counter, listing, run.json
     tier.adopt(probe)                          # every rank, with rank 0's probe
-    ckpt.resume_source = tier                  # steps() from the probe; fetch() downloads this node's part
+    CheckpointManager(..., resume_source=tier) # steps() from the probe; fetch() downloads this node's part
     uploader = tier.uploader(events, ...)      # node leaders: checkpoint hooks, events sync
 
 The store's run root is `<store>/<run_id>/` (rundir.py and remote.py for the layout). What happens
