@@ -293,15 +293,8 @@ class Uploader:
         Blocking, with a few quick retries; never raises a StoreError: a failure is
         warned about and reported as False, so training goes on.
         """
-        try:
-            data = Path(local_path).read_bytes()
-            with_retries(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data),
-                         attempts=3, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
-        except StoreError as error:
-            self._warn_outage(error)
-            return False
-        self._note_success()
-        return True
+        data = Path(local_path).read_bytes()
+        return self._blocking(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data), attempts=3)
 
     def put_tree(self, local_dir: str | os.PathLike, key_prefix: str) -> bool:
         """Upload every file under `local_dir` to `<run_prefix>/<key_prefix>/` (e.g. the final model).
@@ -310,10 +303,13 @@ class Uploader:
         """
         root = Path(local_dir)
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        return self._blocking(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
+                                                             self.max_workers), attempts=5)
+
+    def _blocking(self, fn: Callable[[], object], attempts: int) -> bool:
+        """One blocking store call with a few retries; a StoreError is warned about and reported as False."""
         try:
-            with_retries(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
-                                                       self.max_workers),
-                         attempts=5, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
+            with_retries(fn, attempts=attempts, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
         except StoreError as error:
             self._warn_outage(error)
             return False
