@@ -45,6 +45,10 @@ Hooks, all optional and given at construction (the store tier's: durable.py, upl
     stream_sink     told which files the writers streamed to the store (the node's uploader)
     predictor       told when saves start and how long they took (preemption.SavePredictor)
     history         earlier attempts' events when the run directory has none (the store's), for `auto`
+
+One concept although past 500 lines: finding, restoring, saving and retaining share the manager's
+view of which steps are committed, so they stay one object (the pure rules, `choose` and
+`retention_victims`, are plain functions above it).
 """
 
 from __future__ import annotations

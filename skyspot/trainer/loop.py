@@ -18,6 +18,8 @@ committed checkpoints and event files in the background (durable.py, uploader.py
 Exit codes: exit_codes.py (0 complete, 75 preempted and saved: recover me, 3, 2, 1).
 
 Reads top to bottom: setup, resume, loop, save, cleanup. `main()` closes everything in `finally`.
+One concept although long: one start of the trainer, kept in one file in the order it runs (as
+nanoGPT's train.py), so the step boundary, the notice window and the emergency path read in sequence.
 """
 
 from __future__ import annotations
