@@ -117,7 +117,8 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-    from skyspot.trainer.checkpoint import TrainState, remove_checkpoint_dir
+    from skyspot.trainer.checkpoint import TrainState
+    from skyspot.trainer.manifest import remove_checkpoint_dir
 
     engine, p = run.engine, run.placement
     samples = 0
@@ -193,7 +194,7 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
         if profiler is not None and r > 0:
             profiler.enable()
         start = time.perf_counter()
-        run.ckpt.save(1000 + r, "interval", TrainState(1000 + r, samples, 0, run.order.state(samples)))
+        run.ckpt.save(1000 + r, TrainState(1000 + r, samples, 0, run.order.state(samples)), kind="requested")
         elapsed = time.perf_counter() - start
         if profiler is not None:
             profiler.disable()

@@ -9,7 +9,7 @@ Modules, one concept each, in the order a start goes through them:
 
     loop         setup, resume, loop, save, cleanup (the entry point, `python -m skyspot.trainer`)
     cluster      where this process runs: SkyPilot's and torchrun's variables
-    rundir       the run directory: layout, run.json, attempts.json, the writer lock, --fresh
+    rundir       the run root's layout (DIR and the store), run.json, the attempt counter, the lock, --fresh
     base         where the base model's files are on this node (local, earlier fetch, store copy, hub)
     model        the model under zero.Init (pretrained weights copied in by rank 0, or an inline
                  config), LoRA through peft, tokenizers (Hugging Face, or the byte tokenizer)
@@ -20,10 +20,11 @@ Modules, one concept each, in the order a start goes through them:
     checkpoint   the checkpoint manager: when, where, what to resume from, retention, hooks
     snapshot     the in-memory snapshot (the only part of a save the loop waits for)
     writer       the background writer and the commit protocol
-    manifest     what makes a directory a checkpoint: manifest, marker, validation
+    manifest     the checkpoint layout (names, step pattern, hash) and what makes a directory a checkpoint
     preemption   SIGTERM/SIGUSR1/notices -> a flag the ranks agree on at each step boundary
     durable      the store tier from the trainer's side: start-up probe, resume source, deadlines
-    uploader     background upload of committed checkpoints and event files; download, retention
+    remote       checkpoints in the store, read side: which are durable, download and verify
+    uploader     the upload worker: committed checkpoints and event files to the store, retention
     export       final/: a Hugging Face model directory with its tokenizer (LoRA: the adapter, and merged/)
     exit_codes   the exit codes and the exit record the supervisor reads
     supervise    runs torchrun and exits with the trainer's code

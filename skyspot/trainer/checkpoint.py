@@ -1,18 +1,25 @@
 """The checkpoint manager: when to save, where, what to resume from, what to keep.
 
-    ckpt = CheckpointManager(run_dir, placement, recipe, run_id=..., attempt=..., events=..., comm=...)
-    point = ckpt.find()                 # before the model exists: the newest checkpoint valid on every node
-    ckpt.attach(engine)                 # from now on saves go through our snapshot engine
-    state = ckpt.load(point)            # DeepSpeed state + RNG + data position, or None for a fresh start
-    ckpt.save(step, "interval", state)  # blocks only for the in-memory snapshot
-    ckpt.poll()                         # at each step: report finished writes (events)
-    ckpt.save(step, "emergency", state, blocking=True)
+    ckpt = CheckpointManager(run_dir, placement, recipe, run_id=..., attempt=..., events=..., comm=...,
+                             resume_source=tier, on_committed=[uploader.submit], ...)   # hooks: below
+    point = ckpt.find()                   # before the model exists: the newest checkpoint valid on every node
+    state = ckpt.load(point, engine)      # saves go through our snapshot engine from now on; DeepSpeed
+                                          # state + RNG + data position, or None for a fresh start
+    ckpt.poll()                           # at each step: report finished writes (events, the predictor)
+    ckpt.save(step, state, time_due=...)  # an interval checkpoint when the policy says it is due
+    ckpt.save(step, state, kind="emergency", deadline=..., blocking=True)
     ckpt.close()
 
-Policy (private): interval checkpoints every checkpoint.every_steps and/or every_seconds
-(the time check is the node leader's; the loop votes so every rank agrees); retention keeps the
-newest checkpoint.keep committed checkpoints, never the newest one, never one being written,
-and only what every `can_delete` hook allows (the uploader vetoes ones not yet durable).
+The surface is torchtitan's (save, load, wait, close) plus what the loop truly needs: `find`, since
+the checkpoint decides the model's architecture and the world size's batch split before the engine
+exists; `poll`, since finished writes must be reported every step, also while a notice window holds
+saves back; and `interval_elapsed`, this process's view of the time interval, which the loop puts into
+its one all-gather per step so every rank agrees on global rank 0's.
+
+Policy (private): interval checkpoints every checkpoint.every_steps and/or every_seconds (a number,
+or `auto`: planned by interval.py when loading, re-planned after each committed checkpoint);
+retention keeps the newest checkpoint.keep committed checkpoints, never the newest one, never one
+being written, and only what every `can_delete` hook allows (the uploader vetoes ones not yet durable).
 
 Resume rules:
 - every start calls find(): no flag is needed, none can start over silently;
@@ -30,11 +37,18 @@ Resume rules:
   start over beside progress it cannot see;
 - `--fresh` moves everything aside first (rundir.move_aside) and says so.
 
-Hooks for the store tier (uploader.py), all optional:
-    ckpt.on_committed.append(fn(step, path))    called on each node leader once a step is committed
-                                                on every node (from the writer thread: keep it quick)
-    ckpt.can_delete.append(fn(step) -> bool)    retention asks before deleting a committed checkpoint
-    ckpt.resume_source = source                 see ResumeSource (durable.StoreTier)
+Hooks, all optional and given at construction (the store tier's: durable.py, uploader.py):
+    resume_source   see ResumeSource (durable.StoreTier)
+    on_committed    fn(step, path), on each node leader once a step is committed on every node
+                    (from the writer thread: keep it quick; the uploader's submit only enqueues)
+    can_delete      fn(step) -> bool, asked by retention before deleting a committed checkpoint
+    stream_sink     told which files the writers streamed to the store (the node's uploader)
+    predictor       told when saves start and how long they took (preemption.SavePredictor)
+    history         earlier attempts' events when the run directory has none (the store's), for `auto`
+
+One concept although past 500 lines: finding, restoring, saving and retaining share the manager's
+view of which steps are committed, so they stay one object (the pure rules, `choose` and
+`retention_victims`, are plain functions above it).
 """
 
 from __future__ import annotations
@@ -44,14 +58,24 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence
 
 from skyspot.errors import CheckpointError, StoreError
 from skyspot.trainer import manifest as mf
-from skyspot.trainer.files import fsync_dir
 from skyspot.trainer.rundir import checkpoints_dir
 
+if TYPE_CHECKING:
+    from skyspot.events import EventWriter
+    from skyspot.recipe import Recipe
+    from skyspot.trainer.cluster import Placement
+    from skyspot.trainer.comm import Comm
+    from skyspot.trainer.interval import IntervalPlanner
+    from skyspot.trainer.preemption import SavePredictor
+    from skyspot.trainer.writer import CheckpointWriter, WriteResult
+
 TRAINER_STATE = "trainer_state_rank_{rank}.pt"
+
+Kind = Literal["interval", "requested", "emergency", "final"]
 
 
 class ResumeSource(Protocol):
@@ -177,55 +201,54 @@ def resharding(manifest: dict[str, Any], world_size: int, num_nodes: Optional[in
     return num_nodes is not None and int(manifest.get("num_nodes") or num_nodes) != num_nodes
 
 
-def remove_checkpoint_dir(path: Path) -> None:
-    """Unlink the marker first, so a kill mid-delete leaves an 'incomplete' directory, never a 'corrupt' one."""
-    try:
-        (path / mf.MARKER).unlink()
-        fsync_dir(path)
-    except FileNotFoundError:
-        pass
-    shutil.rmtree(path, ignore_errors=True)
-
-
 class CheckpointManager:
-    def __init__(self, run_dir: Path, placement, recipe, *, run_id: str, attempt: int, events, comm,
-                 warn: Callable[[str], None]):
+    def __init__(self, run_dir: Path, placement: "Placement", recipe: "Recipe", *, run_id: str, attempt: int,
+                 events: Optional["EventWriter"], comm: "Comm", warn: Callable[[str], None],
+                 resume_source: Optional[ResumeSource] = None,
+                 on_committed: Sequence[Callable[[int, Path], None]] = (),
+                 can_delete: Sequence[Callable[[int], bool]] = (),
+                 stream_sink=None, predictor: Optional["SavePredictor"] = None,
+                 history: Callable[[], list[dict]] = list):
         self.run_dir = Path(run_dir)
         self.root = checkpoints_dir(self.run_dir)
         self.placement = placement
         self.recipe = recipe
         self.run_id = run_id
         self.attempt = attempt
-        self.events = events  # EventWriter; run-level events only on global rank 0
+        self.events = events  # run-level events only on global rank 0
         self.comm = comm
         self.warn = warn
-        self.on_committed: list[Callable[[int, Path], None]] = []
-        self.can_delete: list[Callable[[int], bool]] = []
-        self.resume_source: Optional[ResumeSource] = None
-        self.engine = None
-        self.writer = None
         self.last_committed: Optional[int] = None
-        self.every_steps = recipe.checkpoint.every_steps
-        self.every_seconds = self._every_seconds(recipe)
-        self.planner = None  # interval.IntervalPlanner, for every_seconds=auto on global rank 0
-        self.predictor = None  # preemption.SavePredictor: told when saves start and how long they took
-        self.stream_sink = None  # the node's uploader (node leaders): which files arrived by stream
+        """The newest step this start committed or resumed from (read by the loop's messages)."""
+        self._resume_source = resume_source
+        self._on_committed = list(on_committed)
+        self._can_delete = list(can_delete)
+        self._stream_sink = stream_sink  # the node's uploader (node leaders): which files arrived by stream
+        self._predictor = predictor
+        self._history = history
+        self._engine = None
+        self._writer: Optional["CheckpointWriter"] = None
+        self._every_steps = recipe.checkpoint.every_steps
+        value = recipe.checkpoint.every_seconds
+        self._every_seconds: Optional[float] = None if value == "auto" else value  # auto: _plan_interval()
+        self._planner: Optional["IntervalPlanner"] = None  # every_seconds=auto, on global rank 0
         self._last_save_time = time.monotonic()
         if placement.is_node_leader:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     @property
-    def adapters_only(self) -> bool:
+    def _adapters_only(self) -> bool:
         """LoRA: checkpoints hold what training changes (adapters, their optimizer state), not the frozen base."""
         return self.recipe.train.lora is not None
 
-    def _every_seconds(self, recipe) -> Optional[float]:
-        value = recipe.checkpoint.every_seconds
-        return None if value == "auto" else value  # auto: plan_interval(), once the run's history is known
+    @property
+    def writing(self) -> bool:
+        """Whether a checkpoint is still being written in the background (a save now would wait for it)."""
+        return self._writer is not None and self._writer.in_flight
 
-    def plan_interval(self, history: Callable[[], list[dict]] = list) -> None:
+    def _plan_interval(self) -> None:
         """checkpoint.every_seconds=auto: global rank 0 plans the interval (interval.py) and re-plans
-        after each committed checkpoint. `history` gives earlier attempts' events when the run
+        after each committed checkpoint. The history hook gives earlier attempts' events when the run
         directory has none (a fresh node: the store's copy)."""
         if self.recipe.checkpoint.every_seconds != "auto" or not self.placement.is_global_zero:
             return
@@ -235,14 +258,14 @@ class CheckpointManager:
         events_dir = self.run_dir / EVENTS_DIR
         earlier = any(not name.startswith(f"attempt-{self.attempt}.") for name in _names(events_dir))
         try:
-            past = [] if earlier else history()
+            past = [] if earlier else self._history()
         except Exception as err:  # planning is advice: never stop training over it
             self.warn(f"checkpoint.every_seconds=auto: the store's event history is unreadable ({err})")
             past = []
         emit = self.events.emit if self.events is not None else (lambda *a, **k: None)
-        self.planner = IntervalPlanner(self.recipe, self.placement.where.get("cloud"), events_dir, history=past,
-                                       emit=emit, say=self.warn)
-        self.every_seconds = self.planner.replan("start")
+        self._planner = IntervalPlanner(self.recipe, self.placement.where.get("cloud"), events_dir, history=past,
+                                        emit=emit, say=self.warn)
+        self._every_seconds = self._planner.replan("start")
         self._last_save_time = time.monotonic()  # the interval counts training time, not start-up
 
     def _emit(self, type: str, **fields: Any) -> None:
@@ -258,7 +281,7 @@ class CheckpointManager:
         copy fails its checksums) fetches its own part from the store. If any node fails, it drops
         that step and the ranks choose again, so every round offers strictly less.
         """
-        source = self.resume_source
+        source = self._resume_source
         offered = source.steps() if source is not None else []
         unreachable = source is not None and offered is None
         remote = set(offered or [])
@@ -325,15 +348,15 @@ class CheckpointManager:
         if step not in remote:
             return False, False, None
         try:
-            self.resume_source.fetch(step, self.root)
+            self._resume_source.fetch(step, self.root)
             verdict = mf.inspect(self.root / mf.step_dir_name(step), verify_checksums=False)
             if verdict.state != "valid":
-                raise CheckpointError(f"checkpoint step_{step} from {self.resume_source.name}: {verdict}")
+                raise CheckpointError(f"checkpoint step_{step} from {self._resume_source.name}: {verdict}")
         except (CheckpointError, StoreError, OSError) as err:
             return False, True, f"node {self.placement.node_rank}: {err}; falling back to an earlier checkpoint"
         verified[step] = verdict
         prefix = f"node {self.placement.node_rank}: local step_{step} {local.state}; " if local is not None else ""
-        return True, True, (prefix + f"downloaded step_{step} from {self.resume_source.name}") if prefix else None
+        return True, True, (prefix + f"downloaded step_{step} from {self._resume_source.name}") if prefix else None
 
     def _lacks_parts(self, local: mf.Verdict, remote: set[int]) -> bool:
         """A step written at another world size needs every rank's files on this node: true when
@@ -349,35 +372,36 @@ class CheckpointManager:
         if self.placement.is_global_zero:
             self.warn(line)
 
-    def attach(self, engine) -> None:
+    def _attach(self, engine) -> None:
         """Route DeepSpeed's checkpoint files through our snapshot engine and background writer."""
         from skyspot.trainer.snapshot import BufferPool, SnapshotCheckpointEngine
         from skyspot.trainer.writer import CheckpointWriter
 
-        self.engine = engine
-        target = getattr(self.resume_source, "stream_target", None)  # durable.StoreTier: stream while writing
-        self.writer = CheckpointWriter(rank=self.placement.rank, node_rank=self.placement.node_rank,
-                                       is_node_leader=self.placement.is_node_leader,
-                                       exchange=self.comm.writer_exchange, on_committed=self.on_committed,
-                                       after_commit=self._retain, warn=self.warn,
-                                       streams=target() if target is not None else None)
-        self.writer.stream_sink = self.stream_sink
-        engine.checkpoint_engine = SnapshotCheckpointEngine(self.writer, BufferPool())
+        self._engine = engine
+        target = getattr(self._resume_source, "stream_target", None)  # durable.StoreTier: stream while writing
+        self._writer = CheckpointWriter(rank=self.placement.rank, node_rank=self.placement.node_rank,
+                                        is_node_leader=self.placement.is_node_leader,
+                                        exchange=self.comm.writer_exchange, on_committed=self._on_committed,
+                                        after_commit=self._retain, warn=self.warn,
+                                        streams=target() if target is not None else None)
+        self._writer.stream_sink = self._stream_sink
+        engine.checkpoint_engine = SnapshotCheckpointEngine(self._writer, BufferPool())
 
-    def set_upload_deadline(self, deadline_ts: Optional[float]) -> None:
-        """A preemption's deadline: checkpoint streams still running then are abandoned."""
-        if self.writer is not None:
-            self.writer.set_deadline(deadline_ts)
+    def load(self, point: Optional[ResumePoint], engine) -> Optional[Restored]:
+        """Take over `engine`'s checkpoint files (our snapshot engine and writer), restore its state,
+        the RNG states and the data position from `point` (collective; None: a fresh start), then plan
+        the interval (every_seconds=auto)."""
+        self._attach(engine)
+        restored = self._restore(point) if point is not None else None
+        self._plan_interval()
+        return restored
 
-    def load(self, point: Optional[ResumePoint]) -> Optional[Restored]:
-        """Restore the engine, RNG states and data position from `point` (collective)."""
+    def _restore(self, point: ResumePoint) -> Restored:
         import torch
 
         from skyspot.trainer.determinism import replay_adam_bias_correction, restore_rng, seed_for_resume
         from skyspot.trainer.engine import basic_optimizer
 
-        if point is None:
-            return None
         start = time.monotonic()
         m = point.manifest
         state = TrainState(int(m["step"]), int(m["samples"]), int(m["tokens"]), dict(m["data"]))
@@ -389,8 +413,8 @@ class CheckpointManager:
             load_dir = self.root
         # With LoRA the checkpoint holds only the trainable state: the frozen base is not in it (it was
         # loaded from its files before), so the module state is loaded non-strictly.
-        path, _ = self.engine.load_checkpoint(str(load_dir), tag=point.path.name, load_optimizer_states=True,
-                                              load_lr_scheduler_states=True, load_module_strict=not self.adapters_only)
+        path, _ = self._engine.load_checkpoint(str(load_dir), tag=point.path.name, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True, load_module_strict=not self._adapters_only)
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load {point.path}")
         if resharded:
@@ -399,9 +423,9 @@ class CheckpointManager:
             own = torch.load(point.path / TRAINER_STATE.format(rank=self.placement.rank), map_location="cpu",
                              weights_only=False)
             restore_rng(own["rng"])
-        replay_adam_bias_correction(basic_optimizer(self.engine))
-        if self.engine.global_steps != state.step:
-            raise CheckpointError(f"{point.path}: DeepSpeed restored global step {self.engine.global_steps}, "
+        replay_adam_bias_correction(basic_optimizer(self._engine))
+        if self._engine.global_steps != state.step:
+            raise CheckpointError(f"{point.path}: DeepSpeed restored global step {self._engine.global_steps}, "
                                   f"the manifest says {state.step}")
         self.last_committed = state.step
         self._last_save_time = time.monotonic()
@@ -424,7 +448,7 @@ class CheckpointManager:
             try:
                 sha = reshard.manifest_sha256(point.path)
                 if reshard.cached(self.run_dir, point.step, sha) is None:
-                    fetch = getattr(self.resume_source, "fetch_part", None)
+                    fetch = getattr(self._resume_source, "fetch_part", None)
                     source = reshard.gather(point.path, int(m["world_size"]), int(m.get("num_nodes") or 1),
                                             (lambda node, d: fetch(point.step, node, d)) if fetch else None, staging)
                     workers = max(1, min(8, (os.cpu_count() or 1) // max(1, self.placement.local_world_size)))
@@ -443,49 +467,62 @@ class CheckpointManager:
         return reshard.universal_root(self.run_dir), seconds
 
     # ------------------------------------------------------------------ save
-    def time_due(self) -> bool:
-        """This process's view of the time interval (the loop takes the leader's through the vote)."""
-        return self.every_seconds is not None and time.monotonic() - self._last_save_time >= self.every_seconds
+    def interval_elapsed(self) -> bool:
+        """This process's view of the time interval. The loop puts global rank 0's into the step
+        boundary's vote (one all-gather per step) and hands the agreed answer to save(time_due=...)."""
+        return self._every_seconds is not None and time.monotonic() - self._last_save_time >= self._every_seconds
 
-    def due(self, step: int, requested: bool) -> bool:
+    def _due(self, step: int, requested: bool) -> bool:
         if step == self.last_committed:
             return False
-        return requested or (self.every_steps is not None and step % self.every_steps == 0)
+        return requested or (self._every_steps is not None and step % self._every_steps == 0)
 
-    def save(self, step: int, kind: str, state: TrainState, *, blocking: bool = False):
-        """Checkpoint `step` (collective). Blocks for the snapshot; with blocking, until committed."""
+    def save(self, step: int, state: TrainState, *, kind: Kind = "interval", time_due: bool = False,
+             deadline: Optional[float] = None, blocking: bool = False) -> Optional["WriteResult"]:
+        """Checkpoint `step` when it is due (collective, with the same arguments on every rank).
+
+        `interval`: when the policy says so (every_steps, or `time_due`, the ranks' agreed answer to
+        interval_elapsed()); `requested` (a signal, a warning): unless this step is committed already;
+        `emergency` and `final`: always. `deadline` (a preemption's, wall clock): checkpoint streams
+        still running then are abandoned. Blocks for the snapshot; with `blocking`, until committed,
+        and returns the write's result (None when nothing was saved or it goes on in the background).
+        """
+        if kind in ("interval", "requested") and not self._due(step, kind == "requested" or time_due):
+            return None
+        if deadline is not None:
+            self._writer.set_deadline(deadline)
         from skyspot.trainer.determinism import capture_rng
 
-        previous = self.writer.wait()  # one writer per directory; and the buffers are free again
+        previous = self._writer.wait()  # one writer per directory; and the buffers are free again
         self.poll()
         if previous is not None and previous.committed and previous.step == step:
             return previous  # e.g. an emergency right after an interval save of the same step
         start = time.monotonic()
-        if self.predictor is not None:
-            self.predictor.started(step, time.time())
+        if self._predictor is not None:
+            self._predictor.started(step, time.time())
         directory = self.root / mf.step_dir_name(step)
         self._emit("checkpoint_begin", step=step, kind=kind)
         if self.placement.is_node_leader and directory.exists():
             # A leftover of a cut write or a step not valid on every node: never write into it.
             stale = self.root / f".stale-{directory.name}-{self.attempt}-{os.getpid()}"
             os.replace(directory, stale)
-            remove_checkpoint_dir(stale)
+            mf.remove_checkpoint_dir(stale)
         self.comm.barrier()
-        self.writer.begin(step, kind, directory)
+        self._writer.begin(step, kind, directory)
         try:
-            self.engine.save_checkpoint(str(self.root), tag=directory.name, client_state={}, save_latest=False,
-                                        exclude_frozen_parameters=self.adapters_only)
-            self.writer.add(directory / TRAINER_STATE.format(rank=self.placement.rank),
+            self._engine.save_checkpoint(str(self.root), tag=directory.name, client_state={}, save_latest=False,
+                                         exclude_frozen_parameters=self._adapters_only)
+            self._writer.add(directory / TRAINER_STATE.format(rank=self.placement.rank),
                             {"rng": capture_rng(), "step": step, "samples": state.samples,
                              "tokens": state.tokens, "data": state.data})
         except BaseException:
-            self.writer.abandon()
+            self._writer.abandon()
             raise
         blocked = time.monotonic() - start
-        self.writer.submit(self._manifest(step, kind, state), blocked)
+        self._writer.submit(self._manifest(step, kind, state), blocked)
         self._last_save_time = time.monotonic()
         if blocking:
-            result = self.writer.wait()
+            result = self._writer.wait()
             self.poll()
             return result
         return None
@@ -503,40 +540,41 @@ class CheckpointManager:
                 "rank_state_files": TRAINER_STATE.format(rank="<R>"),
                 "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__}}
 
-    def poll(self):
-        """Report a finished background write (events); returns its result once."""
-        if self.writer is None:
+    def poll(self) -> Optional["WriteResult"]:
+        """Report a finished background write (events, the predictor, the interval's re-plan); its result, once."""
+        if self._writer is None:
             return None
-        result = self.writer.poll()
+        result = self._writer.poll()
         if result is None:
             return None
         if result.committed:
             self.last_committed = result.step
-            if self.predictor is not None:
-                self.predictor.observe_commit(result.blocked_seconds, result.write_seconds)
+            if self._predictor is not None:
+                self._predictor.observe_commit(result.blocked_seconds, result.write_seconds)
             self._emit("checkpoint_end", step=result.step, kind=result.kind,
                        blocked_seconds=round(result.blocked_seconds, 6), write_seconds=round(result.write_seconds, 6),
                        bytes=result.bytes, path=str(result.path), committed_at=result.committed_at)
-            if self.planner is not None and result.kind != "emergency":
-                self.every_seconds = self.planner.replan(f"after step_{result.step}")
+            if self._planner is not None and result.kind != "emergency":
+                self._every_seconds = self._planner.replan(f"after step_{result.step}")
         else:
             self._emit("checkpoint_failed", step=result.step, kind=result.kind, error=result.error)
             self._say(f"checkpoint step_{result.step} failed: {result.error}")
         return result
 
-    def wait(self):
-        result = self.writer.wait() if self.writer is not None else None
+    def wait(self) -> Optional["WriteResult"]:
+        """Block until the checkpoint being written is committed or failed; its result."""
+        result = self._writer.wait() if self._writer is not None else None
         self.poll()
         return result
 
     def close(self, timeout: Optional[float] = None) -> None:
-        if self.writer is not None:
-            self.writer.close(timeout)
+        if self._writer is not None:
+            self._writer.close(timeout)
             self.poll()
 
     def _retain(self, step: int, path: Path) -> None:
         """Writer thread, node leader, after `step` is committed on every node."""
         verdicts = mf.scan(self.root, verify_checksums=False)
-        allow = lambda s: all(hook(s) for hook in self.can_delete)  # noqa: E731
+        allow = lambda s: all(hook(s) for hook in self._can_delete)  # noqa: E731
         for victim in retention_victims(verdicts, self.recipe.checkpoint.keep, step, allow):
-            remove_checkpoint_dir(victim)
+            mf.remove_checkpoint_dir(victim)

@@ -3,10 +3,10 @@
     tier = StoreTier(uri, run_id, placement)   # every rank; no network yet
     probe = tier.probe(fresh=...)              # global rank 0 at start: attempt counter, listing, run.json
     tier.adopt(probe)                          # every rank, with rank 0's probe
-    ckpt.resume_source = tier                  # steps() from the probe; fetch() downloads this node's part
+    CheckpointManager(..., resume_source=tier) # steps() from the probe; fetch() downloads this node's part
     uploader = tier.uploader(events, ...)      # node leaders: checkpoint hooks, events sync
 
-The store's run root is `<store>/<run_id>/` (see uploader.py for the layout). What happens
+The store's run root is `<store>/<run_id>/` (rundir.py and remote.py for the layout). What happens
 when the store misbehaves at start:
 
     no credentials, access denied, no bucket    UsageError: one line, exit 2, nothing started
@@ -101,7 +101,8 @@ class StoreTier:
     # ------------------------------------------------------------------ start (global rank 0)
     def probe(self, *, fresh: bool = False, retries: Optional[dict] = None) -> Probe:
         """Ask the store what a start needs: is the run there, which checkpoints are durable, which attempt this is."""
-        from skyspot.trainer.uploader import RUN_JSON_KEY, next_attempt, remote_checkpoints
+        from skyspot.trainer.rundir import RUN_JSON, next_attempt_in_store
+        from skyspot.trainer.remote import remote_checkpoints
 
         retries = START_RETRIES if retries is None else retries
         where = f"{self.uri}/{self.run_id}"
@@ -112,8 +113,8 @@ class StoreTier:
                     f"--fresh cannot start {self.run_id!r} over: {where} holds its checkpoints "
                     f"(steps {', '.join(map(str, steps))}), and the store's are never deleted; use another "
                     "--run-name, or delete that prefix yourself"))
-            run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON_KEY)), **retries)
-            attempt = next_attempt(self.store, self.run_id, **retries)
+            run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON)), **retries)
+            attempt = next_attempt_in_store(self.store, self.run_id, **retries)
         except TransientStoreError as err:
             return Probe(warning=(f"cannot reach the store {where} ({err}); resuming from local checkpoints if "
                                   "there are any; uploads retry in the background"))
@@ -133,15 +134,16 @@ class StoreTier:
     def fetch(self, step: int, checkpoints_dir: Path) -> None:
         """This node's part of `step`, downloaded in parallel and verified, renamed into place (node 0's
         when the step was written by fewer nodes: a resume at another world size gathers the rest)."""
-        from skyspot.trainer.uploader import download_checkpoint
+        from skyspot.trainer.manifest import step_dir_name
+        from skyspot.trainer.remote import download_checkpoint
 
-        download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / f"step_{step}",
+        download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / step_dir_name(step),
                             node_rank=self.placement.node_rank, any_node=True)
 
     def fetch_part(self, step: int, node_rank: int, directory: Path) -> Path:
         """Node `node_rank`'s part of `step` into `directory` (verified): another node's files, for a
         resume at another world size (reshard.gather)."""
-        from skyspot.trainer.uploader import download_checkpoint
+        from skyspot.trainer.remote import download_checkpoint
 
         return download_checkpoint(self.store, self.run_id, step, directory, node_rank=node_rank)
 
@@ -193,7 +195,7 @@ class StreamTarget:
         return step not in self._skip and hasattr(self.store, "open_stream")
 
     def open(self, step: int, rel: str, source: Path):
-        from skyspot.trainer.uploader import checkpoint_prefix
+        from skyspot.trainer.remote import checkpoint_prefix
 
         return self.store.open_stream(join_key(checkpoint_prefix(self.run_id, step), rel), source=source)
 

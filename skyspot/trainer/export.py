@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from skyspot.trainer.files import fsync_dir
+from skyspot.trainer.rundir import FINAL
 
-FINAL = "final"
 MERGED = "merged"
 PEFT_PREFIX = "base_model.model."
 

@@ -18,6 +18,8 @@ committed checkpoints and event files in the background (durable.py, uploader.py
 Exit codes: exit_codes.py (0 complete, 75 preempted and saved: recover me, 3, 2, 1).
 
 Reads top to bottom: setup, resume, loop, save, cleanup. `main()` closes everything in `finally`.
+One concept although long: one start of the trainer, kept in one file in the order it runs (as
+nanoGPT's train.py), so the step boundary, the notice window and the emergency path read in sequence.
 """
 
 from __future__ import annotations
@@ -28,19 +30,36 @@ import logging
 import os
 from datetime import timedelta
 import signal
-import socket
 import sys
 import time
 import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from skyspot.trainer import cluster
 from skyspot.trainer.exit_codes import (COMPLETE, ERROR, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
                                         describe, write_exit_record)
 from skyspot.trainer.preemption import Pending, PreemptionWatch
+
+if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
+    import torch
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedTokenizerBase
+
+    from skyspot.events import EventWriter
+    from skyspot.recipe import Recipe
+    from skyspot.trainer.base import BaseModel
+    from skyspot.trainer.checkpoint import CheckpointManager, Restored
+    from skyspot.trainer.comm import Comm
+    from skyspot.trainer.data import DataOrder, Samples
+    from skyspot.trainer.durable import StoreTier
+    from skyspot.trainer.model import ByteTokenizer
+    from skyspot.trainer.notice import Watcher
+    from skyspot.trainer.preemption import SavePredictor
+    from skyspot.trainer.rundir import RunLock
+    from skyspot.trainer.uploader import Uploader
 
 
 
@@ -69,36 +88,39 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 @dataclass
 class Run:
+    """One start of the trainer on this rank: what setup found, what build made, where the loop is."""
+
     args: argparse.Namespace
-    recipe: Any
+    recipe: Recipe
     placement: cluster.Placement
     run_id: str
     attempt: int
-    events: Any
-    comm: Any
+    events: EventWriter
+    comm: Comm
     watch: PreemptionWatch
-    ckpt: Any = None
-    engine: Any = None
-    tokenizer: Any = None
-    samples: Any = None
-    order: Any = None
-    device: Any = None
-    keepalive: Any = None
-    lock: Any = None
-    notice_watcher: Any = None
-    resumed: Any = None
+    ckpt: Optional[CheckpointManager] = None
+    engine: Optional[DeepSpeedEngine] = None
+    tokenizer: Optional[ByteTokenizer | PreTrainedTokenizerBase] = None
+    samples: Optional[Samples] = None
+    order: Optional[DataOrder] = None
+    device: Optional[torch.device] = None
+    keepalive: Optional[object] = None
+    """What build_model keeps alive beside the model (model.py)."""
+    lock: Optional[RunLock] = None
+    notice_watcher: Optional[Watcher] = None
+    resumed: Optional[Restored] = None
     step: Optional[int] = None
-    base: Any = None
-    """base.BaseModel: where the pretrained model's files are on this node (hub models)."""
-    tier: Any = None
-    """durable.StoreTier when the run has a store (every rank)."""
-    uploader: Any = None
-    """uploader.Uploader on node leaders when the run has a store."""
+    base: Optional[BaseModel] = None
+    """Where the pretrained model's files are on this node (hub models)."""
+    tier: Optional[StoreTier] = None
+    """The run's store, when it has one (every rank)."""
+    uploader: Optional[Uploader] = None
+    """The node's upload worker, on node leaders when the run has a store."""
     upload_deadline: Optional[float] = None
     """Set by the emergency path: uploads end by then."""
-    predictor: Any = None
-    """preemption.SavePredictor: how long an emergency save takes to be safe, as measured (every rank)."""
-    notice: Optional[dict] = None
+    predictor: Optional[SavePredictor] = None
+    """How long an emergency save takes to be safe, as measured (every rank)."""
+    notice: Optional[dict[str, Any]] = None
     """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
 
     @property
@@ -139,13 +161,12 @@ def _is_launcher(pid: int) -> bool:
 
 def _standalone_env() -> None:
     """Allow `python -m skyspot.trainer` without torchrun: a world of one on loopback."""
+    from skyspot.ports import LOOPBACK, free_port
+
     if "RANK" in os.environ:
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": LOOPBACK,
+                       "MASTER_PORT": str(free_port())})
 
 
 def _quiet_libraries() -> None:
@@ -374,14 +395,19 @@ def build(run: Run) -> None:
     from skyspot.trainer.engine import deepspeed_config, initialize
     from skyspot.trainer.model import build_model, load_tokenizer, trainable_count
 
+    from skyspot.trainer.preemption import SavePredictor
+
     p = run.placement
-    run.ckpt = CheckpointManager(run.run_dir, p, run.recipe, run_id=run.run_id, attempt=run.attempt,
-                                 events=run.events if p.is_global_zero else None, comm=run.comm, warn=say)
-    run.ckpt.resume_source = run.tier
+    history = _store_history(run)
+    run.predictor = SavePredictor(store=run.uploader is not None)
+    store_hooks = {}
     if run.uploader is not None:
-        run.ckpt.on_committed.append(run.uploader.submit)  # from the writer thread: only enqueues
-        run.ckpt.stream_sink = run.uploader  # told which files the writers streamed to the store
-        run.ckpt.can_delete.append(run.uploader.can_delete_local)  # answered from memory
+        store_hooks = dict(on_committed=[run.uploader.submit],  # from the writer thread: only enqueues
+                           can_delete=[run.uploader.can_delete_local],  # answered from memory
+                           stream_sink=run.uploader)  # told which files the writers streamed to the store
+    run.ckpt = CheckpointManager(run.run_dir, p, run.recipe, run_id=run.run_id, attempt=run.attempt,
+                                 events=run.events if p.is_global_zero else None, comm=run.comm, warn=say,
+                                 resume_source=run.tier, predictor=run.predictor, history=history, **store_hooks)
     point = run.ckpt.find()
     resharded = point is not None and resharding(point.manifest, p.world_size, p.num_nodes)
     if point is not None:
@@ -421,14 +447,11 @@ def build(run: Run) -> None:
         say(f"LoRA r={recipe.train.lora.r} on {', '.join(recipe.train.lora.target_modules)}: {trainable:,} of "
             f"{total:,} parameters trainable ({trainable / max(1, total):.2%})")
     run.engine = initialize(recipe, model, ds_config)
-    run.ckpt.attach(run.engine)
     if weights:
         run.base.start_copy()
 
-    run.resumed = run.ckpt.load(point)
-    history = _store_history(run)
-    run.ckpt.plan_interval(history)
-    _start_predictor(run, history)
+    run.resumed = run.ckpt.load(point, run.engine)  # and plans the interval (every_seconds=auto)
+    _seed_predictor(run, history)
     if run.resumed is None:
         seed_everything(recipe.train.seed + 1000 * p.rank)  # dropout etc. differ per rank
     else:
@@ -452,15 +475,12 @@ def _store_history(run: Run):
     return read
 
 
-def _start_predictor(run: Run, history) -> None:
+def _seed_predictor(run: Run, history) -> None:
     """The save-time predictor behind training through a notice window (preemption.py), seeded from
     earlier attempts: the run directory's events, else (global rank 0, a fresh node) the store's."""
     from skyspot.events import read_events_dir
-    from skyspot.trainer.preemption import SavePredictor
 
     p = run.placement
-    run.predictor = SavePredictor(store=run.uploader is not None)
-    run.ckpt.predictor = run.predictor
     if run.uploader is not None:
         run.uploader.on_uploaded.append(run.predictor.observe_durable)
     if not run.recipe.checkpoint.train_through_notice or not p.is_node_leader:
@@ -554,7 +574,7 @@ def _report_local(run: Run, pending: Pending) -> None:
 def _boundary(run: Run, loss: float = 0.0, tokens: int = 0, step_s: float = 0.0) -> Vote:
     pending = run.watch.take()
     _report_local(run, pending)
-    time_due = run.placement.is_global_zero and run.ckpt.time_due()
+    time_due = run.placement.is_global_zero and run.ckpt.interval_elapsed()
     return _vote(run, loss, tokens, pending, time_due, _need_seconds(run, step_s))
 
 
@@ -568,7 +588,7 @@ def _need_seconds(run: Run, step_s: float) -> float:
     predicted = run.predictor.predict() if run.predictor is not None else None
     if predicted is None or not run.recipe.checkpoint.train_through_notice:
         return -1.0
-    if run.ckpt.writer is not None and run.ckpt.writer.in_flight:
+    if run.ckpt.writing:
         predicted *= 2  # an interval checkpoint still being written goes first
     return step_s + predicted
 
@@ -674,8 +694,9 @@ def train(run: Run) -> int:
         if state.step == total:
             break
         early = run.notice is not None and run.notice.pop("checkpoint_now", False)  # a notice, nothing measured
-        if (early or run.notice is None) and run.ckpt.due(state.step, early or vote.checkpoint or vote.time_due):
-            run.ckpt.save(state.step, "requested" if early or vote.checkpoint else "interval", state)
+        if early or run.notice is None:
+            run.ckpt.save(state.step, state, kind="requested" if early or vote.checkpoint else "interval",
+                          time_due=vote.time_due)
 
     # ------------------------------------------------------------------ save (complete)
     _finish(run, state)
@@ -692,9 +713,8 @@ def _emergency(run: Run, state, vote: Vote) -> None:
     run.upload_deadline = emergency_deadline(vote.deadline, vote.first_seen, run.placement.where.get("cloud"))
     if run.uploader is not None:
         run.uploader.set_deadline(run.upload_deadline)  # before the commit hook submits the emergency step
-    run.ckpt.set_upload_deadline(run.upload_deadline)
     save_started = time.time()
-    result = run.ckpt.save(state.step, "emergency", state, blocking=True)
+    result = run.ckpt.save(state.step, state, kind="emergency", deadline=run.upload_deadline, blocking=True)
     committed = result is not None and result.committed
     durable, newest_durable = _push_before_deadline(run, state.step, committed)
     safe_at = time.time()
@@ -750,7 +770,7 @@ def _finish(run: Run, state) -> None:
     from skyspot.trainer.export import export_final
 
     if run.ckpt.last_committed != state.step:
-        result = run.ckpt.save(state.step, "final", state, blocking=True)
+        result = run.ckpt.save(state.step, state, kind="final", blocking=True)
         if result is None or not result.committed:
             from skyspot.errors import SkyspotError
 

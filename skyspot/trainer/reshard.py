@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -63,7 +62,7 @@ def ranks_present(step_dir: Path) -> set[int]:
 
 
 def manifest_sha256(step_dir: Path) -> str:
-    return hashlib.sha256((Path(step_dir) / mf.MANIFEST).read_bytes()).hexdigest()
+    return mf.sha256_bytes((Path(step_dir) / mf.MANIFEST).read_bytes())
 
 
 def cached(run_dir: Path, step: int, source_sha256: str) -> Optional[Path]:

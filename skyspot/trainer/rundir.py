@@ -1,4 +1,5 @@
-"""The run directory (DIR, the node's fast tier): layout and the run-level files.
+"""The run root's layout and its run-level files, in the run directory (DIR, the node's fast tier)
+and, with the same names, under `<store>/<run_id>/` in the store.
 
     DIR/
       run.json            recipe, fingerprint, who started the run and when (first start)
@@ -9,12 +10,19 @@
       final/              the trained model (export.py)
       superseded/         what --fresh moved aside, by time
       .lock               held by the node leader while a trainer runs: one trainer per directory
+
+The attempt counter is one concept with two backends: `next_attempt(DIR)` counts starts in the run
+directory; `next_attempt_in_store(store, run_id)` counts them in the store's attempts.json (same
+format), across machines, and replaces the local count when the run has a store (its value is
+mirrored into DIR with `record_attempt`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import getpass
+import json
+import logging
 import os
 import re
 import socket
@@ -22,11 +30,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from skyspot.events import EVENTS_DIR
+from skyspot.storage import Store, join_key, with_retries
 from skyspot.trainer.files import atomic_write_json, fsync_dir, read_json
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 RUN_JSON = "run.json"
 ATTEMPTS = "attempts.json"
+FINAL = "final"
 SUPERSEDED = "superseded"
 LOCK = ".lock"
 # Trainer event files only (skyspot.events): an executor's `attempt-N.executor.jsonl` numbers the
@@ -41,15 +54,15 @@ def checkpoints_dir(run_dir: Path) -> Path:
 def next_attempt(run_dir: Path) -> int:
     """Count one more start in DIR/attempts.json and return it (1 for the first start).
 
-    Same format as the store's counter (uploader.next_attempt), which replaces this one when
-    the run has a store (record_attempt mirrors it here). An unreadable counter restarts at one
-    more than the highest attempt in the trainer's event files, so they are never reused.
+    The local backend of the counter (`next_attempt_in_store` replaces it when the run has a
+    store). An unreadable counter restarts at one more than the highest attempt in the trainer's
+    event files, so they are never reused.
     """
     record = read_json(Path(run_dir) / ATTEMPTS)
     previous = record.get("attempt") if isinstance(record, dict) else None
     if not isinstance(previous, int):
         previous = 0
-        events = Path(run_dir) / "events"
+        events = Path(run_dir) / EVENTS_DIR
         for path in events.iterdir() if events.is_dir() else []:
             match = _TRAINER_EVENTS.match(path.name)
             if match:
@@ -61,7 +74,35 @@ def next_attempt(run_dir: Path) -> int:
 
 def record_attempt(run_dir: Path, attempt: int) -> None:
     """Write DIR/attempts.json (the store's count mirrored locally, or the local count)."""
-    atomic_write_json(Path(run_dir) / ATTEMPTS, {"attempt": attempt, "updated": time.time()})
+    atomic_write_json(Path(run_dir) / ATTEMPTS, _attempt_record(attempt))
+
+
+def _attempt_record(attempt: int) -> dict[str, Any]:
+    return {"attempt": attempt, "updated": time.time()}
+
+
+def next_attempt_in_store(store: Store, run_prefix: str, *, attempts: int = 4, base_delay: float = 0.5,
+                          max_delay: float = 5.0) -> int:
+    """Count one more start of the run in `<run_prefix>/attempts.json` in the store and return it (1 for the first).
+
+    The store's backend of the counter: it counts starts across machines. Best effort, not
+    atomic: two racers could read the same count. That is fine because only rank 0 of node 0
+    calls it, once per start. An unreadable counter restarts at 1 rather than stopping training.
+    Transient errors are retried `attempts` times; then the `StoreError` propagates.
+    """
+    key = join_key(run_prefix, ATTEMPTS)
+    retry = dict(attempts=attempts, base_delay=base_delay, max_delay=max_delay)
+    raw = with_retries(lambda: store.get_bytes(key), **retry)
+    previous = 0
+    if raw is not None:
+        try:
+            previous = int(json.loads(raw)["attempt"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s/%s is unreadable; counting attempts from 1 again", store.uri, key)
+    attempt = previous + 1
+    body = json.dumps(_attempt_record(attempt)).encode()
+    with_retries(lambda: store.put_bytes(key, body), **retry)
+    return attempt
 
 
 def write_run_json(run_dir: Path, *, run_id: str, recipe, store: Optional[str], world_size: int,
@@ -127,7 +168,7 @@ class RunLock:
 def move_aside(run_dir: Path) -> Optional[Path]:
     """--fresh: move checkpoints/, final/ and run.json to DIR/superseded/<time>/ (never delete)."""
     run_dir = Path(run_dir)
-    names = [n for n in (CHECKPOINTS, "final", RUN_JSON) if (run_dir / n).exists()]
+    names = [n for n in (CHECKPOINTS, FINAL, RUN_JSON) if (run_dir / n).exists()]
     if not names:
         return None
     target = run_dir / SUPERSEDED / time.strftime("%Y%m%dT%H%M%S", time.gmtime())

@@ -1,4 +1,4 @@
-"""Background upload of committed local checkpoints to the run's store, and reading them back.
+"""The upload worker: committed local checkpoints to the run's store, in the background.
 
 The trainer saves to a local fast tier and hands each committed checkpoint to one
 `Uploader` per node (the caller runs it on local rank 0); the training loop never waits
@@ -14,14 +14,9 @@ on the network:
 
 Local checkpoint contract (written by the checkpoint module): `step_<N>/` holds the files
 this node's ranks wrote, `manifest.json` with `"files": {relpath: {"size", "sha256"}}`,
-and the `COMMITTED` marker written last. Remote layout under `<run_prefix>/`:
-
-    checkpoints/step_<N>/<files of every node>                 file names are unique per rank
-    checkpoints/step_<N>/manifest.node-<K>.json                node K's manifest
-    checkpoints/step_<N>/COMMITTED.node-<K>-of-<NODES>         node K's marker, its last upload
-    events/*.jsonl                                             (sync_events)
-    run.json, final/...                                        (sync_small, put_tree)
-    attempts.json                                              (next_attempt)
+and the `COMMITTED` marker written last (manifest.py). Remote layout: remote.py, which also
+lists and downloads; beside the checkpoints this worker syncs `events/*.jsonl` (sync_events)
+and `run.json`, `final/...` (sync_small, put_tree).
 
 Each node uploads its own files, then its manifest, then its marker. A remote checkpoint
 is *durable* only when the markers of all NODES nodes exist (the marker's name carries
@@ -41,71 +36,33 @@ reports which files arrived (`streams_done`); the job waits for that report, upl
 disk only the files that did not arrive, then the manifest and the marker. The writer decides
 whether streams are abandoned for a newer checkpoint, so a job waiting for its streams is
 never superseded here.
+
+One concept although long: one background worker's state (the queue, newest-wins, the
+deadline race, streamed files, retries through outages, retention) under one lock, which
+has to be read together to be trusted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
-import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from skyspot.errors import CheckpointError, StoreError
+from skyspot.errors import StoreError
 from skyspot.events import EVENTS_DIR, EventWriter
 from skyspot.storage import Store, TransientStoreError, join_key, with_retries
+from skyspot.trainer import manifest as mf
+from skyspot.trainer.remote import checkpoint_prefix, durable_steps, listing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-CHECKPOINTS_DIR = "checkpoints"
-MANIFEST = "manifest.json"
-COMMIT_MARKER = "COMMITTED"
-ATTEMPTS_KEY = "attempts.json"
-RUN_JSON_KEY = "run.json"
-_STEP_RE = re.compile(r"^step_(\d+)$")
-_MARKER_RE = re.compile(r"^COMMITTED\.node-(\d+)-of-(\d+)$")
-_HASH_CHUNK = 8 * 1024 * 1024
-
-
-def checkpoint_prefix(run_prefix: str, step: int) -> str:
-    """The key prefix of one checkpoint: `<run_prefix>/checkpoints/step_<N>`."""
-    return join_key(run_prefix, CHECKPOINTS_DIR, f"step_{step}")
-
-
-def manifest_name(node_rank: int) -> str:
-    """Node K's manifest in the store (locally it is `manifest.json`)."""
-    return f"manifest.node-{node_rank}.json"
-
-
-def marker_name(node_rank: int, num_nodes: int) -> str:
-    """Node K's commit marker in the store (locally `COMMITTED`); the name says how many nodes there are."""
-    return f"COMMITTED.node-{node_rank}-of-{num_nodes}"
-
-
-def _markers(keys) -> set[tuple[int, int]]:
-    """(node, nodes) of every node marker among a checkpoint's keys."""
-    found = set()
-    for key in keys:
-        match = _MARKER_RE.match(key.rsplit("/", 1)[-1])
-        if match:
-            found.add((int(match.group(1)), int(match.group(2))))
-    return found
-
-
-def is_durable_listing(keys) -> bool:
-    """Whether a checkpoint's keys include the markers of every node (for some node count). Pure."""
-    markers = _markers(keys)
-    return any(all((k, n) in markers for k in range(n)) for n in {n for _, n in markers})
 
 
 def keep_in_flight(current_left_bytes: int, new_bytes: int, bytes_per_second: float | None,
@@ -336,15 +293,8 @@ class Uploader:
         Blocking, with a few quick retries; never raises a StoreError: a failure is
         warned about and reported as False, so training goes on.
         """
-        try:
-            data = Path(local_path).read_bytes()
-            with_retries(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data),
-                         attempts=3, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
-        except StoreError as error:
-            self._warn_outage(error)
-            return False
-        self._note_success()
-        return True
+        data = Path(local_path).read_bytes()
+        return self._blocking(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data), attempts=3)
 
     def put_tree(self, local_dir: str | os.PathLike, key_prefix: str) -> bool:
         """Upload every file under `local_dir` to `<run_prefix>/<key_prefix>/` (e.g. the final model).
@@ -353,10 +303,13 @@ class Uploader:
         """
         root = Path(local_dir)
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        return self._blocking(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
+                                                             self.max_workers), attempts=5)
+
+    def _blocking(self, fn: Callable[[], object], attempts: int) -> bool:
+        """One blocking store call with a few retries; a StoreError is warned about and reported as False."""
         try:
-            with_retries(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
-                                                       self.max_workers),
-                         attempts=5, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
+            with_retries(fn, attempts=attempts, base_delay=self.retry_base_delay, max_delay=self.retry_max_delay)
         except StoreError as error:
             self._warn_outage(error)
             return False
@@ -393,7 +346,7 @@ class Uploader:
 
     def refresh_durable(self) -> list[int]:
         """List the store and update which checkpoints are durable (every node's marker there)."""
-        durable = _durable_steps(_remote_listing(self.store, self.run_prefix))
+        durable = durable_steps(listing(self.store, self.run_prefix))
         with self._cv:
             self._durable = set(durable)
             self._cv.notify_all()
@@ -460,24 +413,24 @@ class Uploader:
             self._fail(job, str(stop), start, warn=False)
             return
         job.done_bytes = sum(size for rel, size in files.items() if rel in streamed)
-        manifest_key = join_key(prefix, manifest_name(self.node_rank))
-        marker_key = join_key(prefix, marker_name(self.node_rank, self.num_nodes))
+        manifest_key = join_key(prefix, mf.node_manifest_name(self.node_rank))
+        marker_key = join_key(prefix, mf.node_marker_name(self.node_rank, self.num_nodes))
         uploaded: list[str] = []
         try:
             existing = self._retry(job, lambda: self.store.list(prefix + "/"))
-            mine = [k for k in existing if (m := _MARKER_RE.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank]
+            mine = [k for k in existing if (m := mf.NODE_MARKER.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank]
             if mine:
                 # An earlier attempt got this node's part there. The same checkpoint (a resume from
                 # it) needs no upload; a different one replaces it, and the old marker must not
                 # vouch for half-replaced files, so it goes first.
                 remote = self._retry(job, lambda: self.store.get_bytes(manifest_key))
-                if marker_key in mine and remote == (job.local_dir / MANIFEST).read_bytes():
+                if marker_key in mine and remote == (job.local_dir / mf.MANIFEST).read_bytes():
                     self._succeed(job, start, 0)
                     return
                 self._retry(job, lambda: self.store.delete(mine))
             self._put_all(job, prefix, [rel for rel in files if rel not in streamed], uploaded)
             # Two small files from done: finished even if a newer checkpoint just arrived.
-            for name, key in ((MANIFEST, manifest_key), (COMMIT_MARKER, marker_key)):
+            for name, key in ((mf.MANIFEST, manifest_key), (mf.MARKER, marker_key)):
                 self._put_one(job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded,
                               check=False)
         except _Abandoned as stop:
@@ -670,7 +623,7 @@ class Uploader:
 
     def _cleanup(self, prefix: str, uploaded: list[str]) -> None:
         """Best effort: delete a failed upload's files. Without a marker they never count anyway."""
-        keys = [k for k in uploaded if not _MARKER_RE.match(k.rsplit("/", 1)[-1])]
+        keys = [k for k in uploaded if not mf.NODE_MARKER.match(k.rsplit("/", 1)[-1])]
         try:
             self.store.delete(keys)
         except StoreError as error:
@@ -684,19 +637,19 @@ class Uploader:
         other over the same keys.
         """
         try:
-            listing = _remote_listing(self.store, self.run_prefix)
-            durable = _durable_steps(listing)
+            keys_by_step = listing(self.store, self.run_prefix)
+            durable = durable_steps(keys_by_step)
             doomed = durable[:-self.keep] if self.keep is not None and self.node_rank == 0 else []
             with self._cv:
                 self._durable = set(durable)
             for step in doomed:
                 with self._cv:
                     self._durable.discard(step)
-                keys = sorted(listing[step])
-                self.store.delete([k for k in keys if k.rsplit("/", 1)[-1].startswith(COMMIT_MARKER)])
-                self.store.delete([k for k in keys if not k.rsplit("/", 1)[-1].startswith(COMMIT_MARKER)])
+                keys = sorted(keys_by_step[step])
+                self.store.delete([k for k in keys if mf.is_marker(k.rsplit("/", 1)[-1])])
+                self.store.delete([k for k in keys if not mf.is_marker(k.rsplit("/", 1)[-1])])
             if durable and self.node_rank == 0:
-                for step, keys in listing.items():
+                for step, keys in keys_by_step.items():
                     if step < durable[-1] and step not in durable:
                         self.store.delete(sorted(keys))
         except StoreError as error:
@@ -714,17 +667,14 @@ class Uploader:
                 log.exception("events sync failed")
 
 
-# ---------------------------------------------------------------------- reading back
-
-
 def _local_files(local_dir: Path) -> dict[str, int]:
     """The data files a committed local checkpoint lists, with sizes checked against its manifest."""
-    if not (local_dir / COMMIT_MARKER).is_file():
-        raise ValueError(f"{local_dir} has no {COMMIT_MARKER} marker")
+    if not (local_dir / mf.MARKER).is_file():
+        raise ValueError(f"{local_dir} has no {mf.MARKER} marker")
     try:
-        files = _manifest_files(json.loads((local_dir / MANIFEST).read_text(encoding="utf-8")))
+        files = mf.file_table(json.loads((local_dir / mf.MANIFEST).read_text(encoding="utf-8")))
     except ValueError as error:
-        raise ValueError(f"{local_dir / MANIFEST}: {error}") from None
+        raise ValueError(f"{local_dir / mf.MANIFEST}: {error}") from None
     sizes = {}
     for rel, meta in files.items():
         size = (local_dir / rel).stat().st_size
@@ -732,158 +682,3 @@ def _local_files(local_dir: Path) -> dict[str, int]:
             raise ValueError(f"{rel} is {size} bytes, the manifest says {meta['size']}")
         sizes[rel] = size
     return sizes
-
-
-def _reserved(name: str) -> bool:
-    return name in (MANIFEST, COMMIT_MARKER) or name.startswith(("manifest.node-", "COMMITTED."))
-
-
-def _manifest_files(manifest: object) -> dict[str, dict]:
-    """The manifest's file table, checked: paths stay inside the checkpoint, each has a size and sha256."""
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise ValueError("no 'files' table")
-    for rel, meta in files.items():
-        parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or _reserved(rel):
-            raise ValueError(f"unsafe path {rel!r}")
-        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int)
-                and isinstance(meta.get("sha256"), str)):
-            raise ValueError(f"entry {rel!r} lacks an integer size and a sha256")
-    return files
-
-
-def _remote_listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
-    root = join_key(run_prefix, CHECKPOINTS_DIR) + "/"
-    steps: dict[int, set[str]] = {}
-    for key in store.list(root):
-        match = _STEP_RE.match(key[len(root):].split("/", 1)[0])
-        if match:
-            steps.setdefault(int(match.group(1)), set()).add(key)
-    return steps
-
-
-def _durable_steps(listing: dict[int, set[str]]) -> list[int]:
-    return sorted(step for step, keys in listing.items() if is_durable_listing(keys))
-
-
-def remote_checkpoints(store: Store, run_prefix: str) -> list[int]:
-    """Durable steps (every node's marker exists), oldest first. Their files are verified on download."""
-    return _durable_steps(_remote_listing(store, run_prefix))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
-                        max_workers: int = 8, *, node_rank: int = 0, any_node: bool = False) -> Path:
-    """Download node `node_rank`'s part of a durable checkpoint to `local_dir`, verifying every file.
-
-    Only the files the node's manifest lists come down (each node's directory holds only
-    what its ranks wrote), as `manifest.json` and `COMMITTED` locally. Files land in a
-    hidden sibling directory that is renamed into place once all of them check out, so a
-    half download never looks like a checkpoint. Raises `CheckpointError` naming the file
-    when one is missing or corrupt (the caller falls back to an earlier checkpoint);
-    `StoreError` when the store stays unreachable.
-    """
-    target = Path(local_dir)
-    prefix = checkpoint_prefix(run_prefix, step)
-    where = f"checkpoint step_{step} in {store.uri}"
-
-    def get(fn):
-        return with_retries(fn, attempts=4, base_delay=0.5, max_delay=5.0)
-
-    keys = get(lambda: store.list(prefix + "/"))
-    if not is_durable_listing(keys):
-        have = sorted(f"node {k} of {n}" for k, n in _markers(keys))
-        raise CheckpointError(f"{where} is not durable: it lacks a {COMMIT_MARKER} marker of every node"
-                              + (f" (has {', '.join(have)})" if have else ""))
-    nodes = max(n for _, n in _markers(keys) if all((k, n) in _markers(keys) for k in range(n)))
-    if node_rank >= nodes and any_node:
-        node_rank = 0  # a node the writer did not have: node 0's part names the step (reshard.py gathers the rest)
-    if node_rank >= nodes:
-        raise CheckpointError(f"{where} was written by {nodes} nodes; this is node {node_rank}")
-    marker = get(lambda: store.get_bytes(join_key(prefix, marker_name(node_rank, nodes))))
-    if marker is None:
-        raise CheckpointError(f"{where}: the marker of node {node_rank} is missing")
-    raw = get(lambda: store.get_bytes(join_key(prefix, manifest_name(node_rank))))
-    if raw is None:
-        raise CheckpointError(f"{where}: {manifest_name(node_rank)} is missing")
-    try:
-        expected = json.loads(marker).get("manifest_sha256")
-    except (ValueError, AttributeError):
-        raise CheckpointError(f"{where}: the marker of node {node_rank} is not valid JSON") from None
-    if expected is not None and hashlib.sha256(raw).hexdigest() != expected:
-        raise CheckpointError(f"{where}: {manifest_name(node_rank)} does not match its marker's hash")
-    try:
-        files = _manifest_files(json.loads(raw))
-    except ValueError as error:  # json.JSONDecodeError is a ValueError
-        raise CheckpointError(f"{where}: {manifest_name(node_rank)} is unusable ({error})") from None
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp = target.with_name(f".{target.name}.download-{uuid.uuid4().hex[:8]}")
-    temp.mkdir()
-    try:
-        def missing() -> list[str]:
-            return [rel for rel, meta in files.items()
-                    if not (temp / rel).is_file() or (temp / rel).stat().st_size != meta["size"]]
-
-        try:
-            # A retry after a transient error fetches only what is not there yet.
-            get(lambda: store.download_files(prefix, missing(), temp, max_workers))
-        except FileNotFoundError as error:
-            rel = str(error.filename).removeprefix(f"{store.uri}/{prefix}/")
-            raise CheckpointError(f"{where}: file {rel!r} is missing from the store") from None
-
-        def verify(rel: str) -> None:
-            meta = files[rel]
-            size = (temp / rel).stat().st_size
-            if size != meta["size"]:
-                raise CheckpointError(
-                    f"{where}: file {rel!r} is corrupt ({size} bytes, the manifest says {meta['size']})")
-            if _sha256(temp / rel) != meta["sha256"].lower():
-                raise CheckpointError(f"{where}: file {rel!r} is corrupt (sha256 does not match the manifest)")
-
-        # hashlib releases the GIL on large buffers, so hashing in threads uses several cores.
-        with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
-            for _ in pool.map(verify, sorted(files)):
-                pass
-        (temp / MANIFEST).write_bytes(raw)
-        (temp / COMMIT_MARKER).write_bytes(marker)  # last, as when the checkpoint was written
-        if target.exists():
-            stale = target.with_name(f".{target.name}.stale-{uuid.uuid4().hex[:8]}")
-            os.replace(target, stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        os.replace(temp, target)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    return target
-
-
-def next_attempt(store: Store, run_prefix: str, *, attempts: int = 4, base_delay: float = 0.5,
-                 max_delay: float = 5.0) -> int:
-    """Count one more start of the run in `<run_prefix>/attempts.json` and return it (1 for the first).
-
-    Best effort, not atomic: two racers could read the same count. That is fine because
-    only rank 0 of node 0 calls it, once per start. An unreadable counter restarts at 1
-    rather than stopping training. Transient errors are retried `attempts` times; then
-    the `StoreError` propagates.
-    """
-    key = join_key(run_prefix, ATTEMPTS_KEY)
-    retry = dict(attempts=attempts, base_delay=base_delay, max_delay=max_delay)
-    raw = with_retries(lambda: store.get_bytes(key), **retry)
-    previous = 0
-    if raw is not None:
-        try:
-            previous = int(json.loads(raw)["attempt"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("%s/%s is unreadable; counting attempts from 1 again", store.uri, key)
-    attempt = previous + 1
-    body = json.dumps({"attempt": attempt, "updated": time.time()}).encode()
-    with_retries(lambda: store.put_bytes(key, body), **retry)
-    return attempt

@@ -34,7 +34,6 @@ finish (uploader.keep_in_flight).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
 import threading
@@ -48,7 +47,7 @@ import torch
 from skyspot.storage import StoreError
 from skyspot.trainer.faults import fault_point
 from skyspot.trainer.files import atomic_write_bytes, fsync_dir
-from skyspot.trainer.manifest import write_manifest, write_marker
+from skyspot.trainer.manifest import LATEST, new_digest, remove_checkpoint_dir, write_manifest, write_marker
 
 Exchange = Callable[[Any], list]
 
@@ -96,7 +95,7 @@ class _HashingFile:
 
     def __init__(self, f, on_first_write: Callable[[], None], stream=None):
         self._f = f
-        self.sha = hashlib.sha256()
+        self.sha = new_digest()
         self.size = 0
         self._first = on_first_write
         self._stream = stream
@@ -120,14 +119,6 @@ class _HashingFile:
 
     def flush(self) -> None:
         self._f.flush()
-
-
-def discard_uncommitted(directory: Path) -> None:
-    """Remove the directory of a write that failed: it never committed on every node, and on a full
-    disk its partial files hold the space the event files and the next checkpoint need."""
-    from skyspot.trainer.checkpoint import remove_checkpoint_dir
-
-    remove_checkpoint_dir(directory)
 
 
 class CheckpointWriter:
@@ -323,7 +314,9 @@ class CheckpointWriter:
                 stream.abort("the checkpoint was not committed")
             batch.streams.clear()
             if self.is_node_leader:
-                discard_uncommitted(batch.directory)  # every rank is done with it (two exchanges)
+                # It never committed on every node, and on a full disk its partial files hold the space the
+                # event files and the next checkpoint need. Every rank is done with it (two exchanges).
+                remove_checkpoint_dir(batch.directory)
             return WriteResult(batch.step, batch.kind, batch.directory, False, "; ".join(errors),
                                blocked_seconds=batch.blocked_seconds, write_seconds=write_seconds)
         result = WriteResult(batch.step, batch.kind, batch.directory, True, None, node_bytes,
@@ -336,9 +329,9 @@ class CheckpointWriter:
         if batch.stream and self.stream_sink is not None:
             self.stream_sink.expect_streams(batch.step)  # before the hooks submit the step
         try:
-            atomic_write_bytes(batch.directory.parent / "latest", batch.directory.name.encode())
+            atomic_write_bytes(batch.directory.parent / LATEST, batch.directory.name.encode())
         except OSError as err:
-            self.warn(f"could not update {batch.directory.parent / 'latest'} (advisory): {err}")
+            self.warn(f"could not update {batch.directory.parent / LATEST} (advisory): {err}")
         for hook in list(self.on_committed):
             try:
                 hook(batch.step, batch.directory)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from skyspot.trainer import manifest as mf
-from skyspot.trainer.checkpoint import choose, remove_checkpoint_dir, retention_victims
+from skyspot.trainer.checkpoint import choose, retention_victims
+from skyspot.trainer.manifest import remove_checkpoint_dir
 from tests.trainer.launch import REPO, trainer_env
 
 WRITE = textwrap.dedent("""

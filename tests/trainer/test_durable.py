@@ -20,7 +20,8 @@ from skyspot.trainer import rundir
 from skyspot.trainer.checkpoint import CheckpointManager
 from skyspot.trainer.cluster import Placement
 from skyspot.trainer.durable import EXIT_MARGIN_S, StoreTier, emergency_deadline
-from skyspot.trainer.uploader import Uploader, remote_checkpoints
+from skyspot.trainer.remote import remote_checkpoints
+from skyspot.trainer.uploader import Uploader
 
 RUN = "run-1"
 ONE = Placement(rank=0, world_size=1, local_rank=0, node_rank=0, num_nodes=1)
@@ -69,14 +70,13 @@ def bucket(tmp_path):
     return store
 
 
-def manager(run_dir: Path, store=None) -> tuple[CheckpointManager, list[str]]:
+def manager(run_dir: Path, store=None, tier=None) -> tuple[CheckpointManager, list[str]]:
     said: list[str] = []
-    ckpt = CheckpointManager(run_dir, ONE, load_recipe("tiny"), run_id=RUN, attempt=1, events=None, comm=OneRank(),
-                             warn=said.append)
     if store is not None:
         tier = StoreTier(store.uri, RUN, ONE, store=store)
         tier.adopt(tier.probe(retries=NO_RETRIES))
-        ckpt.resume_source = tier
+    ckpt = CheckpointManager(run_dir, ONE, load_recipe("tiny"), run_id=RUN, attempt=1, events=None, comm=OneRank(),
+                             warn=said.append, resume_source=tier)
     return ckpt, said
 
 
@@ -137,9 +137,8 @@ def test_unreachable_store_at_start_resumes_locally_or_refuses_to_start_over(s3_
 
     write_checkpoint(tmp_path / "run" / "checkpoints", 4)
     for run_dir, expected in ((tmp_path / "run", 4), (tmp_path / "fresh", None)):
-        ckpt, _ = manager(run_dir)
         tier.adopt(probe)
-        ckpt.resume_source = tier
+        ckpt, _ = manager(run_dir, tier=tier)
         if expected is None:
             with pytest.raises(StoreError, match="no node has a local checkpoint: nothing was started"):
                 ckpt.find()

@@ -72,7 +72,7 @@ def bucket_events(store, run: str, type: str | None = None) -> list[dict]:
 
 
 def durable_steps(store, run: str) -> list[int]:
-    from skyspot.trainer.uploader import remote_checkpoints
+    from skyspot.trainer.remote import remote_checkpoints
 
     return remote_checkpoints(store, run)
 

@@ -14,7 +14,9 @@ import pytest
 from skyspot.errors import CheckpointError, StoreError
 from skyspot.events import EventWriter, read_events_dir
 from skyspot.storage import GCSStore, S3Store, open_store, parse_store_uri
-from skyspot.trainer.uploader import (Uploader, download_checkpoint, next_attempt, remote_checkpoints)
+from skyspot.trainer.rundir import next_attempt_in_store
+from skyspot.trainer.remote import download_checkpoint, remote_checkpoints
+from skyspot.trainer.uploader import Uploader
 
 RUN = "run-1"
 FAST = dict(retry_base_delay=0.05, retry_max_delay=0.2)
@@ -312,8 +314,8 @@ def test_event_files_are_synced_when_they_change(store_uri, tmp_path, events):
 
 def test_attempt_counter_increments_per_start(store_uri):
     store = open_store(store_uri)
-    assert [next_attempt(store, RUN) for _ in range(3)] == [1, 2, 3]
-    assert next_attempt(store, "other-run") == 1
+    assert [next_attempt_in_store(store, RUN) for _ in range(3)] == [1, 2, 3]
+    assert next_attempt_in_store(store, "other-run") == 1
 
 
 def test_event_files_are_synced_in_the_background_and_at_close(tmp_path, events):
@@ -340,7 +342,7 @@ def node_checkpoint(run_dir: Path, step: int, node: int) -> Path:
 
 
 def test_durability_needs_every_nodes_marker_and_the_marker_says_how_many_nodes():
-    from skyspot.trainer.uploader import is_durable_listing
+    from skyspot.trainer.remote import is_durable_listing
 
     assert is_durable_listing(["s/COMMITTED.node-0-of-1"])
     assert not is_durable_listing(["s/COMMITTED.node-0-of-2", "s/manifest.node-1.json"])
