@@ -22,6 +22,7 @@ TRAINER_MAY_IMPORT = {
     "skyspot.clouds": "cloud facts: notice windows, poll periods, bandwidths, preemption priors",
     "skyspot.hub": "the Hugging Face hub, where a node fetches the base model and its tokenizer",
     "skyspot.sizing": "a recipe's state size, which the first interval plan (initial_plan) divides by bandwidth",
+    "skyspot.ports": "a free loopback port for the standalone trainer's rendezvous (no torchrun)",
 }
 
 # The trainer's public contracts, the only trainer modules the rest of the package may import, and why.
@@ -34,7 +35,7 @@ TRAINER_CONTRACTS = {
 }
 
 # Leaves: both sides import them, so they import (almost) nothing of skyspot themselves.
-LEAVES = {"skyspot.clouds": {"skyspot.errors"}, "skyspot.attempts": set()}
+LEAVES = {"skyspot.clouds": {"skyspot.errors"}, "skyspot.attempts": set(), "skyspot.ports": set()}
 
 
 def _module_name(path: Path) -> str:
