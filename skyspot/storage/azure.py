@@ -13,7 +13,7 @@ from pathlib import Path
 from skyspot.errors import StoreError
 from skyspot.storage.store import DEFAULT_WORKERS, TransientStoreError
 from skyspot.storage.stream import STREAM_CONCURRENCY, Pipe, StreamAborted, StreamUpload, read_full
-from skyspot.storage.transfer import replace_into, run_parallel
+from skyspot.storage.transfer import get_each, put_each, replace_into, run_parallel
 from skyspot.storage.uri import StoreURI, check_key, join_key
 
 
@@ -194,13 +194,11 @@ class AzureStore:
 
     def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
         self._az()
-        run_parallel(lambda rel: self.put_file(Path(local_dir) / rel, join_key(prefix, rel)),
-                      list(files), max_workers)
+        put_each(self, local_dir, prefix, files, max_workers)
 
     def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
         self._az()
-        run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
-                      list(files), max_workers)
+        get_each(self, prefix, files, local_dir, max_workers)
 
     def open_stream(self, key, source=None):
         """The SDK's own chunked upload of a stream of unknown length: blocks of _AZ_BLOCK_BYTES

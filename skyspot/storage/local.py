@@ -11,8 +11,8 @@ from pathlib import Path
 from skyspot.errors import StoreError
 from skyspot.storage.store import DEFAULT_WORKERS
 from skyspot.storage.stream import STREAM_PART_BYTES, Pipe, StreamUpload
-from skyspot.storage.transfer import TEMP_RE, replace_into, run_parallel
-from skyspot.storage.uri import check_key, join_key
+from skyspot.storage.transfer import TEMP_RE, get_each, put_each, replace_into
+from skyspot.storage.uri import check_key
 
 
 class LocalStore:
@@ -103,12 +103,10 @@ class LocalStore:
                 parent = parent.parent
 
     def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
-        run_parallel(lambda rel: self.put_file(Path(local_dir) / rel, join_key(prefix, rel)),
-                      list(files), max_workers)
+        put_each(self, local_dir, prefix, files, max_workers)
 
     def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
-        run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
-                      list(files), max_workers)
+        get_each(self, prefix, files, local_dir, max_workers)
 
     def open_stream(self, key, source=None):
         target = self._path(key)

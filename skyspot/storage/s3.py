@@ -11,7 +11,7 @@ from pathlib import Path
 from skyspot.errors import StoreError
 from skyspot.storage.store import DEFAULT_WORKERS, TransientStoreError
 from skyspot.storage.stream import STREAM_CONCURRENCY, STREAM_PART_BYTES, Pipe, StreamAborted, StreamUpload
-from skyspot.storage.transfer import run_parallel
+from skyspot.storage.transfer import get_each, put_each
 from skyspot.storage.uri import check_key, join_key
 
 
@@ -150,13 +150,11 @@ class S3Store:
 
     def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
         self._s3()
-        run_parallel(lambda rel: self.put_file(Path(local_dir) / rel, join_key(prefix, rel)),
-                      list(files), max_workers)
+        put_each(self, local_dir, prefix, files, max_workers)
 
     def download_files(self, prefix, files, local_dir, max_workers=DEFAULT_WORKERS):
         self._s3()
-        run_parallel(lambda rel: self.get_file(join_key(prefix, rel), Path(local_dir) / rel),
-                      list(files), max_workers)
+        get_each(self, prefix, files, local_dir, max_workers)
 
     def open_stream(self, key, source=None):
         manager = self._streams()

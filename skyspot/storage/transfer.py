@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from skyspot.storage.uri import join_key
+
 
 def run_parallel(fn: Callable[[str], None], items: list[str], max_workers: int) -> None:
     """Run fn over items in a thread pool; the first error cancels what has not started and propagates."""
@@ -25,6 +27,16 @@ def run_parallel(fn: Callable[[str], None], items: list[str], max_workers: int) 
             for future in futures:
                 future.cancel()
             raise
+
+
+def put_each(store, local_dir, prefix: str, files, max_workers: int) -> None:
+    """`store.put_file(local_dir/F, prefix/F)` for each F, in parallel: `upload_dir` where the SDK has no bulk call."""
+    run_parallel(lambda rel: store.put_file(Path(local_dir) / rel, join_key(prefix, rel)), list(files), max_workers)
+
+
+def get_each(store, prefix: str, files, local_dir, max_workers: int) -> None:
+    """`store.get_file(prefix/F, local_dir/F)` for each F, in parallel: `download_files` where the SDK has no bulk call."""
+    run_parallel(lambda rel: store.get_file(join_key(prefix, rel), Path(local_dir) / rel), list(files), max_workers)
 
 
 def temp_sibling(path: Path) -> Path:
