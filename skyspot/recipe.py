@@ -8,6 +8,9 @@ written here once:
 Command-line overrides are `section.key=value` (`train.steps=40`); the value is read
 as a YAML scalar, so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
 Unknown keys are rejected, and every problem is reported together, with file and line.
+
+One module, though long: the schema, the precedence rule and the override syntax are one contract
+(what a recipe value is, and how one is set), read the same way by the CLI and by the trainer.
 """
 
 from __future__ import annotations
