@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 2 -m bench._emergency_worker --run-dir DIR --store URI [key=value ...]
 
-Sets the trainer up exactly as `python -m skyspot.trainer tiny --store URI` does (loop.setup,
+Sets the trainer up exactly as `python -m skyspot.trainer tiny storage.store=URI` does (loop.setup,
 loop.build), then runs the real loop; rank 0 sends itself SIGTERM at the end of the first step,
 just before the ranks vote (held there by the `step_end` fault point until the signal is out), so
 the figure is the checkpoint's, not a step's: on these CPU ranks a step of this model takes 10 s,
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     os.environ.update(SKYSPOT_FAULT="step_end@1/0:hold=120", SKYSPOT_FAULT_DIR=str(faults))
     watch = PreemptionWatch()
     watch.install()
-    args = loop.parse_args(["tiny", "--run-dir", str(opts.run_dir), "--store", opts.store, "--run-name", "bench",
+    args = loop.parse_args(["tiny", "--run-dir", str(opts.run_dir), f"storage.store={opts.store}", "--run-name", "bench",
                             f"train.steps={BIG}", f"checkpoint.every_steps={BIG}", "train.log_every=1000000",
                             *opts.overrides])
     args.run_dir.mkdir(parents=True, exist_ok=True)

@@ -154,7 +154,7 @@ def launch(run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Pa
     command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--grace", str(GRACE_S),
                "--", str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
-               "--run-name", run_dir.name, *(["--store", str(store)] if store else []), *overrides]
+               "--run-name", run_dir.name, *([f"storage.store={store}"] if store else []), *overrides]
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:

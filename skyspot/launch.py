@@ -13,11 +13,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 from skyspot.package import PACKAGE_MOUNT, Package
 from skyspot.plan import Candidate, candidates
-from skyspot.recipe import REGISTRY, Recipe, env_overrides, load_recipe, parse_overrides
+from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts
 from skyspot.task import RECIPE_MOUNT, render, to_yaml
 
-# Sections that change what the trainer computes; overrides of these travel to the node.
-TRAINER_SECTIONS = ("model", "data", "train", "deepspeed", "checkpoint")
+# `resources` says where to run: the plan and SkyPilot have decided that before a node exists,
+# and the trainer never reads it. Every other value set on top of the recipe file travels.
+LAUNCH_ONLY_SECTIONS = ("resources",)
 
 
 @dataclass
@@ -28,24 +29,19 @@ class Built:
     yaml: str
     candidates: list[Candidate]
     trainer_overrides: list[str] = field(default_factory=list)
+    """Values set on top of the recipe file (environment, command line, flags), for the node."""
     run_name: Optional[str] = None
     """The one name of the run: managed job, ledger row, the node's run id, the store prefix."""
     package: Optional[Package] = None
     """The skyspot wheel the nodes install (None: the task shows a placeholder)."""
 
 
-def _trainer_overrides(overrides: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    pairs = env_overrides(environ) + parse_overrides(overrides)
-    chosen: dict[str, str] = {}
-    for (key, _), raw in zip(pairs, _raw_values(overrides, environ)):
-        if key.split(".")[0] in TRAINER_SECTIONS:
-            chosen[key] = f"{key}={raw}"  # later (CLI) wins over earlier (environment)
-    return list(chosen.values())
-
-
-def _raw_values(overrides: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    env_raw = [raw for name, raw in sorted(environ.items()) if name.startswith("SKYSPOT_") and "__" in name]
-    return env_raw + [o.partition("=")[2] for o in overrides]
+def _trainer_overrides(overrides: Sequence[str], environ: Mapping[str, str],
+                       flags: Optional[Mapping[str, Any]]) -> list[str]:
+    """What the node's trainer gets on top of the recipe: every value the environment, the command
+    line and the flags set here, as `section.key=value` overrides (task.py sends them)."""
+    texts = override_texts(overrides, environ=environ, flags=flags)
+    return [text for key, text in texts.items() if key.split(".")[0] not in LAUNCH_ONLY_SECTIONS]
 
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
@@ -56,17 +52,18 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
     `package` is the skyspot wheel the nodes install (package.build())."""
     environ = os.environ if environ is None else environ
     recipe = load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
-    trainer_overrides = _trainer_overrides(overrides, environ)
+    trainer_overrides = _trainer_overrides(overrides, environ, flags)
+    planned = candidates(recipe)
     if recipe_arg in REGISTRY:
         node_arg, recipe_file = recipe_arg, None
     elif local:
         node_arg, recipe_file = str(Path(recipe_arg).resolve()), None
     else:
         node_arg, recipe_file = RECIPE_MOUNT, str(Path(recipe_arg).resolve())
-    task = render(recipe, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
+    task = render(recipe, planned, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
                   run_name=run_name, package_dir=str(package.folder) if package else None)
     return Built(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
-                 candidates=candidates(recipe), trainer_overrides=trainer_overrides, run_name=run_name,
+                 candidates=planned, trainer_overrides=trainer_overrides, run_name=run_name,
                  package=package)
 
 

@@ -8,6 +8,9 @@ written here once:
 Command-line overrides are `section.key=value` (`train.steps=40`); the value is read
 as a YAML scalar, so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
 Unknown keys are rejected, and every problem is reported together, with file and line.
+
+One module, though long: the schema, the precedence rule and the override syntax are one contract
+(what a recipe value is, and how one is set), read the same way by the CLI and by the trainer.
 """
 
 from __future__ import annotations
@@ -512,6 +515,33 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
             key = name[len(ENV_PREFIX):].lower().replace("__", ".")
             found.append((key, _parse_value(raw)))
     return found
+
+
+def override_texts(overrides: Sequence[str] = (), *, environ: Mapping[str, str],
+                   flags: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+    """Every value set on top of the recipe file, as dotted key -> `key=value` text that
+    `parse_overrides` reads back to the same value: the environment's, then the command line's,
+    then the flags' (the precedence of `load_recipe`; a later source replaces an earlier one's
+    value and keeps its place). The environment's and the command line's text as the user wrote it."""
+    texts: dict[str, str] = {}
+    for name, raw in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+            texts[key] = f"{key}={raw}"
+    for pair in overrides:
+        key, _, raw = pair.partition("=")
+        texts[key.strip()] = f"{key.strip()}={raw}"
+    for key, value in (flags or {}).items():
+        if value is not None:
+            texts[key] = f"{key}={_value_text(value)}"
+    return texts
+
+
+def _value_text(value: Any) -> str:
+    """A flag's value as override text (`[aws, gcp]`, `false`, a string as is when it reads back as itself)."""
+    if isinstance(value, str) and _parse_value(value) == value:
+        return value
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("...").strip()
 
 
 def _apply(data: dict, key: str, value: Any, source: str, problems: list[str]) -> None:

@@ -18,6 +18,14 @@ it on clouds, the local executor runs the same `run` script on this machine. It:
 - names the run: SKYSPOT_RUN_NAME is the managed job's name, the ledger's name and the
   store prefix (unset in a task rendered without a name: the node then uses SkyPilot's
   SKYPILOT_TASK_ID, unique per job and stable across its recoveries);
+- hands the node its recipe values through one channel, the trainer's command line: the recipe
+  (a registry name, or the user's file mounted at RECIPE_MOUNT) and, as `section.key=value`
+  overrides, every value set on top of it at launch (environment, command line, flags such as
+  `--store`), the run's store first (`storage.store=URI`) whatever set it. The command line, not
+  an environment variable: SkyPilot reruns the same `run` after every recovery and the local
+  executor runs it as is, the trainer parses overrides exactly as the CLI does (recipe.py), and
+  `key=value` words need no second encoding; each is shell-quoted, so a value is one inert word.
+  No secret enters them: a recipe holds none;
 - passes HF_TOKEN through `secrets:` with no value in the file;
 - starts the trainer on every node under torchrun through skyspot's supervisor,
   which forwards SIGTERM and passes the trainer's exit code through torchrun.
@@ -34,7 +42,7 @@ import yaml
 
 from skyspot import __version__
 from skyspot.package import PACKAGE_MOUNT, PLACEHOLDER
-from skyspot.plan import Candidate, candidates
+from skyspot.plan import Candidate
 from skyspot.recipe import Recipe
 from skyspot.storage import mount_source, parse_store_uri
 
@@ -108,8 +116,7 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
         'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR" -- \\',
         '  torchrun --nnodes "$SKYPILOT_NUM_NODES" --node_rank "$SKYPILOT_NODE_RANK" \\',
         '  --nproc_per_node "$NPROC" --master_addr "$MASTER_ADDR" --master_port "${SKYSPOT_MASTER_PORT:-29500}" \\',
-        f'  -m skyspot.trainer {shlex.quote(recipe_arg)} --run-dir "$RUN_DIR" \\',
-        '  ${SKYSPOT_STORE:+--store "$SKYSPOT_STORE"}' + (f" {quoted}" if quoted else ""),
+        f'  -m skyspot.trainer {shlex.quote(recipe_arg)} --run-dir "$RUN_DIR"' + (f" {quoted}" if quoted else ""),
     ]
     return "\n".join(lines) + "\n"
 
@@ -126,20 +133,24 @@ SETUP_SCRIPT = "\n".join([
 RECIPE_MOUNT = "/skyspot/recipe.yaml"
 
 
-def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None, overrides: Sequence[str] = (),
-           run_name: Optional[str] = None, package_dir: Optional[str] = None) -> dict[str, Any]:
+def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, recipe_file: Optional[str] = None,
+           overrides: Sequence[str] = (), run_name: Optional[str] = None,
+           package_dir: Optional[str] = None) -> dict[str, Any]:
     """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
 
-    `recipe_arg` is what the node passes to the trainer: a registry name, or (with
-    `recipe_file`, the user's own recipe file) the path that file is mounted at.
-    `overrides` reach the trainer as `key=value` arguments, shell-quoted. `package_dir` is
-    the folder of the wheel `launch` built (package.py); without it the mount shows a placeholder.
+    `candidates` are the plan's placements, in order (plan.candidates). `recipe_arg` is what the
+    node passes to the trainer: a registry name, or (with `recipe_file`, the user's own recipe
+    file) the path that file is mounted at. `overrides` are the values set on top of the recipe
+    (launch.py); they reach the trainer as `key=value` arguments, shell-quoted, after the store's.
+    `package_dir` is the folder of the wheel `launch` built (package.py); without it the mount
+    shows a placeholder.
     """
-    trainer_overrides = list(overrides)
+    store = recipe.storage.store
+    trainer_overrides = [f"storage.store={store}"] if store else []
+    trainer_overrides += [o for o in overrides if o.partition("=")[0].strip() != "storage.store"]
     file_mounts: dict[str, Any] = {PACKAGE_MOUNT: package_dir or PLACEHOLDER}
     if recipe_file:
         file_mounts[recipe_arg] = recipe_file
-    store = recipe.storage.store
     source = recipe.data.source
     if "://" in source and not source.startswith("hf://"):
         mount_point, mount, node_path = _data_mount(source)
@@ -148,7 +159,6 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
 
     envs = {
         **({"SKYSPOT_RUN_NAME": run_name} if run_name else {}),
-        "SKYSPOT_STORE": store or "",
         "SKYSPOT_PACKAGE_DIR": PACKAGE_MOUNT,
         **DIST_ENV,
     }
@@ -162,7 +172,7 @@ def render(recipe: Recipe, *, recipe_arg: str, recipe_file: Optional[str] = None
         "resources": {
             "disk_size": recipe.resources.disk_size,
             "job_recovery": dict(JOB_RECOVERY),
-            "ordered": [_resource_entry(c, recipe) for c in candidates(recipe)],
+            "ordered": [_resource_entry(c, recipe) for c in candidates],
         },
         "envs": envs,
     }

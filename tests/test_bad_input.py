@@ -284,7 +284,7 @@ def test_values_that_would_break_the_task_are_refused(override, message):
 
 def test_a_file_store_uri_is_a_local_path_not_a_bucket_mount():
     task = assert_valid_task(invoke("render", "llama8b", "storage.store=file:///tmp/runs").stdout)
-    assert list(task["file_mounts"]) == ["/skyspot/package"] and task["envs"]["SKYSPOT_STORE"] == "/tmp/runs"
+    assert list(task["file_mounts"]) == ["/skyspot/package"] and "storage.store=/tmp/runs" in task["run"]
 
 
 # --------------------------------------------------------------------------- overrides

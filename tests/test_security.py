@@ -174,7 +174,7 @@ def run_the_run_script(script: str, envs: dict, tmp_path: Path) -> list[str]:
 
 
 def trainer_args(argv: list[str]) -> list[str]:
-    """What follows `torchrun ... -m skyspot.trainer`: recipe, --run-dir DIR, [--store STORE], overrides."""
+    """What follows `torchrun ... -m skyspot.trainer`: recipe, --run-dir DIR, [storage.store=STORE], overrides."""
     assert argv[:3] == ["python", "-m", "skyspot.trainer.supervise"] and "torchrun" in argv
     at = argv.index("skyspot.trainer")
     assert argv[at - 1] == "-m"
@@ -207,10 +207,9 @@ def test_recipe_file_values_reach_the_trainer_and_the_store_flag_as_literals(tmp
     recipe = tmp_path / "evil.yaml"
     recipe.write_text(text)
     task = render_task(recipe, "train.steps=3", f"data.split={evil}")
-    assert task["envs"]["SKYSPOT_STORE"] == f"s3://my-bucket/runs/{evil}"
     rest = trainer_args(run_the_run_script(task["run"], task["envs"], tmp_path))
-    assert rest[3:5] == ["--store", f"s3://my-bucket/runs/{evil}"]
-    assert rest[5:] == ["train.steps=3", f"data.split={evil}", f"data.source=/skyspot/data/my-data/{evil}/train.jsonl"]
+    assert rest[3] == f"storage.store=s3://my-bucket/runs/{evil}"
+    assert rest[4:] == ["train.steps=3", f"data.split={evil}", f"data.source=/skyspot/data/my-data/{evil}/train.jsonl"]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -62,9 +62,9 @@ def test_the_store_is_mounted_for_the_base_model_copy_and_written_through_the_sd
     task = sky.Task.from_yaml_config(copy.deepcopy(built.task))  # SkyPilot consumes the dict
     assert built.task["file_mounts"]["/skyspot/store/my-ckpts"] == {"source": "gs://my-ckpts", "mode": "MOUNT"}
     assert task.storage_mounts["/skyspot/store/my-ckpts"].mode.value == "MOUNT"
-    # The trainer reads <store>/<run id>/base/ there; checkpoints go through the SDK (SKYSPOT_STORE).
+    # The trainer reads <store>/<run id>/base/ there; checkpoints go through the SDK (storage.store).
     assert built.task["envs"]["SKYSPOT_STORE_MOUNT"] == "/skyspot/store/my-ckpts/team"
-    assert built.task["envs"]["SKYSPOT_STORE"] == "gs://my-ckpts/team"
+    assert "storage.store=gs://my-ckpts/team" in built.task["run"]
 
 
 def test_a_recipe_without_a_hub_model_mounts_no_store():
@@ -134,3 +134,36 @@ def test_trainer_overrides_come_from_env_and_cli_with_cli_winning():
     assert built.recipe.train.steps == 7
     assert "train.steps=7" in built.trainer_overrides and "train.lr=0.01" in built.trainer_overrides
     assert "train.steps=9" not in built.trainer_overrides
+
+
+def test_every_value_set_at_launch_reaches_the_node_as_an_override_the_store_first():
+    built = build("tiny", ["train.steps=7"], flags={"storage.store": "s3://my-ckpts/team", "resources.clouds": ["aws"]},
+                  environ={"SKYSPOT_TRAIN__LR": "0.01", "SKYSPOT_RESOURCES__SPOT": "false", "HF_TOKEN": "hf_x"})
+    words = shlex.split(built.task["run"].split("-m skyspot.trainer ", 1)[1].replace("\\\n", " "))
+    assert words == ["tiny", "--run-dir", "$RUN_DIR", "storage.store=s3://my-ckpts/team", "train.lr=0.01",
+                     "train.steps=7"]
+    assert not any(name.startswith("SKYSPOT_STORE") for name in built.task["envs"])
+
+
+def test_a_build_plans_once_and_a_launch_builds_once(monkeypatch):
+    import skyspot.launch
+    from typer.testing import CliRunner
+
+    from skyspot.cli.main import app
+
+    calls = {"candidates": 0, "build": 0}
+    plan, make = skyspot.launch.candidates, skyspot.launch.build
+
+    def counted_plan(*args, **kwargs):
+        calls["candidates"] += 1
+        return plan(*args, **kwargs)
+
+    def counted_build(*args, **kwargs):
+        calls["build"] += 1
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(skyspot.launch, "candidates", counted_plan)
+    monkeypatch.setattr(skyspot.launch, "build", counted_build)
+    result = CliRunner().invoke(app, ["launch", "llama70b", "--dry-run", "--store", "s3://my-ckpts/team"])
+    assert result.exit_code == 0, result.output
+    assert calls == {"candidates": 1, "build": 1}

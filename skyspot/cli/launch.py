@@ -50,8 +50,10 @@ def launch_command(
              "resources.deadline": deadline}
     if name is not None:
         check_run_name(name)
-    probe = build(recipe, overrides or [], flags=flags, run_name=name)  # the recipe's errors come first
-    run_local = probe.recipe.resources.local_only if local is None else local
+    from skyspot.recipe import load_recipe
+
+    probe = load_recipe(recipe, overrides or [], flags=flags)  # the recipe's errors come first; built once below
+    run_local = probe.resources.local_only if local is None else local
     if fresh_node and not run_local:
         raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
     local_only = [flag for flag, value in (("--preempt-every", preempt_every), ("--preempt-at-steps", preempt_at_steps),
@@ -61,7 +63,7 @@ def launch_command(
         raise UsageError(f"{', '.join(local_only)} inject(s) preemptions into a local run: add --local, "
                          "or leave it out for a cloud run")
     if not (dry_run or run_local or yes) and not sys.stdin.isatty():
-        raise UsageError(f"launching '{probe.recipe.name}' on the cloud needs confirmation: pass -y/--yes "
+        raise UsageError(f"launching '{probe.name}' on the cloud needs confirmation: pass -y/--yes "
                          "when not attached to a terminal (--dry-run shows the plan first)")
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
     package = packaging.build() if (not run_local or fresh_node) else None
@@ -69,7 +71,7 @@ def launch_command(
     from skyspot.launch import plan_deadline
 
     # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
-    deadline_plan = plan_deadline(probe.recipe, local=run_local, provision_seconds=provision_delay)
+    deadline_plan = plan_deadline(probe, local=run_local, provision_seconds=provision_delay)
     if deadline_plan:
         err.print(deadline_plan["check"], markup=False, soft_wrap=True)
     if dry_run:
@@ -80,7 +82,7 @@ def launch_command(
         out.file.write(built.yaml)
         return
 
-    run_name = check_new_run_name(name) if name is not None else new_run_name(probe.recipe.name)
+    run_name = check_new_run_name(name) if name is not None else new_run_name(probe.name)
     built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package)
     if run_local:
         from skyspot.preflight import preflight

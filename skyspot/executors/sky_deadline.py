@@ -110,7 +110,7 @@ def controller_task(task: dict[str, Any], plan: dict[str, Any], *, clouds: list[
               if isinstance(source, str) and "://" not in source}
     mounts[CONTROLLER_MOUNT] = plan["plan_dir"]
     envs = {k: v for k, v in (task.get("envs") or {}).items()
-            if k in ("SKYSPOT_RUN_NAME", "SKYSPOT_STORE", "SKYSPOT_PACKAGE_DIR")}
+            if k in ("SKYSPOT_RUN_NAME", "SKYSPOT_PACKAGE_DIR")}
     envs.setdefault("SKYSPOT_PACKAGE_DIR", PACKAGE_MOUNT)
     return {
         "name": plan["run"],

@@ -4,16 +4,17 @@ Launch, one line per node (the task's `run` and the local executor do exactly th
 
     python -m skyspot.trainer.supervise --run-dir DIR -- \\
         torchrun --nnodes N --node_rank R --master_addr A --nproc_per_node P \\
-        -m skyspot.trainer RECIPE --run-dir DIR [--store URI] [--run-name NAME] [--fresh] [key=value ...]
+        -m skyspot.trainer RECIPE --run-dir DIR [--run-name NAME] [--fresh] [key=value ...]
 
 On this machine (2 CPU ranks, gloo):
 
     torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir runs/t1 train.steps=40
 
-RECIPE is a registry name or a recipe file; key=value overrides as in the CLI. Every start
+RECIPE is a registry name or a recipe file; key=value overrides as in the CLI: every recipe value
+a launch set reaches the node this way, the store too (`storage.store=URI`; task.py). Every start
 resumes from the newest checkpoint valid on every node, in DIR/checkpoints or in the store
 (or exits 3 when the run has checkpoints but none is usable); --fresh moves earlier work aside
-and starts from step 0. With a store (--store or storage.store) each node leader uploads its
+and starts from step 0. With a store (storage.store) each node leader uploads its
 committed checkpoints and event files in the background (durable.py, uploader.py).
 Exit codes: exit_codes.py (0 complete, 75 preempted and saved: recover me, 3, 2, 1).
 
@@ -73,10 +74,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         prog="python -m skyspot.trainer",
         description="Train a recipe with DeepSpeed ZeRO-3; resume automatically from DIR/checkpoints.")
     parser.add_argument("recipe", metavar="RECIPE", help="registry name (e.g. tiny) or a recipe file")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides, e.g. train.steps=40")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="recipe overrides, e.g. train.steps=40 storage.store=s3://bucket/prefix")
     parser.add_argument("--run-dir", required=True, type=Path, help="the run's local directory (fast tier)")
-    parser.add_argument("--store", default=None,
-                        help="the run's store (s3://, gs://, az:// or a path): durable checkpoints, events, run.json")
     parser.add_argument("--run-name", default=None, help="run id (default: SKYSPOT_RUN_NAME, SKYPILOT_TASK_ID, DIR's name)")
     parser.add_argument("--fresh", action="store_true",
                         help="start from step 0: earlier checkpoints and final/ are moved to DIR/superseded/")
@@ -189,7 +189,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     # Azure turns Scheduled Events on at the first request and delivers events minutes later, so an
     # attempt's first minutes are covered only if that request goes out now (notice.py).
     notice_watcher = _start_notice_watcher(watch) if placement.is_node_leader else None
-    recipe = load_recipe(args.recipe, args.overrides, flags={"storage.store": args.store})
+    recipe = load_recipe(args.recipe, args.overrides)
     _check_local_paths(recipe)  # before the slow imports: a missing directory is one line in a second
 
     _quiet_libraries()

@@ -227,7 +227,7 @@ def test_rendered_task_passes_skypilot_schema_parser_and_dag_validation(sky, sky
             assert (storage.source, storage.mode.value) == (source["source"], source["mode"])
         else:
             assert task.file_mounts[target] == source
-    assert task.envs["SKYSPOT_STORE"] == (render[1] or "")
+    assert f"storage.store={render[1]}" in task.run if render[1] else "storage.store=" not in task.run
     declared = sorted(built.task.get("secrets") or {})
     # A secret with no value is, to SkyPilot 0.14, a reference to resolve at launch.
     assert sorted(ref.name for ref in task.managed_secret_refs) == declared

@@ -63,7 +63,7 @@ def test_launch_submits_the_rendered_task_with_the_secret_and_records_the_job(mo
     (kind, task, name), = [c for c in fake.calls if c[0] == "launch"]
     assert name == "big-run"
     assert task.num_nodes == 4 and len(list(task.resources)) == 12
-    assert task.envs["SKYSPOT_STORE"] == "s3://my-ckpts/runs"
+    assert "storage.store=s3://my-ckpts/runs" in task.run
     assert task.secrets["HF_TOKEN"].get_secret_value() == "hf_canary_value"
     run = Ledger().get("big-run")
     assert (run.executor, run.job_id, run.store, run.total_steps) == ("sky", 42, "s3://my-ckpts/runs", 2000)
@@ -202,7 +202,7 @@ def test_resume_resubmits_a_cancelled_cloud_run_under_its_own_name(monkeypatch):
     assert result.exit_code == 0, result.output
     (first, _), (again, name) = launched(fake)
     assert name == "long-run" and again.envs["SKYSPOT_RUN_NAME"] == "long-run"
-    assert again.envs["SKYSPOT_STORE"] == "s3://bkt-one/x" and again.run == first.run
+    assert "storage.store=s3://bkt-one/x" in again.run and again.run == first.run
     assert again.secrets["HF_TOKEN"].get_secret_value() == "hf_canary_value"
     run = Ledger().get("long-run")
     assert (run.status, run.job_id, run.info["previous_job_ids"]) == ("PENDING", 42, [42])

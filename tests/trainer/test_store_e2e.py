@@ -57,7 +57,7 @@ AZURE_NODE = json.dumps({"cluster_name": "c1", "cloud": "Azure", "region": "east
 
 
 def store_args(uri: str, name: str) -> list[str]:
-    return ["--store", uri, "--run-name", name]
+    return [f"storage.store={uri}", "--run-name", name]
 
 
 def bucket_events(store, run: str, type: str | None = None) -> list[dict]:
