@@ -127,6 +127,9 @@ SETUP_SCRIPT = "\n".join([
     "set -e",
     'python -m pip install --quiet "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl',
     "python -m skyspot.trainer.prepare",
+    # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
+    # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
+    f'python -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
 ]) + "\n"
 
 

@@ -101,6 +101,23 @@ def test_an_unnamed_render_leaves_the_run_name_to_skypilots_task_id():
     assert 'SKYSPOT_RUN_NAME="${SKYSPOT_RUN_NAME:-$SKYPILOT_TASK_ID}"' in task["run"]
 
 
+def test_setup_puts_the_run_directories_on_local_nvme_where_the_run_keeps_them(tmp_path):
+    """setup's fast-tier step links the very directory `run` keeps run directories in, and cannot fail setup."""
+    import subprocess
+
+    task = build("llama70b", environ={}).task
+    [line] = [line for line in task["setup"].splitlines() if "skyspot.trainer.local_disk" in line]
+    assert line.endswith("|| true")
+    runs_dir = shlex.split(line.replace("|| true", ""))[-1]
+    assert f'RUN_DIR="${{SKYSPOT_RUN_DIR:-{runs_dir}/$SKYSPOT_RUN_NAME}}"' in task["run"]
+    # Off a SkyPilot node (this machine) it changes nothing and says so.
+    env = {**os.environ, "HOME": str(tmp_path)}
+    env.pop("SKYPILOT_CLUSTER_INFO", None)
+    done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "nothing changed" in done.stdout + done.stderr
+    assert not (tmp_path / "skyspot").exists()
+
+
 def test_gated_model_declares_hf_token_secret_without_value(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_canary_secret_value")
     built = build("llama70b", environ=dict(os.environ))
