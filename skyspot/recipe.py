@@ -106,7 +106,9 @@ def _revision(value: Optional[str]) -> Optional[str]:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # use_attribute_docstrings: each field's docstring below is its description (`skyspot keys` prints it).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
 
 
 class ModelSection(_Section):

@@ -8,7 +8,7 @@ from skyspot import __version__
 from skyspot.cli.launch import launch_command, resume_command
 from skyspot.cli.common import OneLineCommand, OneLineGroup
 from skyspot.cli.cost import cost_report_command, prices_command
-from skyspot.cli.recipes import recipes_command, render_command
+from skyspot.cli.recipes import copy_command, keys_command, recipes_command, render_command
 from skyspot.cli.runs import cancel_command, logs_command, status_command
 
 app = typer.Typer(
@@ -37,6 +37,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 app.command("recipes", cls=OneLineCommand)(recipes_command)
 app.command("ls", hidden=True, cls=OneLineCommand)(recipes_command)
+app.command("keys", cls=OneLineCommand)(keys_command)
+app.command("cp", cls=OneLineCommand)(copy_command)
 app.command("render", cls=OneLineCommand)(render_command)
 app.command("launch", cls=OneLineCommand)(launch_command)
 app.command("resume", cls=OneLineCommand)(resume_command)

@@ -1,7 +1,8 @@
-"""`skyspot recipes` (alias `ls`) and `skyspot render`."""
+"""`skyspot recipes` (alias `ls`), `skyspot keys`, `skyspot cp` and `skyspot render`."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -75,6 +76,82 @@ def _window_fields(recipe) -> dict:
                             for c in report.checks),
         "window_checks": [c.to_dict() for c in report.checks],
     }
+
+
+@handle_errors
+def keys_command(
+    recipe: Optional[str] = typer.Argument(None, metavar="[RECIPE]",
+                                           help="A recipe name or file: show its values. Without: the defaults."),
+    as_json: JsonOption = False,
+) -> None:
+    """Every key a recipe takes, as an override spells it (train.steps=40), with its type, the default
+    (or RECIPE's value) and what it does."""
+    from skyspot.recipe import load_recipe
+    from skyspot.recipe_keys import recipe_keys, value_at
+
+    loaded = load_recipe(recipe, environ={}) if recipe else None
+    rows = []
+    for key in recipe_keys():
+        row = {"key": key.name, "type": key.type, "required": key.required,
+               "default": None if key.required else key.default, "description": key.description}
+        if loaded is not None:
+            row["value"] = value_at(loaded, key.name)
+        rows.append(row)
+    if as_json:
+        display(rows, [], as_json=True)
+        return
+    # Like --help, not a table: a key's description is a sentence or two, which no table column fits.
+    import textwrap
+
+    from skyspot.cli.common import terminal_width
+
+    width = max(40, terminal_width())
+    lines = []
+    for row in rows:
+        if loaded is not None:
+            shown = f"= {_plain(row['value'])}"
+        else:
+            shown = "(required)" if row["required"] else f"default {_plain(row['default'])}"
+        lines.append(f"{row['key']}  {row['type']}  {shown}")
+        lines += textwrap.wrap(row["description"], width=width, initial_indent="    ", subsequent_indent="    ")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _plain(value) -> str:
+    if value is None:
+        return "unset"
+    if value == "":
+        return '""'
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        import json
+
+        return json.dumps(value)
+    return str(value)
+
+
+@handle_errors
+def copy_command(
+    recipe: RecipeArgument,
+    destination: Path = typer.Argument(..., metavar="DEST", help="A new file, or a directory to copy it into."),
+) -> None:
+    """Copy a recipe to a file of your own to edit (like torchtune's `tune cp`), then launch that file."""
+    from skyspot.recipe import recipe_path
+
+    source = recipe_path(recipe)
+    target = destination / source.name if destination.is_dir() else destination
+    if not target.parent.is_dir():
+        raise UsageError(f"cannot write {target}: directory {target.parent} does not exist")
+    try:
+        with open(target, "xb") as handle:  # never over a file the user already has
+            handle.write(source.read_bytes())
+    except FileExistsError:
+        raise UsageError(f"{target} already exists; nothing was overwritten. Name a new file") from None
+    except OSError as error:
+        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+    launchable = str(target) if (os.sep in str(target) or str(target).endswith((".yaml", ".yml"))) else f"./{target}"
+    err.print(f"copied {recipe} to {target}; edit it, then: skyspot launch {launchable}")
 
 
 @handle_errors
