@@ -47,7 +47,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "sigterm": ("SIGTERM without notice", "SIGTERMs without notice"),  # a SIGTERM no notice explains
     "signal": ("other signal", "other signals"),                      # SIGUSR1 (a scheduler's warning)
     "node-lost": ("lost node", "lost nodes"),                          # no notice, no signal, no exit: gone
-    "cancelled": ("cancel", "cancels"),
+    "cancelled": ("cancellation", "cancellations"),
     "setup-failed": ("setup failure", "setup failures"),
     "error": ("error", "errors"),
     "unknown": ("unknown ending", "unknown endings"),                  # ended preempted, nothing says why
