@@ -16,6 +16,9 @@ measurements (deadline.measure) all take their attempts from `split`.
 - Where: `attempt_start.where`, then each trainer `start.where` for the keys it lacks.
 - Preempted (for the preemption rate): it ended "preempted", or nothing says how it ended and a notice
   came; its uptime runs to that first notice (`notice_at`).
+- Cause: why an attempt that did not complete ended, one word of CAUSES (`cause_of`, the one place it is
+  derived), and the cloud's own name for it when the cloud gave one (`cloud_cause`: AWS `terminate`,
+  GCP `TERMINATE_ON_HOST_MAINTENANCE`, Azure `Preempt`); docs/cost.md, "Why an attempt ended".
 
 Import-light and pure: status imports it for every row.
 """
@@ -34,6 +37,38 @@ NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_s
 DECISION_EVENT = "deadline_decision"
 
 _TRUE_WORDS = ("true", "1", "yes", "spot")
+
+# Why an attempt that did not complete ended: a stable word, and its phrase (one, many) for summaries.
+CAUSES: dict[str, tuple[str, str]] = {
+    "spot-preemption": ("spot preemption", "spot preemptions"),        # the cloud took the spot VM back
+    "planned-maintenance": ("planned maintenance", "planned maintenance"),  # a scheduled stop, reboot, redeploy
+    "rebalance": ("rebalance recommendation", "rebalance recommendations"),  # only AWS's early warning came
+    "deadline-switch": ("deadline switch", "deadline switches"),       # the deadline moved to the other capacity
+    "sigterm": ("SIGTERM without notice", "SIGTERMs without notice"),  # a SIGTERM no notice explains
+    "signal": ("other signal", "other signals"),                      # SIGUSR1 (a scheduler's warning)
+    "node-lost": ("lost node", "lost nodes"),                          # no notice, no signal, no exit: gone
+    "cancelled": ("cancellation", "cancellations"),
+    "setup-failed": ("setup failure", "setup failures"),
+    "error": ("error", "errors"),
+    "unknown": ("unknown ending", "unknown endings"),                  # ended preempted, nothing says why
+}
+
+# The notice watchers' `action` words (skyspot/trainer/notice.py, docs/notices.md) per cloud: which are a
+# planned shutdown rather than a spot preemption, and the cloud's own spelling of each.
+_PLANNED = {"aws": {"instance-reboot", "system-reboot", "instance-stop", "instance-retirement"},
+            "gcp": {"maintenance"}, "azure": {"reboot", "redeploy", "terminate"}}
+_CLOUD_NAMES = {
+    # AWS spells them as the watcher does: instance-action `terminate`, `stop`, `hibernate`; scheduled
+    # event codes `system-reboot`, ... The rebalance recommendation has no action word of AWS's own.
+    "aws": lambda action: None if action == "rebalance" else action,
+    # GCP: the metadata key `instance/preempted`, and `instance/maintenance-event`'s values.
+    "gcp": {"preempt": "preempted", "maintenance": "TERMINATE_ON_HOST_MAINTENANCE",
+            "migrate": "MIGRATE_ON_HOST_MAINTENANCE"}.get,
+    # Azure: Scheduled Events' EventType.
+    "azure": lambda action: action.capitalize() if action else None,
+}
+# SkyPilot's ManagedJobStatus for a job whose last attempt's end only the queue record knows.
+_QUEUE_CAUSES = {"CANCELLED": "cancelled", "FAILED_SETUP": "setup-failed"}
 
 
 @dataclass
@@ -59,6 +94,12 @@ class Attempt:
     """No end record and no later attempt: still running, or its end is not in the events."""
     notice_at: Optional[float]
     """Its first notice or signal (NOTICE_TYPES)."""
+    switched_at: Optional[float] = None
+    """A deadline's switch to the other capacity while it ran (a `deadline_decision` inside it)."""
+    cause: Optional[str] = None
+    """Why it ended, one of CAUSES (`cause_of`); None when it completed or has not ended."""
+    cloud_cause: Optional[str] = None
+    """The cloud's own name for that cause, when a cloud notice gave one."""
 
     @property
     def preempted(self) -> bool:
@@ -74,15 +115,20 @@ class Attempt:
 
 def split(events: Iterable[Mapping[str, Any]], *, now: Optional[float] = None) -> list[Attempt]:
     """The run's attempts, by number. `now` bills an open last attempt up to that time ("running")."""
-    ordered = sorted((e for e in events if _number(e.get("ts")) and e.get("type") != DECISION_EVENT),
-                     key=lambda e: e["ts"])
+    events = [e for e in events if _number(e.get("ts"))]
+    ordered = sorted((e for e in events if e.get("type") != DECISION_EVENT), key=lambda e: e["ts"])
+    switches = sorted(e["ts"] for e in events if e.get("type") == DECISION_EVENT and _is_switch(e))
     by_attempt: dict[int, list[dict]] = {}
     for e in ordered:
         number = e.get("attempt", 0)
         by_attempt.setdefault(number if isinstance(number, int) and not isinstance(number, bool) else 0,
                               []).append(e)  # type: ignore[arg-type]
     numbers = sorted(by_attempt)
-    return [_attempt(n, by_attempt[n], later=i + 1 < len(numbers), now=now) for i, n in enumerate(numbers)]
+    attempts = [_attempt(n, by_attempt[n], later=i + 1 < len(numbers), now=now) for i, n in enumerate(numbers)]
+    for a in attempts:
+        a.switched_at = next((ts for ts in switches if a.start <= ts <= a.end), None)
+        a.cause, a.cloud_cause = cause_of(a)
+    return attempts
 
 
 def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[float]) -> Attempt:
@@ -112,6 +158,101 @@ def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[floa
                    started=executor_start is not None or bool(trainer_starts), end=end, reason=reason,
                    recorded_end=record is not None, open=record is None and not later,
                    notice_at=min(notices) if notices else None)
+
+
+def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
+             queue_status: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+    """Why an attempt that did not complete ended: (one of CAUSES, the cloud's own name or None).
+
+    (None, None) when it completed, is still running, or is the open last attempt with nothing to say.
+    `reason` overrides the attempt's own end reason, and `queue_status` (SkyPilot's ManagedJobStatus)
+    says how the job ended, for a last attempt whose end only the queue record knows (cost.py).
+    The first that applies wins: what the executor recorded (cancelled, a deadline switch, setup failed);
+    the cloud's notice (`preemption_notice`: its source and action); the local executor's simulated spot
+    preemption (`preempt_notice_sent`); a deadline switch while it ran; a warning that came alone (a
+    rebalance recommendation, or a planned shutdown ahead of its deadline); a signal (SIGTERM with no
+    notice); the trainer's own end (cancelled); killed with its node (no record, a later attempt);
+    an error; else unknown.
+    """
+    reason = attempt.reason if reason is None else reason
+    if reason in ("complete", "running"):
+        return None, None
+    events = attempt.events
+    recorded = next((e for e in reversed(events) if e.get("type") == "attempt_end"), None)
+    said = _word(recorded.get("reason")) if recorded is not None else ""
+    if said in ("cancelled", "switched", "setup_failed"):
+        return {"cancelled": "cancelled", "switched": "deadline-switch", "setup_failed": "setup-failed"}[said], None
+    notice = next((e for e in events if e.get("type") == "preemption_notice"), None)
+    if notice is not None:
+        source, action = _word(notice.get("source")), _word(notice.get("action"))
+        kind = ("planned-maintenance" if action in _PLANNED.get(source, ()) else
+                "rebalance" if action == "rebalance" else "spot-preemption")
+        return kind, _cloud_name(source, action)
+    if any(e.get("type") == "preempt_notice_sent" for e in events):
+        return "spot-preemption", None  # the local executor's simulated spot interruption
+    if attempt.switched_at is not None:
+        return "deadline-switch", None
+    for e in events:
+        if e.get("type") != "shutdown_warning":
+            continue
+        source, action = _word(e.get("source")), _word(e.get("action"))
+        if action == "rebalance":
+            return "rebalance", None
+        if action in _PLANNED.get(source, ()):
+            return "planned-maintenance", _cloud_name(source, action)
+        # freeze, migrate, system-maintenance: the VM lives through them; they end nothing.
+    signal = next((e for e in events if e.get("type") == "signal"), None)
+    if signal is not None:
+        name = _word(signal.get("name")) or ("sigterm" if signal.get("signum") == 15 else "")
+        return ("sigterm" if name == "sigterm" else "signal"), None
+    if any(e.get("type") == "preempt_sigterm" for e in events):
+        return "sigterm", None
+    if queue_status is not None:
+        status = str(queue_status).upper()
+        return _QUEUE_CAUSES.get(status, "error" if status.startswith("FAILED") else "unknown"), None
+    if reason == "cancelled":
+        return "cancelled", None
+    if not attempt.recorded_end:
+        return ("node-lost", None) if not attempt.open else (None, None)
+    if reason == "error":
+        return "error", None
+    return "unknown", None
+
+
+def count_causes(attempts: Iterable[Any]) -> dict[str, int]:
+    """Attempts (anything with a `cause`) that ended without completing, by cause, most frequent first,
+    ties in CAUSES' order."""
+    counts: dict[str, int] = {}
+    for a in attempts:
+        cause = getattr(a, "cause", None)
+        if cause:
+            counts[cause] = counts.get(cause, 0) + 1
+    order = list(CAUSES)
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], order.index(item[0]) if item[0] in order
+                                                         else len(order), item[0])))
+
+
+def describe_causes(counts: Mapping[str, int]) -> str:
+    """'2 spot preemptions, 1 planned maintenance', in the order `count_causes` gives."""
+    return ", ".join(f"{n} {CAUSES.get(cause, (cause, cause))[n != 1]}" for cause, n in counts.items() if n)
+
+
+def _cloud_name(source: str, action: str) -> Optional[str]:
+    name = _CLOUD_NAMES.get(source)
+    return name(action) if name and action else None
+
+
+def _is_switch(decision: Mapping[str, Any]) -> bool:
+    """A deadline decision that moved the run to the other capacity: the local executor marks it `switch`;
+    the controller on SkyPilot decides a mode other than the stage's (`from_mode`), and cancels it."""
+    if decision.get("switch") is True:
+        return True
+    modes = (decision.get("from_mode"), decision.get("mode"))
+    return modes in (("spot", "on-demand"), ("on-demand", "spot"))
+
+
+def _word(value: Any) -> str:
+    return value.strip().lower() if isinstance(value, str) else ""
 
 
 def end_reason(text: Any) -> str:

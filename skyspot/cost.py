@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from skyspot import pricing
-from skyspot.attempts import DECISION_EVENT, Attempt, is_simulated, is_spot, split
+from skyspot.attempts import (DECISION_EVENT, Attempt, cause_of, count_causes, describe_causes, is_simulated, is_spot,
+                              split)
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
 
@@ -81,6 +82,12 @@ class AttemptCost:
     """Bytes its `resume` from a store on another cloud downloaded, as the events record them."""
     egress_usd: float = 0.0
     egress_detail: Optional[str] = None
+    cause: Optional[str] = None
+    """Why it ended, when it did not complete: one of attempts.CAUSES (spot-preemption, planned-maintenance,
+    rebalance, deadline-switch, sigterm, node-lost, cancelled, setup-failed, error, ...)."""
+    cloud_cause: Optional[str] = None
+    """The cloud's own name for the cause, when its notice gave one (AWS `terminate`, GCP
+    `TERMINATE_ON_HOST_MAINTENANCE`, Azure `Preempt`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,6 +125,10 @@ class Recovery:
     """Steps run in `from_attempt` that had to be run again (not covered by a checkpoint)."""
     lost_seconds: float
     """Sum of those steps' step_seconds."""
+    interruption_cause: Optional[str] = None
+    """Why `from_attempt` ended (its AttemptCost.cause); `cause` is its end reason."""
+    cloud_cause: Optional[str] = None
+    """The cloud's own name for it (its AttemptCost.cloud_cause)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,6 +193,10 @@ class RunCost:
     attempt (final checkpoint, export, shutdown); 0 unless the run completed."""
     baseline_seconds: float = 0.0
     """startup_seconds + useful_seconds + wind_down_seconds: the run as one uninterrupted attempt."""
+    interruptions_by_cause: dict[str, int] = field(default_factory=dict)
+    """Attempts that ended without completing, counted by cause (attempts.CAUSES), most frequent first."""
+    interruptions: str = ""
+    """The same in words: '2 spot preemptions, 1 planned maintenance'; empty when nothing was interrupted."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -247,6 +262,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     if queue_record is not None and _get(queue_record, "recovery_count"):
         recoveries = max(recoveries, int(_get(queue_record, "recovery_count")))
     prices = [(a.price_source, a.price_date) for a in attempts if a.price_source]
+    causes = count_causes(attempts)
     if baseline:
         prices.append((baseline.source, baseline.source_date))
 
@@ -286,6 +302,8 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         store_cloud=home,
         egress_usd=egress,
         egress_bytes=sum(a.egress_upload_bytes + a.egress_download_bytes for a in attempts),
+        interruptions_by_cause=causes,
+        interruptions=describe_causes(causes),
     )
 
 
@@ -354,9 +372,12 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
                 where[key] = value
 
     start, end, reason = split_attempt.start, split_attempt.end, split_attempt.reason
+    cause, cloud_cause = split_attempt.cause, split_attempt.cloud_cause
     if split_attempt.open and queue_record is not None and _get(queue_record, "end_at"):
         end = float(_get(queue_record, "end_at"))
-        reason = _QUEUE_STATUS.get(_status_name(_get(queue_record, "status")), "unknown")
+        status = _status_name(_get(queue_record, "status"))
+        reason = _QUEUE_STATUS.get(status, "unknown")
+        cause, cloud_cause = cause_of(split_attempt, reason=reason, queue_status=status)
 
     nodes = int(where.get("num_nodes") or len({e.get("node_rank") for e in trainer_starts}) or 1)
     spot = is_spot(where)
@@ -382,6 +403,7 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
         price_detail=price.detail if price else None,
         simulated=is_simulated(where),
         compute_usd=billed_hours * price.usd_per_hour if price else None,
+        cause=cause, cloud_cause=cloud_cause,
     )
 
 
@@ -475,6 +497,7 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
         load_seconds=float(resume["load_seconds"]) if resume and resume.get("load_seconds") is not None else None,
         lost_steps=len(lost),
         lost_seconds=sum(r.seconds for r in lost),
+        interruption_cause=prev.cause, cloud_cause=prev.cloud_cause,
     )
 
 

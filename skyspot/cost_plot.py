@@ -52,7 +52,8 @@ def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
         timeline.barh(y, x(a.end) - x(a.start), left=x(a.start), height=0.5, color=colour, alpha=0.85)
         price = _usd(a.cost_usd) if a.cost_usd is not None else "no price"
         kind = "spot" if a.spot else "on-demand"
-        label = f"{a.instance_type or '?'} x{a.nodes} {kind}  {a.region or ''}  {price}  ({a.end_reason})"
+        ended = a.end_reason + (f": {a.cause}" if a.cause else "") + (f" ({a.cloud_cause})" if a.cloud_cause else "")
+        label = f"{a.instance_type or '?'} x{a.nodes} {kind}  {a.region or ''}  {price}  ({ended})"
         timeline.text(x(a.start), y - 0.3, label, fontsize=8, va="bottom")
         if a.end_reason == "preempted":
             timeline.plot(x(a.end), y, marker="X", markersize=11, color=PREEMPT_COLOUR, zorder=4)

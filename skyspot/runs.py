@@ -113,15 +113,16 @@ def events_signature(run) -> Optional[str]:
 
 
 def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
-    """One `status` row: where it runs, progress, recoveries, durable checkpoint, elapsed, cost so far,
-    and for a run that failed, why (`cause`, as the local executor recorded it)."""
-    from skyspot.attempts import is_simulated, split
+    """One `status` row: where it runs, progress, recoveries and what interrupted its attempts, durable
+    checkpoint, elapsed, cost so far, and for a run that failed, why (`cause`, as the local executor recorded it)."""
+    from skyspot.attempts import count_causes, is_simulated, split
     from skyspot.cost import cost_so_far
 
     now = now or time.time()
     events = log.events
     steps = [e["step"] for e in events if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
-    started = [a for a in split(events) if a.started]
+    attempts = split(events)
+    started = [a for a in attempts if a.started]
     wheres = [a.where for a in started]
     # Where the newest attempt runs; an earlier attempt's placement fills what it does not say yet.
     where = dict(wheres[-1]) if wheres else {}
@@ -150,6 +151,8 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "spot": where.get("spot"), "instance_type": where.get("instance_type"),
         "step": max(steps) if steps else 0, "total_steps": run.total_steps,
         "recoveries": recoveries,
+        # Attempts that ended without completing, by cause (attempts.CAUSES); the running one is not counted.
+        "interruptions": count_causes(a for a in attempts if not a.open),
         "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
         "elapsed_seconds": round(end - run.created_at, 1),
         "cost_so_far_usd": cost, "simulated": run.executor == "local" or any(is_simulated(w) for w in wheres),

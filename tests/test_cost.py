@@ -313,6 +313,31 @@ def test_queue_record_fills_what_trainer_events_lack():
     assert run.recoveries == 2
 
 
+
+def test_every_attempt_that_did_not_complete_says_why_and_the_run_sums_them_by_cause():
+    run = cost.run_cost(scenario_two_preemptions_saved())
+    # Attempt 0: the trainer's AWS instance-action notice; attempt 1: the executor's simulated notice only.
+    assert [(a.cause, a.cloud_cause) for a in run.attempts] == [
+        ("spot-preemption", "terminate"), ("spot-preemption", None), (None, None)]
+    assert [(r.cause, r.interruption_cause, r.cloud_cause) for r in run.recovery_details] == [
+        ("preempted", "spot-preemption", "terminate"), ("preempted", "spot-preemption", None)]
+    assert run.interruptions_by_cause == {"spot-preemption": 2}
+    assert run.interruptions == "2 spot preemptions"
+    # Scenario 3's attempt 0 wrote nothing after step 8 and a later attempt exists: its node went.
+    lost = cost.run_cost(scenario_lost_work(), candidates=CANDIDATES)
+    assert [a.cause for a in lost.attempts] == ["node-lost", None] and lost.interruptions == "1 lost node"
+    assert cost.run_cost(scenario_no_preemption()).interruptions_by_cause == {}
+
+
+def test_a_last_attempt_the_queue_record_ends_takes_its_cause_from_the_queue():
+    events = [e for e in scenario_lost_work().events if e["attempt"] == 0]
+    record = {"status": "FAILED_SETUP", "end_at": T3 + 5000, "cloud": "GCP", "region": "us-east5",
+              "zone": "us-east5-a", "cluster_resources": "1x[spot](gpus=A100-80GB:8, a2-ultragpu-8g, ...)"}
+    run = cost.run_cost(EventLog(events=events), queue_record=record)
+    assert (run.attempts[0].end_reason, run.attempts[0].cause) == ("error", "setup-failed")
+    running = cost.run_cost(EventLog(events=events), now=T3 + 5000)
+    assert (running.attempts[0].end_reason, running.attempts[0].cause, running.interruptions) == ("running", None, "")
+
 # --- scenario 4: two spot preemptions, then on-demand fallback (local executor, simulated) -
 
 T4 = 4_000_000
@@ -396,17 +421,19 @@ def test_to_dict_field_names_are_stable():
         "mttr_seconds", "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "useful_steps",
         "useful_seconds", "billed_seconds", "billed_node_hours", "training_seconds", "goodput", "nodes",
         "price_source", "price_date", "simulated", "estimated", "warnings", "interval_plans", "store_cloud",
-        "egress_usd", "egress_bytes", "startup_seconds", "wind_down_seconds", "baseline_seconds"]
+        "egress_usd", "egress_bytes", "startup_seconds", "wind_down_seconds", "baseline_seconds",
+        "interruptions_by_cause", "interruptions"]
     assert list(data["attempts"][0]) == [
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",
-        "simulated", "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "egress_detail"]
+        "simulated", "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "egress_detail",
+        "cause", "cloud_cause"]
     assert list(data["recovery_details"][0]) == [
         "from_attempt", "to_attempt", "cause", "notice_at", "checkpoint_at", "exit_at", "start_at",
         "restored_at", "first_step_at", "notice_to_checkpoint_seconds", "checkpoint_to_exit_seconds",
         "notice_to_exit_seconds", "exit_to_start_seconds", "start_to_restore_seconds",
         "restore_to_first_step_seconds", "total_seconds", "emergency_checkpoint", "restored_step",
-        "load_seconds", "lost_steps", "lost_seconds"]
+        "load_seconds", "lost_steps", "lost_seconds", "interruption_cause", "cloud_cause"]
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -18,7 +18,8 @@ from skyspot.errors import SkyspotError, UsageError
 SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",
                   "savings_pct", "sagemaker_savings_pct", "preemptions", "recoveries", "mttr_seconds",
                   "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "goodput", "billed_node_hours",
-                  "price_source", "price_date", "simulated", "estimated", "egress_usd", "egress_bytes"]
+                  "price_source", "price_date", "simulated", "estimated", "egress_usd", "egress_bytes",
+                  "interruptions_by_cause", "interruptions"]
 
 
 def _report(run):
@@ -107,7 +108,8 @@ REPORT_COLUMNS = [Column("name", "NAME"), Column("status", "STATUS", 2), Column(
                   Column("egress", "EGRESS", 7, right=True), Column("baseline", "ON-DEMAND", right=True),
                   Column("saved", "SAVED", right=True), Column("preemptions", "PREEMPTIONS", 4, right=True),
                   Column("mttr", "MTTR", 5, right=True), Column("lost_steps", "LOST STEPS", 6, right=True),
-                  Column("goodput_pct", "GOODPUT", 3, right=True), Column("source", "PRICES", 8)]
+                  Column("goodput_pct", "GOODPUT", 3, right=True), Column("source", "PRICES", 8),
+                  Column("interruptions", "INTERRUPTED BY", 6, wrap=True)]
 BASELINE_NOTE = ("ON-DEMAND: the same run as one uninterrupted attempt on the cheapest on-demand candidate "
                  "(one start-up, each useful step once, one wind-down); SAVED = ON-DEMAND - EST. COST. "
                  "docs/cost.md defines every figure.")
@@ -123,13 +125,21 @@ def _format(r: dict, places: Optional[int] = 2) -> None:
     r["mttr"] = "-" if r.get("mttr_seconds") is None else f"{r['mttr_seconds']:.1f}s"
     r["goodput_pct"] = "-" if r.get("goodput") is None else f"{100 * r['goodput']:.0f}%"
     r["source"] = f"{r.get('price_source')} {r.get('price_date')}" if r.get("price_source") else "-"
+    r["interruptions"] = r.get("interruptions") or "-"
 
 
 def _write_csv(rows: list[dict], fields: list[str]) -> None:
     writer = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: row.get(k) for k in fields})
+        writer.writerow({k: _csv_value(row.get(k)) for k in fields})
+
+
+def _csv_value(value):
+    """A mapping (interruptions_by_cause) as `spot-preemption=2;planned-maintenance=1`: one cell, parseable."""
+    if isinstance(value, dict):
+        return ";".join(f"{key}={count}" for key, count in value.items())
+    return value
 
 
 def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> None:
@@ -149,7 +159,8 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
         _write_csv([a | {"name": data["name"]} for a in data["attempts"]],
                    ["name", "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end",
                     "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source",
-                    "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd"])
+                    "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "cause",
+                    "cloud_cause"])
         return
     _format(data, places=None)
     display([_attempt_row(a) for a in data["attempts"]], ATTEMPT_COLUMNS, as_json=False,
@@ -165,6 +176,8 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
         f"lost steps {data['lost_steps']} ({data['lost_seconds']:.1f}s)   checkpoint overhead "
         f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}{_goodput_note(data)}   "
         f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}")
+    if data.get("interruptions_by_cause"):
+        say(f"interrupted by: {data['interruptions']}")
     sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
     say(f"prices: {data['source']} (estimates from published list prices, not a bill; docs/cost.md).{sim}")
     if data.get("deadline"):
@@ -183,7 +196,8 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
 ATTEMPT_COLUMNS = [Column("attempt", "ATTEMPT", right=True), Column("where", "WHERE", 4),
                    Column("instance_type", "INSTANCE", 5), Column("nodes", "NODES", 6, right=True),
                    Column("capacity", "CAPACITY"), Column("duration", "DURATION", right=True),
-                   Column("end_reason", "ENDED"), Column("billed_hours", "NODE-HOURS", 7, right=True),
+                   Column("end_reason", "ENDED"), Column("cause", "CAUSE", 2),
+                   Column("billed_hours", "NODE-HOURS", 7, right=True),
                    Column("egress", "EGRESS", 3, right=True), Column("cost", "EST. COST", right=True)]
 RECOVERY_COLUMNS = [Column("n", "#", right=True), Column("cause", "CAUSE", 5),
                     Column("notice_to_checkpoint", "NOTICE->CKPT", 3, right=True),
@@ -269,11 +283,20 @@ def _secs(value) -> str:
 def _attempt_row(a: dict) -> dict:
     return {**a, "where": "/".join(x for x in (a.get("cloud"), a.get("region")) if x),
             "capacity": "spot" if a.get("spot") else "on-demand", "duration": _secs(a.get("seconds")),
-            "egress": usd(a.get("egress_usd") or 0.0, 4), "cost": usd(a.get("cost_usd"), 4)}
+            "egress": usd(a.get("egress_usd") or 0.0, 4), "cost": usd(a.get("cost_usd"), 4),
+            "cause": _cause(a.get("cause"), a.get("cloud_cause"))}
+
+
+def _cause(cause, cloud_cause) -> str:
+    """`spot-preemption (terminate)`: our word, then the cloud's own name for it when there is one."""
+    if not cause:
+        return "-"
+    return f"{cause} ({cloud_cause})" if cloud_cause else cause
 
 
 def _recovery_row(r: dict) -> dict:
-    return {"n": r.get("to_attempt"), "cause": r.get("cause"),
+    return {"n": r.get("to_attempt"), "cause": _cause(r.get("interruption_cause"), r.get("cloud_cause"))
+            if r.get("interruption_cause") else r.get("cause"),
             "notice_to_checkpoint": _secs(r.get("notice_to_checkpoint_seconds")),
             "checkpoint_to_exit": _secs(r.get("checkpoint_to_exit_seconds")),
             "exit_to_start": _secs(r.get("exit_to_start_seconds")),

@@ -20,7 +20,7 @@ STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column(
 # Shown when a listed run has a deadline (docs/deadline.md): its mode, projected finish and the deadline.
 DEADLINE_COLUMN = Column("deadline_text", "DEADLINE", 6)
 # A finished run's status row is cached in the ledger; a new version here recomputes rows cached by an older one.
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
 
 

@@ -622,3 +622,57 @@ def test_status_says_why_a_run_failed():
     result = invoke("status", "-a")
     assert "broken FAILED: usage error: no AWS credentials found" in result.stderr
     assert "fine" not in result.stderr
+
+
+def interrupted_twice_events() -> dict[str, list[dict]]:
+    """Shapes from a real run (`skyspot launch tiny --local --simulate aws --notice 1 --preempt-at-steps 20
+    train.steps=200`): attempt 0 a simulated spot preemption (AWS instance-action `terminate`), attempt 1
+    ended by a planned AWS `system-reboot` the trainer acted on, attempt 2 completes."""
+    files = {}
+    for attempt, (t, action, executor_notice) in enumerate(((0, "terminate", True), (100, "system-reboot", False))):
+        trainer = [_ev(T0 + t + 5, "start", attempt, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=1),
+                   _ev(T0 + t + 16.5, "preemption_notice", attempt, source="aws", deadline=T0 + t + 17, action=action,
+                       received=T0 + t + 16.48),
+                   _ev(T0 + t + 16.6, "emergency_checkpoint", attempt, step=10 * (attempt + 1),
+                       signal_to_commit_seconds=0.11),
+                   _ev(T0 + t + 16.6, "exit", attempt, code=75, step=10 * (attempt + 1),
+                       reason=f"preempted: emergency checkpoint step_{10 * (attempt + 1)} committed")]
+        executor = [_ev(T0 + t, "attempt_start", attempt, rank=None, where=WHERE),
+                    _ev(T0 + t + 18.5, "attempt_end", attempt, rank=None, code=75, reason="preempted", node_codes=[75])]
+        if executor_notice:
+            executor.insert(1, _ev(T0 + t + 16.3, "preempt_notice_sent", attempt, rank=None, deadline=T0 + t + 17.3))
+        files[event_file_name(attempt, 0, 0)], files[event_file_name(attempt, 0, None)] = trainer, executor
+    files[event_file_name(2, 0, 0)] = [
+        _ev(T0 + 205, "start", 2, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=3),
+        _ev(T0 + 206, "resume", 2, step=20, checkpoint="step_20", source="local", load_seconds=0.2),
+        _ev(T0 + 220, "exit", 2, code=0, reason="training complete", step=40)]
+    files[event_file_name(2, 0, None)] = [_ev(T0 + 200, "attempt_start", 2, rank=None, where=WHERE),
+                                          _ev(T0 + 221, "attempt_end", 2, rank=None, code=0, reason="complete")]
+    return files
+
+
+def test_cost_report_names_what_interrupted_each_attempt_and_sums_them(monkeypatch):
+    make_run(files=interrupted_twice_events())
+    monkeypatch.setenv("COLUMNS", "200")
+    text = invoke("cost-report", "run-1").stdout
+    attempt_rows = [line for line in text.splitlines() if "aws/us-east-1" in line]  # the attempts table
+    assert len(attempt_rows) == 3 and "spot-preemption (terminate)" in attempt_rows[0]
+    assert "planned-maintenance (system-reboot)" in attempt_rows[1] and "-" in attempt_rows[2].split()
+    recoveries = text[text.index("recoveries"):].splitlines()
+    assert recoveries[2].split()[:2] == ["1", "spot-preemption"] and recoveries[3].split()[1] == "planned-maintenance"
+    assert "interrupted by: 1 spot preemption, 1 planned maintenance" in text
+    assert "1 spot preemption, 1 planned maintenance" in invoke("cost-report").stdout.splitlines()[2]
+
+    row, = json.loads(invoke("cost-report", "--json").stdout)
+    assert row["interruptions_by_cause"] == {"spot-preemption": 1, "planned-maintenance": 1}
+    assert row["interruptions"] == "1 spot preemption, 1 planned maintenance"
+    summary, = csv.DictReader(io.StringIO(invoke("cost-report", "--csv").stdout))
+    assert summary["interruptions_by_cause"] == "spot-preemption=1;planned-maintenance=1"
+    one = json.loads(invoke("cost-report", "run-1", "--json").stdout)[0]
+    assert [(a["cause"], a["cloud_cause"]) for a in one["attempts"]] == [
+        ("spot-preemption", "terminate"), ("planned-maintenance", "system-reboot"), (None, None)]
+    assert [r["interruption_cause"] for r in one["recovery_details"]] == ["spot-preemption", "planned-maintenance"]
+    attempts = list(csv.DictReader(io.StringIO(invoke("cost-report", "run-1", "--csv").stdout)))
+    assert [(a["cause"], a["cloud_cause"]) for a in attempts] == [
+        ("spot-preemption", "terminate"), ("planned-maintenance", "system-reboot"), ("", "")]
+    assert status_rows("-a")[0]["interruptions"] == {"spot-preemption": 1, "planned-maintenance": 1}
