@@ -114,8 +114,9 @@ def test_two_preemptions_recover_to_the_uninterrupted_result(reference):
     assert third["every_seconds"] < 0.7 * daly_interval(cost, 3600)
     report = json.loads(runner.invoke(app, ["cost-report", "spotty", "--json"]).stdout)[0]
     assert [p["every_seconds"] for p in report["interval_plans"]] == [p["every_seconds"] for p in plans]
+    assert report["interruptions_by_cause"] == {"spot-preemption": 2}  # the simulated AWS notices, named
     text = runner.invoke(app, ["cost-report", "spotty"]).stdout
-    assert "checkpoint interval (auto)" in text
+    assert "checkpoint interval (auto)" in text and "2 spot preemptions" in text
 
 
 def test_detached_concurrent_runs_logs_follow_and_cancel():
