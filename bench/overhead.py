@@ -2,8 +2,9 @@
 
 - skyspot: the real entry (supervise -- torchrun -m skyspot.trainer tiny) with every feature on:
   the per-step vote (flag agreement), the notice watcher polling a loopback MetadataServer as on
-  AWS (SKYPILOT_CLUSTER_INFO names AWS; polled every 0.5 s, as the local executor does), and
-  async interval checkpoints at the recipe's interval (every 25 steps);
+  AWS (SKYPILOT_CLUSTER_INFO names AWS; polled every 0.5 s, as the local executor does; it runs in
+  the supervisor, and the node leader stats its notice file once per step), and async interval
+  checkpoints at the recipe's interval (every 25 steps);
 - bare: bench/_bare_worker.py, the same model, config, data and threads in a plain loop.
 
 Runs alternate in ABBA order (bare, skyspot, skyspot, bare, ...). Steady state: from the end of
@@ -85,12 +86,12 @@ def run(results: Results, quick: bool) -> None:
     ratios = [o / b for o, b in zip(ours, bare)]
     results.add(Figure("overhead", "bare DeepSpeed loop (tiny)", "steps/s", bare))
     results.add(Figure("overhead", "skyspot trainer, every feature on (tiny)", "steps/s", ours,
-                       note=f"vote every step, notice watcher ({min(polls)}+ metadata requests per run), "
-                            "async checkpoint every 25 steps"))
+                       note=f"vote every step, notice watcher in the supervisor ({min(polls)}+ metadata requests "
+                            "per run), async checkpoint every 25 steps"))
     median = statistics.median(ratios)
     results.add(Figure("overhead", "skyspot / bare", "x", ratios, goal=f">= {GOAL}", met=median >= GOAL,
                        note=f"median step interval ratio {statistics.median(typical):.3f} (excludes checkpoint "
                             "steps and load bursts)" + ("" if median >= GOAL else
                             "; missed: the vote (~1-4 ms a step, mostly waiting for the slower rank), a checkpoint "
                             "every 25 steps (~50 ms stall plus the writer thread's CPU) and the watcher's polls "
-                            "add a few % at ~0.15 s a step")))
+                            "(on the same 2 cores, if no longer in a rank) add a few % at ~0.1 s a step")))

@@ -296,24 +296,25 @@ def _check_local_paths(recipe) -> None:
 
 
 def _start_notice_watcher(watch: PreemptionWatch):
-    """The node leader watches the cloud's metadata for shutdown warnings (notice.py); the flags
-    then reach every rank through the step-boundary vote. A preemption, or a planned shutdown
-    close to its deadline, is an emergency; a planned shutdown ahead of time, a rebalance
-    recommendation or a harmless maintenance event is an early checkpoint, and training goes on."""
+    """The node leader's notices (notice.py), which then reach every rank through the step-boundary
+    vote. Under the node's supervisor the watcher runs there, since before torchrun, and this only
+    reads the supervisor's notice file at each step boundary (preemption.NoticeFile): no thread here
+    competes with training. Started without the supervisor, the node leader runs the watcher itself.
+    A preemption, or a planned shutdown close to its deadline, is an emergency; a planned shutdown
+    ahead of time, a rebalance recommendation or a harmless maintenance event is an early
+    checkpoint, and training goes on."""
+    from skyspot.trainer.exit_codes import TOKEN_ENV
+    from skyspot.trainer.preemption import NOTICE_FILE_ENV, NoticeFile
+
+    followed = os.environ.get(NOTICE_FILE_ENV, "").strip()
+    if followed:
+        watch.follow(NoticeFile(Path(followed), os.environ.get(TOKEN_ENV, "")))
+        return None
     try:
-        from skyspot.trainer.notice import start_notice_watcher
+        from skyspot.trainer.notice import watch_for
     except ImportError:
         return None
-    raw = os.environ.get("SKYSPOT_NOTICE_POLL_SECONDS", "").strip()
-    try:
-        poll = float(raw) if raw else None
-    except ValueError:
-        poll = None
-    return start_notice_watcher(
-        on_notice=lambda n: watch.request_emergency(n.deadline, n.source, n.action),
-        on_warning=lambda n: watch.request_checkpoint(n.source, n.action,
-                                                      None if n.action == "rebalance" else n.deadline),
-        poll_interval=poll if poll and poll > 0 else None)
+    return watch_for(watch)
 
 
 # --------------------------------------------------------------------------- resume

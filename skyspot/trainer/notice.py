@@ -17,7 +17,9 @@ A VM is told before it is taken away, through endpoints only the VM itself can r
                                                                   Terminate, Freeze (10-15 min), for
                                                                   the VMs named in Resources
 
-The trainer starts one watcher per node, before setup and model load. Each warning is one of:
+One watcher per node, started by the node's supervisor (supervise.py) before torchrun, so before
+the trainer's setup and model load; a trainer started without the supervisor starts its own on the
+node leader. Each warning is one of:
 
     preemption   the VM goes at `deadline` (AWS instance-action, GCP preempted, Azure Preempt):
                  on_notice, once; the trainer saves an emergency checkpoint and exits for recovery.
@@ -228,6 +230,20 @@ def fallback_target(env: Mapping[str, str] = os.environ) -> str | None:
     return None if _override(env, "gcp") else _as_url(GCP_DEFAULT_IP)
 
 
+POLL_ENV = "SKYSPOT_NOTICE_POLL_SECONDS"  # the local executor's and the tests' poll period
+
+
+def poll_from_env(env: Mapping[str, str] = os.environ) -> float | None:
+    """POLL_ENV as a positive number of seconds; None (each cloud's own period) when unset or not one."""
+    raw = env.get(POLL_ENV, "").strip()
+    try:
+        poll = float(raw) if raw else None
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; polling at each cloud's period", POLL_ENV, raw)
+        return None
+    return poll if poll is not None and poll > 0 else None
+
+
 def start_notice_watcher(on_notice: Callable[[Notice], None],
                          on_warning: Callable[[Notice], None] | None = None,
                          env: Mapping[str, str] = os.environ,
@@ -261,6 +277,19 @@ def start_notice_watcher(on_notice: Callable[[Notice], None],
     atexit.register(watcher.stop, 0.5)
     log.debug("watching %s metadata at %s for shutdown warnings", cloud, endpoint)
     return watcher
+
+
+def watch_for(target, env: Mapping[str, str] = os.environ) -> Watcher | None:
+    """Start this node's watcher, delivering to `target`: the trainer's PreemptionWatch (no supervisor)
+    or the supervisor's NoticeFile (preemption.py), both with request_emergency(deadline, source,
+    action) and request_checkpoint(source, action, deadline). A preemption, or a planned shutdown
+    `lead` before its deadline, is an emergency; a warning is an early checkpoint (a rebalance
+    recommendation carries no deadline of its own). Polls at POLL_ENV's period when set."""
+    return start_notice_watcher(
+        on_notice=lambda n: target.request_emergency(n.deadline, n.source, n.action),
+        on_warning=lambda n: target.request_checkpoint(n.source, n.action,
+                                                       None if n.action == "rebalance" else n.deadline),
+        env=env, poll_interval=poll_from_env(env))
 
 
 # -- HTTP ----------------------------------------------------------------------------------------

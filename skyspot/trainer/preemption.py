@@ -7,9 +7,15 @@ collective it runs anyway (loop.py `_vote`: one all-gather of a few numbers per 
 also carries the loss), and if any rank saw a signal, all ranks write an emergency checkpoint
 together and exit PREEMPTED (75).
 
-Entry points for other threads (the notice watcher, notice.py):
+Entry points for other threads (the notice watcher, notice.py, when the trainer runs it itself):
     request_emergency(deadline, source)   a notice: same as a signal, with the cloud's deadline
     request_checkpoint(source, action)    a warning (rebalance, planned maintenance): an early normal checkpoint
+
+Under the node's supervisor (supervise.py) the watcher runs there, in its own process, and what it
+sees reaches the node leader through a small file in the run directory (`NoticeFile`, named by
+SKYSPOT_NOTICE_FILE): the supervisor rewrites it atomically, and the node leader's take() stats it
+once per step boundary and turns new entries into the same two calls. The step-boundary vote then
+carries them to every rank, as it carries a notice from the in-process watcher.
 
 A notice is not a signal: it comes with a deadline, and the window before it is paid compute.
 With `checkpoint.train_through_notice` the ranks keep training while
@@ -26,12 +32,15 @@ leader adds its figure to the step-boundary vote and the ranks decide on the max
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import signal
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR1)
@@ -64,6 +73,7 @@ class PreemptionWatch:
         self._notices: list[dict[str, Any]] = []
         self._previous: dict[int, Any] = {}
         self._signaled = False
+        self._followed: Optional[NoticeFile] = None
 
     def install(self) -> None:
         """Handle SIGTERM and SIGUSR1 from now on (main thread only)."""
@@ -85,9 +95,11 @@ class PreemptionWatch:
         self._signaled = True
         self._emergency = True
 
-    def request_emergency(self, deadline: Optional[float], source: str, action: str = "preempt") -> None:
-        """A preemption notice (from any thread): checkpoint with all ranks at the next step boundary, then exit 75."""
-        now = time.time()
+    def request_emergency(self, deadline: Optional[float], source: str, action: str = "preempt",
+                          received: Optional[float] = None) -> None:
+        """A preemption notice (from any thread): checkpoint with all ranks at the next step boundary, then exit 75.
+        `received`: when the watcher saw it, if that was elsewhere (the supervisor); else now."""
+        now = time.time() if received is None else received
         with self._lock:
             self._notices.append({"source": source, "deadline": deadline, "action": action, "received": now})
             if self._first_seen is None:
@@ -97,20 +109,30 @@ class PreemptionWatch:
             self._emergency = True
 
     def request_checkpoint(self, source: str = "rebalance", action: str = "rebalance",
-                           deadline: Optional[float] = None) -> None:
+                           deadline: Optional[float] = None, received: Optional[float] = None) -> None:
         """A warning without an exit yet (from any thread): a rebalance recommendation, planned
         maintenance ahead of its deadline. A normal checkpoint at the next step boundary, no exit."""
         with self._lock:
             self._notices.append({"source": source, "deadline": deadline, "action": action,
-                                  "received": time.time(), "warning": True})
+                                  "received": time.time() if received is None else received, "warning": True})
             self._checkpoint = True
 
     @property
     def emergency(self) -> bool:
         return self._emergency
 
+    def follow(self, notices: NoticeFile) -> None:
+        """Take the supervisor's notices from this file at every take() (the node leader, main thread)."""
+        self._followed = notices
+
     def take(self) -> Pending:
         """This process's flags and what it saw since the last take(). The emergency flag stays set."""
+        if self._followed is not None:
+            for entry in self._followed.poll():
+                if entry["kind"] == "emergency":
+                    self.request_emergency(entry["deadline"], entry["source"], entry["action"], entry["received"])
+                else:
+                    self.request_checkpoint(entry["source"], entry["action"], entry["deadline"], entry["received"])
         with self._lock:
             pending = Pending(self._emergency, self._checkpoint, self._first_seen, self._deadline,
                               list(self._signals), list(self._notices), self._signaled)
@@ -118,6 +140,86 @@ class PreemptionWatch:
             self._notices.clear()
             self._checkpoint = False
         return pending
+
+
+# --------------------------------------------------------------------------- from the node's supervisor
+
+NOTICE_FILE_ENV = "SKYSPOT_NOTICE_FILE"
+"""Set by the supervisor for the command it runs: the file it delivers notices through. A trainer that
+finds it set leaves watching to the supervisor; one started without it runs its own watcher."""
+NOTICE_FILE_NAME = "notices.json"
+
+
+class NoticeFile:
+    """The supervisor's notices for the ranks of its node: one small JSON file, rewritten whole.
+
+    {"token": <this start's supervisor token>, "notices": [{"seq": 1, "kind": "emergency" | "checkpoint",
+     "source": "aws", "action": "terminate", "deadline": <unix time or null>, "received": <unix time>}, ...]}
+
+    The writer replaces the file atomically (a temporary file, then os.replace), so a reader sees the
+    old list or the new one, never half of one. The reader (poll) stats it and reads only when the
+    stat changed: one stat per step boundary while nothing happens. Entries are handed out once, by
+    seq; a file from another start (another token) is ignored.
+    """
+
+    def __init__(self, path: Path, token: str):
+        self.path = Path(path)
+        self.token = token
+        self._entries: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._seen = 0
+        self._stat: Optional[tuple[int, int, int]] = None
+
+    # -- the supervisor's side (watcher threads)
+
+    def clear(self) -> None:
+        """A new start: nothing delivered yet (an earlier start's file goes)."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def request_emergency(self, deadline: Optional[float], source: str, action: str = "preempt") -> None:
+        """As PreemptionWatch.request_emergency, for the node's ranks (from the watcher's thread)."""
+        self._publish("emergency", source, action, deadline)
+
+    def request_checkpoint(self, source: str = "rebalance", action: str = "rebalance",
+                           deadline: Optional[float] = None) -> None:
+        """As PreemptionWatch.request_checkpoint, for the node's ranks (from the watcher's thread)."""
+        self._publish("checkpoint", source, action, deadline)
+
+    def _publish(self, kind: str, source: str, action: str, deadline: Optional[float]) -> None:
+        with self._lock:
+            self._entries.append({"seq": len(self._entries) + 1, "kind": kind, "source": source, "action": action,
+                                  "deadline": deadline, "received": time.time()})
+            body = json.dumps({"token": self.token, "notices": self._entries})
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(body)
+            os.replace(tmp, self.path)
+
+    # -- the node leader's side (main thread, at each step boundary)
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Entries not handed out before; [] without a stat change (the common case)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return []
+        stat = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stat == self._stat:
+            return []
+        try:
+            doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []  # unreadable now (it is replaced whole, so this is rare): next step
+        self._stat = stat
+        if not isinstance(doc, dict) or doc.get("token") != self.token:
+            return []
+        fresh = [e for e in doc.get("notices") or [] if isinstance(e, dict) and e.get("seq", 0) > self._seen
+                 and e.get("kind") in ("emergency", "checkpoint")]
+        if fresh:
+            self._seen = max(e["seq"] for e in fresh)
+        return fresh
 
 
 # --------------------------------------------------------------------------- the notice window

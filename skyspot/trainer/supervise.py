@@ -19,6 +19,17 @@ For torchrun the command's environment gets, unless already set:
 If this process is killed outright, the command is SIGKILLed with it (PR_SET_PDEATHSIG), and the
 trainer's workers die with torchrun the same way, so nothing keeps writing into DIR.
 
+Shutdown warnings: this process runs the node's notice watcher (notice.py), started before the
+command, so before the trainer's setup and model load (Azure's first Scheduled Events request turns
+them on and they flow minutes later), and in a process of its own, so its polls never compete with a
+rank for the GIL. What it sees goes to DIR/notices.json (preemption.NoticeFile, replaced atomically),
+which the command learns of through SKYSPOT_NOTICE_FILE; the trainer's node leader stats it at every
+step boundary and the step-boundary vote carries it to every rank, as a notice from a watcher inside
+the trainer would be. A preemption is an emergency (train through the window, emergency checkpoint,
+exit 75), a warning an early checkpoint. On the way out, after the command has exited, the watcher
+stops and approves on Azure the events acted on (StartRequests). Without a cloud in
+SKYPILOT_CLUSTER_INFO nothing is watched.
+
 The CLI is stable: the rendered SkyPilot task and the local executor call it.
 """
 
@@ -26,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -37,6 +49,7 @@ from typing import Optional
 
 from skyspot.clouds import NOTICE_WINDOWS_S
 from skyspot.trainer.exit_codes import TOKEN_ENV, USAGE, describe, read_exit_record
+from skyspot.trainer.preemption import NOTICE_FILE_ENV, NOTICE_FILE_NAME, NoticeFile
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 DEFAULT_GRACE_S = max(NOTICE_WINDOWS_S.values())  # the longest notice window (AWS's); GCP and Azure give 30 s
@@ -78,6 +91,9 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
     env[TOKEN_ENV] = token
     env.setdefault("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(grace)))
+    notices = NoticeFile(run_dir / NOTICE_FILE_NAME, token)
+    env[NOTICE_FILE_ENV] = str(notices.path)
+    watcher = _watch(notices, say)
     started = time.time()
     child: Optional[subprocess.Popen] = None
     pending: list[int] = []
@@ -110,6 +126,8 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if watcher is not None:
+            watcher.stop()  # the checkpoint is made: on Azure, approve the events acted on
     command_code = 128 - returncode if returncode < 0 else returncode
     record = read_exit_record(run_dir, token=token, since=started)
     if record is None:
@@ -121,12 +139,27 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
     return code
 
 
+def _watch(notices: NoticeFile, say):
+    """Start the node's notice watcher delivering to `notices`; None without a cloud to watch."""
+    try:
+        run_dir = notices.path.parent
+        run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        notices.clear()
+        from skyspot.trainer.notice import watch_for
+
+        return watch_for(notices)
+    except Exception as err:  # never stop the trainer from starting: SIGTERM still saves it
+        say(f"not watching for shutdown warnings: {err}")
+        return None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args, command = parse_args(argv)
     except SystemExit as exit:
         return exit.code if isinstance(exit.code, int) else USAGE
+    logging.basicConfig(level=logging.WARNING, format="[skyspot.supervise] %(message)s")  # the watcher's lines
     return run(args.run_dir, command, args.grace)
 
 
