@@ -36,6 +36,12 @@ def test_each_cloud_has_its_own_timeline_at_full_scale():
     assert timeline_for("azure") == Timeline("azure", 30.0, None, 30.0, AZURE_POLL_S, 1.0)  # no signal at all
 
 
+def test_gcps_period_is_the_watchers_own_retry_period():
+    from skyspot.trainer.notice import GCP_RETRY_S
+
+    assert timeline_for("gcp").poll_seconds == GCP_RETRY_S  # the controller may not import the watcher
+
+
 @pytest.mark.parametrize("cloud", CLOUDS)
 @pytest.mark.parametrize("notice", [1.0, 4.0, 10.0, 20.0])
 def test_a_scaled_window_scales_the_whole_shape_and_the_watchers_period(cloud, notice):
