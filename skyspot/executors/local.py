@@ -33,8 +33,10 @@ class LocalOptions:
     preempt_every: Optional[float] = None
     preempt_at_steps: list[int] = field(default_factory=list)
     spot_trace: Optional[str] = None
-    notice: float = 30.0
-    grace: float = 30.0
+    notice: Optional[float] = None
+    """The simulated cloud's notice window in seconds (scaled; docs/local.md); None: the cloud's own."""
+    grace: Optional[float] = None
+    """SIGTERM to SIGKILL: AWS's shutdown, and a cancel's; None: AWS's scaled with the window, 30 s for a cancel."""
     provision_delay: float = 2.0
     fallback_after: Optional[int] = None
     cloud: str = "aws"
@@ -65,7 +67,7 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         raise UsageError("--preempt-every takes seconds > 0")
     for value, flag in ((options.notice, "--notice"), (options.grace, "--grace"),
                         (options.provision_delay, "--provision-delay")):
-        if value < 0:
+        if value is not None and value < 0:
             raise UsageError(f"{flag} takes seconds >= 0")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
     if options.deadline and options.fallback_after is not None:

@@ -15,8 +15,10 @@ terminal) and does, per attempt:
    environment a SkyPilot node sees (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES,
    SKYPILOT_NUM_GPUS_PER_NODE, a SKYPILOT_TASK_ID stable across recoveries, SKYPILOT_CLUSTER_INFO
    naming the simulated cloud) and the metadata endpoints pointed at a loopback server;
-3. inject preemptions the way a cloud does: a notice through that metadata server, SIGTERM to
-   the node's processes at the deadline, SIGKILL after the grace period;
+3. inject preemptions on the simulated cloud's own timeline (`Timeline`, docs/local.md): a notice
+   through that metadata server, then SIGTERM and SIGKILL when that cloud sends them (AWS: SIGTERM
+   at the notice's `time`, two minutes on, then a short shutdown; GCP: SIGTERM with the notice, hard
+   off 30 s later; Azure: no SIGTERM, the VM gone at the Preempt's NotBefore), all scaled by `--notice`;
 4. recover (exit code 75 or a preemption it injected), retry other errors up to the task's
    max_restarts_on_errors, or finish (SUCCEEDED, FAILED, CANCELLED). A configuration error (exit 2)
    or no usable checkpoint (exit 3) is not retried: a restart meets the same recipe, store and
@@ -47,8 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Optional
 
+from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.ledger import Ledger
+from skyspot.metadata_server import AZURE_RATE_LIMIT
 from skyspot.ports import free_port
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
 
@@ -67,6 +71,57 @@ SIMULATED_PLACES = {
     "gcp": {"region": "us-central1", "zone": "us-central1-a", "stand_in": "g2-standard-96"},
     "azure": {"region": "eastus", "zone": None, "stand_in": "Standard_ND96asr_v4"},
 }
+
+
+# How the simulated clouds take a spot VM back, in seconds after the notice (the windows: clouds.py).
+AWS_SHUTDOWN_S = 30.0  # ours: AWS publishes no figure for how long the OS shutdown at the notice's `time` may run
+# How often each cloud's watcher asks (clouds.py); GCP's watcher hangs its GET, and this is only its
+# retry period after a failed one (trainer/notice.py GCP_RETRY_S).
+CLOUD_POLL_S = {"aws": AWS_POLL_S, "gcp": 1.0, "azure": AZURE_POLL_S}
+# The shortest period a scaled window gets: ours, 0.05 s, so a tiny window never busy-polls; on Azure
+# 0.25 s, four requests a second, under the five IMDS allows a VM before it answers 429 (metadata_server.py).
+MIN_POLL_S = {"aws": 0.05, "gcp": 0.05, "azure": 1.0 / (AZURE_RATE_LIMIT - 1)}
+STOP_GRACE_S = 30.0  # ours: SIGTERM to SIGKILL when the controller stops a node itself (cancel, a deadline's switch)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the simulated cloud does to a spot VM it takes back, in seconds after the notice.
+
+    The cloud's own shape, scaled by `scale` (the `--notice` window over the cloud's): AWS announces
+    `time` two minutes ahead, the OS gets SIGTERM then and is off a short shutdown later; GCP sets
+    `preempted` and sends the ACPI soft-off (SIGTERM) together, hard off 30 s later; Azure schedules a
+    Preempt with NotBefore at least 30 s ahead and evicts the VM then, with no signal.
+    """
+
+    cloud: str
+    window: float
+    """Notice to the cloud's deadline: AWS's `time`, GCP's hard off, Azure's NotBefore."""
+    sigterm_after: Optional[float]
+    """Notice to SIGTERM; None: the cloud sends none (Azure)."""
+    kill_after: float
+    """Notice to SIGKILL: the VM is gone."""
+    poll_seconds: float
+    """The watcher's period (SKYSPOT_NOTICE_POLL_SECONDS): the cloud's, scaled with the window."""
+    scale: float
+
+
+def timeline_for(cloud: str, notice: Optional[float] = None, grace: Optional[float] = None) -> Timeline:
+    """The preemption timeline of `cloud`, its window `notice` seconds (None: the cloud's own).
+
+    `grace` replaces AWS's shutdown after SIGTERM (else it scales with the window); GCP and Azure have
+    no such step: their hard off is the window itself.
+    """
+    own = NOTICE_WINDOWS_S[cloud]
+    window = own if notice is None else float(notice)
+    scale = window / own
+    poll = max(MIN_POLL_S[cloud], CLOUD_POLL_S[cloud] * min(1.0, scale))
+    if cloud == "aws":
+        shutdown = AWS_SHUTDOWN_S * scale if grace is None else float(grace)
+        return Timeline(cloud, window, window, window + shutdown, poll, scale)
+    if cloud == "gcp":
+        return Timeline(cloud, window, 0.0, window, poll, scale)
+    return Timeline(cloud, window, None, window, poll, scale)
 
 
 @dataclass
@@ -89,11 +144,14 @@ class Spec:
     capacity_gone_after: Optional[int] = None
     spot_nodes: list[int] = field(default_factory=list)
     """Nodes granted to each spot attempt in turn (the last repeats); empty: num_nodes."""
-    notice: float = 30.0
-    grace: float = 30.0
+    notice: Optional[float] = None
+    """The simulated cloud's notice window, scaled (docs/local.md); None: the cloud's own."""
+    grace: Optional[float] = None
+    """SIGTERM to SIGKILL on AWS's timeline and when the controller stops a node; None: the defaults."""
     provision_delay: float = 2.0
     fallback_after: Optional[int] = None
-    notice_poll_seconds: float = 0.5
+    notice_poll_seconds: Optional[float] = None
+    """The watchers' period; None: the simulated cloud's, scaled with the window (Timeline)."""
     fresh_node: bool = False
     setup_script: str = ""
     file_mounts: dict[str, str] = field(default_factory=dict)
@@ -129,6 +187,8 @@ class Controller:
         self.prepared = spec.fresh_node  # a fresh node's setup prepares it
         self.last_cause: Optional[str] = None  # the last line a node printed that says why it stopped
         self.planner = None  # the deadline's policy (executors/local_deadline.py) when spec.deadline
+        self.timeline = timeline_for(spec.cloud, spec.notice, spec.grace)
+        self.stop_grace = STOP_GRACE_S if spec.grace is None else spec.grace
         if spec.deadline:
             from skyspot.executors.local_deadline import Planner
 
@@ -216,7 +276,7 @@ class Controller:
             "SKYSPOT_RUN_NAME": spec.name,
             "SKYSPOT_RUN_DIR": str(self.node_dir(node_rank)),
             "SKYSPOT_MASTER_PORT": str(port),
-            "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds),
+            "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds or self.timeline.poll_seconds),
             "PYTHONUNBUFFERED": "1",
         })
         return env
@@ -319,8 +379,10 @@ class Controller:
 
         steps_tail: Optional[FileTail] = None
         step = 0
-        notice_deadline: Optional[float] = None
+        timeline = self.timeline
+        notice_at: Optional[float] = None  # when the simulated cloud announced the preemption
         sigterm_at: Optional[float] = None
+        stop_at: Optional[float] = None  # when the controller itself sent SIGTERM (cancel, a deadline's switch)
         killed = cancelled = switched = False
         first_failure: Optional[float] = None
         if self.planner is not None:
@@ -344,28 +406,32 @@ class Controller:
                 cancelled = True
                 self.say("cancel requested: SIGTERM to the nodes (emergency checkpoint), then stop")
                 _signal_all(procs, signal.SIGTERM)
-                sigterm_at = now
-            if (self.planner is not None and sigterm_at is None and notice_deadline is None and not cancelled
+                sigterm_at = stop_at = now
+            if (self.planner is not None and sigterm_at is None and notice_at is None and not cancelled
                     and self.planner.switch_due(now)):
                 switched = True  # the deadline wants the other capacity: stop here with an emergency checkpoint
                 _signal_all(procs, signal.SIGTERM)
-                sigterm_at = now
-            if (notice_deadline is None and not cancelled and not switched and spot
+                sigterm_at = stop_at = now
+            if (notice_at is None and not cancelled and not switched and spot
                     and self._should_preempt(step, attempt_started, now)):
-                notice_deadline = now + spec.notice
-                metadata.announce_preemption(notice_deadline)
-                events.emit("preempt_notice_sent", deadline=notice_deadline, step=step)
-                self.say(f"preemption notice at step {step}: the node goes in {spec.notice:.0f}s")
-            if notice_deadline is not None and sigterm_at is None and now >= notice_deadline:
+                notice_at = now
+                metadata.announce_preemption(now + timeline.window)
+                events.emit("preempt_notice_sent", deadline=now + timeline.window, step=step, cloud=timeline.cloud,
+                            sigterm_at=None if timeline.sigterm_after is None else now + timeline.sigterm_after,
+                            kill_at=now + timeline.kill_after)
+                self.say(f"preemption notice at step {step}: {_describe(timeline)}")
+            if (notice_at is not None and sigterm_at is None and timeline.sigterm_after is not None
+                    and now >= notice_at + timeline.sigterm_after):
                 _signal_all(procs, signal.SIGTERM)
                 sigterm_at = now
                 events.emit("preempt_sigterm")
                 self.say("preemption: SIGTERM to the node's processes")
-            if sigterm_at is not None and not killed and now >= sigterm_at + spec.grace:
+            gone = notice_at is not None and now >= notice_at + timeline.kill_after
+            if not killed and (gone or (stop_at is not None and now >= stop_at + self.stop_grace)):
                 _signal_all(procs, signal.SIGKILL)
                 killed = True
                 events.emit("preempt_sigkill")
-                self.say("grace period over: SIGKILL")
+                self.say("the simulated VM is gone: SIGKILL" if gone else "grace period over: SIGKILL")
             time.sleep(POLL_SECONDS)
         for pump in pumps:
             pump.join(timeout=5)
@@ -378,7 +444,7 @@ class Controller:
             reason = "cancelled"
         elif switched:
             reason = "switched"
-        elif notice_deadline is not None:
+        elif notice_at is not None:
             reason = "preempted"
         elif code == RECOVER_EXIT_CODE:
             reason = "preempted"  # a SIGTERM from elsewhere; the trainer saved and asked to be recovered
@@ -522,6 +588,16 @@ class Controller:
         self.say(f"run {status}" + (f": {cause}" if cause else ""))
         self.log.close()
         return 0 if status == "SUCCEEDED" else (code or 1)
+
+
+def _describe(timeline: Timeline) -> str:
+    """The rest of a preemption on `timeline`, for the log."""
+    w = timeline.window
+    if timeline.cloud == "aws":
+        return f"SIGTERM in {w:g}s (the notice's time), the VM gone {timeline.kill_after - w:g}s later"
+    if timeline.cloud == "gcp":
+        return f"SIGTERM now (ACPI soft-off with the notice), the VM gone in {w:g}s"
+    return f"a Preempt event, the VM gone at its NotBefore in {w:g}s (no SIGTERM)"
 
 
 # torchrun's own line before its ChildFailedError report (torch/distributed/elastic/multiprocessing/api.py).
