@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from skyspot.cli.main import app
 from skyspot.errors import UsageError
-from skyspot.ledger import skyspot_home
+from skyspot.ledger import Ledger, skyspot_home
 from skyspot.recipe import RECIPES_DIR, REGISTRY, Recipe, recipe_path
 from tests.cli.test_status_cost_cli import make_run
 from tests.conftest import REPO
@@ -388,6 +388,18 @@ def test_any_command_line_gives_a_result_or_one_line(tmp_path, monkeypatch, no_s
         assert_valid_task(result.stdout)
     if args[0] != "render" and "--json" in args and "--csv" not in args:
         assert isinstance(json.loads(result.stdout), list)
+
+
+@pytest.mark.parametrize("args", [["launch", "--store", "--dry-run", "tiny"], ["launch", "tiny", "-n", "--local"],
+                                  ["render", "tiny", "-o", "--help"], ["logs", "-n", "--follow"]])
+def test_an_option_given_another_option_as_its_value_is_a_missing_value(args):
+    """Found by the fuzzer: `launch --store --dry-run tiny` read --dry-run as the store and launched for real."""
+    result = invoke(*args)
+    if "option '" in result.output:
+        assert result.exit_code == 2 and "needs a value, got the option" in result.output
+    else:  # Click itself refused it first (an unknown option, or a flag that takes no value)
+        assert result.exit_code == 2 and outcome(result) == "error"
+    assert "Traceback" not in result.output and not Ledger().runs()
 
 
 def test_valid_examples_parse_with_skypilot():

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Optional, Any, Callable, Iterable, Sequence, Union
 
 import typer
@@ -278,15 +279,30 @@ class _OneLineUsage:
     def parse_args(self, ctx, args):
         _plain_coercion(self, ctx)
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except _click_exceptions.UsageError as error:
             raise _OneLineUsageError(error.format_message()) from None
+        _no_option_taken_as_a_value(self, ctx)
+        return rest
 
     def resolve_command(self, ctx, args):
         try:
             return super().resolve_command(ctx, args)
         except _click_exceptions.UsageError as error:
             raise _OneLineUsageError(error.format_message()) from None
+
+
+def _no_option_taken_as_a_value(command, ctx) -> None:
+    """`launch --store --dry-run tiny`: Click gives --store the value `--dry-run`, and the launch would go on
+    without the dry run the user asked for. An option's value that is one of the command's own option
+    names is a missing value, said in one line."""
+    names = {opt for param in command.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)
+             if opt.startswith("-")}
+    for param in command.get_params(ctx):
+        value = ctx.params.get(param.name)
+        value = str(value) if isinstance(value, (str, PurePath)) else None
+        if param.param_type_name == "option" and value in names:
+            raise _OneLineUsageError(f"option '{param.opts[-1]}' needs a value, got the option '{value}'")
 
 
 class OneLineCommand(_OneLineUsage, TyperCommand):
