@@ -192,7 +192,9 @@ class MetadataServer:
             AWS    AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore and the other AWS SDKs), and
                    AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv4 so an inherited IPv6 mode changes nothing
             GCP    GCE_METADATA_HOST, its old name GCE_METADATA_ROOT, and GCE_METADATA_IP (google-auth
-                   pings that address, not the host, to decide whether it is on GCE)
+                   pings that address, not the host, to decide whether it is on GCE);
+                   GCE_METADATA_MTLS_MODE=none so an inherited `strict` (google-auth >= 2.40 speaks
+                   mTLS to the metadata server then) does not try HTTPS against this plain-HTTP server
             Azure  SKYSPOT_AZURE_METADATA_ENDPOINT (ours) and AZURE_POD_IDENTITY_AUTHORITY_HOST (the
                    IMDS address azure-identity's managed-identity credential uses)
         It does not set SKYPILOT_CLUSTER_INFO, which says which cloud the node is on and is the
@@ -202,7 +204,7 @@ class MetadataServer:
             "aws": {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.url + "/",
                     "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "IPv4"},
             "gcp": {"GCE_METADATA_HOST": self.host_port, "GCE_METADATA_ROOT": self.host_port,
-                    "GCE_METADATA_IP": self.host_port},
+                    "GCE_METADATA_IP": self.host_port, "GCE_METADATA_MTLS_MODE": "none"},
             "azure": {"SKYSPOT_AZURE_METADATA_ENDPOINT": self.url, "AZURE_POD_IDENTITY_AUTHORITY_HOST": self.url},
         }
         if cloud is None:

@@ -372,7 +372,9 @@ def test_env_for_points_every_sdk_variable_here(server):
     assert env["AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE"] == "IPv4"
     assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_ROOT"] == env["GCE_METADATA_IP"] == server.host_port
     assert env["SKYSPOT_AZURE_METADATA_ENDPOINT"] == env["AZURE_POD_IDENTITY_AUTHORITY_HOST"] == server.url
-    assert set(server.env_for("gcp")) == {"GCE_METADATA_HOST", "GCE_METADATA_ROOT", "GCE_METADATA_IP"}
+    assert set(server.env_for("gcp")) == {"GCE_METADATA_HOST", "GCE_METADATA_ROOT", "GCE_METADATA_IP",
+                                         "GCE_METADATA_MTLS_MODE"}
+    assert server.env_for("gcp")["GCE_METADATA_MTLS_MODE"] == "none"
 
 
 def test_google_auth_own_gce_check_asks_the_loopback_server_and_finds_no_gce(server, monkeypatch, loopback_only):
