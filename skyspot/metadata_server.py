@@ -38,6 +38,9 @@ blank) once approved with StartRequests or once NotBefore passes.
 
 Every other path answers 404 without the clouds' marker headers, so SDKs that probe for a metadata
 service (boto3's credential chain, google-auth's GCE check) conclude there is none. stdlib only.
+
+One module despite its length: one HTTP server whose three clouds' dialects share the state a
+test drives (the announced notice, failures, throttling, tokens) and the counters it asserts on.
 """
 
 from __future__ import annotations

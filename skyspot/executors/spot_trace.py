@@ -4,7 +4,7 @@ Format (YAML; see `traces/example.yaml` and docs/local.md):
 
     # seconds since the run was launched at which the cloud sends a preemption notice
     preemptions: [45, 120, 200]
-    # optional: seconds between notice and SIGTERM for this trace (else --notice)
+    # optional: the notice window in seconds for this trace (else --notice), its cloud's timeline scaled to fit (docs/local.md)
     notice: 30
     # optional: after this many preemptions spot capacity is gone; later attempts run on-demand
     capacity_gone_after: 3

@@ -34,6 +34,9 @@ micro-batch m is the slice [m*dp*mb + r*mb, ... + mb) of that. The whole order i
 of `samples_consumed`, which the checkpoint stores, so a resume continues exactly where it
 stopped, and nothing is repeated or skipped; the samples themselves are a pure function of the
 data, the tokenizer and the recipe, so every rank and every start builds the same ones.
+
+One concept despite its length: what a sample is (source, format, tokens, loss mask, packed
+sequence) and the order the ranks read samples in must change together, or a resume stops being exact.
 """
 
 from __future__ import annotations

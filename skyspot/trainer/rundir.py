@@ -5,6 +5,7 @@ and, with the same names, under `<store>/<run_id>/` in the store.
       run.json            recipe, fingerprint, who started the run and when (first start)
       attempts.json       {"attempt": N, "updated": ts}: one more per start (rank 0 of node 0)
       exit.json           the last start's exit code, for the supervisor (exit_codes.py)
+      notices.json        what the supervisor's notice watcher saw this start, for the ranks (preemption.NoticeFile)
       checkpoints/        step_<N>/ (manifest.py), `latest` (advisory), DeepSpeed's zero_to_fp32.py
       events/             JSON lines per process (skyspot.events)
       final/              the trained model (export.py)
