@@ -142,11 +142,11 @@ def test_pretrained_weights_arrive_on_every_rank_and_the_first_loss_is_the_sourc
 def test_a_real_model_preempted_twice_through_the_local_executor_ends_bitwise_equal(real_model, real_reference,
                                                                                   monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # The controller sends each notice when it reads step 3's (7's) event; rank 0 then waits 8 s at the
+    # The controller sends each notice when it reads step 3's (7's) event; rank 0 then waits 4 s at the
     # end of the next step, before the ranks vote, so the notice is read by then however loaded the
     # machine, and each attempt saves at a known step (otherwise a fast run passed step 7 before the
     # first notice was read, and the second notice came after the run had finished).
-    monkeypatch.setenv("SKYSPOT_FAULT", "step_end@4/0:pause=8,step_end@8/0:pause=8")
+    monkeypatch.setenv("SKYSPOT_FAULT", "step_end@4/0:pause=4,step_end@8/0:pause=4")
     result, run_dir = launch_local(real_model["recipe"], "--preempt-at-steps", "3,7")
     assert result.exit_code == 0, result.output + log_text(run_dir)
     assert len(events(run_dir, "resume")) == 2
