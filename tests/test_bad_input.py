@@ -392,14 +392,15 @@ def test_any_command_line_gives_a_result_or_one_line(tmp_path, monkeypatch, no_s
 
 @pytest.mark.parametrize("args", [["launch", "--store", "--dry-run", "tiny"], ["launch", "tiny", "-n", "--local"],
                                   ["render", "tiny", "-o", "--help"], ["logs", "-n", "--follow"]])
-def test_an_option_given_another_option_as_its_value_is_a_missing_value(args):
+def test_an_option_given_another_option_as_its_value_is_a_missing_value(args, tmp_path, monkeypatch):
     """Found by the fuzzer: `launch --store --dry-run tiny` read --dry-run as the store and launched for real."""
+    monkeypatch.chdir(tmp_path)
     result = invoke(*args)
     if "option '" in result.output:
         assert result.exit_code == 2 and "needs a value, got the option" in result.output
     else:  # Click itself refused it first (an unknown option, or a flag that takes no value)
         assert result.exit_code == 2 and outcome(result) == "error"
-    assert "Traceback" not in result.output and not Ledger().runs()
+    assert "Traceback" not in result.output and not Ledger().runs() and not list(tmp_path.iterdir())
 
 
 def test_valid_examples_parse_with_skypilot():
