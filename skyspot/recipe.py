@@ -106,9 +106,7 @@ def _revision(value: Optional[str]) -> Optional[str]:
 
 
 class _Section(BaseModel):
-    # use_attribute_docstrings: each field's docstring below is its description (`skyspot keys` prints it).
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
-                              use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):

@@ -4,6 +4,7 @@ prints them; nothing here is a second list of keys that could drift from the mod
 
 from __future__ import annotations
 
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -39,7 +40,8 @@ def recipe_keys(model: Optional[type[BaseModel]] = None, prefix: str = "") -> li
         if field.default_factory is not None:
             default = "{}" if section else _factory_default(field)
         if section is None or _optional(field.annotation):
-            keys.append(Key(dotted, _type_name(field.annotation), default, _first_paragraph(field.description)))
+            doc = field.description or _field_docstrings(model).get(name)
+            keys.append(Key(dotted, _type_name(field.annotation), default, _first_paragraph(doc)))
         if section is not None:
             keys.extend(recipe_keys(section, dotted + "."))
     return keys
@@ -53,6 +55,30 @@ def value_at(recipe: BaseModel, dotted: str) -> Any:
             return None
         value = getattr(value, part)
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _field_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """The string under each field of `model`'s class body (recipe.py documents fields that way).
+
+    Read here, for `skyspot keys` alone, rather than through pydantic's `use_attribute_docstrings`,
+    which parses the source of every model each time skyspot.recipe is imported (about 30 ms on
+    every command that loads a recipe)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for field, after in zip(body, body[1:]):
+        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[field.target.id] = inspect.cleandoc(after.value.value)
+    return docs
 
 
 def _section(annotation: Any) -> Optional[type[BaseModel]]:
