@@ -450,7 +450,7 @@ def recipe_path(name_or_path: str) -> Path:
         return path
     close = difflib.get_close_matches(name_or_path, REGISTRY, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    raise UsageError(f"unknown recipe '{name_or_path}'{hint} `skyspot recipes` lists them")
+    raise UsageError(f"unknown recipe '{name_or_path}'{hint}; `skyspot recipes` lists them")
 
 
 def _key_lines(text: str) -> dict[str, int]:

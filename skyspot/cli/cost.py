@@ -22,7 +22,7 @@ SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand
                   "interruptions_by_cause", "interruptions"]
 
 
-def _report(run):
+def _report(run, queue_record):
     from skyspot.cost import run_cost
     from skyspot.runs import run_events
 
@@ -32,12 +32,6 @@ def _report(run):
         candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
     elif not any(c.get("instance_type") for c in candidates):
         candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
-    from skyspot.executors import refresh
-
-    records, notes = refresh([run])
-    queue_record = records.get(run.name)
-    for note in notes:
-        err.print(note)
     try:
         report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
     except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
@@ -72,10 +66,15 @@ def cost_report_command(
     with Ledger() as ledger:
         runs = [ledger.get(run_name)] if run_name else ledger.runs()
         damaged_rows = ledger.skipped_rows
+    from skyspot.executors import refresh
+
+    records, notes = refresh(runs)  # one question to each executor for every run, not one per run
+    for note in notes:
+        err.print(note)
     reports = []
     for run in runs:
         try:
-            reports.append(_report(run))
+            reports.append(_report(run, records.get(run.name)))
         except SkyspotError as error:  # e.g. an instance the price data does not know, a store out of reach
             if run_name:
                 raise

@@ -18,14 +18,18 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
-from skyspot.executors.local_controller import SIMULATED_PLACES, Spec
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.runs import new_run_name, record_launch
+
+# The controller (and the metadata stand-in it imports) loads only to start or resume a run: not for
+# `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
+if TYPE_CHECKING:
+    from skyspot.executors.local_controller import Spec
 
 
 @dataclass
@@ -52,10 +56,13 @@ def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
     for candidate in built.candidates:
         if candidate.cloud == cloud and candidate.instance_type:
             return candidate.instance_type, candidate.accelerators
+    from skyspot.executors.local_controller import SIMULATED_PLACES
+
     return SIMULATED_PLACES[cloud]["stand_in"], None
 
 
 def make_spec(built, name: str, options: LocalOptions) -> Spec:
+    from skyspot.executors.local_controller import SIMULATED_PLACES, Spec
     from skyspot.executors.spot_trace import SpotTrace
 
     if options.cloud not in SIMULATED_PLACES:
@@ -181,6 +188,8 @@ def resume_local(run, *, detach: bool) -> int:
     if not run.terminal and _alive(run.controller_pid):
         raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
                          f"`skyspot cancel {run.name}` stops it")
+    from skyspot.executors.local_controller import Spec
+
     run_dir = Path(run.run_dir or "")
     try:
         spec = Spec(**json.loads((run_dir / "local.json").read_text()))

@@ -532,7 +532,8 @@ class Vote:
     signaled: bool = False
     """A signal, not only a notice: save now."""
     need_s: float = 0.0
-    """The slowest rank's next step plus predicted save to safety (0: some rank has measured nothing)."""
+    """The slowest node leader's next step plus predicted save to safety (other ranks send 0); 0 when a
+    leader sent -1 (nothing measured yet, or checkpoint.train_through_notice off)."""
     now: float = 0.0
     """Global rank 0's clock at the vote: every rank decides on the same number."""
 

@@ -9,6 +9,8 @@ events from (and writing its decisions to) a real store, here a local directory.
 
 from __future__ import annotations
 
+import copy
+
 import json
 import time
 from pathlib import Path
@@ -235,9 +237,9 @@ def test_a_stage_keeps_one_capacity_of_the_planned_candidates():
     from skyspot.launch import build
 
     task = build("llama8b", []).task
+    planned = copy.deepcopy(task["resources"]["ordered"])
     spot = sky_deadline.stage_task(task, spot=True)["resources"]["ordered"]
     on_demand = sky_deadline.stage_task(task, spot=False)["resources"]["ordered"]
-    planned = task["resources"]["ordered"]
     assert spot == [c for c in planned if c["use_spot"]] and on_demand == [c for c in planned if not c["use_spot"]]
     spot_only = build("llama8b", ["resources.on_demand_fallback=false"]).task
     flipped = sky_deadline.stage_task(spot_only, spot=False)["resources"]["ordered"]
