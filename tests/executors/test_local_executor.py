@@ -32,6 +32,16 @@ STEPS = REFERENCE_STEPS  # compared with the shared uninterrupted run (tests/con
 OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=10", "train.log_every=4",
              "checkpoint.train_through_notice=false"]
 FAST = ["--notice", "4", "--grace", "60", "--provision-delay", "0.5"]
+PREEMPT_AT = [6, 15]
+
+
+@pytest.fixture
+def notices_read_in_time(monkeypatch):
+    """The controller sends a notice when it reads step 6's (15's) event, and the notice reaches the ranks
+    through the supervisor's watcher; rank 0 waits 3 s at the end of the next step, before the ranks vote,
+    so it is read by then however loaded the machine (without it, a notice sent at step 16 of 24 tiny
+    steps could arrive after training had finished: no second preemption)."""
+    monkeypatch.setenv("SKYSPOT_FAULT", ",".join(f"step_end@{s + 1}/0:pause=3" for s in PREEMPT_AT))
 
 
 def final_params(run_dir: Path) -> dict:
@@ -92,13 +102,13 @@ def check_preempted_run(name: str, reference_dir: Path, preempt_steps: list[int]
     assert data["preemptions"] == len(preempt_steps) and data["lost_steps"] == 0 and data["simulated"] is True
 
 
-def test_two_preemptions_recover_to_the_uninterrupted_result(reference):
+def test_two_preemptions_recover_to_the_uninterrupted_result(reference, notices_read_in_time):
     # Also the planned interval (checkpoint.every_seconds=auto): a short prior and floor so it matters
     # in a run of seconds; checkpoint timing never changes the arithmetic, so the result stays bitwise.
     auto = ["checkpoint.every_seconds=auto", "checkpoint.mtbp_prior_seconds=3600", "checkpoint.min_every_seconds=1"]
-    result = launch("-n", "spotty", "--preempt-at-steps", "6,15", *FAST, *OVERRIDES, *auto)
+    result = launch("-n", "spotty", "--preempt-at-steps", ",".join(map(str, PREEMPT_AT)), *FAST, *OVERRIDES, *auto)
     assert result.exit_code == 0, result.output
-    check_preempted_run("spotty", reference, [6, 15])
+    check_preempted_run("spotty", reference, PREEMPT_AT)
 
     # The interval adapts to the preemptions it observed: attempt 3 plans from 2 preemptions.
     run_dir = Path(Ledger().get("spotty").run_dir)
@@ -139,14 +149,15 @@ def test_detached_concurrent_runs_logs_follow_and_cancel():
     assert log.of_type("emergency_checkpoint"), "cancel stops with an emergency checkpoint"
 
 
-def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(reference, tmp_path):
+def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(reference, tmp_path,
+                                                                             notices_read_in_time):
     """2 nodes, then only 1 granted (resources.min_nodes=1), then 2 again: each change of world size
     resumes through a universal checkpoint (node 1's part read from the store when node 0 is alone),
     the global batch is kept, and the run ends where the uninterrupted one does."""
     store = tmp_path / "store"
     # A notice long enough for each emergency checkpoint to become durable on a loaded machine: the
     # next, differently sized attempt reads the other nodes' parts from the store.
-    result = launch("-n", "elastic", "--preempt-at-steps", "6,15", "--spot-nodes", "2,1,2", "--store", str(store),
+    result = launch("-n", "elastic", "--preempt-at-steps", ",".join(map(str, PREEMPT_AT)), "--spot-nodes", "2,1,2", "--store", str(store),
                     "--notice", "15", "--grace", "60", "--provision-delay", "0.5", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1", "resources.min_nodes=1",
                     "checkpoint.train_through_notice=false")  # saves at the notice step, as checked below
     assert result.exit_code == 0, result.output
@@ -160,7 +171,7 @@ def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(ref
     # Everything a two-node run with two preemptions must show (emergency checkpoints at the notice
     # steps, resumed exactly there, nothing lost) and the uninterrupted run's parameters, bitwise:
     # 2 nodes x 1 rank average the same fp32 gradients that 1 rank accumulates over 2 micro batches.
-    check_preempted_run("elastic", reference, [6, 15])
+    check_preempted_run("elastic", reference, PREEMPT_AT)
 
 
 def test_spot_nodes_below_min_nodes_or_without_a_store_are_refused():
