@@ -43,6 +43,46 @@ AZURE_POLL_S = 1.0  # "we recommend that you poll the service once per second" (
 NOTICE_DETECT_S: dict[str, float] = {"aws": AWS_POLL_S, "gcp": 0.0, "azure": AZURE_POLL_S}
 
 
+
+# =========================================================================== the fast fabric
+
+# What SkyPilot 0.14.1 does with a candidate's `network_tier: best`, per cloud (read in its code;
+# tests/executors/test_sky_real.py holds each to SkyPilot's own objects):
+# - AWS: EFA on instance types that have it (sky/clouds/aws.py `_EFA_INSTANCE_TYPE_PREFIXES`: p4d,
+#   p4de, p5, p5e, p5en, g5, g6, g6e, ...; others keep the standard network), and such a node boots
+#   the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" (`_EFA_IMAGE_NAME`) instead of
+#   SkyPilot's default GPU image.
+# - GCP: GPUDirect-TCPX: the host boots `skypilot:gpu-direct-cos` (Container-Optimized OS) with the
+#   TCPX receive daemon for the a3-highgpu-8g's NICs (`--gpu_nic_preset a3vm`), and the task runs in
+#   the docker image `nccl-plugin-gpudirecttcpx` (sky/provision/gcp/constants.py). It does this for any
+#   GPU, but only a3-highgpu-8g (H100:8) has the NICs it is written for: elsewhere it is all cost.
+# - Azure: not offered; `network_tier` is an unsupported feature there (sky/clouds/azure.py
+#   CUSTOM_NETWORK_TIER), so a candidate asking for it is one SkyPilot's optimizer drops. Azure's
+#   ND A100 v4 / ND H100 v5 sizes carry InfiniBand in the VM itself, without asking.
+FAST_FABRIC: dict[str, Optional[tuple[str, tuple[str, ...]]]] = {
+    "aws": ("EFA", ()),  # () = every accelerator: SkyPilot enables EFA only where the type has it
+    "gcp": ("GPUDirect-TCPX", ("H100:8",)),
+    "azure": None,
+}
+_NO_FABRIC = {  # the plan's note; docs/clouds.md ("The fabric") says the rest
+    "gcp": "GPUDirect-TCPX is for H100:8 (a3-highgpu-8g) only",
+    "azure": "SkyPilot has none on Azure (ND sizes carry InfiniBand anyway)",
+}
+
+
+def fast_fabric(cloud: str, accelerators: Optional[str]) -> tuple[Optional[str], str]:
+    """(the fabric `network_tier: best` gets this candidate, or None; why not, when None)."""
+    entry = FAST_FABRIC.get(cloud)
+    if entry is None:
+        return None, _NO_FABRIC.get(cloud, f"no network_tier on {cloud}")
+    name, only = entry
+    if not accelerators:
+        return None, "CPU nodes: no fast fabric"
+    if only and accelerators not in only:
+        return None, _NO_FABRIC[cloud]
+    return name, ""
+
+
 # =========================================================================== bandwidth assumptions
 
 # Local write: the rendered task keeps the fast checkpoint tier in $HOME (tasks/*.yaml, RUN_DIR), i.e. on

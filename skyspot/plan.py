@@ -8,6 +8,11 @@ uploads and resume downloads (`egress`, docs/planning.md). So the rendered task'
 `resources.ordered` means "cheapest spot anywhere, then cheapest on-demand" (see
 docs/architecture.md). A candidate without a price (the snapshot has no spot price for
 it) says so in `price_note` and comes after the priced ones of its group.
+
+A pair of cloud and accelerator the cloud does not offer (GCP has no A10G) is no candidate at all
+(`dropped` lists them and why: pricing.offered). With `resources.network_tier: best`, each candidate
+whose cloud provides a fast fabric for it asks SkyPilot for it (`network_tier`), and the others say
+why they go without (`fabric`; clouds.fast_fabric).
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ class Candidate:
     """What the egress figure leaves out or why it is unknown."""
     expected_usd_per_hour: Optional[float] = None
     """All nodes at `usd_per_hour` plus the egress: what candidates are ordered by; None without a price."""
+    network_tier: Optional[str] = None
+    """`best` when the recipe asks for the fast fabric and this candidate's cloud provides it (rendered)."""
+    fabric: Optional[str] = None
+    """The fabric `network_tier: best` gets it (EFA, GPUDirect-TCPX), or why it goes without."""
 
     @property
     def accelerator_name(self) -> Optional[str]:
@@ -68,29 +77,27 @@ def region_cloud(region: str) -> str:
 
 
 def _priced(candidate: Candidate) -> Candidate:
-    """Attach the snapshot's instance type and hourly price, when the snapshot knows the pair."""
+    """Attach the snapshot's instance type and hourly price, when the snapshot knows the pair: the
+    cheapest type carrying the accelerators for the candidate's capacity, as SkyPilot chooses."""
     if not candidate.accelerators:
         return candidate
     from skyspot import pricing
 
     try:
-        instance = pricing.instance_for(candidate.cloud, candidate.accelerator_name, candidate.accelerator_count,
-                                        snapshot_only=True)
-    except UsageError:  # the snapshot does not cover this pair; SkyPilot's catalog will decide
-        return replace(candidate, price_note="not in snapshot")
-    if not instance:
-        return candidate
-    usd, note = None, None
-    try:
-        price = pricing.hourly_price(candidate.cloud, instance_type=instance, accelerator=candidate.accelerator_name,
+        price = pricing.hourly_price(candidate.cloud, accelerator=candidate.accelerator_name,
                                      accelerator_count=candidate.accelerator_count, region=candidate.region,
                                      spot=candidate.spot, snapshot_only=True)
-        usd = price.usd_per_hour
+        return replace(candidate, instance_type=price.instance_type, usd_per_hour=price.usd_per_hour)
     except pricing.MissingPrice:
         note = f"no {'spot' if candidate.spot else 'on-demand'} price in snapshot"
     except UsageError:
         note = "not in snapshot" + (f" for {candidate.region}" if candidate.region else "")
-    return replace(candidate, instance_type=instance, usd_per_hour=usd, price_note=note)
+    try:
+        instance = pricing.instance_for(candidate.cloud, candidate.accelerator_name, candidate.accelerator_count,
+                                        snapshot_only=True)
+    except UsageError:  # the snapshot does not cover this pair; SkyPilot's catalog will decide
+        return replace(candidate, price_note="not in snapshot")
+    return replace(candidate, instance_type=instance, price_note=note)
 
 
 # =========================================================================== egress
@@ -212,8 +219,10 @@ def candidates(recipe: Recipe, *, with_prices: bool = True,
         for cloud in resources.clouds:
             cloud_regions = regions_by_cloud.get(cloud, [None] if not resources.regions else [])
             for accelerator in accelerators:
+                if accelerator and _lacks(cloud, accelerator):
+                    continue  # `dropped` says which and why
                 for region in cloud_regions:
-                    candidate = Candidate(cloud, accelerator, region, spot)
+                    candidate = _with_fabric(Candidate(cloud, accelerator, region, spot), recipe)
                     group.append(_expected(_priced(candidate), recipe, environ) if with_prices else candidate)
         # Stable sort: unpriced candidates keep recipe order after the priced ones.
         group.sort(key=lambda c: (c.expected_usd_per_hour is None, c.expected_usd_per_hour or 0.0))
@@ -221,3 +230,35 @@ def candidates(recipe: Recipe, *, with_prices: bool = True,
     if not planned:
         raise UsageError("no candidate resources: resources.regions names no region of resources.clouds")
     return planned
+
+
+def dropped(recipe: Recipe) -> list[tuple[str, str, str]]:
+    """(cloud, accelerators, why) for each pair of resources.clouds x resources.accelerators the plan
+    leaves out because that cloud does not offer the accelerator (pricing.offered)."""
+    out = []
+    for cloud in recipe.resources.clouds:
+        for accelerator in recipe.resources.accelerators:
+            why = _lacks(cloud, accelerator)
+            if why:
+                out.append((cloud, accelerator, why))
+    return out
+
+
+def _lacks(cloud: str, accelerator: str) -> Optional[str]:
+    from skyspot import pricing
+
+    name, _, count = accelerator.partition(":")
+    return pricing.offered(cloud, name, int(count or 1))
+
+
+def _with_fabric(candidate: Candidate, recipe: Recipe) -> Candidate:
+    """Ask for `network_tier: best` only where SkyPilot provides a fabric for it (clouds.fast_fabric):
+    on Azure the request alone makes SkyPilot's optimizer drop the candidate."""
+    if recipe.resources.network_tier != "best":
+        return candidate
+    from skyspot.clouds import fast_fabric
+
+    fabric, why_not = fast_fabric(candidate.cloud, candidate.accelerators)
+    if fabric is None:
+        return replace(candidate, fabric=f"no fast fabric: {why_not}")
+    return replace(candidate, network_tier="best", fabric=fabric)

@@ -186,8 +186,10 @@ def hourly_price(cloud: str, instance_type: Optional[str] = None, accelerator: O
                  zone: Optional[str] = None, *, spot: bool, snapshot_only: bool = False) -> Price:
     """Price of one `instance_type` node per hour, spot or on-demand.
 
-    Without an instance type, the accelerator and count pick one (`instance_for`). Without a
-    region, the cheapest region wins; within a region the cheapest zone wins, as SkyPilot's
+    Without an instance type, every type that carries the accelerator and count is a choice (AWS
+    L40S:1: g6e.xlarge and g6e.2xlarge), and the cheapest of the kind asked for wins, as SkyPilot's
+    optimizer chooses: a bigger type's spot price in some zone can undercut the smaller one's.
+    Without a region, the cheapest region wins; within a region the cheapest zone wins, as SkyPilot's
     optimizer would choose. A zone the data does not list (AWS VMs report account-specific
     zone names, the catalog lists zone IDs) falls back to the region, and `detail` says so.
     `snapshot_only` ignores SkyPilot's cache, for results that must not depend on the machine
@@ -198,11 +200,19 @@ def hourly_price(cloud: str, instance_type: Optional[str] = None, accelerator: O
     failures: list[_NotFound] = []
     for table in _tables(cloud, snapshot_only):
         try:
-            name = instance_type or _instance_for(table, accelerator, accelerator_count)
-            offers = _offers(table, name, _gpu_for(cloud, name, accelerator, accelerator_count))
-            return _cheapest(table, name, offers, region, zone, spot)
+            names = [instance_type] if instance_type else _instance_types(table, accelerator, accelerator_count)
         except _NotFound as missing:
             failures.append(missing)
+            continue
+        prices = []
+        for name in names:
+            try:
+                offers = _offers(table, name, _gpu_for(cloud, name, accelerator, accelerator_count))
+                prices.append(_cheapest(table, name, offers, region, zone, spot))
+            except _NotFound as missing:
+                failures.append(missing)
+        if prices:
+            return min(prices, key=lambda p: (p.usd_per_hour, p.instance_type))
     kind = MissingPrice if isinstance(failures[-1], _NoPrice) else UsageError
     raise kind(f"{failures[-1]}; {_HINT}")
 
@@ -222,6 +232,40 @@ def instance_for(cloud: str, accelerator: str, count: int, *, snapshot_only: boo
         except _NotFound as missing:
             failures.append(str(missing))
     raise UsageError(f"{failures[-1]}; {_HINT}")
+
+
+def offered(cloud: str, accelerator: str, count: int) -> Optional[str]:
+    """Why `cloud` does not offer `count` x `accelerator`, from the price snapshot; None when it may.
+
+    The snapshot is not every instance of every cloud, so absence alone proves nothing. It does hold,
+    for each accelerator and count it lists, that pair's instance types on all three clouds (copied
+    by type from SkyPilot's catalog: pricing_data/SOURCE.md). So a pair the snapshot lists on another
+    cloud but not on this one is one this cloud lacks (GCP has no A10G, AWS no single A100-80GB); a
+    pair it lists nowhere is left to SkyPilot's catalog at launch. Snapshot only, like the plan's order,
+    so a rendered task does not depend on the machine.
+    """
+    cloud = _cloud(cloud)
+    accelerator, number = _split_accelerator(accelerator, count)
+    if not accelerator or not number:
+        return None
+    clouds = _offering_clouds(accelerator.lower(), number)
+    if not clouds or cloud in clouds:
+        return None
+    return (f"{cloud} offers no {accelerator}:{number:g} instance (the price snapshot lists it on "
+            f"{', '.join(sorted(clouds))} only)")
+
+
+@functools.lru_cache(maxsize=None)
+def _offering_clouds(accelerator: str, count: float) -> frozenset:
+    """Clouds whose snapshot rows carry `count` x `accelerator` (lower case) on one instance."""
+    found = set()
+    for cloud in CLOUDS:
+        try:
+            _instance_for(_snapshot_table(cloud), accelerator, count)
+        except _NotFound:
+            continue
+        found.add(cloud)
+    return frozenset(found)
 
 
 def snapshot_rows(cloud: Optional[str] = None) -> list[dict]:
@@ -456,6 +500,12 @@ def _cheapest(table: _Table, instance_type: str, offers: list[_Offer], region: O
 
 
 def _instance_for(table: _Table, accelerator: Optional[str], count: Optional[float]) -> str:
+    """The one type `instance_for` names: the lowest on-demand price anywhere."""
+    return min(_instance_types(table, accelerator, count), key=lambda t: (*_lowest_prices(table, t), t))
+
+
+def _instance_types(table: _Table, accelerator: Optional[str], count: Optional[float]) -> list[str]:
+    """Every instance type in `table` that carries `count` x `accelerator`, sorted by name."""
     if not accelerator or not count:
         raise _NotFound(f"need an instance type or an accelerator and count to price {table.cloud}")
     def carries(gpu: Optional[tuple[str, float]]) -> bool:
@@ -468,7 +518,7 @@ def _instance_for(table: _Table, accelerator: Optional[str], count: Optional[flo
         types = {r.instance_type for r in table.rows if r.instance_type and carries((r.accelerator, r.count))}
     if not types:
         raise _NotFound(f"no {table.cloud} instance with {accelerator}:{count:g} in the {table.source}")
-    return min(types, key=lambda t: (*_lowest_prices(table, t), t))
+    return sorted(types)
 
 
 def _lowest_prices(table: _Table, instance_type: str) -> tuple[float, float]:

@@ -301,6 +301,10 @@ class ResourcesSection(_Section):
     """Ranks per node when there are no accelerators (CPU training)."""
     cpus: Optional[Annotated[str, Field(pattern=r"^[0-9]{1,4}(\.[0-9]{1,2})?\+?$")]] = None
     """vCPUs per node as SkyPilot spells them (`8+`)."""
+    network_tier: Optional[Literal["standard", "best"]] = None
+    """`best`: the fast inter-node fabric where SkyPilot provides one (SkyPilot's `network_tier`: EFA on
+    AWS, GPUDirect-TCPX on GCP H100:8); each candidate that cannot have it runs without it and the plan
+    says why (docs/clouds.md, "The fabric"). For multi-node recipes: ZeRO-3 over plain TCP crawls."""
     disk_size: int = Field(256, ge=50, le=65536)
     """Disk per node in GB (the fast checkpoint tier lives there)."""
     local_only: bool = False

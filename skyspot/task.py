@@ -79,6 +79,9 @@ def _resource_entry(candidate: Candidate, recipe: Recipe) -> dict[str, Any]:
     elif recipe.resources.cpus:
         entry["cpus"] = recipe.resources.cpus
     entry["use_spot"] = candidate.spot
+    if candidate.network_tier:
+        # Per candidate, not for all: on Azure SkyPilot has no network_tier and would drop the candidate.
+        entry["network_tier"] = candidate.network_tier
     return entry
 
 

@@ -12,6 +12,7 @@ import shlex
 import pytest
 
 from skyspot.launch import build
+from skyspot.plan import dropped
 from skyspot.recipe import REGISTRY
 from tests.conftest import REPO
 
@@ -44,7 +45,7 @@ def test_golden_task_parses_with_skypilot(sky, name):
     recipe = build(name, environ={}).recipe
     res = recipe.resources
     resources = list(task.resources)
-    per_mode = max(1, len(res.accelerators)) * len(res.clouds)
+    per_mode = max(1, len(res.accelerators)) * len(res.clouds) - len(dropped(recipe))
     assert task.num_nodes == res.num_nodes
     assert len(resources) == 2 * per_mode  # spot + on-demand fallback
     assert sum(r.use_spot for r in resources) == per_mode
@@ -55,6 +56,29 @@ def test_golden_task_parses_with_skypilot(sky, name):
                                   "recover_on_exit_codes": [75]}
     assert "torchrun --nnodes \"$SKYPILOT_NUM_NODES\" --node_rank \"$SKYPILOT_NODE_RANK\"" in task.run
     assert "python -m skyspot.trainer.supervise" in task.run
+
+
+def test_a_multi_node_recipe_asks_skypilot_for_the_fast_fabric_where_its_cloud_has_one(sky):
+    """llama70b: `network_tier: best` on every AWS candidate (EFA) and GCP H100:8 (GPUDirect-TCPX), on no
+    Azure one (SkyPilot has no network_tier there) nor GCP A100 (no TCPX NICs on a2)."""
+    task = sky.Task.from_yaml(str(TASKS / "llama70b.yaml"))
+    tiers = {(str(r.cloud), f"{next(iter(r.accelerators))}:{next(iter(r.accelerators.values()))}", r.use_spot):
+             r.network_tier.value if r.network_tier else None for r in task.resources}
+    assert len(tiers) == 12
+    for (cloud, accelerators, _), tier in tiers.items():
+        want = "best" if cloud == "AWS" or (cloud == "GCP" and accelerators == "H100:8") else None
+        assert tier == want, (cloud, accelerators)
+    single = sky.Task.from_yaml(str(TASKS / "llama8b.yaml"))
+    assert all(r.network_tier is None for r in single.resources)  # one node: nothing crosses a fabric
+
+
+def test_a_pair_the_cloud_does_not_offer_is_no_candidate():
+    built = build("smollm2-360m", environ={})
+    pairs = {(c.cloud, c.accelerators) for c in built.candidates}
+    assert pairs == {("aws", "L4:1"), ("gcp", "L4:1"), ("aws", "A10G:1")}
+    assert dropped(built.recipe) == [
+        ("gcp", "A10G:1", "gcp offers no A10G:1 instance (the price snapshot lists it on aws only)")]
+    assert all(c.usd_per_hour is not None for c in built.candidates)  # every candidate priced
 
 
 def test_the_store_is_mounted_for_the_base_model_copy_and_written_through_the_sdk(sky):

@@ -176,7 +176,7 @@ def _node_counts(value: Optional[str]) -> list[int]:
 def _show_plan(built) -> None:
     from rich.table import Table
 
-    from skyspot.plan import egress_basis
+    from skyspot.plan import dropped, egress_basis
 
     nodes = built.recipe.resources.num_nodes
     money = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
@@ -188,11 +188,13 @@ def _show_plan(built) -> None:
         table.add_column(header)
     for i, c in enumerate(built.candidates, 1):
         compute = None if c.usd_per_hour is None else c.usd_per_hour * nodes
-        note = "; ".join(n for n in (c.price_note, c.egress_note) if n)
+        note = "; ".join(n for n in (c.price_note, c.egress_note, c.fabric) if n)
         table.add_row(str(i), c.cloud, c.region or "any", c.accelerators or "CPU", c.instance_type or "-",
                       "spot" if c.spot else "on-demand", money(compute), money(c.egress_usd_per_hour),
                       money(c.expected_usd_per_hour), note)
     err.print(table)
+    for cloud, accelerators, why in dropped(built.recipe):
+        err.print(f"not a candidate: {cloud} {accelerators}: {why}", markup=False)
     basis = egress_basis(built.recipe)
     if basis:
         err.print(basis, markup=False)
