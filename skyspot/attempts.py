@@ -13,7 +13,8 @@ measurements (deadline.measure) all take their attempts from `split`.
 - End: its last `attempt_end`, else its last `exit` (how it ended is the record's `reason`, mapped
   onto END_REASONS); without either, an attempt followed by a later one was killed with its node at
   its last event ("preempted"); the last one is still "running" up to `now`, or "unknown" without it.
-- Where: `attempt_start.where`, then each trainer `start.where` for the keys it lacks.
+- Where: `attempt_start.where`, then each trainer `start.where` for the keys it lacks or says "unknown"
+  of (a node leader's start carries what its cloud's metadata said: trainer/instance.py).
 - Preempted (for the preemption rate): it ended "preempted", or nothing says how it ended and a notice
   came; its uptime runs to that first notice (`notice_at`).
 - Cause: why an attempt that did not complete ended, one word of CAUSES (`cause_of`, the one place it is
@@ -37,6 +38,7 @@ NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_s
 DECISION_EVENT = "deadline_decision"
 
 _TRUE_WORDS = ("true", "1", "yes", "spot")
+UNKNOWN = "unknown"  # what a trainer's `where` says for a fact SKYPILOT_CLUSTER_INFO does not give
 
 # Why an attempt that did not complete ended: a stable word, and its phrase (one, many) for summaries.
 CAUSES: dict[str, tuple[str, str]] = {
@@ -138,7 +140,9 @@ def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[floa
     for e in ([executor_start] if executor_start else []) + trainer_starts:
         if isinstance(e.get("where"), Mapping):
             for key, value in e["where"].items():
-                where.setdefault(key, value)
+                # A node leader's start knows what its metadata said; the other ranks' say "unknown".
+                if where.get(key) in (None, "", UNKNOWN):
+                    where[key] = value
     if executor_start is not None:
         start = executor_start["ts"]
     else:

@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from skyspot import pricing
-from skyspot.attempts import (DECISION_EVENT, Attempt, cause_of, count_causes, describe_causes, is_simulated, is_spot,
-                              split)
+from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, is_simulated,
+                              is_spot, split)
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
 
@@ -368,7 +368,7 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
         from skyspot.executors.sky import where_from_queue
 
         for key, value in where_from_queue(queue_record).items():
-            if where.get(key) in (None, ""):
+            if where.get(key) in (None, "", UNKNOWN):
                 where[key] = value
 
     start, end, reason = split_attempt.start, split_attempt.end, split_attempt.reason
@@ -386,14 +386,16 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
     accelerator, count = _accelerator(where.get("accelerators"))
     price = None
     try:
-        price = pricing.hourly_price(where.get("cloud") or "", instance_type=where.get("instance_type") or None,
+        price = pricing.hourly_price(where.get("cloud") or "", instance_type=_known(where.get("instance_type")),
                                      accelerator=accelerator, accelerator_count=count,
-                                     region=where.get("region") or None, zone=where.get("zone") or None, spot=spot)
+                                     region=_known(where.get("region")),
+                                     # AWS: the zone ID (use1-az4) the price data lists, when the node read it
+                                     zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
     except UsageError as missing:
         warnings.append(f"attempt {number}: {missing}")
     return AttemptCost(
         attempt=number, cloud=str(where["cloud"]).lower() if where.get("cloud") else None, region=where.get("region"), zone=where.get("zone"),
-        instance_type=where.get("instance_type") or (price.instance_type if price else None),
+        instance_type=_known(where.get("instance_type")) or (price.instance_type if price else None),
         nodes=nodes, spot=spot, start=start, end=end, end_reason=reason, seconds=seconds,
         billed_hours=billed_hours,
         usd_per_hour=price.usd_per_hour if price else None,
@@ -405,6 +407,11 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
         compute_usd=billed_hours * price.usd_per_hour if price else None,
         cause=cause, cloud_cause=cloud_cause,
     )
+
+
+def _known(value: Any) -> Optional[str]:
+    """A `where` value, or None for an empty one or the trainer's "unknown"."""
+    return None if value in (None, "", UNKNOWN) else str(value)
 
 
 # --- egress ------------------------------------------------------------------------------

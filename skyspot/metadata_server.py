@@ -17,6 +17,15 @@ and is as strict as the clouds are (it is the stand-in the watchers are tested a
            POST /metadata/scheduledevents?api-version=...        {"StartRequests": [{"EventId"}]}
            GET /metadata/instance/compute/name?api-version=...&format=text   the VM's name
 
+and, once `set_instance` has said what the VM is, the instance's identity (what trainer/instance.py reads;
+404 before, as on a stand-in that has not said):
+
+    AWS    GET /latest/meta-data/instance-type, instance-life-cycle, placement/availability-zone,
+               placement/availability-zone-id, placement/region
+    GCP    GET /computeMetadata/v1/instance/machine-type (projects/0/machineTypes/T),
+               instance/scheduling/preemptible (TRUE/FALSE), instance/zone (projects/0/zones/Z)
+    Azure  GET /metadata/instance/compute?api-version=...   {"vmSize", "priority", "zone", "location", "name"}
+
     with MetadataServer() as server:
         env = {**os.environ, **server.env_for(),
                "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "AWS", ...})}
@@ -91,6 +100,15 @@ ROUTES = {
     ("GET", "/metadata/scheduledevents"): "azure.scheduled_events",
     ("POST", "/metadata/scheduledevents"): "azure.start_requests",
     ("GET", "/metadata/instance/compute/name"): "azure.vm_name",
+    ("GET", "/latest/meta-data/instance-type"): "aws.instance_type",
+    ("GET", "/latest/meta-data/instance-life-cycle"): "aws.instance_life_cycle",
+    ("GET", "/latest/meta-data/placement/availability-zone"): "aws.availability_zone",
+    ("GET", "/latest/meta-data/placement/availability-zone-id"): "aws.availability_zone_id",
+    ("GET", "/latest/meta-data/placement/region"): "aws.region",
+    ("GET", "/computeMetadata/v1/instance/machine-type"): "gcp.machine_type",
+    ("GET", "/computeMetadata/v1/instance/scheduling/preemptible"): "gcp.preemptible",
+    ("GET", "/computeMetadata/v1/instance/zone"): "gcp.zone",
+    ("GET", "/metadata/instance/compute"): "azure.compute",
 }
 
 ENV_VARS = {  # the names skyspot.trainer.notice reads (a test keeps them equal; no import of the trainer here)
@@ -138,6 +156,7 @@ class MetadataServer:
         self._tokens: dict[str, float] = {}
         self._failures: dict[str, list] = {}
         self._azure_recent: collections.deque[float] = collections.deque()
+        self._instance: dict | None = None
         self.start_requests: list[str] = []
         """EventIds approved with StartRequests, in order."""
         self._reset_state()
@@ -272,6 +291,14 @@ class MetadataServer:
         with self._cond:
             self._add_azure(event)
         return event["EventId"]
+
+    def set_instance(self, instance_type: str, *, spot: bool, zone: str, region: str,
+                     zone_id: str | None = None) -> None:
+        """Say what the VM is, for the identity paths of all three clouds (each in its own spelling:
+        AWS life cycle `spot`/`on-demand`, GCP preemptible `TRUE`/`FALSE`, Azure priority `Spot`/`Regular`)."""
+        with self._cond:
+            self._instance = {"instance_type": instance_type, "spot": spot, "zone": zone, "region": region,
+                              "zone_id": zone_id}
 
     def recommend_rebalance(self, notice_ts: float | None = None) -> None:
         """AWS only: a rebalance recommendation appears (the other clouds have no equivalent)."""
@@ -543,7 +570,39 @@ class _Handler(BaseHTTPRequestHandler):
             events = [dict(e) for e in self.md._aws_events]
         self._aws_document(endpoint, events)
 
+    def _aws_identity(self, endpoint: str, query: dict[str, str]) -> None:
+        instance = self.md._instance
+        value = None
+        if instance is not None:
+            value = {"aws.instance_type": instance["instance_type"],
+                     "aws.instance_life_cycle": "spot" if instance["spot"] else "on-demand",
+                     "aws.availability_zone": instance["zone"], "aws.availability_zone_id": instance["zone_id"],
+                     "aws.region": instance["region"]}[endpoint]
+        self._aws_document(endpoint, value)
+
+    _aws_instance_type = _aws_identity
+    _aws_instance_life_cycle = _aws_identity
+    _aws_availability_zone = _aws_identity
+    _aws_availability_zone_id = _aws_identity
+    _aws_region = _aws_identity
+
     # -- GCP ----------------------------------------------------------------------------------
+
+    def _gcp_identity(self, endpoint: str, query: dict[str, str]) -> None:
+        if not self._gcp_flavoured(endpoint):
+            return
+        instance = self.md._instance
+        if instance is None:
+            self._send(endpoint, 404, b"Not Found", "text/html", {"Metadata-Flavor": "Google"})
+            return
+        value = {"gcp.machine_type": f"projects/0/machineTypes/{instance['instance_type']}",
+                 "gcp.preemptible": "TRUE" if instance["spot"] else "FALSE",
+                 "gcp.zone": f"projects/0/zones/{instance['zone']}"}[endpoint]
+        self._send(endpoint, 200, value.encode(), "application/text", {"Metadata-Flavor": "Google"})
+
+    _gcp_machine_type = _gcp_identity
+    _gcp_preemptible = _gcp_identity
+    _gcp_zone = _gcp_identity
 
     def _gcp_flavoured(self, endpoint: str) -> bool:
         if self.headers.get("Metadata-Flavor") != "Google":
@@ -594,7 +653,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Metadata", "").lower() != "true":
             self._azure_error(endpoint, "Bad request. Required metadata header not specified")
             return False
-        versions = AZURE_INSTANCE_VERSIONS if endpoint == "azure.vm_name" else AZURE_EVENTS_VERSIONS
+        versions = AZURE_INSTANCE_VERSIONS if endpoint in ("azure.vm_name", "azure.compute") else AZURE_EVENTS_VERSIONS
         if query.get("api-version") not in versions:
             self._azure_error(endpoint, "Bad request. api-version is invalid or was not specified in the request. "
                                         "For more information refer to aka.ms/azureimds",
@@ -637,6 +696,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(endpoint, 200, self.md.vm_name.encode(), "text/plain; charset=utf-8")
         else:
             self._send(endpoint, 200, json.dumps(self.md.vm_name).encode(), "application/json; charset=utf-8")
+
+    def _azure_compute(self, endpoint: str, query: dict[str, str]) -> None:
+        instance = self.md._instance
+        if instance is None:
+            self._azure_error(endpoint, "Not found")
+            return
+        document = {"name": self.md.vm_name, "vmSize": instance["instance_type"],
+                    "priority": "Spot" if instance["spot"] else "Regular", "zone": instance["zone"] or "",
+                    "location": instance["region"]}
+        self._send(endpoint, 200, json.dumps(document).encode(), "application/json; charset=utf-8")
 
     def _azure_error(self, endpoint: str, message: str, extra: dict | None = None) -> None:
         self._send(endpoint, 400, json.dumps({"error": message, **(extra or {})}).encode(),

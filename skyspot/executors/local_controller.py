@@ -342,6 +342,9 @@ class Controller:
         events.emit("attempt_start", where=where)
         attempt_started = time.time()
         metadata.reset()
+        # What the node's own metadata read (trainer/instance.py) finds: the simulated instance.
+        metadata.set_instance(where["instance_type"], spot=bool(where["spot"]), zone=where["zone"] or "",
+                              region=where["region"])
         port = free_port()
         if self.fresh is None and not self.prepared:
             self.prepared = True

@@ -268,9 +268,13 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
             run.uploader = tier.uploader(events, args.run_dir, recipe.checkpoint.keep)
             if placement.is_global_zero and probe.attempt is not None and (args.fresh or probe.run_json is None):
                 run.uploader.sync_small(args.run_dir / "run.json", "run.json")
-    run.emit("start", where=placement.where, world_size=placement.world_size, total_steps=recipe.train.steps,
-             recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(), threads=threads,
-             store=store_uri, fresh=bool(args.fresh))
+    # The node leader asks its cloud's metadata what it runs on (SkyPilot does not say instance or spot).
+    from skyspot.trainer import instance as node_instance
+
+    found = node_instance.read(os.environ) if placement.is_node_leader else None
+    run.emit("start", where=node_instance.where_with(placement.where, found), world_size=placement.world_size,
+             total_steps=recipe.train.steps, recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(),
+             threads=threads, store=store_uri, fresh=bool(args.fresh), **({"instance": found} if found else {}))
     if placement.is_node_leader:
         from skyspot.trainer.local_disk import record_event
 

@@ -1,0 +1,100 @@
+"""The node's own placement from its cloud's metadata service (trainer/instance.py), read from the loopback
+stand-in (skyspot/metadata_server.py), which speaks each cloud's paths, headers and tokens as the cloud does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from skyspot import cost
+from skyspot.events import EventLog
+from skyspot.metadata_server import MetadataServer
+from skyspot.trainer import instance
+from skyspot.trainer.cluster import where_from_cluster_info
+
+CLUSTER = {"aws": {"cloud": "AWS", "region": "us-east-1", "zone": "us-east-1a"},
+           "gcp": {"cloud": "GCP", "region": "us-east5", "zone": "us-east5-a"},
+           "azure": {"cloud": "Azure", "region": "eastus", "zone": None}}
+INSTANCES = {"aws": ("p4de.24xlarge", "us-east-1a", "us-east-1", "use1-az6"),
+             "gcp": ("a2-ultragpu-8g", "us-east5-a", "us-east5", None),
+             "azure": ("Standard_ND96amsr_A100_v4", "", "eastus", None)}
+
+
+@pytest.fixture
+def server():
+    with MetadataServer() as md:
+        yield md
+
+
+def env_for(md, cloud):
+    return {**md.env_for(cloud), "SKYPILOT_CLUSTER_INFO": json.dumps(CLUSTER[cloud])}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+@pytest.mark.parametrize("spot", [True, False])
+def test_the_node_reads_instance_type_capacity_and_zone_from_its_clouds_metadata(server, cloud, spot):
+    instance_type, zone, region, zone_id = INSTANCES[cloud]
+    server.set_instance(instance_type, spot=spot, zone=zone, region=region, zone_id=zone_id)
+    found = instance.read(env_for(server, cloud))
+    assert found["cloud"] == cloud and found["instance_type"] == instance_type and found["spot"] is spot
+    assert found["capacity"] == {"aws": "spot" if spot else "on-demand", "gcp": "TRUE" if spot else "FALSE",
+                                 "azure": "Spot" if spot else "Regular"}[cloud]
+    assert (found["zone"] or "") == zone and found["region"] == region
+    if cloud == "aws":
+        assert found["zone_id"] == "use1-az6" and server.count("aws.token", 200) == 1  # IMDSv2, one token
+
+
+def test_off_a_cloud_node_nothing_is_asked_even_with_the_endpoints_set(server):
+    server.set_instance("p4de.24xlarge", spot=True, zone="us-east-1a", region="us-east-1")
+    assert instance.read(server.env_for()) is None  # no SKYPILOT_CLUSTER_INFO: not a cloud node
+    simulated_elsewhere = {**server.env_for(), "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "Kubernetes"})}
+    assert instance.read(simulated_elsewhere) is None
+    assert server.count() == 0
+
+
+def test_a_metadata_service_that_does_not_say_leaves_the_start_as_it_was(server):
+    # A stand-in that was told nothing answers 404, as an endpoint without the identity would.
+    env = env_for(server, "gcp")
+    assert instance.read(env) is None
+    where = where_from_cluster_info(env["SKYPILOT_CLUSTER_INFO"], 1)
+    assert instance.where_with(where, None) == where and where["instance_type"] == "unknown"
+
+
+def test_an_unreachable_metadata_service_costs_a_short_timeout_not_the_start():
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"GCE_METADATA_HOST": f"127.0.0.1:{port}", "SKYPILOT_CLUSTER_INFO": json.dumps(CLUSTER["gcp"])}
+    began = time.monotonic()
+    assert instance.read(env) is None
+    assert time.monotonic() - began < instance.BUDGET_S
+
+
+def test_a_cloud_run_without_a_queue_record_is_priced_from_what_its_node_read(server):
+    """The fresh-node case of issue 22: SkyPilot's queue cannot be read, so only the events say where the
+    run was. The node leader's start carries the metadata; another rank's says "unknown"."""
+    server.set_instance("p4de.24xlarge", spot=True, zone="us-east-1a", region="us-east-1", zone_id="use1-az6")
+    env = env_for(server, "aws")
+    found = instance.read(env)
+    plain = where_from_cluster_info(env["SKYPILOT_CLUSTER_INFO"], 1)
+    assert plain["instance_type"] == "unknown" and plain["spot"] == "unknown"
+    t0 = 1_000_000.0
+    base = {"run_id": "r", "attempt": 0, "node_rank": 0}
+    events = [
+        {**base, "ts": t0, "rank": 1, "type": "start", "where": plain},  # a rank that did not ask, first
+        {**base, "ts": t0 + 0.5, "rank": 0, "type": "start", "where": instance.where_with(plain, found),
+         "instance": found},
+        {**base, "ts": t0 + 3600, "rank": 0, "type": "exit", "code": 0, "reason": "complete", "step": 10},
+    ]
+    run = cost.run_cost(EventLog(events=events))
+    (attempt,) = run.attempts
+    assert (attempt.instance_type, attempt.spot, attempt.zone) == ("p4de.24xlarge", True, "us-east-1a")
+    # The snapshot's p4de.24xlarge spot price in use1-az6, the zone ID the node read: 8.6505 per node-hour.
+    assert attempt.usd_per_hour == 8.6505 and "zone as given" in attempt.price_detail
+    assert run.cost_usd == pytest.approx(8.6505)  # one hour, from the first start to the exit
+    without = cost.run_cost(EventLog(events=[{**e, "where": plain} if e["type"] == "start" else e for e in events]))
+    assert without.attempts[0].usd_per_hour is None  # what such a run came to before: no price at all
