@@ -88,6 +88,9 @@ class AttemptCost:
     cloud_cause: Optional[str] = None
     """The cloud's own name for the cause, when its notice gave one (AWS `terminate`, GCP
     `TERMINATE_ON_HOST_MAINTENANCE`, Azure `Preempt`)."""
+    transport: Optional[str] = None
+    """What NCCL used between the nodes, from its nodes' `fabric` events (ib, roce, ofi, tcpx, socket; gloo
+    on CPU), several joined by commas when nodes differed; None when no node recorded it."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -393,6 +396,12 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
                                      zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
     except UsageError as missing:
         warnings.append(f"attempt {number}: {missing}")
+    fabrics = _one_per_key(events, "fabric", ("node_rank",))
+    transports = sorted({str(e.get("transport")) for e in fabrics if e.get("transport")})
+    for e in fabrics:
+        if e.get("warning"):
+            warnings.append(f"attempt {number}, node {e.get('node_rank')}: {e['warning']}")
+            break
     return AttemptCost(
         attempt=number, cloud=str(where["cloud"]).lower() if where.get("cloud") else None, region=where.get("region"), zone=where.get("zone"),
         instance_type=_known(where.get("instance_type")) or (price.instance_type if price else None),
@@ -405,7 +414,7 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
         price_detail=price.detail if price else None,
         simulated=is_simulated(where),
         compute_usd=billed_hours * price.usd_per_hour if price else None,
-        cause=cause, cloud_cause=cloud_cause,
+        cause=cause, cloud_cause=cloud_cause, transport=", ".join(transports) or None,
     )
 
 

@@ -159,7 +159,7 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
                    ["name", "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end",
                     "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source",
                     "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "cause",
-                    "cloud_cause"])
+                    "cloud_cause", "transport"])
         return
     _format(data, places=None)
     display([_attempt_row(a) for a in data["attempts"]], ATTEMPT_COLUMNS, as_json=False,
@@ -195,7 +195,7 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> 
 ATTEMPT_COLUMNS = [Column("attempt", "ATTEMPT", right=True), Column("where", "WHERE", 4),
                    Column("instance_type", "INSTANCE", 5), Column("nodes", "NODES", 6, right=True),
                    Column("capacity", "CAPACITY"), Column("duration", "DURATION", right=True),
-                   Column("end_reason", "ENDED"), Column("cause", "CAUSE", 2),
+                   Column("end_reason", "ENDED"), Column("cause", "CAUSE", 2), Column("fabric", "FABRIC", 3),
                    Column("billed_hours", "NODE-HOURS", 7, right=True),
                    Column("egress", "EGRESS", 3, right=True), Column("cost", "EST. COST", right=True)]
 RECOVERY_COLUMNS = [Column("n", "#", right=True), Column("cause", "CAUSE", 5),
@@ -283,7 +283,7 @@ def _attempt_row(a: dict) -> dict:
     return {**a, "where": "/".join(x for x in (a.get("cloud"), a.get("region")) if x),
             "capacity": "spot" if a.get("spot") else "on-demand", "duration": _secs(a.get("seconds")),
             "egress": usd(a.get("egress_usd") or 0.0, 4), "cost": usd(a.get("cost_usd"), 4),
-            "cause": _cause(a.get("cause"), a.get("cloud_cause"))}
+            "cause": _cause(a.get("cause"), a.get("cloud_cause")), "fabric": a.get("transport") or "-"}
 
 
 def _cause(cause, cloud_cause) -> str:

@@ -211,8 +211,12 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     # The rendered task sets SKYSPOT_DIST_TIMEOUT_SECONDS so a lost node fails the others fast
     # instead of hanging a paid cluster (skyspot/task.py DIST_ENV).
     timeout = timedelta(seconds=float(os.environ.get("SKYSPOT_DIST_TIMEOUT_SECONDS") or 600))
-    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), verbose=False,
-                               timeout=timeout)
+    from skyspot.trainer import fabric
+
+    backend = accelerator.communication_backend_name()
+    # Before NCCL starts: the node leader's NCCL says which transport it chose (the `fabric` event).
+    nccl_log = fabric.prepare(args.run_dir, backend=backend, node_leader=placement.is_node_leader)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     comm = Comm()
     device = torch.device(accelerator.current_device_name())
     run_id = cluster.run_id(args.run_name, args.run_dir)
@@ -279,6 +283,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         from skyspot.trainer.local_disk import record_event
 
         record_event(args.run_dir, events)  # the node's local NVMe as setup measured it (local_disk.py)
+        fabric.record(nccl_log, backend=backend, num_nodes=placement.num_nodes, events=events, say=say)
     run.notice_watcher = notice_watcher
     return run
 
