@@ -8,9 +8,12 @@ The 8-GPU instances skyspot's recipes use carry NVMe drives that go with the VM 
 store on p4d/p4de/p5, GCP local SSD on a2-ultragpu/a3, Azure's NVMe on ND A100 v4 / ND H100 v5),
 while SkyPilot's root disk is network storage of a few hundred MB/s (docs/planning.md). This:
 
-1. finds the local NVMe devices in /sys/block by model name (`Amazon EC2 NVMe Instance Storage`,
-   GCP's `nvme_card` (its persistent disks say `nvme_card-pd`), `Microsoft NVMe Direct Disk`),
-   leaving out any that hold a mounted filesystem, a partition or belong to another device;
+1. finds the local NVMe devices in /sys/block by model name, case and spacing aside and any suffix
+   after it allowed (`Amazon EC2 NVMe Instance Storage`, GCP's `nvme_card`, `Microsoft NVMe Direct
+   Disk` and its `... v2`), after ruling out the network disks that speak NVMe too (EBS, GCP's
+   `nvme_card-pd`, Azure's `MSFT NVMe Accelerator`), and leaving out any that hold a mounted
+   filesystem, a partition or belong to another device; an NVMe disk of a model it knows neither way
+   is left alone and named in the output;
 2. uses what the cloud already mounted when one of them is mounted (Azure mounts its NVMe on
    some images); else stripes them (mdadm RAID 0 when there are several), makes an ext4
    filesystem and mounts it at MOUNT (sudo: SkyPilot's images allow it without a password);
@@ -22,7 +25,9 @@ while SkyPilot's root disk is network storage of a few hundred MB/s (docs/planni
    node's measured disk, not a table.
 
 Nothing here is fatal: without NVMe, or when a command fails, the run directory stays on the root
-disk and the trainer works as before (one line says why). `--dry-run` prints the commands only.
+disk and the trainer works as before (one line says why). When there is NVMe and it goes unused
+(every device busy, a command failed, a model it does not know, a runs directory already in use),
+the record says so (`used: false`, `reason`), and the trainer's `local_disk` event and log say it too. `--dry-run` prints the commands only.
 It acts only on a SkyPilot node (SKYPILOT_CLUSTER_INFO set, and not the local executor's simulated
 one), so a developer's machine is never reformatted; `--force` overrides that.
 """
@@ -44,10 +49,33 @@ MOUNT = "/mnt/skyspot-nvme"
 RUNS = "skyspot-runs"
 RECORD = ".local_disk.json"
 MD_DEVICE = "/dev/md/skyspot"
-# Model strings of local (ephemeral) NVMe, from /sys/block/<dev>/device/model. AWS: "Amazon EC2 NVMe
-# Instance Storage" (EBS volumes say "Amazon Elastic Block Store"); GCP local SSD: "nvme_card" (its
-# NVMe persistent disks: "nvme_card-pd"); Azure's local NVMe: "Microsoft NVMe Direct Disk".
-LOCAL_MODELS = ("Amazon EC2 NVMe Instance Storage", "nvme_card", "Microsoft NVMe Direct Disk")
+# Model strings from /sys/block/<dev>/device/model, lower case with runs of spaces folded, matched as
+# prefixes (a later generation appends to them: "Microsoft NVMe Direct Disk v2" on Azure's v6 sizes).
+# Local (ephemeral) NVMe: AWS instance store, GCP local SSD, Azure's local NVMe.
+LOCAL_MODELS = ("amazon ec2 nvme instance storage", "nvme_card", "microsoft nvme direct disk")
+# Network disks that also appear as NVMe, checked first (GCP's local SSD name is a prefix of its PD's):
+# EBS, GCP persistent disk and Hyperdisk ("nvme_card-pd", any "nvme_card-..."), Azure Boost's remote disks.
+REMOTE_MODELS = ("amazon elastic block store", "nvme_card-", "msft nvme accelerator")
+
+
+def disk_kind(model: str) -> str:
+    """"local", "remote" or "unknown" for an NVMe device's model string."""
+    name = " ".join(model.lower().split())
+    if any(name.startswith(m) for m in REMOTE_MODELS):
+        return "remote"
+    if any(name.startswith(m) for m in LOCAL_MODELS):
+        return "local"
+    return "unknown"
+
+
+def unknown_devices(sys_block: Path = Path("/sys/block")) -> list[tuple[str, str]]:
+    """(name, model) of the NVMe disks whose model is neither a known local nor a known network disk."""
+    found = []
+    for entry in sorted(sys_block.glob("nvme*n*")):
+        model = _read(entry / "device" / "model")
+        if disk_kind(model) == "unknown":
+            found.append((entry.name, model))
+    return found
 
 
 @dataclass
@@ -83,7 +111,7 @@ def find_devices(sys_block: Path = Path("/sys/block"), mounts_text: Optional[str
     for entry in sorted(sys_block.glob("nvme*n*")):
         name = entry.name
         model = _read(entry / "device" / "model")
-        if not any(model == m for m in LOCAL_MODELS):
+        if disk_kind(model) != "local":
             continue
         sectors = _read(entry / "size")
         size = int(sectors) * 512 if sectors.isdigit() else 0
@@ -169,7 +197,8 @@ def link(runs: Path, mountpoint: str) -> tuple[bool, str]:
             return True, f"{runs} is on the local NVMe already ({target})"
         runs.unlink()
     elif runs.exists():
-        if runs.is_dir() and not any(runs.iterdir()):
+        if runs.is_dir() and all(p.name == RECORD for p in runs.iterdir()):  # empty but an earlier setup's record
+            (runs / RECORD).unlink(missing_ok=True)
             runs.rmdir()
         else:
             return False, f"{runs} already holds run directories; left on the root disk (nothing moved)"
@@ -206,6 +235,10 @@ def record_event(run_dir: Path, events) -> Optional[dict]:
         return None
     fields = {k: found.get(k) for k in ("write_gbps", "mountpoint", "devices", "device_bytes", "probe_bytes",
                                         "probe_seconds", "measured_at", "reason")}
+    fields["used"] = found.get("used", True) is not False
+    if not fields["used"]:
+        print(f"[skyspot] local disk: local NVMe left unused ({fields['reason']}); the run directory is on the "
+              "root disk", file=sys.stderr, flush=True)
     if events is not None:
         events.emit("local_disk", **fields)
     return fields
@@ -241,26 +274,40 @@ def run(argv: Optional[Sequence[str]] = None, *, execute: Callable[[list[str]], 
     execute = execute or (lambda command: subprocess.run(command, stdout=subprocess.DEVNULL,
                                                          stderr=subprocess.PIPE).returncode)
     devices = find_devices(sys_block, mounts_text)
+    unknown = unknown_devices(sys_block)
+    if unknown:
+        say("local disk: left alone, not a model known as local or network NVMe: "
+            + ", ".join(f"{name} ({model!r})" for name, model in unknown))
     chosen = plan(devices, mounts_text, args.mount, sys_block=sys_block)
-    if chosen.mountpoint is None:
-        say(f"local disk: {chosen.reason}; run directories stay on the root disk")
+
+    def unused(why: str) -> int:
+        """NVMe there, but the run directories stay on the root disk: say it, and record it for the trainer."""
+        say(f"local disk: {why}; run directories stay on the root disk")
+        if (devices or unknown) and not args.dry_run:
+            args.link.mkdir(parents=True, exist_ok=True)
+            (args.link / RECORD).write_text(json.dumps({
+                "used": False, "reason": why, "devices": [d.name for d in devices] + [n for n, _ in unknown],
+                "device_bytes": sum(d.size_bytes for d in devices), "measured_at": time.time()}))
         return 0
+
+    if chosen.mountpoint is None:
+        return unused(chosen.reason if devices or not unknown else
+                      f"no known local NVMe ({len(unknown)} NVMe disk(s) of another model)")
     for command in chosen.commands:
         if args.dry_run:
             print(shlex.join(command))
             continue
         code = execute(command)
         if code != 0:
-            say(f"local disk: `{shlex.join(command)}` failed (exit {code}); run directories stay on the root disk")
-            return 0
+            return unused(f"`{shlex.join(command)}` failed (exit {code})")
     if args.dry_run:
         print(f"# then: {args.link} -> {chosen.mountpoint}/{RUNS}, and a {args.measure_mb} MiB write to measure it")
         return 0
     linked, line = link(args.link, chosen.mountpoint)
+    if not linked:  # mounted, but the runs directory in use is not moved
+        return unused(f"{chosen.reason}, mounted at {chosen.mountpoint}; {line}")
     say(f"local disk: {chosen.reason}; {line}")
-    if not linked:
-        return 0
-    record = {"mountpoint": chosen.mountpoint, "devices": [d.name for d in devices if not d.busy] or
+    record = {"used": True, "mountpoint": chosen.mountpoint, "devices": [d.name for d in devices if not d.busy] or
               [d.name for d in devices], "device_bytes": sum(d.size_bytes for d in devices),
               "reason": chosen.reason, "measured_at": time.time()}
     if args.measure_mb > 0:

@@ -81,7 +81,45 @@ def test_a_failing_command_leaves_everything_on_the_root_disk(tmp_path):
     code = run(["--link", str(tmp_path / "runs"), "--mount", str(tmp_path / "mnt")], sys_block=sys_block,
                mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or (1 if "mkfs.ext4" in c else 0),
                environ=NODE)
-    assert code == 0 and len(ran) == 1 and "failed (exit 1)" in lines[0] and not (tmp_path / "runs").exists()
+    assert code == 0 and len(ran) == 1 and "failed (exit 1)" in lines[0] and not (tmp_path / "runs").is_symlink()
+    # The NVMe is there but unused: the record says so, and the trainer's event and log say it again.
+    record = json.loads((tmp_path / "runs" / ".local_disk.json").read_text())
+    assert record["used"] is False and "mkfs.ext4" in record["reason"] and record["devices"] == ["nvme1n1"]
+
+
+def test_nvme_left_unused_is_said_in_setup_the_trainers_log_and_its_event(tmp_path, capsys):
+    sys_block = fake_sys(tmp_path, {"nvme1n1": "Amazon EC2 NVMe Instance Storage"}, held=["nvme1n1"])
+    runs, lines = tmp_path / "runs", []
+    assert run(["--link", str(runs)], sys_block=sys_block, mounts_text="", say=lines.append, environ=NODE) == 0
+    assert lines == ["local disk: every local NVMe is in use (nvme1n1 part of md127); run directories stay on "
+                     "the root disk"]
+    events = EventWriter(runs / "r", "r", 1, 0, 0)
+    fields = record_event(runs / "r", events)
+    events.close()
+    assert fields["used"] is False and "in use" in fields["reason"]
+    assert "local NVMe left unused (every local NVMe is in use" in capsys.readouterr().err
+    [event] = read_events_dir(runs / "r" / "events").of_type("local_disk")
+    assert event["used"] is False
+    # A later setup on the same machine still links a runs directory that holds only the record: no run.
+    only_record = tmp_path / "runs2"
+    only_record.mkdir()
+    (only_record / ".local_disk.json").write_text("{}")
+    assert link(only_record, str(tmp_path / "mnt"))[0] and only_record.is_symlink()
+
+
+def test_model_names_match_whatever_the_generation_case_or_padding(tmp_path):
+    """Azure's v6 sizes say "Microsoft NVMe Direct Disk v2"; sysfs pads model strings with spaces."""
+    sys_block = fake_sys(tmp_path, {
+        "nvme0n1": "Microsoft NVMe Direct Disk v2", "nvme1n1": "MICROSOFT  NVMe Direct Disk   ",
+        "nvme2n1": "Amazon EC2 NVMe Instance Storage", "nvme3n1": "nvme_card",
+        "nvme4n1": "nvme_card-pd", "nvme5n1": "nvme_card-hd", "nvme6n1": "MSFT NVMe Accelerator v1.0",
+        "nvme7n1": "Amazon Elastic Block Store", "nvme8n1": "Some Vendor NVMe SSD"})
+    assert [d.name for d in find_devices(sys_block, "")] == ["nvme0n1", "nvme1n1", "nvme2n1", "nvme3n1"]
+    assert local_disk.unknown_devices(sys_block) == [("nvme8n1", "Some Vendor NVMe SSD")]
+    lines = []
+    run(["--link", str(tmp_path / "runs"), "--dry-run"], sys_block=fake_sys(tmp_path / "b", {
+        "nvme8n1": "Some Vendor NVMe SSD"}), mounts_text="", say=lines.append)
+    assert lines[0] == "local disk: left alone, not a model known as local or network NVMe: nvme8n1 ('Some Vendor NVMe SSD')"
 
 
 def test_setup_links_the_runs_directory_measures_it_once_and_the_trainer_records_the_figure(tmp_path):
