@@ -263,3 +263,23 @@ def test_egress_prices_are_dated_sourced_and_in_the_source_notes():
     ("s3://my-bucket/x", "aws"), ("gs://my-bucket/x", "gcp"), ("/tmp/runs", None), (None, None), ("", None)])
 def test_a_store_uri_names_its_cloud(store, cloud):
     assert pricing.store_cloud(store) == cloud
+
+
+def test_an_accelerator_alone_is_priced_at_the_cheapest_type_that_carries_it_as_skypilot_picks():
+    # AWS L40S:1 is on g6e.xlarge and g6e.2xlarge; spot, the bigger one is cheaper in eu-south-2 (eus2-az3).
+    assert pricing.hourly_price("aws", instance_type="g6e.xlarge", spot=True, snapshot_only=True).usd_per_hour == 0.4796
+    spot = pricing.hourly_price("aws", accelerator="L40S", accelerator_count=1, spot=True, snapshot_only=True)
+    assert (spot.instance_type, spot.usd_per_hour, spot.zone) == ("g6e.2xlarge", 0.2944, "eus2-az3")
+    on_demand = pricing.hourly_price("aws", accelerator="L40S:1", spot=False, snapshot_only=True)
+    assert (on_demand.instance_type, on_demand.usd_per_hour) == ("g6e.xlarge", 1.861)
+
+
+@pytest.mark.parametrize(("cloud", "accelerator", "count", "lacks"), [
+    ("gcp", "A10G", 1, "gcp offers no A10G:1 instance (the price snapshot lists it on aws only)"),
+    ("aws", "A100-80GB", 1, "aws offers no A100-80GB:1 instance (the price snapshot lists it on azure, gcp only)"),
+    ("azure", "L4", 1, "azure offers no L4:1 instance (the price snapshot lists it on aws, gcp only)"),
+    ("aws", "A10G", 1, None),
+    ("aws", "H100", 4, None),  # listed nowhere: not the snapshot's to say; SkyPilot's catalog decides
+])
+def test_a_pair_listed_on_another_cloud_only_is_one_this_cloud_lacks(cloud, accelerator, count, lacks):
+    assert pricing.offered(cloud, accelerator, count) == lacks
