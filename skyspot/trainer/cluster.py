@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-UNKNOWN = "unknown"
+from skyspot.attempts import UNKNOWN  # what `where` says for a fact it lacks; attempts.py reads it as missing
 
 
 @dataclass(frozen=True)
