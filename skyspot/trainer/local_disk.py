@@ -27,7 +27,8 @@ while SkyPilot's root disk is network storage of a few hundred MB/s (docs/planni
 Nothing here is fatal: without NVMe, or when a command fails, the run directory stays on the root
 disk and the trainer works as before (one line says why). When there is NVMe and it goes unused
 (every device busy, a command failed, a model it does not know, a runs directory already in use),
-the record says so (`used: false`, `reason`), and the trainer's `local_disk` event and log say it too. `--dry-run` prints the commands only.
+the record says so (`used: false`, `reason`), and the trainer's `local_disk` event and log say it too.
+`--dry-run` prints the commands only.
 It acts only on a SkyPilot node (SKYPILOT_CLUSTER_INFO set, and not the local executor's simulated
 one), so a developer's machine is never reformatted; `--force` overrides that.
 """
