@@ -101,6 +101,8 @@ class ResumePoint:
     source: str
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    find_seconds: float = 0.0
+    """How long the ranks took to agree on it, store downloads included (the `resume` event's)."""
 
 
 @dataclass
@@ -281,6 +283,7 @@ class CheckpointManager:
         copy fails its checksums) fetches its own part from the store. If any node fails, it drops
         that step and the ranks choose again, so every round offers strictly less.
         """
+        started = time.monotonic()
         source = self._resume_source
         offered = source.steps() if source is not None else []
         unreachable = source is not None and offered is None
@@ -294,7 +297,7 @@ class CheckpointManager:
             if self.placement.is_node_leader:
                 scanned = [verified.get(v.step, v) for v in mf.scan(self.root, stop_at_first_valid=True)]
                 mine = (scanned, sorted(remote - bad_remote), list(failed))
-            views = [view for view in self.comm.all_gather_object(mine) if view is not None]
+            views = [view for view in self.comm.io_gather(mine) if view is not None]
             all_failed = tuple(line for view in views for line in view[2])
             choice = choose([view[0] for view in views], [set(view[1]) for view in views], all_failed)
             if choice.step is None:
@@ -319,7 +322,7 @@ class CheckpointManager:
                 elif not ok and not fetched and note:
                     failed.append(note)  # it held a committed checkpoint: never a silent fresh start
                 fetched = fetched and ok
-            outcome = self.comm.all_gather_object((ok, fetched, note))
+            outcome = self.comm.io_gather((ok, fetched, note))  # while node leaders fetch their parts (comm.py)
             notes += [n for _, _, n in outcome if n]
             if all(o for o, _, _ in outcome):
                 for line in choice.warnings + notes:
@@ -327,7 +330,8 @@ class CheckpointManager:
                 path = self.root / mf.step_dir_name(choice.step)
                 verdict = mf.inspect(path, verify_checksums=False)
                 source_name = "store" if any(f for _, f, _ in outcome) else "local"
-                return ResumePoint(choice.step, path, source_name, verdict.manifest or {}, choice.warnings + notes)
+                return ResumePoint(choice.step, path, source_name, verdict.manifest or {}, choice.warnings + notes,
+                                   find_seconds=time.monotonic() - started)
 
     def _have(self, step: int, scanned: list[mf.Verdict], remote: set[int],
               verified: dict[int, mf.Verdict]) -> tuple[bool, bool, Optional[str]]:
@@ -431,7 +435,8 @@ class CheckpointManager:
         self._last_save_time = time.monotonic()
         seconds = time.monotonic() - start
         self._emit("resume", step=state.step, checkpoint=str(point.path), source=point.source,
-                   load_seconds=round(seconds, 6), bytes=m.get("bytes"), samples=state.samples,
+                   load_seconds=round(seconds, 6), find_seconds=round(point.find_seconds, 6), bytes=m.get("bytes"),
+                   samples=state.samples,
                    tokens=state.tokens, skipped=point.warnings,
                    **({"world_size_from": m.get("world_size"), "world_size": self.placement.world_size,
                        "convert_seconds": round(convert_seconds, 6)} if resharded else {}))
@@ -457,7 +462,7 @@ class CheckpointManager:
                 error = f"node {self.placement.node_rank}: {err}"
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-        errors = [e for e in self.comm.all_gather_object(error) if e]
+        errors = [e for e in self.comm.io_gather(error) if e]  # while node leaders gather and convert
         if errors:
             raise CheckpointError(errors[0])
         seconds = time.monotonic() - start
