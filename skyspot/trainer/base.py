@@ -144,7 +144,7 @@ class BaseModel:
         if copy is not None:
             mounted = self._mounted_copy(copy)
             if mounted is not None and weights and self._mounted(mounted):
-                mounted = None  # a local store's copy is on a local disk already: read in place
+                mounted = None  # the weights come down below (a local store's copy is read in place)
             if mounted is not None:
                 self._pin(mounted, copy.get("commit"))
                 return mounted, "store mount", copy.get("commit")
