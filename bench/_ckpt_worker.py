@@ -172,7 +172,7 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
     sources = _tensors(recorder.dicts, [])
     # On a GPU the floor is the device-to-host copy into pinned memory, as the snapshot's buffers are.
     pinned = torch.cuda.is_available()
-    targets = [torch.empty_like(t, device="cpu", pin_memory=pinned) for t in sources]
+    targets = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned) for t in sources]  # as BufferPool
 
     def copy_all() -> None:
         for dst, src in zip(targets, sources):

@@ -183,7 +183,6 @@ def _quiet_libraries() -> None:
 
 def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     from skyspot.recipe import load_recipe
-
     from skyspot.trainer.gpu import require_cuda
 
     _die_with_parent()
@@ -191,7 +190,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     placement = cluster.from_environment()
     # Before anything else, DeepSpeed's import included (it would pick its CPU accelerator): a node
     # that was given GPUs trains on them or not at all (gpu.py; exit 2, only the exit record written).
-    require_cuda(int(os.environ.get("LOCAL_WORLD_SIZE") or placement.local_world_size))
+    require_cuda(int(os.environ.get("LOCAL_WORLD_SIZE") or 1))  # torchrun's; a standalone start is one rank
     # Shutdown warnings are watched from here, before the slow part of setup and the model load:
     # Azure turns Scheduled Events on at the first request and delivers events minutes later, so an
     # attempt's first minutes are covered only if that request goes out now (notice.py).
