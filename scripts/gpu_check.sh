@@ -9,6 +9,8 @@
 # Wheels: when the repository carries a .whl/ folder, it is the only package source (pip --no-index
 # --find-links .whl) and every wheel in it is installed first; without it, torch, DeepSpeed and the rest
 # of the stack must already be installed for python3 ($PYTHON). Either way nothing reaches an index.
+# Disk: about 45 GB free in $TMPDIR (/tmp): a checkpoint of the 1B model is 14 GB, and a save keeps the
+# previous one until the new one commits.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT_DIR="${1:-${OUT:-$REPO/gpu-check}}"
@@ -21,6 +23,7 @@ say() { echo "[gpu_check] $*" >&2; }
 
 say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
 # The node's venv as SkyPilot makes it (sky/skylet/constants.py): the image's interpreter, its packages visible.
+rm -rf "$VENV"
 if command -v uv >/dev/null 2>&1; then
   uv venv -q --seed --system-site-packages --python "$PY" "$VENV"
 else

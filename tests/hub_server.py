@@ -120,6 +120,10 @@ class FakeHub:
         """Publish `directory`'s files as model repository `repo` (every revision in REVISIONS)."""
         SERVED[repo] = Path(directory)
 
+    def withdraw(self, repo: str) -> None:
+        """Stop serving `repo` (the server is shared by the whole session)."""
+        SERVED.pop(repo, None)
+
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()

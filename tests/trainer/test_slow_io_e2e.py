@@ -67,6 +67,7 @@ def test_slow_base_download_and_checkpoint_fetch_outlast_the_distributed_timeout
     finally:
         hub.stop()
         store.stop()
+        fake_hub.withdraw(HUB_ID)
     resumed = events(second, "resume")
     assert [(e["step"], e["source"]) for e in resumed] == [(6, "store")]
     assert resumed[0]["find_seconds"] > DIST_TIMEOUT_S, resumed
