@@ -317,7 +317,7 @@ class Uploader:
         thread.start()
         thread.join(timeout)
         if not done:
-            self.warn(f"{key_prefix}/ is not in the store after {timeout:.0f} s; it is in {root}")
+            self.warn(f"{key_prefix}/ is not in the store after {timeout:g} s; it is in {root}")
             return False
         return done[0]
 
