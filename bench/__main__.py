@@ -3,6 +3,7 @@
     python -m bench            # everything, about 15 minutes on 2 cores
     python -m bench --quick    # fewer repeats and smaller states, under 5 minutes
     python -m bench --only cli,upload
+    python -m bench --gpu [--out DIR]   # the GPU check (bench/gpu.py; scripts/gpu_check.sh installs first)
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats and smaller states (< 5 min)")
     parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(SUITES)}")
     parser.add_argument("--no-write", action="store_true", help="print the table; leave docs/benchmarks.md alone")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the GPU check instead (bench/gpu.py): writes DIR/gpu_check.json and .md, not the doc")
+    parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="--gpu: where its figures go (%(default)s)")
     args = parser.parse_args(argv)
+    if args.gpu:
+        from bench.gpu import main as gpu_check
+
+        return gpu_check(args.out)
     chosen = args.only.split(",") if args.only else SUITES
     unknown = [c for c in chosen if c not in MODULES]
     if unknown:

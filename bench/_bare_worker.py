@@ -35,7 +35,13 @@ def main(argv=None) -> int:
     recipe = load_recipe("tiny", [f"train.steps={args.steps}", *args.overrides])
     placement = cluster.from_environment()
     configure_threads(placement.local_world_size)
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()  # as the trainer: NCCL on a GPU, gloo on the CPU
+    if accelerator.device_name() != "cpu":
+        accelerator.set_device(placement.local_rank)
+    deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name(), verbose=False)
+    device = torch.device(accelerator.current_device_name())
     rank, world = dist.get_rank(), dist.get_world_size()
     tokenizer = load_tokenizer(recipe.model)
     samples = torch.from_numpy(build_samples(recipe, tokenizer))
@@ -52,7 +58,7 @@ def main(argv=None) -> int:
         for _ in range(accum):
             take = order[(position + rank * mb + torch.arange(mb)) % len(samples)]
             position += mb * world
-            ids = samples[take]
+            ids = samples[take].to(device)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             engine.step()

@@ -12,7 +12,7 @@ every rank after a barrier and reported as the slowest rank's time:
 - sync: DeepSpeed's `save_checkpoint` with its default TorchCheckpointEngine on the same engine,
   then fsync of every file and the directory (as durable as skyspot's commit);
 - floor: one `copy_` of every tensor DeepSpeed hands to its checkpoint engine into tensors
-  allocated and touched beforehand.
+  allocated and touched beforehand (pinned on a GPU: the device-to-host copy floor).
 
 Round 0 is the first checkpoint (the snapshot buffers are allocated then); the parent reports
 rounds 1.. . Then the emergency path, unchanged: the real loop (`loop.train`) runs until rank 0
@@ -170,10 +170,18 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
     scratch = run.run_dir / "bench-scratch"
     engine.save_checkpoint(str(scratch), tag="record", client_state={}, save_latest=False)
     sources = _tensors(recorder.dicts, [])
-    targets = [torch.empty_like(t, device="cpu") for t in sources]
-    for _ in range(2):  # touch every page of the destination
+    # On a GPU the floor is the device-to-host copy into pinned memory, as the snapshot's buffers are.
+    pinned = torch.cuda.is_available()
+    targets = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned) for t in sources]  # as BufferPool
+
+    def copy_all() -> None:
         for dst, src in zip(targets, sources):
-            dst.copy_(src)
+            dst.copy_(src, non_blocking=pinned)
+        if pinned:
+            torch.cuda.synchronize()
+
+    for _ in range(2):  # touch every page of the destination
+        copy_all()
     state_bytes = sum(t.numel() * t.element_size() for t in sources)
     engine.checkpoint_engine = ours
 
@@ -221,8 +229,7 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
         # floor: one copy into buffers that already exist
         dist.barrier()
         start = time.perf_counter()
-        for dst, src in zip(targets, sources):
-            dst.copy_(src)
+        copy_all()
         rounds["floor"].append(slowest(time.perf_counter() - start))
     del targets, sources, recorder.dicts
     if profiler is not None:

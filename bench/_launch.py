@@ -50,22 +50,28 @@ def bench_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun(module: str, args: list[str], nproc: int = 2) -> list[str]:
-    return [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+    # In a venv made with --system-site-packages (a node's, scripts/gpu_check.sh's) torch's `torchrun`
+    # script is the base interpreter's, not in the venv's bin: then torchrun's own module.
+    script = BIN / "torchrun"
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    return [*launcher, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
             "--master_port", str(free_port()), "-m", module, *args]
 
 
 def trainer_command(run_dir: Path, overrides: list[str], *, fresh: bool = False, module: str = "skyspot.trainer",
-                    recipe: str = "tiny") -> list[str]:
+                    recipe: str = "tiny", nproc: int = 2) -> list[str]:
     """The real trainer entry, as a node runs it: supervise -- torchrun -m skyspot.trainer."""
     return [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-            *torchrun(module, [recipe, "--run-dir", str(run_dir), *(["--fresh"] if fresh else []), *overrides])]
+            *torchrun(module, [recipe, "--run-dir", str(run_dir), *(["--fresh"] if fresh else []), *overrides],
+                      nproc)]
 
 
 def run_worker(module: str, args: list[str], *, timeout: float, log: Optional[Path] = None,
-               env: Optional[dict[str, str]] = None, cpus: Optional[set[int]] = None) -> dict[str, Any]:
+               env: Optional[dict[str, str]] = None, cpus: Optional[set[int]] = None,
+               nproc: int = 2) -> dict[str, Any]:
     """Run a torchrun worker script to the end (on `cpus` only, when given); its BENCH_JSON object."""
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    proc = subprocess.run(torchrun(module, args), cwd=REPO, env=env or bench_env(), capture_output=True,
+    proc = subprocess.run(torchrun(module, args, nproc), cwd=REPO, env=env or bench_env(), capture_output=True,
                           text=True, timeout=timeout, preexec_fn=pin)
     if log is not None:
         log.write_text(proc.stdout + proc.stderr)

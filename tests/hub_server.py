@@ -8,12 +8,18 @@ RevisionNotFoundError). It knows the registry recipes' models and datasets; a ga
 
 Every test runs with HF_ENDPOINT pointing here (the autouse fixture below); a test that needs the
 hub unreachable points HF_ENDPOINT at a closed port instead.
+
+`FakeHub.serve(repo, directory)` also serves a directory's files as a model repository at COMMIT, the
+way `snapshot_download` fetches them (`HEAD`/`GET /<repo>/resolve/<revision>/<file>`, with the
+X-Repo-Commit and ETag headers huggingface_hub reads), so a test can download a real model from here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
@@ -33,6 +39,7 @@ MODELS = {
 }
 REVISIONS = {"main", COMMIT}
 DATASETS = {"yahma/alpaca-cleaned": {"gated": False}}
+SERVED: dict[str, Path] = {}  # repo -> the directory FakeHub.serve() publishes as that repository
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -49,7 +56,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _file(self, head: bool) -> bool:
+        """`/<repo>/resolve/<revision>/<file>` of a served repository; False when the path is not one."""
+        path = unquote(urlparse(self.path).path).lstrip("/")
+        repo, sep, rest = path.partition("/resolve/")
+        if not sep or repo not in SERVED:
+            return False
+        revision, _, name = rest.partition("/")
+        file = SERVED[repo] / name
+        if revision not in REVISIONS or not file.is_file():
+            self._send(404, {"error": "Entry not found"}, "EntryNotFound")
+            return True
+        data = file.read_bytes()
+        start = 0
+        ranged = (self.headers.get("Range") or "").removeprefix("bytes=").partition("-")[0]
+        if ranged.isdigit() and int(ranged) < len(data):
+            start = int(ranged)
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(data) - start))
+        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.end_headers()
+        if not head:
+            self.wfile.write(data[start:])
+        return True
+
+    def do_HEAD(self):  # noqa: N802 - http.server's name
+        if not self._file(head=True):
+            self._send(404, {"error": "not found"})
+
     def do_GET(self):  # noqa: N802 - http.server's name
+        if self._file(head=False):
+            return
         path = unquote(urlparse(self.path).path)
         token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         for kind, known in (("models", MODELS), ("datasets", DATASETS)):
@@ -58,6 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             repo, _, revision = path[len(prefix):].partition("/revision/")
             info = known.get(repo)
+            if kind == "models" and repo in SERVED:
+                info = {"gated": False, "files": sorted(p.name for p in SERVED[repo].iterdir() if p.is_file())}
             if info is None:
                 return self._send(401, {"error": "Repository Not Found"}, "RepoNotFound")
             if revision and revision not in REVISIONS:
@@ -75,6 +115,14 @@ class FakeHub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def serve(self, repo: str, directory: Path) -> None:
+        """Publish `directory`'s files as model repository `repo` (every revision in REVISIONS)."""
+        SERVED[repo] = Path(directory)
+
+    def withdraw(self, repo: str) -> None:
+        """Stop serving `repo` (the server is shared by the whole session)."""
+        SERVED.pop(repo, None)
 
     def stop(self) -> None:
         self.server.shutdown()

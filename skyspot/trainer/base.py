@@ -15,8 +15,9 @@ Where the files come from, first that applies (the `base_model` event's `source`
                  the hub commit): a restart on the same disk needs nothing
     store mount  the run's copy in its store, `<store>/<run id>/base/` (complete once BASE.json is
                  there), read in place through the task's bucket mount (SKYSPOT_STORE_MOUNT), in the
-                 bucket's region; a local store is its own mount
-    store        that copy, downloaded into DIR/base/ (no mount on this node)
+                 bucket's region: config and tokenizer only; a local store is its own mount
+    store        that copy, downloaded into DIR/base/ in parallel (the weights always: never mmapped
+                 through a FUSE mount; everything when the node has no mount)
     hub          the Hugging Face hub at model.revision (then pinned to the commit it resolved), into
                  the Hugging Face cache; asked first whether it can be reached and read (hub.py), so an
                  unreachable or gated hub is one line and exit 2, not minutes of retries
@@ -108,7 +109,7 @@ class BaseModel:
                 mine = (self.placement.node_rank, None, None, None, f"{type(err).__name__}|{err}")
             except Exception as err:  # noqa: BLE001 - never leave the other ranks waiting
                 mine = (self.placement.node_rank, None, None, None, f"Exception|{type(err).__name__}: {err}")
-        views = [v for v in self.comm.all_gather_object(mine) if v is not None]
+        views = [v for v in self.comm.io_gather(mine) if v is not None]  # while leaders download (comm.py)
         errors = [v[4] for v in views if v[4]]
         if errors:
             kind, _, message = errors[0].partition("|")
@@ -130,14 +131,20 @@ class BaseModel:
         if self.section.is_local:
             hub.check_local_model(ref, need_weights=True)
             return Path(ref), "local", None
-        if self.path is not None and has_files(self.path, weights):  # the files of the first call have them
-            return self.path, self.source, self.commit
+        # The weights are never read through the bucket mount: a FUSE mount pages a 141 GB mmap in on
+        # demand, one fault at a time, on global rank 0 alone while every other rank waits (LoRA's frozen
+        # base, a fresh start). They are downloaded into DIR/base/ first, in parallel, with the SDK.
+        if self.path is not None and has_files(self.path, weights) and not (weights and self._mounted(self.path)):
+            return self.path, self.source, self.commit  # the files of the first call have them
         pinned = self._pinned()
-        if pinned is not None and has_files(Path(pinned["path"]), weights):
+        if pinned is not None and has_files(Path(pinned["path"]), weights) \
+                and not (weights and self._mounted(Path(pinned["path"]))):
             return Path(pinned["path"]), "cache", pinned.get("commit")
         copy = self._store_copy()
         if copy is not None:
             mounted = self._mounted_copy(copy)
+            if mounted is not None and weights and self._mounted(mounted):
+                mounted = None  # the weights come down below (a local store's copy is read in place)
             if mounted is not None:
                 self._pin(mounted, copy.get("commit"))
                 return mounted, "store mount", copy.get("commit")
@@ -189,6 +196,11 @@ class BaseModel:
             return Path(mount)
         uri = parse_store_uri(self.tier.uri)
         return Path(uri.prefix) if uri.is_local else None
+
+    def _mounted(self, path: Path) -> bool:
+        """Whether `path` is read through the task's bucket mount (SKYSPOT_STORE_MOUNT), not a local disk."""
+        mount = self.environ.get(MOUNT_ENV, "").strip()
+        return bool(mount) and Path(os.path.abspath(path)).is_relative_to(os.path.abspath(mount))
 
     def _mounted_copy(self, copy: dict) -> Optional[Path]:
         """The copy read in place through the bucket mount, when every file is there at its size."""
@@ -243,8 +255,10 @@ class BaseModel:
     def start_copy(self) -> None:
         """Global rank 0, after the weights came from the hub: copy them into the run's store in the
         background (BASE.json last), unless the store has a complete copy already."""
+        # Whether the store has a copy already is asked in the thread: global rank 0 goes on to the next
+        # collective at once, whatever the store's latency.
         if (self.tier is None or not self.placement.is_global_zero or self.source not in ("hub", "cache")
-                or not self.weights or self.path is None or self._store_copy() is not None):
+                or not self.weights or self.path is None):
             return
         self.copy_thread = threading.Thread(target=self._copy, name="skyspot-base-copy", daemon=True)
         self.copy_thread.start()
@@ -252,6 +266,8 @@ class BaseModel:
     def _copy(self) -> None:
         from skyspot.storage import join_key, with_retries
 
+        if self._store_copy() is not None:
+            return
         start = time.monotonic()
         files = _files(self.path)
         prefix = join_key(self.tier.run_id, BASE_DIR)

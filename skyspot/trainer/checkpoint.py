@@ -76,6 +76,8 @@ if TYPE_CHECKING:
 TRAINER_STATE = "trainer_state_rank_{rank}.pt"
 
 Kind = Literal["interval", "requested", "emergency", "final"]
+Outcome = tuple[bool, bool, Optional[str]]
+"""A node leader's answer for one step in find(): (ok, tried the store, one-line note)."""
 
 
 class ResumeSource(Protocol):
@@ -86,9 +88,13 @@ class ResumeSource(Protocol):
     def steps(self) -> Optional[list[int]]:
         """Steps this source holds durable; None when it could not be asked (unreachable)."""
 
-    def fetch(self, step: int, checkpoints_dir: Path) -> None:
-        """Materialise this node's `checkpoints_dir/step_<N>/` (files, manifest, marker last), or raise.
-        Called on node leaders; the result is then validated like any local checkpoint."""
+    def plan_fetch(self, step: int) -> Any:
+        """This node's part of `step` (a remote.PartPlan: its file table, manifest and marker), or raise
+        (CheckpointError, StoreError). Called on node leaders; sent to the node's other ranks."""
+
+    def fetch_share(self, plan: Any, names: list[str], directory: Path) -> None:
+        """Download and verify `names` of `plan` into `directory`, or raise. Called on every rank of the
+        node at once, each with its own share; the leader then commits the whole (remote.complete_part)."""
 
     # Optional: `fetch_part(step, node_rank, directory) -> Path`, another node's part of a step, for a
     # resume at another world size (reshard.gather). Without it such a resume needs every rank here.
@@ -101,6 +107,8 @@ class ResumePoint:
     source: str
     manifest: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    find_seconds: float = 0.0
+    """How long the ranks took to agree on it, store downloads included (the `resume` event's)."""
 
 
 @dataclass
@@ -281,6 +289,7 @@ class CheckpointManager:
         copy fails its checksums) fetches its own part from the store. If any node fails, it drops
         that step and the ranks choose again, so every round offers strictly less.
         """
+        started = time.monotonic()
         source = self._resume_source
         offered = source.steps() if source is not None else []
         unreachable = source is not None and offered is None
@@ -294,7 +303,7 @@ class CheckpointManager:
             if self.placement.is_node_leader:
                 scanned = [verified.get(v.step, v) for v in mf.scan(self.root, stop_at_first_valid=True)]
                 mine = (scanned, sorted(remote - bad_remote), list(failed))
-            views = [view for view in self.comm.all_gather_object(mine) if view is not None]
+            views = [view for view in self.comm.io_gather(mine) if view is not None]
             all_failed = tuple(line for view in views for line in view[2])
             choice = choose([view[0] for view in views], [set(view[1]) for view in views], all_failed)
             if choice.step is None:
@@ -310,16 +319,19 @@ class CheckpointManager:
                         "started, since starting over could overwrite the run's progress there. Start again "
                         "when the store is reachable")
                 return None
-            ok, fetched, note = True, False, None
+            have, local = None, None
             if self.placement.is_node_leader:
-                ok, fetched, note = self._have(choice.step, mine[0], remote - bad_remote, verified)
+                have, local = self._have(choice.step, mine[0], remote - bad_remote, verified)
+            # Collective: the nodes that lack the step fetch it, every local rank its share, at once.
+            ok, fetched, note = self._fetch(choice.step, have, local, verified) or (True, False, None)
+            if self.placement.is_node_leader:
                 if not ok and choice.step in remote and choice.step not in bad_remote and fetched:
                     bad_remote.add(choice.step)
                     failed.append(note)
                 elif not ok and not fetched and note:
                     failed.append(note)  # it held a committed checkpoint: never a silent fresh start
                 fetched = fetched and ok
-            outcome = self.comm.all_gather_object((ok, fetched, note))
+            outcome = self.comm.io_gather((ok, fetched, note))
             notes += [n for _, _, n in outcome if n]
             if all(o for o, _, _ in outcome):
                 for line in choice.warnings + notes:
@@ -327,36 +339,76 @@ class CheckpointManager:
                 path = self.root / mf.step_dir_name(choice.step)
                 verdict = mf.inspect(path, verify_checksums=False)
                 source_name = "store" if any(f for _, f, _ in outcome) else "local"
-                return ResumePoint(choice.step, path, source_name, verdict.manifest or {}, choice.warnings + notes)
+                return ResumePoint(choice.step, path, source_name, verdict.manifest or {}, choice.warnings + notes,
+                                   find_seconds=time.monotonic() - started)
 
     def _have(self, step: int, scanned: list[mf.Verdict], remote: set[int],
-              verified: dict[int, mf.Verdict]) -> tuple[bool, bool, Optional[str]]:
-        """Node leader: make sure `step` is valid here. (ok, tried the store, one-line note)."""
+              verified: dict[int, mf.Verdict]) -> tuple[Optional[Outcome], Optional[mf.Verdict]]:
+        """Node leader: is `step` valid here? ((ok, tried the store, one-line note), or None when the store
+        must supply it; the local verdict)."""
         local = next((v for v in scanned if v.step == step), None)
         if local is not None and local.state == "valid" and not local.verified:
             local = verified[step] = mf.inspect(local.path, verify_checksums=True)
         if local is not None and local.state == "valid" and not self._lacks_parts(local, remote):
-            return True, False, None
+            return (True, False, None), local
         if local is not None and local.state == "valid":
             verified[step] = replace(local, state="incomplete", reason="written by more nodes; the others' parts "
                                      "are neither here nor durable in the store")
-            return False, False, (f"node {self.placement.node_rank}: step_{step} was written by "
-                                  f"{local.manifest.get('num_nodes')} nodes and cannot be resharded from this node's "
-                                  "part alone")
+            return (False, False, (f"node {self.placement.node_rank}: step_{step} was written by "
+                                   f"{local.manifest.get('num_nodes')} nodes and cannot be resharded from this "
+                                   "node's part alone")), local
         if local is not None:
             verified[step] = local
-        if step not in remote:
-            return False, False, None
+        return (None if step in remote else (False, False, None)), local
+
+    def _fetch(self, step: int, have, local: Optional[mf.Verdict],
+               verified: dict[int, mf.Verdict]) -> Optional[Outcome]:
+        """Every rank (collective, on the I/O group): each node leader that must fetch `step` plans its node's
+        part (marker, manifest), then every rank of that node downloads and verifies its share of the files
+        at once (remote.shares: one process per rank, so a 210 GB part comes down in parallel, not through
+        one interpreter), and the leader commits the whole into place. The leader's (ok, tried the store,
+        note), or `have` when it needed nothing; None on the other ranks."""
+        from skyspot.trainer.remote import complete_part, shares, staging_dir
+
+        p, source = self.placement, self._resume_source
+        need = p.is_node_leader and have is None
+        plan, temp, error = None, None, None
+        if need:
+            try:
+                plan = source.plan_fetch(step)
+                temp = staging_dir(self.root / mf.step_dir_name(step))
+            except (CheckpointError, StoreError, OSError) as err:
+                error = str(err)
+        views = self.comm.io_gather((p.node_rank, plan, str(temp)) if plan is not None and temp is not None else None)
+        ours = next((v for v in views if v is not None and v[0] == p.node_rank), None)
+        share_error = None
+        if ours is not None:
+            try:
+                names = shares(ours[1].files, p.local_world_size)[p.local_rank]
+                if names:
+                    source.fetch_share(ours[1], names, Path(ours[2]))
+            except (CheckpointError, StoreError, OSError) as err:
+                share_error = str(err)
+        errors = self.comm.io_gather((p.node_rank, share_error) if ours is not None else None)
+        if not need:
+            return have
+        verdict = None
         try:
-            self._resume_source.fetch(step, self.root)
+            failures = [v[1] for v in errors if v is not None and v[0] == p.node_rank and v[1]]
+            if error or failures:
+                raise CheckpointError(error or failures[0])
+            complete_part(plan, temp, self.root / mf.step_dir_name(step))
             verdict = mf.inspect(self.root / mf.step_dir_name(step), verify_checksums=False)
             if verdict.state != "valid":
-                raise CheckpointError(f"checkpoint step_{step} from {self._resume_source.name}: {verdict}")
+                raise CheckpointError(f"checkpoint step_{step} from {source.name}: {verdict}")
         except (CheckpointError, StoreError, OSError) as err:
-            return False, True, f"node {self.placement.node_rank}: {err}; falling back to an earlier checkpoint"
+            return False, True, f"node {p.node_rank}: {err}; falling back to an earlier checkpoint"
+        finally:
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
         verified[step] = verdict
-        prefix = f"node {self.placement.node_rank}: local step_{step} {local.state}; " if local is not None else ""
-        return True, True, (prefix + f"downloaded step_{step} from {self._resume_source.name}") if prefix else None
+        prefix = f"node {p.node_rank}: local step_{step} {local.state}; " if local is not None else ""
+        return True, True, (prefix + f"downloaded step_{step} from {source.name}") if prefix else None
 
     def _lacks_parts(self, local: mf.Verdict, remote: set[int]) -> bool:
         """A step written at another world size needs every rank's files on this node: true when
@@ -431,7 +483,8 @@ class CheckpointManager:
         self._last_save_time = time.monotonic()
         seconds = time.monotonic() - start
         self._emit("resume", step=state.step, checkpoint=str(point.path), source=point.source,
-                   load_seconds=round(seconds, 6), bytes=m.get("bytes"), samples=state.samples,
+                   load_seconds=round(seconds, 6), find_seconds=round(point.find_seconds, 6), bytes=m.get("bytes"),
+                   samples=state.samples,
                    tokens=state.tokens, skipped=point.warnings,
                    **({"world_size_from": m.get("world_size"), "world_size": self.placement.world_size,
                        "convert_seconds": round(convert_seconds, 6)} if resharded else {}))
@@ -457,7 +510,7 @@ class CheckpointManager:
                 error = f"node {self.placement.node_rank}: {err}"
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-        errors = [e for e in self.comm.all_gather_object(error) if e]
+        errors = [e for e in self.comm.io_gather(error) if e]  # while node leaders gather and convert
         if errors:
             raise CheckpointError(errors[0])
         seconds = time.monotonic() - start

@@ -3,7 +3,8 @@
     tier = StoreTier(uri, run_id, placement)   # every rank; no network yet
     probe = tier.probe(fresh=...)              # global rank 0 at start: attempt counter, listing, run.json
     tier.adopt(probe)                          # every rank, with rank 0's probe
-    CheckpointManager(..., resume_source=tier) # steps() from the probe; fetch() downloads this node's part
+    CheckpointManager(..., resume_source=tier) # steps() from the probe; plan_fetch() + fetch_share(): this node's
+                                               # part, each local rank downloading its share
     uploader = tier.uploader(events, ...)      # node leaders: checkpoint hooks, events sync
 
 The store's run root is `<store>/<run_id>/` (rundir.py and remote.py for the layout). What happens
@@ -131,14 +132,20 @@ class StoreTier:
         """Durable checkpoints in the store as of the start; None when the store did not answer."""
         return self.remote_steps
 
-    def fetch(self, step: int, checkpoints_dir: Path) -> None:
-        """This node's part of `step`, downloaded in parallel and verified, renamed into place (node 0's
-        when the step was written by fewer nodes: a resume at another world size gathers the rest)."""
-        from skyspot.trainer.manifest import step_dir_name
-        from skyspot.trainer.remote import download_checkpoint
+    def plan_fetch(self, step: int):
+        """This node's part of `step` as the store's marker and manifest describe it (remote.PartPlan), for a
+        fetch the node's ranks share (checkpoint.py): node 0's when the step was written by fewer nodes."""
+        from skyspot.trainer.remote import plan_part
 
-        download_checkpoint(self.store, self.run_id, step, Path(checkpoints_dir) / step_dir_name(step),
-                            node_rank=self.placement.node_rank, any_node=True)
+        return plan_part(self.store, self.run_id, step, node_rank=self.placement.node_rank, any_node=True)
+
+    def fetch_share(self, plan, names: list[str], directory: Path) -> None:
+        """Download and verify `names` of a planned part into `directory` (this rank's share)."""
+        from skyspot.trainer.remote import fetch_files
+
+        # Every local rank downloads at once: fewer threads each, about 32 streams per node in all.
+        workers = max(2, 32 // max(1, self.placement.local_world_size))
+        fetch_files(self.store, plan, names, directory, max_workers=workers)
 
     def fetch_part(self, step: int, node_rank: int, directory: Path) -> Path:
         """Node `node_rank`'s part of `step` into `directory` (verified): another node's files, for a

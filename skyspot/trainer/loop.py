@@ -122,6 +122,8 @@ class Run:
     """How long an emergency save takes to be safe, as measured (every rank)."""
     notice: Optional[dict[str, Any]] = None
     """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
+    final: Optional[Path] = None
+    """DIR/final/ once global rank 0 wrote it (uploaded on the way out)."""
 
     @property
     def run_dir(self) -> Path:
@@ -181,10 +183,14 @@ def _quiet_libraries() -> None:
 
 def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     from skyspot.recipe import load_recipe
+    from skyspot.trainer.gpu import require_cuda
 
     _die_with_parent()
     _standalone_env()
     placement = cluster.from_environment()
+    # Before anything else, DeepSpeed's import included (it would pick its CPU accelerator): a node
+    # that was given GPUs trains on them or not at all (gpu.py; exit 2, only the exit record written).
+    require_cuda(int(os.environ.get("LOCAL_WORLD_SIZE") or 1))  # torchrun's; a standalone start is one rank
     # Shutdown warnings are watched from here, before the slow part of setup and the model load:
     # Azure turns Scheduled Events on at the first request and delivers events minutes later, so an
     # attempt's first minutes are covered only if that request goes out now (notice.py).
@@ -238,7 +244,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
             raise UsageError(str(err)) from None
         if placement.rank == 0:
             probe = tier.probe(fresh=bool(args.fresh))
-        probe = comm.all_gather_object(probe)[0] or Probe()
+        probe = comm.io_gather(probe)[0] or Probe()  # the probe retries a slow store for ~30 s
         if probe.usage_error:
             raise UsageError(probe.usage_error)
         if probe.warning and placement.is_global_zero:
@@ -390,7 +396,7 @@ def _data_source(run: Run) -> str:
             resolve_source(source, cache)
         except UsageError as err:
             error = str(err)
-    errors = [e for e in run.comm.all_gather_object(error) if e]
+    errors = [e for e in run.comm.io_gather(error) if e]  # a node leader's download
     if errors:
         raise UsageError(errors[0])
     return local_source_path(source, cache)
@@ -418,6 +424,12 @@ def build(run: Run) -> None:
     run.ckpt = CheckpointManager(run.run_dir, p, run.recipe, run_id=run.run_id, attempt=run.attempt,
                                  events=run.events if p.is_global_zero else None, comm=run.comm, warn=say,
                                  resume_source=run.tier, predictor=run.predictor, history=history, **store_hooks)
+    cfg = run.recipe.checkpoint
+    if p.is_global_zero and run.tier is not None and (cfg.every_seconds == "auto" or cfg.train_through_notice):
+        try:
+            history()  # read now, while the other ranks wait on the I/O group in find(), not in the first vote
+        except Exception:  # noqa: BLE001 - advice only; read again (and reported) where it is used
+            pass
     point = run.ckpt.find()
     resharded = point is not None and resharding(point.manifest, p.world_size, p.num_nodes)
     if point is not None:
@@ -770,7 +782,7 @@ def _push_before_deadline(run: Run, step: int, committed: bool) -> tuple[Optiona
         uploaded = run.uploader.flush_until(run.upload_deadline) if committed else False
         have = set(run.uploader.durable_steps()) | {s for s in (step,) if uploaded}
         mine = (uploaded, sorted(have))
-    views = [v for v in run.comm.all_gather_object(mine) if v is not None]
+    views = [v for v in run.comm.io_gather(mine) if v is not None]  # uploads until the deadline
     durable = committed and bool(views) and all(v[0] for v in views)
     common = set.intersection(*(set(v[1]) for v in views)) if views else set()
     return durable, (max(common) if common else None)
@@ -792,8 +804,7 @@ def _finish(run: Run, state) -> None:
                           merge=run.recipe.export.merge)
     if target is not None:
         say(f"training complete at step {state.step}; model written to {target}")
-        if run.uploader is not None and run.uploader.put_tree(target, "final"):
-            say(f"model uploaded to {run.tier.uri}/{run.run_id}/final")
+        run.final = target  # uploaded in cleanup, after the ranks' barrier: no rank waits in a collective for it
 
 
 # --------------------------------------------------------------------------- cleanup
@@ -831,13 +842,18 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _close_uploader(run: Run, code: int) -> None:
     """Let the uploads finish as far as this ending allows, then sync the event files one last time.
 
-    Complete: wait for the final checkpoint (durable.FINAL_UPLOAD_S). Preempted: until the
-    emergency deadline. Otherwise briefly: the newest committed checkpoint is worth a try.
+    Complete: upload final/ (global rank 0) while the final checkpoint finishes in the background,
+    both within durable.FINAL_UPLOAD_S. Preempted: until the emergency deadline. Otherwise briefly:
+    the newest committed checkpoint is worth a try. Called after the ranks' last barrier, so no
+    rank waits in a collective for the store.
     """
     from skyspot.trainer.durable import FINAL_UPLOAD_S
 
     if code == COMPLETE:
-        timeout = FINAL_UPLOAD_S
+        deadline = time.monotonic() + FINAL_UPLOAD_S
+        if run.final is not None and run.uploader.put_tree(run.final, "final", timeout=FINAL_UPLOAD_S):
+            say(f"model uploaded to {run.tier.uri}/{run.run_id}/final")
+        timeout = max(0.0, deadline - time.monotonic())
     elif code == PREEMPTED and run.upload_deadline is not None:
         timeout = max(0.0, run.upload_deadline - time.time())
         run.uploader.sync_events(run.run_dir / "events")  # the exit is in the bucket even if the VM goes now
@@ -871,9 +887,10 @@ def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str
         run.emit("exit", code=code, reason=reason, step=step, meaning=describe(code), where=run.placement.where)
         if code in (COMPLETE, PREEMPTED, NO_VALID_CHECKPOINT):
             # Every rank reached this ending together; none may exit first, or torchrun would
-            # tear the others down mid-commit.
+            # tear the others down mid-commit. On the I/O group: global rank 0 may still be writing
+            # final/ (minutes for 70B), longer than the default group's timeout (comm.py).
             try:
-                run.comm.barrier()
+                run.comm.io_barrier()
             except Exception:
                 pass
         if run.uploader is not None:

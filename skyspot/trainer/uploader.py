@@ -296,15 +296,30 @@ class Uploader:
         data = Path(local_path).read_bytes()
         return self._blocking(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data), attempts=3)
 
-    def put_tree(self, local_dir: str | os.PathLike, key_prefix: str) -> bool:
+    def put_tree(self, local_dir: str | os.PathLike, key_prefix: str, timeout: float | None = None) -> bool:
         """Upload every file under `local_dir` to `<run_prefix>/<key_prefix>/` (e.g. the final model).
 
-        Blocking, with a few retries; never raises a StoreError (warns and returns False).
+        Blocking, with a few retries, for at most `timeout` seconds (None: until done; past it the
+        upload is left to a daemon thread that dies with the process, and this says so); never raises
+        a StoreError (warns and returns False).
         """
         root = Path(local_dir)
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-        return self._blocking(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
-                                                             self.max_workers), attempts=5)
+
+        def upload() -> bool:
+            return self._blocking(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
+                                                                 self.max_workers), attempts=5)
+
+        if timeout is None:
+            return upload()
+        done: list[bool] = []
+        thread = threading.Thread(target=lambda: done.append(upload()), name="skyspot-put-tree", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if not done:
+            self.warn(f"{key_prefix}/ is not in the store after {timeout:g} s; it is in {root}")
+            return False
+        return done[0]
 
     def _blocking(self, fn: Callable[[], object], attempts: int) -> bool:
         """One blocking store call with a few retries; a StoreError is warned about and reported as False."""

@@ -88,12 +88,37 @@ def test_without_a_mount_the_copy_is_downloaded_and_only_what_is_needed(tmp_path
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "tokenizer.json"]
     assert node._locate(True) == (path, "store", "c" * 40)  # the weights, when needed, join them
     assert (path / "model.safetensors").read_bytes() == FILES["model.safetensors"]
-    # the task's bucket mount, when there is one, is read in place
+    # the task's bucket mount, when there is one, is read in place for the config and tokenizer
     mount = tmp_path / "mount"
     (mount / "run-1").mkdir(parents=True)
     (mount / "run-1" / BASE_DIR).symlink_to(model_dir)
-    located = base(tmp_path, store, run_dir="mounted", environ={"SKYSPOT_STORE_MOUNT": str(mount)})._locate(True)
-    assert located[:2] == (mount / "run-1" / BASE_DIR, "store mount")
+    mounted = base(tmp_path, store, run_dir="mounted", environ={"SKYSPOT_STORE_MOUNT": str(mount)})
+    assert mounted._locate(False)[:2] == (mount / "run-1" / BASE_DIR, "store mount")
+
+
+def test_the_weights_are_copied_to_the_local_disk_never_mmapped_through_the_mount(tmp_path, s3_server, model_dir):
+    """LoRA's frozen base (and a fresh start on a new node): rank 0 would otherwise page 141 GB in through
+    the FUSE mount while every other rank waits; the SDK downloads it into DIR/base/ first, in parallel."""
+    store = f"{s3_server.bucket()}/runs"
+    from skyspot.storage import open_store
+
+    remote = open_store(store)
+    remote.upload_dir(model_dir, f"run-1/{BASE_DIR}", list(FILES))
+    remote.put_bytes(f"run-1/{BASE_DIR}/{COMPLETE}", json.dumps(
+        {"repo": HUB_ID, "revision": None, "commit": "c" * 40, "files": {n: len(d) for n, d in FILES.items()}}).encode())
+    mount = tmp_path / "mount"
+    (mount / "run-1").mkdir(parents=True)
+    (mount / "run-1" / BASE_DIR).symlink_to(model_dir)
+    node = base(tmp_path, store, run_dir="lora", environ={"SKYSPOT_STORE_MOUNT": str(mount)})
+    node.path, node.source = node._locate(False)[:2]  # prepare(weights=False) keeps what it found
+    assert node.source == "store mount"
+    path, source, commit = node._locate(True)
+    assert (path, source, commit) == (tmp_path / "lora" / BASE_DIR, "store", "c" * 40)
+    assert (path / "model.safetensors").read_bytes() == FILES["model.safetensors"]
+    # a pin left by an earlier start that read the mount is not taken for the weights either
+    node._pin(mount / "run-1" / BASE_DIR, "c" * 40)
+    node.path = None
+    assert node._locate(True)[:2] == (tmp_path / "lora" / BASE_DIR, "store")
 
 
 def test_an_incomplete_copy_is_not_used(tmp_path, offline_cache):

@@ -34,6 +34,8 @@ class OneRank:
     def all_gather_object(self, obj):
         return [obj]
 
+    io_gather = all_gather_object
+
     def barrier(self):
         pass
 
@@ -184,3 +186,16 @@ def test_emergency_deadline_is_the_notices_or_the_clouds_window_capped_by_torchr
     assert emergency_deadline(None, 990.0, "gcp", {}) == 990.0 + 30 - EXIT_MARGIN_S
     assert emergency_deadline(None, 990.0, "unknown", {}) == 990.0 + 30 - EXIT_MARGIN_S
     assert emergency_deadline(None, 990.0, "aws", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}) == 990.0 + 60 - EXIT_MARGIN_S
+
+
+def test_a_nodes_part_is_split_among_its_ranks_by_bytes_the_same_everywhere():
+    from skyspot.trainer.remote import shares
+
+    files = {"optim_0.pt": {"size": 900}, "optim_1.pt": {"size": 900}, "model_0.pt": {"size": 100},
+             "model_1.pt": {"size": 100}, "trainer_state_rank_0.pt": {"size": 10}}
+    split = shares(files, 2)
+    assert sorted(sum(split, [])) == sorted(files)  # every file once
+    assert [sum(files[f]["size"] for f in share) for share in split] == [1010, 1000]
+    assert split == shares(dict(reversed(files.items())), 2)  # whatever order the manifest lists them in
+    assert shares(files, 1) == [sorted(files, key=lambda f: (-files[f]["size"], f))]
+    assert shares({}, 3) == [[], [], []]

@@ -108,3 +108,13 @@ def test_recipe_changes_on_resume_are_named_and_the_architecture_comes_from_the_
     assert "recipe differs from the checkpoint: train.steps 40 -> 60 (the recipe's value is used)" in lines
     assert any("model.config.hidden_size 32 -> 64 (the checkpoint's value is used)" in line for line in lines)
     assert reconcile_recipe(now, now.model_dump(mode="json")) == (now, [])
+
+
+def test_ranks_wait_for_one_ranks_io_as_long_as_the_io_timeout_says():
+    """comm.py's I/O group: 2 h unless SKYSPOT_IO_TIMEOUT_SECONDS says otherwise; nonsense keeps the default."""
+    from skyspot.trainer.comm import IO_TIMEOUT_S, io_timeout
+
+    assert io_timeout({}).total_seconds() == IO_TIMEOUT_S == 7200
+    assert io_timeout({"SKYSPOT_IO_TIMEOUT_SECONDS": "90"}).total_seconds() == 90
+    assert io_timeout({"SKYSPOT_IO_TIMEOUT_SECONDS": "soon"}).total_seconds() == IO_TIMEOUT_S
+    assert io_timeout({"SKYSPOT_IO_TIMEOUT_SECONDS": "-1"}).total_seconds() == IO_TIMEOUT_S

@@ -252,6 +252,30 @@ def test_flush_until_reports_whether_the_newest_checkpoint_became_durable(tmp_pa
     uploader.close()
 
 
+def test_final_is_uploaded_within_its_deadline_or_left_on_disk_with_one_line(tmp_path):
+    """The trainer uploads final/ after the ranks' last barrier, within a deadline: a store that does not
+    answer costs that long and no more, and says where the model still is."""
+    release = threading.Event()
+
+    class Slow(Wrapped):
+        def upload_dir(self, *args, **kwargs):
+            release.wait(10)
+            return self._store.upload_dir(*args, **kwargs)
+
+    final = tmp_path / "run" / "final"
+    final.mkdir(parents=True)
+    (final / "model.safetensors").write_bytes(b"w" * 64)
+    said: list[str] = []
+    uploader = Uploader(Slow(open_store(tmp_path / "bucket"), lambda key: None), RUN, warn=said.append, **FAST)
+    start = time.monotonic()
+    assert not uploader.put_tree(final, "final", timeout=0.3)
+    assert time.monotonic() - start < 2 and said == [f"final/ is not in the store after 0.3 s; it is in {final}"]
+    release.set()
+    assert uploader.put_tree(final, "final", timeout=10)
+    assert (tmp_path / "bucket" / RUN / "final" / "model.safetensors").read_bytes() == b"w" * 64
+    uploader.close()
+
+
 def test_training_never_waits_on_submit(tmp_path):
     release = threading.Event()
     store = Wrapped(open_store(tmp_path / "bucket"), lambda key: release.wait(10))
