@@ -128,13 +128,21 @@ def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0
         at = dl.parse_deadline(text, now)
     except dl.DeadlineError as error:
         raise UsageError(str(error)) from None
+    if at - now > dl.MAX_AHEAD_SECONDS:
+        raise UsageError(f"deadline {dl.when(at)} is more than {dl.MAX_AHEAD_SECONDS / 86400:.0f} days away: give "
+                         "a nearer one, or launch without --deadline")
+    from skyspot.step_prior import step_seconds_floor
+
     restart = provision_seconds + dl.LOCAL_START_PRIOR_SECONDS if local else dl.CLOUD_RESTART_PRIOR_SECONDS
+    floor, floor_source = step_seconds_floor(recipe)
     check = dl.feasibility(now=now, deadline=at, steps=recipe.train.steps,
-                           step_seconds_hint=recipe.resources.step_seconds_hint, restart_seconds=restart)
+                           step_seconds_hint=recipe.resources.step_seconds_hint, restart_seconds=restart,
+                           step_seconds_floor=floor, floor_source=floor_source)
     if not check.ok:
         raise UsageError(check.text)
     return {"at": at, "start": now, "given": text, "policy": recipe.resources.deadline_policy,
-            "step_seconds_hint": recipe.resources.step_seconds_hint, "check": check.text}
+            "step_seconds_hint": recipe.resources.step_seconds_hint, "step_seconds_prior": floor or None,
+            "check": check.text}
 
 
 def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, str]] = None,
