@@ -491,8 +491,9 @@ def latest_decision(events: Iterable[dict]) -> Optional[dict]:
 # --------------------------------------------------------------------------- simulation
 
 
-# The most ticks one replay takes (about 2 s of CPU here): a long job is replayed at a coarser tick.
-MAX_TICKS = 1_000_000
+# The most ticks one replay takes (about 2 s of CPU on this machine at 20 us a tick): a longer job is
+# replayed at a coarser tick, so its cost is bounded by this, never by its steps.
+MAX_TICKS = 100_000
 
 
 @dataclass(frozen=True)

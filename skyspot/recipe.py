@@ -489,6 +489,10 @@ def _too_big(data: Any, budget: int = MAX_RECIPE_NODES) -> bool:
     return False
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice: an error in a file and in an override's value alike."""
+
+
 class _Loader(yaml.SafeLoader):
     """The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's).
 
@@ -503,7 +507,7 @@ class _Loader(yaml.SafeLoader):
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue  # a merge key (`<<: *base`) may be overridden by the keys beside it
                 if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
+                    raise _DuplicateKey(
                         None, None, f"duplicate key '{key_node.value}' (first at line {seen[key_node.value]})",
                         key_node.start_mark)
                 seen[key_node.value] = key_node.start_mark.line + 1
@@ -518,9 +522,12 @@ def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
 
 
-def _parse_value(raw: str) -> Any:
+def _parse_value(raw: str, where: str = "") -> Any:
+    """An override's value as YAML reads it; text that is no YAML stays the text it is."""
     try:
         value = _load_yaml(raw) if raw != "" else ""
+    except _DuplicateKey as err:
+        raise UsageError(f"{where or repr(raw)}: {err.problem}") from None
     except (yaml.YAMLError, RecursionError):
         return raw
     return raw if _too_big(value, 10_000) else value
@@ -539,7 +546,7 @@ def parse_overrides(pairs: Sequence[str]) -> list[tuple[str, Any]]:
         key = key.strip()
         if not sep or not _KEY.fullmatch(key):
             raise UsageError(f"override '{pair}' is not of the form section.key=value (e.g. train.steps=40)")
-        parsed.append((key, _parse_value(raw)))
+        parsed.append((key, _parse_value(raw, f"override '{pair}'")))
     return parsed
 
 
@@ -562,7 +569,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
     for name, raw in sorted(environ.items()):
         key = _env_key(name)
         if key is not None:
-            found.append((key, _parse_value(raw)))
+            found.append((key, _parse_value(raw, f"environment variable {name}")))
     return found
 
 
