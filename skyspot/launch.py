@@ -15,7 +15,7 @@ from skyspot.package import PACKAGE_MOUNT, Package
 from skyspot.plan import Candidate, candidates
 from pydantic import BaseModel
 
-from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, value_text
+from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, parse_overrides, value_text
 from skyspot.task import RECIPE_MOUNT, render, to_yaml
 
 # `resources` says where to run: the plan and SkyPilot have decided that before a node exists,
@@ -55,8 +55,9 @@ def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mappin
 
 
 def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
-    """`key=value` with the recipe's validated value at `key` (`typed` where the key reaches into
-    nothing the recipe holds, which validation makes rare)."""
+    """`key=value` with the recipe's validated value at `key`: the user's own text where it reads
+    back to that value (the node then sees what the user typed), else the value written anew (a
+    section beside a key in it, a relative path made absolute, `S3://` spelled `s3://`)."""
     node: Any = recipe
     for part in key.split("."):
         if isinstance(node, BaseModel) and part in type(node).model_fields:
@@ -66,6 +67,8 @@ def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
         else:
             return typed
     value = node.model_dump() if isinstance(node, BaseModel) else node
+    if not isinstance(node, BaseModel) and parse_overrides([typed])[0][1] == value:
+        return typed
     return f"{key}={value_text(value)}"
 
 

@@ -519,7 +519,11 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
 
 
 def _load_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    loader = _Loader(text)  # what yaml.safe_load does, with this SafeLoader
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _parse_value(raw: str, where: str = "") -> Any:
