@@ -43,7 +43,7 @@ def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mappin
     """What the node's trainer gets on top of the recipe: every key the environment, the command
     line and the flags set here, each as `key=value` with the value this launch resolved (task.py
     sends them). Resolved, not as typed: the node applies its overrides in the order it gets them,
-    and the launch applied them by precedence (flags > environment > command line order), so a
+    and the launch applied them by precedence (flags > command line, in its order > environment), so a
     section override beside a key inside it (`'storage={store: A}' --store B`) would resolve to
     another value there. One value per key, the outermost key where both a section and a key in
     it were set, cannot."""

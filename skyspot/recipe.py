@@ -3,11 +3,13 @@
 A recipe is a YAML file (see `recipes/`). Loading applies one precedence rule,
 written here once:
 
-    flags (--store, --clouds, ...) > SKYSPOT_<SECTION>__<KEY> environment > recipe file > defaults
+    flags (--store, --clouds, ...) > command-line overrides (the later word wins)
+        > SKYSPOT_<SECTION>__<KEY> environment > recipe file > defaults
 
 Command-line overrides are `section.key=value` (`train.steps=40`); the value is read
-as a YAML scalar, so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
-Unknown keys are rejected, and every problem is reported together, with file and line.
+as YAML (1.2's numbers), so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
+Types are strict: `train.steps=true` or `5.0` is an error, never 1 or 5. Unknown keys and a key
+given twice are rejected, and every problem is reported together, with file and line.
 
 One module, though long: the schema, the precedence rule and the override syntax are one contract
 (what a recipe value is, and how one is set), read the same way by the CLI and by the trainer.
@@ -653,7 +655,7 @@ def _field_exists(model: type[BaseModel], parts: list[str]) -> bool:
 def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
                 environ: Optional[Mapping[str, str]] = None,
                 flags: Optional[Mapping[str, Any]] = None) -> Recipe:
-    """Load, merge (flags > env > file > defaults) and validate a recipe. Raises RecipeError with every problem."""
+    """Load, merge (flags > command line > env > file > defaults) and validate a recipe. Raises RecipeError with every problem."""
     path = recipe_path(name_or_path)
     source = str(path) if name_or_path not in REGISTRY else f"recipes/{REGISTRY[name_or_path]}"
     try:

@@ -19,6 +19,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from skyspot import deadline as dl
@@ -356,3 +358,26 @@ def test_decision_events_stay_json(tmp_path):
                          restart_seconds_max=30.0)
     fields = dl.decide("greedy", _state(), known).event_fields(_state(), known)
     assert json.loads(json.dumps(fields))["reason"] == dl.UNREACHABLE
+
+
+# --------------------------------------------------------------------------- 3, property: any combination
+
+STORES = ["s3://bucket-a/pa", "s3://bucket-b/pb", "gs://bucket-c/pc", "S3://bucket-d/pd/"]
+SETTERS = st.lists(st.tuples(st.sampled_from(["section", "key"]), st.sampled_from(STORES)), max_size=3)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=SETTERS, env=st.none() | st.sampled_from(STORES), flag=st.none() | st.sampled_from(STORES))
+def test_any_combination_of_store_setters_gives_one_store(words, env, flag):
+    """Item 3, whatever the combination: flags > the command line's later word > environment."""
+    from skyspot.storage import canonical
+
+    overrides = [("storage={store: %s}" if kind == "section" else "storage.store=%s") % store for kind, store in words]
+    environ = {"SKYSPOT_STORAGE__STORE": env} if env else {}
+    built = build("llama8b", overrides, flags={"storage.store": flag}, environ=environ)
+    winner = flag or (words[-1][1] if words else None) or env
+    expected = canonical(winner) if winner else None
+    assert built.recipe.storage.store == expected
+    assert as_the_trainer_reads_it(built.task, environ).storage.store == expected
+    mounts = [m["source"] for t, m in built.task["file_mounts"].items() if t.startswith("/skyspot/store/")]
+    assert mounts == ([expected.rsplit("/", 1)[0]] if expected else [])
