@@ -498,9 +498,10 @@ class _DuplicateKey(yaml.constructor.ConstructorError):
 class _Loader(yaml.SafeLoader):
     """The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's).
 
-    Two departures from PyYAML's SafeLoader, both toward YAML 1.2: `3e-4` is a float (YAML 1.1
-    wants a dot, so PyYAML reads it as a string, which the strict schema would then refuse), and a
-    key given twice in one mapping is an error with its line, not the last value in silence."""
+    Three departures from PyYAML's SafeLoader, all toward YAML 1.2: `3e-4` is a float (YAML 1.1
+    wants a dot, so PyYAML reads it as a string, which the strict schema would then refuse), a
+    date is text, and a key given twice in one mapping is an error with its line, not the last
+    value in silence."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -516,6 +517,11 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2's core schema has no timestamps either: `deadline: 2026-05-01T17:00+02:00` stays the text
+# the deadline parser reads (YAML 1.1 made it a datetime, which the string field then refused).
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
 

@@ -381,3 +381,14 @@ def test_any_combination_of_store_setters_gives_one_store(words, env, flag):
     assert as_the_trainer_reads_it(built.task, environ).storage.store == expected
     mounts = [m["source"] for t, m in built.task["file_mounts"].items() if t.startswith("/skyspot/store/")]
     assert mounts == ([expected.rsplit("/", 1)[0]] if expected else [])
+
+
+def test_an_iso_deadline_in_an_override_or_a_file_stays_text(tmp_path):
+    """YAML 1.1 read `2030-05-01T17:00` as a datetime, which the strict string field would refuse."""
+    assert load_recipe("tiny", ["resources.deadline=2030-05-01T17:00+02:00"], environ={}).resources.deadline == \
+        "2030-05-01T17:00+02:00"
+    text = (REPO / "skyspot" / "recipes" / "tiny.yaml").read_text().replace("resources:\n",
+                                                                            "resources:\n  deadline: 2030-05-01\n", 1)
+    path = tmp_path / "dated.yaml"
+    path.write_text(text)
+    assert load_recipe(str(path), environ={}).resources.deadline == "2030-05-01"
