@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from skyspot.package import PACKAGE_MOUNT, Package
-from skyspot.plan import Candidate, candidates
 from pydantic import BaseModel
 
+from skyspot.package import PACKAGE_MOUNT, Package
+from skyspot.plan import Candidate, candidates
 from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, parse_overrides, value_text
 from skyspot.task import RECIPE_MOUNT, render, to_yaml
 
@@ -41,12 +41,12 @@ class Built:
 def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mapping[str, str],
                        flags: Optional[Mapping[str, Any]]) -> list[str]:
     """What the node's trainer gets on top of the recipe: every key the environment, the command
-    line and the flags set here, each as `key=value` with the value this launch resolved (task.py
-    sends them). Resolved, not as typed: the node applies its overrides in the order it gets them,
-    and the launch applied them by precedence (flags > command line, in its order > environment), so a
-    section override beside a key inside it (`'storage={store: A}' --store B`) would resolve to
-    another value there. One value per key, the outermost key where both a section and a key in
-    it were set, cannot."""
+    line and the flags set here, once each, as `key=value` with the value this launch resolved
+    (task.py sends them). Resolved, not replayed: the node applies its overrides in the order it
+    gets them, and the launch applied them by precedence (flags > command line, in its order >
+    environment), so a section override beside a key inside it (`'storage={store: A}' --store B`)
+    would resolve to another value there. One value per key, at the outermost key where both a
+    section and a key in it were set, cannot."""
     texts = override_texts(overrides, environ=environ, flags=flags)
     keys = [key for key in texts if key.split(".")[0] not in LAUNCH_ONLY_SECTIONS]
     outermost = [key for key in keys

@@ -606,7 +606,8 @@ def override_texts(overrides: Sequence[str] = (), *, environ: Mapping[str, str],
 
 
 def value_text(value: Any) -> str:
-    """A value as override text that `parse_overrides` reads back to it: a flag's, or a resolved one (`[aws, gcp]`, `false`, a string as is when it reads back as itself)."""
+    """A value as override text that `parse_overrides` reads back to it, a flag's or a resolved one
+    (`[aws, gcp]`, `false`, a string as is when it reads back as itself)."""
     if isinstance(value, str) and _parse_value(value) == value:
         return value
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("...").strip()
@@ -661,7 +662,8 @@ def _field_exists(model: type[BaseModel], parts: list[str]) -> bool:
 def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
                 environ: Optional[Mapping[str, str]] = None,
                 flags: Optional[Mapping[str, Any]] = None) -> Recipe:
-    """Load, merge (flags > command line > env > file > defaults) and validate a recipe. Raises RecipeError with every problem."""
+    """Load, merge (flags > command line > env > file > defaults) and validate a recipe. Raises
+    RecipeError with every problem."""
     path = recipe_path(name_or_path)
     source = str(path) if name_or_path not in REGISTRY else f"recipes/{REGISTRY[name_or_path]}"
     try:

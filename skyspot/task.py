@@ -181,7 +181,8 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
         "SKYSPOT_PACKAGE_DIR": PACKAGE_MOUNT,
         **DIST_ENV,
     }
-    if store and not local and recipe.model.hub_id and not recipe.model.is_local and not parse_store_uri(store).is_local:
+    bucket_store = bool(store) and not parse_store_uri(store).is_local
+    if bucket_store and not local and recipe.model.hub_id and not recipe.model.is_local:
         mount_point, mount, store_root = _store_mount(store)
         file_mounts[mount_point] = mount
         envs["SKYSPOT_STORE_MOUNT"] = store_root

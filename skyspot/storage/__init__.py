@@ -41,9 +41,9 @@ from skyspot.storage.uri import (EXPECTED_FORMS, FORMS, StoreURI, canonical, is_
                                  parse_store_uri)
 
 __all__ = ["AzureStore", "DEFAULT_WORKERS", "EXPECTED_FORMS", "FORMS", "GCSStore", "LocalStore", "S3Store",
-           "canonical", "is_bucket_uri", "STREAM_CONCURRENCY", "STREAM_PART_BYTES", "Store", "StoreError", "StoreURI", "StreamAborted", "StreamUpload",
-           "TransientStoreError", "backoff_delay", "join_key", "mount_source", "open_store", "parse_store_uri",
-           "with_retries"]
+           "STREAM_CONCURRENCY", "STREAM_PART_BYTES", "Store", "StoreError", "StoreURI", "StreamAborted", "StreamUpload",
+           "TransientStoreError", "backoff_delay", "canonical", "is_bucket_uri", "join_key", "mount_source",
+           "open_store", "parse_store_uri", "with_retries"]
 
 
 def open_store(uri: str | os.PathLike | StoreURI) -> Store:
