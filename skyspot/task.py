@@ -169,8 +169,9 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
     """
     store = recipe.storage.store
     # The store reaches the trainer once, first, as the recipe resolved it (launch.py decides it).
+    # (No store: the overrides that unset it go as they are, so the file's store cannot come back.)
     trainer_overrides = [f"storage.store={store}"] if store else []
-    trainer_overrides += [o for o in overrides if o.partition("=")[0].strip().split(".")[0] != "storage"]
+    trainer_overrides += [o for o in overrides if not store or o.partition("=")[0].strip().split(".")[0] != "storage"]
     file_mounts: dict[str, Any] = {PACKAGE_MOUNT: package_dir or PLACEHOLDER}
     if recipe_file:
         file_mounts[recipe_arg] = recipe_file

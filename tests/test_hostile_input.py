@@ -60,6 +60,7 @@ def as_the_trainer_reads_it(task: dict, environ=None):
     """The recipe the node's trainer resolves from its command line (trainer/loop.py: load_recipe)."""
     words = trainer_words(task)
     recipe_arg, overrides = words[0], [w for w in words[1:] if "=" in w and not w.startswith("$")]
+    recipe_arg = (task.get("file_mounts") or {}).get(recipe_arg, recipe_arg)  # a recipe file: where it is mounted from
     return load_recipe(recipe_arg, overrides, environ=environ or {})
 
 
@@ -363,20 +364,27 @@ def test_decision_events_stay_json(tmp_path):
 # --------------------------------------------------------------------------- 3, property: any combination
 
 STORES = ["s3://bucket-a/pa", "s3://bucket-b/pb", "gs://bucket-c/pc", "S3://bucket-d/pd/"]
-SETTERS = st.lists(st.tuples(st.sampled_from(["section", "key"]), st.sampled_from(STORES)), max_size=3)
+SETTERS = st.lists(st.tuples(st.sampled_from(["section", "key"]), st.sampled_from([*STORES, "null"])), max_size=3)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(words=SETTERS, env=st.none() | st.sampled_from(STORES), flag=st.none() | st.sampled_from(STORES))
-def test_any_combination_of_store_setters_gives_one_store(words, env, flag):
-    """Item 3, whatever the combination: flags > the command line's later word > environment."""
+@given(words=SETTERS, env=st.none() | st.sampled_from(STORES), flag=st.none() | st.sampled_from(STORES),
+       in_file=st.booleans())
+def test_any_combination_of_store_setters_gives_one_store(tmp_path_factory, words, env, flag, in_file):
+    """Item 3, whatever the combination: flags > the command line's later word > environment > file
+    (`null` unsets it: the file's store must not come back on the node)."""
     from skyspot.storage import canonical
 
+    recipe = "llama8b"
+    if in_file:
+        recipe = str(tmp_path_factory.mktemp("r") / "with-store.yaml")
+        text = (REPO / "skyspot" / "recipes" / "llama8b.yaml").read_text()
+        open(recipe, "w").write(text.replace("storage:\n  store: null\n", "storage:\n  store: gs://file-store/f\n"))
     overrides = [("storage={store: %s}" if kind == "section" else "storage.store=%s") % store for kind, store in words]
     environ = {"SKYSPOT_STORAGE__STORE": env} if env else {}
-    built = build("llama8b", overrides, flags={"storage.store": flag}, environ=environ)
-    winner = flag or (words[-1][1] if words else None) or env
-    expected = canonical(winner) if winner else None
+    built = build(recipe, overrides, flags={"storage.store": flag}, environ=environ)
+    winner = flag or (words[-1][1] if words else None) or env or ("gs://file-store/f" if in_file else None)
+    expected = canonical(winner) if winner and winner != "null" else None
     assert built.recipe.storage.store == expected
     assert as_the_trainer_reads_it(built.task, environ).storage.store == expected
     mounts = [m["source"] for t, m in built.task["file_mounts"].items() if t.startswith("/skyspot/store/")]
