@@ -15,7 +15,8 @@ that runs on SkyPilot, in the simulator, in the launch-time feasibility check an
 - `measure`: the estimates from a run's events (measured step time per placement, restart
   overhead), a recipe hint and a prior until there are measurements;
 - `simulate`: replay a spot trace (executors/spot_trace.py) against a policy, for a `Job`;
-- `feasibility`: whether even all on-demand can make the deadline, with the arithmetic.
+- `feasibility`: whether even all on-demand can make the deadline, with the arithmetic (closed form);
+- `next_round`: the decision a running deadline makes, for the local controller and SkyPilot's alike.
 
 The policies. `uniform-progress` is Uniform Progress from *Can't Be Late: Optimizing Spot
 Instance Savings under Deadlines* (Wu et al., NSDI 2024, sections 3.3 and 5.2): with progress
@@ -49,6 +50,8 @@ from typing import Any, Iterable, Optional
 from skyspot.attempts import DECISION_EVENT, is_spot, split
 
 SPOT, ON_DEMAND, IDLE = "spot", "on-demand", "idle"
+# A decision's reason once not even all on-demand from now can make the deadline (docs/deadline.md).
+UNREACHABLE = "unreachable"
 POLICIES = ("adaptive", "uniform-progress", "greedy")
 DEFAULT_POLICY = "adaptive"
 # Comparisons only (simulate, cost-report): every step on on-demand from the start.
@@ -74,6 +77,11 @@ LOCAL_START_PRIOR_SECONDS = 30.0
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The furthest deadline skyspot plans for: ten years. Beyond it a run is no deadline run, and far
+# beyond it the arithmetic meets the calendar's end (datetime stops at year 9999).
+MAX_AHEAD_SECONDS = 3650 * 86400.0
+# An ISO time is read only within the years datetime and this machine's clock both hold.
+_EARLIEST, _LATEST = datetime(1970, 1, 2).timestamp(), datetime(9000, 1, 1).timestamp()
 
 
 class DeadlineError(ValueError):
@@ -88,18 +96,30 @@ def parse_deadline(text: str, now: Optional[float] = None) -> float:
     `2026-05-01T17:00+02:00`, `...Z`; without an offset, this machine's local time): unix seconds."""
     now = time.time() if now is None else now
     raw = str(text).strip()
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
     compact = raw.replace(" ", "")
     if compact and _DURATION.sub("", compact) == "" and _DURATION.search(compact):
+        # A number of 400 digits is no error to float(): it is infinity, which no range check would catch.
         seconds = sum(float(n) * _UNIT[u.lower()] for n, u in _DURATION.findall(compact))
         if seconds <= 0:
-            raise DeadlineError(f"deadline '{raw}' is no time at all: give a duration above zero, e.g. 36h")
+            raise DeadlineError(f"deadline '{shown}' is no time at all: give a duration above zero, e.g. 36h")
+        if not math.isfinite(seconds) or seconds > MAX_AHEAD_SECONDS:
+            raise DeadlineError(f"deadline '{shown}' is more than {MAX_AHEAD_SECONDS / 86400:.0f} days away: give a "
+                                "duration up to that (e.g. 36h, 30d) or an ISO 8601 time")
         return now + seconds
     try:
         moment = datetime.fromisoformat(raw)
-    except ValueError:
-        raise DeadlineError(f"deadline '{raw}' is neither a duration (36h, 90m, 2d, 1h30m) nor an ISO 8601 "
-                            "time (2026-05-01T17:00, 2026-05-01T17:00+02:00)") from None
-    return moment.timestamp()  # a naive time is local time (datetime.timestamp's rule)
+        stamp = moment.timestamp()  # a naive time is local time (datetime.timestamp's rule)
+    except (ValueError, OverflowError, OSError) as error:
+        # fromisoformat reads 9999-12-31T23:59-12:00, whose instant is in year 10000: timestamp() fails.
+        if isinstance(error, ValueError) and "out of range" not in str(error):
+            raise DeadlineError(f"deadline '{shown}' is neither a duration (36h, 90m, 2d, 1h30m) nor an ISO 8601 "
+                                "time (2026-05-01T17:00, 2026-05-01T17:00+02:00)") from None
+        stamp = math.nan
+    if not _EARLIEST <= stamp <= _LATEST:
+        raise DeadlineError(f"deadline '{shown}' is outside the years 1970 to 9000 that skyspot reads: give a "
+                            "time within them (2026-05-01T17:00+02:00) or a duration (36h)")
+    return stamp
 
 
 def check_deadline_text(text: str) -> str:
@@ -110,17 +130,27 @@ def check_deadline_text(text: str) -> str:
 
 def when(ts: Optional[float]) -> str:
     """A unix time as this machine's local time with its offset, to the second."""
-    if ts is None or not math.isfinite(ts):
-        return "-"
-    return datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    moment = _moment(ts)
+    return "-" if moment is None else moment.astimezone().isoformat(timespec="seconds")
 
 
 def clock(ts: Optional[float]) -> str:
     """A unix time as `HH:MM:SS` local time, with the date in front when it is not today."""
-    if ts is None or not math.isfinite(ts):
+    moment = _moment(ts)
+    if moment is None:
         return "-"
-    moment = datetime.fromtimestamp(ts)
     return moment.strftime("%H:%M:%S" if moment.date() == datetime.now().date() else "%Y-%m-%d %H:%M")
+
+
+def _moment(ts: Optional[float]) -> Optional[datetime]:
+    """A unix time as a local datetime; None where there is none to show (unknown, or a projected
+    finish past the calendar's end: 10**12 steps of 10**12 s)."""
+    if ts is None or not math.isfinite(ts):
+        return None
+    try:
+        return datetime.fromtimestamp(ts)
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 def span(seconds: Optional[float]) -> str:
@@ -241,6 +271,14 @@ def decide(policy: str, state: State, estimates: Estimates) -> Decision:
         return out(IDLE, "done", "every step is done")
     if policy == ALL_ON_DEMAND:
         return out(ON_DEMAND, "on-demand", "all on-demand (comparison)")
+    soonest = _soonest_finish(state, estimates, left)
+    if state.now >= state.deadline or (soonest is not None and soonest > state.deadline):
+        # The deadline is gone: what is left is to finish as soon as possible, and the one placement
+        # whose finish holds is on-demand (never preempted). Said in every decision from here on.
+        late = f"{span(soonest - state.deadline)} late" if soonest is not None else "step time unknown"
+        return out(ON_DEMAND, UNREACHABLE, f"the deadline {when(state.deadline)} cannot be met any more (the "
+                   f"soonest finish is {when(soonest)}, {late}): on-demand until the end, to finish as soon as it can",
+                   committed=True)
     if state.committed:
         return out(ON_DEMAND, "safety-net", "committed to on-demand until the end")
     reserve = _reserve(state, estimates, left)
@@ -277,6 +315,17 @@ def decide(policy: str, state: State, estimates: Estimates) -> Decision:
     return out(IDLE, "wait", f"ahead of the line ({100 * cp:.1f}% done, {100 * ep:.1f}% due): wait for spot")
 
 
+def _soonest_finish(state: State, estimates: Estimates, left: int) -> Optional[float]:
+    """The earliest end any placement gives from now, without a preemption: stay where the run is,
+    or change over (one restart) to the other; None while no step time is known."""
+    ends = []
+    for mode in (SPOT, ON_DEMAND):
+        step = estimates.step(mode)
+        if step is not None:
+            ends.append(state.now + (0.0 if mode == state.mode else estimates.restart_seconds) + left * step)
+    return min(ends) if ends else None
+
+
 def _reserve(state: State, estimates: Estimates, left: int) -> float:
     """The slack the safety net keeps. Off spot a return trip costs two changeovers; on spot one (the
     switch to on-demand) is enough, and covers a spot that runs slower than on-demand (fewer nodes),
@@ -305,16 +354,60 @@ def _projected(mode: str, state: State, estimates: Estimates, left: int) -> Opti
     return state.now + restart + left * step
 
 
+@dataclass(frozen=True)
+class Round:
+    """One decision of a running deadline: what it was decided from, and the decision."""
+
+    decision: Decision
+    state: State
+    estimates: Estimates
+
+    def event_fields(self) -> dict[str, Any]:
+        return self.decision.event_fields(self.state, self.estimates)
+
+
+def estimates_for(events: Iterable[dict], plan: dict[str, Any], *, provision_seconds: float,
+                  restart_prior: float) -> Estimates:
+    """`measure` on a run's events (its decisions left out) with the priors launch recorded in `plan`."""
+    return measure([e for e in events if e.get("type") != DECISION_EVENT], provision_seconds=provision_seconds,
+                   step_seconds_hint=plan.get("step_seconds_hint"), restart_prior=restart_prior,
+                   step_seconds_prior=plan.get("step_seconds_prior"))
+
+
+def next_round(policy: str, events: Iterable[dict], estimates: Estimates, *, now: float, plan: dict[str, Any],
+               total_steps: int, mode: str, spot_available: Optional[bool], committed: bool,
+               margin: float) -> Round:
+    """The decision a running deadline makes, from the run's events, its `estimates_for` them and the
+    plan launch recorded (`at`, `start`). The one policy entry point of the local controller
+    (executors/local_deadline.py) and of the controller on SkyPilot (executors/sky_deadline.py):
+    they differ only in where events come from, how they tell the mode, and what acts."""
+    state = State(now=now, start=float(plan["start"]), deadline=float(plan["at"]), total_steps=total_steps,
+                  done_steps=progress(e for e in events if e.get("type") != DECISION_EVENT), mode=mode,
+                  spot_available=spot_available, committed=committed, margin=margin)
+    return Round(decide(policy, state, estimates), state, estimates)
+
+
+def news(previous: Optional[Decision], decision: Decision, deadline: float) -> Optional[str]:
+    """The log line for a decision that changed the policy's mind (None when it did not): the
+    moment a deadline becomes unreachable is one of them, said in capitals."""
+    if previous is not None and (previous.mode, previous.reason) == (decision.mode, decision.reason):
+        return None
+    head = "deadline UNREACHABLE" if decision.reason == UNREACHABLE else "deadline"
+    return (f"{head}: {decision.mode} ({decision.reason}: {decision.why}); projected finish "
+            f"{when(decision.projected_finish)}, deadline {when(deadline)}")
+
+
 # --------------------------------------------------------------------------- measuring
 
 
 def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hint: Optional[float] = None,
-            restart_prior: Optional[float] = None) -> Estimates:
+            restart_prior: Optional[float] = None, step_seconds_prior: Optional[float] = None) -> Estimates:
     """The policy's inputs from a run's events.
 
     - step time per placement: the median `step_seconds` of the lowest rank's steps on spot and
       on on-demand attempts, leaving out each attempt's first step (warm-up); before any step,
-      `step_seconds_hint` (the recipe's `resources.step_seconds_hint`);
+      `step_seconds_hint` (the recipe's `resources.step_seconds_hint`), else `step_seconds_prior` (the
+      recipe's floor, step_prior.py, which launch recorded);
     - restart overhead d = `provision_seconds` (what the executor knows: the local executor's
       provisioning delay; a prior on a cloud) + start-up (nodes up to the first step) + wind-down
       (last step to the end of an attempt that did not complete) + recomputed steps per restart;
@@ -361,6 +454,9 @@ def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hi
     if not any(step_seconds.values()) and step_seconds_hint:
         step_seconds = {SPOT: step_seconds_hint, ON_DEMAND: step_seconds_hint}
         sources["step_seconds"] = "hint (resources.step_seconds_hint)"
+    elif not any(step_seconds.values()) and step_seconds_prior:
+        step_seconds = {SPOT: step_seconds_prior, ON_DEMAND: step_seconds_prior}
+        sources["step_seconds"] = "prior (the recipe's floor, nothing measured yet)"
     if startups:
         startup_mean, startup_max = statistics.fmean(startups), max(startups)
         wind_mean = statistics.fmean(wind_downs) if wind_downs else 0.0
@@ -393,6 +489,11 @@ def latest_decision(events: Iterable[dict]) -> Optional[dict]:
 
 
 # --------------------------------------------------------------------------- simulation
+
+
+# The most ticks one replay takes (about 2 s of CPU on this machine at 20 us a tick): a longer job is
+# replayed at a coarser tick, so its cost is bounded by this, never by its steps.
+MAX_TICKS = 100_000
 
 
 @dataclass(frozen=True)
@@ -453,9 +554,10 @@ def simulate(job: Job, trace: Any, policy: str, *, tick: Optional[float] = None,
     holds a request for spot, granted as soon as the trace has capacity. Work is kept across a
     preemption (the emergency checkpoint), as the trainer does.
     """
-    tick = tick or max(0.01, min(job.restart_seconds, job.step_seconds) / 10)
-    period = period or max(tick, job.restart_seconds / 4)
     horizon = horizon or max(job.deadline, 1.0) * 4 + job.steps * job.step_seconds * 2
+    # At most MAX_TICKS ticks, whatever the job: a replay's cost is bounded, never the steps' count.
+    tick = max(tick or max(0.01, min(job.restart_seconds, job.step_seconds) / 10), horizon / MAX_TICKS)
+    period = period or max(tick, job.restart_seconds / 4)
     estimates = Estimates(step_seconds={SPOT: job.spot_step_seconds or job.step_seconds, ON_DEMAND: job.step_seconds},
                           restart_seconds=job.restart_seconds, restart_seconds_max=job.restart_seconds)
     losses = sorted(t + job.notice_seconds for t in trace.losses())
@@ -571,46 +673,43 @@ def job_from(estimates: Estimates, *, steps: int, deadline: float, spot_usd_per_
 class Feasibility:
     ok: bool
     known: bool
-    """False when no step time is known (no hint): nothing could be checked."""
+    """False when the step time is only a floor (no hint): what passed may still be missed."""
     needed_seconds: Optional[float]
     available_seconds: float
     text: str
 
 
 def feasibility(*, now: float, deadline: float, steps: int, step_seconds_hint: Optional[float],
-                restart_seconds: float) -> Feasibility:
-    """Can even all on-demand, started now, make the deadline? Replays an all-on-demand run."""
+                restart_seconds: float, step_seconds_floor: float = 0.0, floor_source: str = "") -> Feasibility:
+    """Can even all on-demand, started now, make the deadline? One start-up, then every step on
+    on-demand (never preempted): restart + steps x step time, in closed form, so the check costs
+    the same for 10 steps and for 10**12. Without a hint the step time is `step_seconds_floor`
+    (step_prior.py), and the check refuses only what no run could make."""
     available = deadline - now
     if available <= 0:
         return Feasibility(False, True, None, available,
                            f"the deadline {when(deadline)} has passed ({span(-available)} ago)")
-    if not step_seconds_hint:
-        return Feasibility(True, False, None, available,
-                           f"deadline {when(deadline)} ({span(available)} from now); feasibility not checked before "
-                           "the first steps: set resources.step_seconds_hint to check it at launch")
-    job = Job(steps=steps, step_seconds=step_seconds_hint, deadline=available, restart_seconds=restart_seconds)
-    outcome = simulate(job, _NoSpot(), ALL_ON_DEMAND)
-    needed = outcome.finish if outcome.finish is not None else math.inf
-    arithmetic = (f"start-up {span(restart_seconds)} + {steps:,} steps x {step_seconds_hint:g}s "
-                  f"= {span(needed)}")
+    step = step_seconds_hint or step_seconds_floor or 0.0
+    needed = restart_seconds + steps * step
+    if step_seconds_hint:
+        arithmetic = f"start-up {span(restart_seconds)} + {steps:,} steps x {step_seconds_hint:g}s = {span(needed)}"
+    else:
+        arithmetic = (f"start-up {span(restart_seconds)} + {steps:,} steps x at least {step:.3g}s = at least "
+                      f"{span(needed)}" + (f" ({floor_source})" if floor_source else ""))
+    fix = "Give a later deadline (--deadline), fewer train.steps"
     if needed > available:
         return Feasibility(False, True, needed, available,
                            f"even all on-demand cannot make the deadline {when(deadline)}: {arithmetic}, but only "
-                           f"{span(available)} are left. Give a later deadline (--deadline), fewer train.steps, "
-                           "or check resources.step_seconds_hint")
+                           f"{span(available)} are left. {fix}"
+                           + (", or check resources.step_seconds_hint" if step_seconds_hint else ""))
+    if not step_seconds_hint:
+        return Feasibility(True, False, needed, available,
+                           f"deadline {when(deadline)} ({span(available)} from now): all on-demand needs {arithmetic}; "
+                           "the real step time is known after the first steps (resources.step_seconds_hint checks "
+                           "it at launch), and a deadline that becomes unreachable is said at once")
     return Feasibility(True, True, needed, available,
                        f"deadline {when(deadline)}: all on-demand needs {arithmetic} of the {span(available)} left "
                        f"(slack {span(available - needed)})")
-
-
-class _NoSpot:
-    """A trace with no spot capacity at all."""
-
-    def losses(self) -> list[float]:
-        return []
-
-    def available(self, t: float, preemptions: int = 0) -> bool:
-        return False
 
 
 def compare(plan: dict, events: list[dict], trace: Any, *, t0: float, total_steps: int, spot_usd_per_hour: float,
@@ -620,8 +719,7 @@ def compare(plan: dict, events: list[dict], trace: Any, *, t0: float, total_step
     on-demand (the cost report's on-demand baseline, docs/cost.md) and greedy, replayed by the
     simulator with this run's measured step time and restart overhead; its own policy replayed
     the same way shows how far the model is from what happened. `t0` is when the trace starts."""
-    estimates = measure(events, provision_seconds=provision_seconds, step_seconds_hint=plan.get("step_seconds_hint"),
-                        restart_prior=restart_prior)
+    estimates = estimates_for(events, plan, provision_seconds=provision_seconds, restart_prior=restart_prior)
     finished = [e["ts"] for e in events if e.get("type") in ("exit", "attempt_end") and "complet" in str(e.get("reason"))]
     out: dict[str, Any] = {"deadline": plan["at"], "policy": plan.get("policy") or DEFAULT_POLICY,
                            "finished_at": max(finished) if finished else None,
@@ -686,6 +784,7 @@ def status_row(plan: Optional[dict], events: Iterable[dict], *, ended_at: Option
     if latest is not None:
         row.update(mode=latest.get("mode"), reason=latest.get("reason"),
                    projected_finish=latest.get("projected_finish"))
+    row["unreachable"] = row["reason"] == UNREACHABLE
     if ended_at is not None:
         finished = [e["ts"] for e in events if e.get("type") in ("exit", "attempt_end")
                     and "complet" in str(e.get("reason", ""))]

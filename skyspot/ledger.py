@@ -47,7 +47,9 @@ STATUSES = {"PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING"} | TERM
 
 
 def skyspot_home() -> Path:
-    home = Path(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")
+    # Absolute, whatever SKYSPOT_HOME says: the home names task mount sources (the wheel's folder, a
+    # deadline's plan) and run directories, which processes started in other directories read.
+    home = Path(os.path.abspath(os.path.expanduser(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")))
     try:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as error:

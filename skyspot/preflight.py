@@ -52,11 +52,12 @@ def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = Non
 
 def _check_data(recipe, *, local: bool, environ: Mapping[str, str]) -> None:
     from skyspot import hub
-    from skyspot.trainer.data import HUB_PREFIX, REMOTE_SCHEMES, SYNTHETIC, check_record, first_record
+    from skyspot.storage import is_bucket_uri
+    from skyspot.trainer.data import HUB_PREFIX, SYNTHETIC, check_record, first_record
 
     data = recipe.data
     source = data.source
-    if source == SYNTHETIC or source.startswith(REMOTE_SCHEMES):
+    if source == SYNTHETIC or is_bucket_uri(source):  # storage/uri.py decides what is a bucket
         return  # a bucket file is mounted on the node; the trainer checks its records there
     if source.startswith(HUB_PREFIX):
         name, _, _ = source[len(HUB_PREFIX):].partition(":")

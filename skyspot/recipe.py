@@ -3,11 +3,13 @@
 A recipe is a YAML file (see `recipes/`). Loading applies one precedence rule,
 written here once:
 
-    flags (--store, --clouds, ...) > SKYSPOT_<SECTION>__<KEY> environment > recipe file > defaults
+    flags (--store, --clouds, ...) > command-line overrides (the later word wins)
+        > SKYSPOT_<SECTION>__<KEY> environment > recipe file > defaults
 
 Command-line overrides are `section.key=value` (`train.steps=40`); the value is read
-as a YAML scalar, so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
-Unknown keys are rejected, and every problem is reported together, with file and line.
+as YAML (1.2's numbers), so `train.lr=1e-4` is a float and `resources.clouds=[aws,gcp]` a list.
+Types are strict: `train.steps=true` or `5.0` is an error, never 1 or 5. Unknown keys and a key
+given twice are rejected, and every problem is reported together, with file and line.
 
 One module, though long: the schema, the precedence rule and the override syntax are one contract
 (what a recipe value is, and how one is set), read the same way by the CLI and by the trainer.
@@ -106,7 +108,7 @@ def _revision(value: Optional[str]) -> Optional[str]:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
 
 class ModelSection(_Section):
@@ -172,16 +174,17 @@ class DataSection(_Section):
             if colon and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", split):
                 raise ValueError(f"{split!r} is not a dataset split name (hf://org/name:split)")
             return "hf://" + _hub_id(name) + (f":{split}" if colon else "")
-        if "://" in value:
-            from skyspot.storage import parse_store_uri  # import-light: no cloud SDKs
-            try:
-                uri = parse_store_uri(value)
-            except UsageError as err:
-                raise ValueError(str(err).replace("store", "data source", 1)
-                                 + " (or synthetic, or hf://ORG/NAME)") from None
-            if uri.scheme == "file":
-                return uri.prefix  # file:///x is the local path /x
-        return value
+        if value == "synthetic":
+            return value
+        from skyspot.storage import canonical  # import-light: no cloud SDKs
+        try:
+            # One spelling (storage/uri.py): `S3://b/x` is s3://b/x; file:///x and a relative or ~/ path
+            # are this machine's absolute path, so a trainer started elsewhere (the local executor runs
+            # it in the run directory) reads the same file.
+            return canonical(value)
+        except UsageError as err:
+            raise ValueError(str(err).replace("store", "data source", 1)
+                             + " (or synthetic, or hf://ORG/NAME)") from None
 
 
 # The linear layers of a Llama-style decoder (attention and MLP): LoRA's default targets.
@@ -382,13 +385,14 @@ class StorageSection(_Section):
     @classmethod
     def _valid_store(cls, value):
         if value:
-            from skyspot.storage import parse_store_uri  # import-light: no cloud SDKs
+            from skyspot.storage import canonical  # import-light: no cloud SDKs
             try:
-                uri = parse_store_uri(value)
+                # The store's one spelling (storage/uri.py): what the ledger records, what the task
+                # mounts and what the trainer resolves are this string. A relative path is made
+                # absolute here, where it was given, not in the run directory the trainer runs in.
+                return canonical(value)
             except UsageError as err:
                 raise ValueError(str(err)) from None
-            if uri.scheme == "file" and "://" in value:
-                return uri.prefix  # file:///x is the local path /x, not a bucket to mount
         return value
 
 
@@ -491,12 +495,63 @@ def _too_big(data: Any, budget: int = MAX_RECIPE_NODES) -> bool:
     return False
 
 
-def _parse_value(raw: str) -> Any:
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice: an error in a file and in an override's value alike."""
+
+
+class _Loader(yaml.SafeLoader):
+    """The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's).
+
+    Three departures from PyYAML's SafeLoader, all toward YAML 1.2: `3e-4` is a float (YAML 1.1
+    wants a dot, so PyYAML reads it as a string, which the strict schema would then refuse), a
+    date is text, and a key given twice in one mapping is an error with its line, not the last
+    value in silence."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # a merge key (`<<: *base`) may be overridden by the keys beside it
+                if key_node.value in seen:
+                    raise _DuplicateKey(
+                        None, None, f"duplicate key '{key_node.value}' (first at line {seen[key_node.value]})",
+                        key_node.start_mark)
+                seen[key_node.value] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's core schema has no timestamps either: `deadline: 2026-05-01T17:00+02:00` stays the text
+# the deadline parser reads (YAML 1.1 made it a datetime, which the string field then refused).
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _load_yaml(text: str) -> Any:
+    loader = _Loader(text)  # what yaml.safe_load does, with this SafeLoader
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _parse_value(raw: str, where: str = "") -> Any:
+    """An override's value as YAML reads it; text that is no YAML stays the text it is."""
+    try:
+        value = _load_yaml(raw) if raw != "" else ""
+    except _DuplicateKey as err:
+        raise UsageError(f"{where or repr(raw)}: {err.problem}") from None
     except (yaml.YAMLError, RecursionError):
         return raw
     return raw if _too_big(value, 10_000) else value
+
+
+# An override's key: `section.key` in lowercase, the form every recipe key has. The command line's
+# `key=value` and the environment's SKYSPOT_SECTION__KEY pass this one rule, here and in the trainer.
+_KEY = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*")
 
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[str, Any]]:
@@ -505,19 +560,32 @@ def parse_overrides(pairs: Sequence[str]) -> list[tuple[str, Any]]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         key = key.strip()
-        if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", key):
+        if not sep or not _KEY.fullmatch(key):
             raise UsageError(f"override '{pair}' is not of the form section.key=value (e.g. train.steps=40)")
-        parsed.append((key, _parse_value(raw)))
+        parsed.append((key, _parse_value(raw, f"override '{pair}'")))
     return parsed
+
+
+def _env_key(name: str) -> Optional[str]:
+    """The dotted key an environment variable sets (SKYSPOT_TRAIN__STEPS -> train.steps), or None
+    when it is no override; one that would give a key no override can have is refused."""
+    if not (name.startswith(ENV_PREFIX) and "__" in name):
+        return None
+    key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+    if not _KEY.fullmatch(key):
+        raise UsageError(f"environment variable {name} is not of the form SKYSPOT_SECTION__KEY (letters, digits "
+                         f"and '_' only, e.g. SKYSPOT_TRAIN__STEPS): it would set '{key}', which the trainer's "
+                         "override parser refuses; rename or unset it")
+    return key
 
 
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
     """SKYSPOT_<SECTION>__<KEY>=value environment variables, as overrides."""
     found = []
     for name, raw in sorted(environ.items()):
-        if name.startswith(ENV_PREFIX) and "__" in name:
-            key = name[len(ENV_PREFIX):].lower().replace("__", ".")
-            found.append((key, _parse_value(raw)))
+        key = _env_key(name)
+        if key is not None:
+            found.append((key, _parse_value(raw, f"environment variable {name}")))
     return found
 
 
@@ -529,20 +597,21 @@ def override_texts(overrides: Sequence[str] = (), *, environ: Mapping[str, str],
     value and keeps its place). The environment's and the command line's text as the user wrote it."""
     texts: dict[str, str] = {}
     for name, raw in sorted(environ.items()):
-        if name.startswith(ENV_PREFIX) and "__" in name:
-            key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+        key = _env_key(name)
+        if key is not None:
             texts[key] = f"{key}={raw}"
     for pair in overrides:
         key, _, raw = pair.partition("=")
         texts[key.strip()] = f"{key.strip()}={raw}"
     for key, value in (flags or {}).items():
         if value is not None:
-            texts[key] = f"{key}={_value_text(value)}"
+            texts[key] = f"{key}={value_text(value)}"
     return texts
 
 
-def _value_text(value: Any) -> str:
-    """A flag's value as override text (`[aws, gcp]`, `false`, a string as is when it reads back as itself)."""
+def value_text(value: Any) -> str:
+    """A value as override text that `parse_overrides` reads back to it, a flag's or a resolved one
+    (`[aws, gcp]`, `false`, a string as is when it reads back as itself)."""
     if isinstance(value, str) and _parse_value(value) == value:
         return value
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("...").strip()
@@ -597,7 +666,8 @@ def _field_exists(model: type[BaseModel], parts: list[str]) -> bool:
 def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
                 environ: Optional[Mapping[str, str]] = None,
                 flags: Optional[Mapping[str, Any]] = None) -> Recipe:
-    """Load, merge (flags > env > file > defaults) and validate a recipe. Raises RecipeError with every problem."""
+    """Load, merge (flags > command line > env > file > defaults) and validate a recipe. Raises
+    RecipeError with every problem."""
     path = recipe_path(name_or_path)
     source = str(path) if name_or_path not in REGISTRY else f"recipes/{REGISTRY[name_or_path]}"
     try:
@@ -612,7 +682,7 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     except UnicodeDecodeError as err:
         raise RecipeError(source, [f"not UTF-8 text (byte {err.start})"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
@@ -659,6 +729,9 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
                 message = "required key is missing"
             elif error["type"] in ("literal_error", "enum") and "input" in error:
                 message = f"{message} (got {error['input']!r})"
+            elif error["type"] in _STRICT_TYPES and "input" in error:
+                # Strict: `true` is no step count and `5.0` or " 5 " no integer; say what was read.
+                message = f"{message}, not {_kind(error['input'])} {_shown(error['input'])}"
             origin = _origin_of(loc, origins)
             if origin is not None:  # the user's override set this value, not the file
                 problems.append(f"{origin}: {message}")
@@ -670,11 +743,25 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
         raise RecipeError(source, problems) from None
 
 
+_STRICT_TYPES = ("int_type", "float_type", "bool_type", "string_type", "list_type", "dict_type", "model_type")
+
+
+def _kind(value: Any) -> str:
+    return {bool: "the boolean", int: "the integer", float: "the number", str: "the string", list: "the list",
+            dict: "the mapping", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _origins(env_pairs, environ, cli_pairs, overrides, flag_pairs) -> dict[str, str]:
     """Dotted key -> how the user set it (`override train.steps=abc`), the winning source last."""
     found: dict[str, str] = {}
-    env_raw = {name[len(ENV_PREFIX):].lower().replace("__", "."): (name, raw) for name, raw in environ.items()
-               if name.startswith(ENV_PREFIX) and "__" in name}
+    env_raw = {_env_key(name): (name, raw) for name, raw in environ.items() if _env_key(name) is not None}
     for key, _ in env_pairs:
         name, raw = env_raw.get(key, (key, ""))
         found[key] = f"environment {name}={raw}"

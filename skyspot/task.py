@@ -44,7 +44,7 @@ from skyspot import __version__
 from skyspot.package import PACKAGE_MOUNT, PLACEHOLDER
 from skyspot.plan import Candidate
 from skyspot.recipe import Recipe
-from skyspot.storage import mount_source, parse_store_uri
+from skyspot.storage import is_bucket_uri, mount_source, parse_store_uri
 
 RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rendering stays import-light
 
@@ -100,6 +100,25 @@ def _store_mount(uri: str) -> tuple[str, dict[str, Any], str]:
     return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, root
 
 
+def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool) -> list[str]:
+    """The data.source override the node's trainer needs, adding a bucket source's mount on a cloud.
+
+    A bucket source is mounted on a cloud node and read there; the local executor has no bucket
+    mounts, so a local run gets the URI itself and the trainer downloads it into the run directory
+    first (trainer/loop.py `_data_source`). A file on this machine goes as the absolute path the
+    recipe resolved at launch: the trainer runs in the run directory, where a relative path would
+    name another file."""
+    if source == "synthetic" or source.startswith("hf://"):
+        return []
+    if is_bucket_uri(source):
+        if local:
+            return []  # the recipe's own value, which the trainer resolves the same way
+        mount_point, mount, node_path = _data_mount(source)
+        file_mounts[mount_point] = mount
+        return [f"data.source={node_path}"]
+    return [f"data.source={source}"]
+
+
 # The secret an Azure Blob store needs on a node: SkyPilot's Azure VMs carry no identity that
 # may read or write blobs, and nodes on other clouds have none at all (docs/storage.md).
 AZURE_STORE_SECRET = "AZURE_STORAGE_KEY"
@@ -141,7 +160,7 @@ RECIPE_MOUNT = "/skyspot/recipe.yaml"
 
 def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, recipe_file: Optional[str] = None,
            overrides: Sequence[str] = (), run_name: Optional[str] = None,
-           package_dir: Optional[str] = None) -> dict[str, Any]:
+           package_dir: Optional[str] = None, local: bool = False) -> dict[str, Any]:
     """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
 
     `candidates` are the plan's placements, in order (plan.candidates). `recipe_arg` is what the
@@ -149,26 +168,25 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
     file) the path that file is mounted at. `overrides` are the values set on top of the recipe
     (launch.py); they reach the trainer as `key=value` arguments, shell-quoted, after the store's.
     `package_dir` is the folder of the wheel `launch` built (package.py); without it the mount
-    shows a placeholder.
+    shows a placeholder. `local`: the task is for the local executor, which mounts no bucket.
     """
     store = recipe.storage.store
+    # The store reaches the trainer once, first, as the recipe resolved it (launch.py decides it).
+    # (No store: the overrides that unset it go as they are, so the file's store cannot come back.)
     trainer_overrides = [f"storage.store={store}"] if store else []
-    trainer_overrides += [o for o in overrides if o.partition("=")[0].strip() != "storage.store"]
+    trainer_overrides += [o for o in overrides if not store or o.partition("=")[0].strip().split(".")[0] != "storage"]
     file_mounts: dict[str, Any] = {PACKAGE_MOUNT: package_dir or PLACEHOLDER}
     if recipe_file:
         file_mounts[recipe_arg] = recipe_file
-    source = recipe.data.source
-    if "://" in source and not source.startswith("hf://"):
-        mount_point, mount, node_path = _data_mount(source)
-        file_mounts[mount_point] = mount
-        trainer_overrides.append(f"data.source={node_path}")
+    trainer_overrides += _data_source(recipe.data.source, file_mounts, local=local)
 
     envs = {
         **({"SKYSPOT_RUN_NAME": run_name} if run_name else {}),
         "SKYSPOT_PACKAGE_DIR": PACKAGE_MOUNT,
         **DIST_ENV,
     }
-    if store and recipe.model.hub_id and not recipe.model.is_local and not parse_store_uri(store).is_local:
+    bucket_store = bool(store) and not parse_store_uri(store).is_local
+    if bucket_store and not local and recipe.model.hub_id and not recipe.model.is_local:
         mount_point, mount, store_root = _store_mount(store)
         file_mounts[mount_point] = mount
         envs["SKYSPOT_STORE_MOUNT"] = store_root

@@ -203,7 +203,9 @@ def test_recipe_file_values_reach_the_trainer_and_the_store_flag_as_literals(tmp
     text = text.replace("source: hf://yahma/alpaca-cleaned", f"source: 's3://my-data/{evil}/train.jsonl'")
     text = text.replace("name: llama8b", "name: evil-recipe")
     text = text.replace("description: ", f"description: {evil} ")
-    text += f"storage:\n  store: 's3://my-bucket/runs/{evil}'\n"
+    # The file's own `storage:` section, replaced (a second one is a duplicate key, refused with its line).
+    assert "storage:\n  store: null\n" in text
+    text = text.replace("storage:\n  store: null\n", f"storage:\n  store: 's3://my-bucket/runs/{evil}'\n")
     recipe = tmp_path / "evil.yaml"
     recipe.write_text(text)
     task = render_task(recipe, "train.steps=3", f"data.split={evil}")

@@ -65,6 +65,9 @@ def launch_command(
     if not (dry_run or run_local or yes) and not sys.stdin.isatty():
         raise UsageError(f"launching '{probe.name}' on the cloud needs confirmation: pass -y/--yes "
                          "when not attached to a terminal (--dry-run shows the plan first)")
+    from skyspot.launch import check_store
+
+    check_store(probe, local=run_local)  # a cloud run's store is a bucket, a dry run's as a real launch's
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
     package = packaging.build() if (not run_local or fresh_node) else None
 
@@ -75,7 +78,7 @@ def launch_command(
     if deadline_plan:
         err.print(deadline_plan["check"], markup=False, soft_wrap=True)
     if dry_run:
-        built = build(recipe, overrides or [], flags=flags, run_name=name, package=package)
+        built = build(recipe, overrides or [], flags=flags, run_name=name, local=run_local, package=package)
         _show_plan(built)
         show_window_check(built.recipe, warn_only=False)
         _show_package(built)

@@ -33,6 +33,11 @@ def _version(value: bool) -> None:
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """skyspot: spot-instance LLM fine-tuning that is boringly reliable."""
+    import os
+
+    home = os.environ.get("SKYSPOT_HOME")
+    if home:  # resolved once, before anything uses it: the processes a command starts run elsewhere
+        os.environ["SKYSPOT_HOME"] = os.path.abspath(os.path.expanduser(home))
 
 
 app.command("recipes", cls=OneLineCommand)(recipes_command)

@@ -100,6 +100,8 @@ def _deadline_text(deadline: dict | None) -> str | None:
     if deadline.get("met") is not None:
         return f"{'met' if deadline['met'] else 'MISSED'} ({due})"
     mode = {"idle": "waiting for spot"}.get(deadline.get("mode"), deadline.get("mode")) or "planning"
+    if deadline.get("unreachable"):  # said as soon as the policy finds it (docs/deadline.md)
+        mode = f"UNREACHABLE, {mode} to the end"
     eta = deadline.get("projected_finish")
     if eta is None:
         return f"{mode}, {due}"

@@ -38,10 +38,10 @@ class Planner:
         self.c = controller
         spec = controller.spec
         plan: dict[str, Any] = spec.deadline or {}
+        self.plan = plan
         self.at = float(plan["at"])
         self.start = float(plan.get("start") or controller.launched_at)
         self.policy = plan.get("policy") or dl.DEFAULT_POLICY
-        self.hint = plan.get("step_seconds_hint")
         self.period = float(plan.get("period") or 3.0)
         self.trace = SpotTrace(preemptions=list(spec.trace_times), capacity_gone_after=spec.capacity_gone_after,
                                unavailable=[(float(a), float(b)) for a, b in spec.unavailable])
@@ -97,19 +97,18 @@ class Planner:
     # ------------------------------------------------------------------ deciding
     def decide(self, mode: str, spot_available: Optional[bool]) -> dl.Decision:
         log = read_events_dir(Path(self.c.run_dir) / EVENTS_DIR)
-        events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
-        estimates = dl.measure(events, provision_seconds=self.c.spec.provision_delay,
-                               step_seconds_hint=self.hint,
-                               restart_prior=self.c.spec.provision_delay + dl.LOCAL_START_PRIOR_SECONDS)
-        state = dl.State(now=time.time(), start=self.start, deadline=self.at, total_steps=self.c.spec.total_steps,
-                         done_steps=dl.progress(events), mode=mode, spot_available=spot_available,
-                         committed=self.committed, margin=self.period)
-        decision = dl.decide(self.policy, state, estimates)
+        estimates = dl.estimates_for(log.events, self.plan, provision_seconds=self.c.spec.provision_delay,
+                                     restart_prior=self.c.spec.provision_delay + dl.LOCAL_START_PRIOR_SECONDS)
+        round_ = dl.next_round(self.policy, log.events, estimates, now=time.time(),
+                               plan={**self.plan, "start": self.start}, total_steps=self.c.spec.total_steps,
+                               mode=mode, spot_available=spot_available, committed=self.committed,
+                               margin=self.period)
+        decision = round_.decision
         self.committed = decision.committed
-        self._emit(decision.event_fields(state, estimates))
-        if self.last is None or (decision.mode, decision.reason) != (self.last.mode, self.last.reason):
-            self.c.say(f"deadline: {decision.mode} ({decision.reason}: {decision.why}); projected finish "
-                       f"{dl.when(decision.projected_finish)}, deadline {dl.when(self.at)}")
+        self._emit(round_.event_fields())
+        line = dl.news(self.last, decision, self.at)
+        if line:
+            self.c.say(line)
         self.last = decision
         return decision
 

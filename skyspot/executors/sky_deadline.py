@@ -207,9 +207,9 @@ class CloudController:
         d = plan["deadline"]
         self.at, self.start = float(d["at"]), float(d["start"])
         self.policy = d.get("policy") or dl.DEFAULT_POLICY
-        self.hint = d.get("step_seconds_hint")
         self.period = float(d.get("period") or PERIOD_SECONDS)
         self.committed = False
+        self.last: Optional[dl.Decision] = None
         self.stage: Optional[Stage] = None
         self.lines: list[str] = []
         self._restore()
@@ -270,20 +270,23 @@ class CloudController:
             elif self.stage.waiting_since is None:
                 self.stage.waiting_since = now  # preempted: SkyPilot is recovering it
         log = read_events_store(self.store, self.run)
-        events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
-        estimates = dl.measure(events, provision_seconds=CLOUD_PROVISION_SECONDS, step_seconds_hint=self.hint,
-                               restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS)
-        mode, spot_available = self._mode(status, now, estimates)
-        state = dl.State(now=now, start=self.start, deadline=self.at, total_steps=int(self.plan["total_steps"]),
-                         done_steps=dl.progress(events), mode=mode, spot_available=spot_available,
-                         committed=self.committed, margin=self.period)
-        decision = dl.decide(self.policy, state, estimates)
+        estimates = dl.estimates_for(log.events, self.plan["deadline"], provision_seconds=CLOUD_PROVISION_SECONDS,
+                                     restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS)
+        mode, spot_available = self._mode(status, now, estimates.restart_seconds)
+        round_ = dl.next_round(self.policy, log.events, estimates, now=now, plan=self.plan["deadline"],
+                               total_steps=int(self.plan["total_steps"]), mode=mode, spot_available=spot_available,
+                               committed=self.committed, margin=self.period)
+        decision = round_.decision
         self.committed = decision.committed
+        line = dl.news(self.last, decision, self.at)
+        if line and decision.reason == dl.UNREACHABLE:
+            self.say(line)  # at once; other changes of mind are said where they act (_act)
+        self.last = decision
         self._act(decision, mode)
-        self._emit(**decision.event_fields(state, estimates))
+        self._emit(**round_.event_fields())
         return None
 
-    def _mode(self, status: Optional[str], now: float, estimates: dl.Estimates) -> tuple[str, Optional[bool]]:
+    def _mode(self, status: Optional[str], now: float, restart_seconds: float) -> tuple[str, Optional[bool]]:
         if self.stage is None:
             return dl.IDLE, None
         if self.stage.mode == dl.ON_DEMAND:
@@ -291,7 +294,7 @@ class CloudController:
         if status == "RUNNING":
             return dl.SPOT, None
         # A spot stage not running: its changeover, until it has waited longer than a restart.
-        if now - (self.stage.waiting_since or self.stage.launched_at) <= estimates.restart_seconds:
+        if now - (self.stage.waiting_since or self.stage.launched_at) <= restart_seconds:
             return dl.SPOT, None
         return dl.IDLE, False
 

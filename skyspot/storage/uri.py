@@ -43,6 +43,23 @@ class StoreURI:
 
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+BUCKET_SCHEMES = ("s3", "gs", "az")
+
+
+def is_bucket_uri(text: str | os.PathLike) -> bool:
+    """Whether `text` names a bucket (s3://, gs://, az://, in any case: a URI's scheme is
+    case-insensitive, RFC 3986 3.1). Everything that asks "bucket or this machine?" asks here, so
+    `S3://b/x` is a bucket to the validator, to render and to preflight alike; the recipe's
+    validators store it as `canonical` spells it."""
+    match = _SCHEME_RE.match(os.fspath(text))
+    return bool(match) and match.group(1).lower() in BUCKET_SCHEMES
+
+
+def canonical(uri: str | os.PathLike) -> str:
+    """The one spelling of a store location: the scheme in lowercase (`S3://b/x` -> `s3://b/x`), no
+    trailing `/`, and a local path (relative, `~/...` or `file:///...`) as an absolute directory of
+    this machine. Raises `UsageError` as `parse_store_uri` does."""
+    return str(parse_store_uri(uri))
 
 
 def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
@@ -60,7 +77,7 @@ def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
         if host not in ("", "localhost") or not slash:
             raise UsageError(f"store {text!r} is not a local file URI; expected file:///ABSOLUTE/PATH")
         return StoreURI("file", "", os.path.abspath("/" + path))
-    if scheme not in ("s3", "gs", "az"):
+    if scheme not in BUCKET_SCHEMES:
         raise UsageError(f"unsupported store scheme '{scheme}://' in {text!r}; expected {EXPECTED_FORMS}")
     form = FORMS[scheme]
     account = ""

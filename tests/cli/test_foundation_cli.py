@@ -157,8 +157,8 @@ def _error_line(result) -> str:
 
 def test_a_bad_override_is_blamed_on_the_override_not_the_recipe_file():
     line = _error_line(invoke("render", "tiny", "train.steps=abc"))
-    assert line == ("error: override train.steps=abc: Input should be a valid integer, unable to parse string as "
-                    "an integer (recipe recipes/tiny.yaml)")
+    assert line == ("error: override train.steps=abc: Input should be a valid integer, not the string 'abc' "
+                    "(recipe recipes/tiny.yaml)")
     assert "(line" not in line
 
 
