@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Optional
 from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
+from skyspot.executors import controller_lock
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.runs import new_run_name, record_launch
 
@@ -120,6 +121,10 @@ def _local_mounts(built) -> dict[str, str]:
     return mounts
 
 
+CANCEL_WAIT_S = 300
+"""How long `cancel` waits for a live controller's emergency checkpoint and stop."""
+
+
 def runs_dir() -> Path:
     path = skyspot_home() / "runs"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -160,24 +165,20 @@ def _write_spec(run_dir: Path, spec: Spec, *, exclusive: bool) -> None:
 
 
 def _start_controller(name: str, run_dir: Path, ledger: Ledger) -> None:
-    controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
-                            stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    os.close(controller_log)
-    ledger.update(name, controller_pid=proc.pid)
-
-
-def _alive(pid: Optional[int]) -> bool:
-    if not pid:
-        return False
+    # The lock is taken here and handed to the controller, so it is held from the controller's first
+    # instant: `cancel` and `resume` know the run by the lock, never by the PID alone (controller_lock.py).
+    lock = controller_lock.acquire(run_dir)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
+                                stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
+                                start_new_session=True, pass_fds=(lock,),
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", controller_lock.FD_ENV: str(lock)})
+        os.close(controller_log)
+        controller_lock.record(lock, proc.pid)
+    finally:
+        os.close(lock)  # the controller's copy keeps the lock held
+    ledger.update(name, controller_pid=proc.pid)
 
 
 def resume_local(run, *, detach: bool) -> int:
@@ -185,7 +186,7 @@ def resume_local(run, *, detach: bool) -> int:
 
     Preemptions injected at launch (--preempt-*, a trace) are not replayed: they belonged to
     that launch's timeline."""
-    if not run.terminal and _alive(run.controller_pid):
+    if not run.terminal and controller_lock.holder(run.run_dir) is not None:
         raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
                          f"`skyspot cancel {run.name}` stops it")
     from skyspot.executors.local_controller import Spec
@@ -241,17 +242,29 @@ class LocalExecutor:
                 time.sleep(0.5)
 
     def cancel(self, run, ledger) -> None:
+        pid = controller_lock.holder(run.run_dir)
+        if pid is None:  # never signal a bare PID: it may be a stranger's now (controller_lock.py)
+            ledger.update(run.name, status="CANCELLED")
+            stranger = (f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not "
+                        "signalled)" if run.controller_pid else "")
+            err.print(f"run '{run.name}' had no live controller; marked CANCELLED{stranger}", markup=False)
+            return
         ledger.update(run.name, status="CANCELLING")
         try:
-            os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
-        except (ProcessLookupError, TypeError):
-            ledger.update(run.name, status="CANCELLED")
-            err.print(f"run '{run.name}' had no live controller; marked CANCELLED")
-            return
-        deadline = time.time() + 300
+            os.kill(pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
+        except ProcessLookupError:
+            pass  # it ended in between: the wait below sees the lock released
+        deadline = time.time() + CANCEL_WAIT_S
         while time.time() < deadline and not ledger.get(run.name).terminal:
-            time.sleep(0.5)
-        err.print(f"run '{run.name}' {ledger.get(run.name).status}")
+            if controller_lock.holder(run.run_dir) is None:
+                if not ledger.get(run.name).terminal:  # it died without saying so: say it for it
+                    ledger.update(run.name, status="CANCELLED")
+                    err.print(f"run '{run.name}': its controller ended without recording it; marked CANCELLED",
+                              markup=False)
+                    return
+                break
+            time.sleep(0.2)
+        err.print(f"run '{run.name}' {ledger.get(run.name).status}", markup=False)
 
     def resume_question(self, run) -> None:
         return None  # nothing is paid for
