@@ -164,11 +164,15 @@ def _write_spec(run_dir: Path, spec: Spec, *, exclusive: bool) -> None:
         os.replace(target, path)
 
 
-def _start_controller(name: str, run_dir: Path, ledger: Ledger) -> None:
+def _start_controller(name: str, run_dir: Path, ledger: Ledger, **fields) -> None:
+    """Start the run's controller; `fields` go to the ledger once its lock is held (a resume's PENDING:
+    never a not-ended row with an unheld lock, which `refresh` would take for a dead controller)."""
     # The lock is taken here and handed to the controller, so it is held from the controller's first
     # instant: `cancel` and `resume` know the run by the lock, never by the PID alone (controller_lock.py).
     lock = controller_lock.acquire(run_dir)
     try:
+        if fields:
+            ledger.update(name, **fields)
         controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
                                 stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
@@ -201,8 +205,7 @@ def resume_local(run, *, detach: bool) -> int:
                    spot_nodes=[], fallback_after=None, unavailable=[])
     _write_spec(run_dir, spec, exclusive=False)
     with Ledger() as ledger:
-        ledger.update(run.name, status="PENDING", ended_at=None, exit_code=None)
-        _start_controller(run.name, run_dir, ledger)
+        _start_controller(run.name, run_dir, ledger, status="PENDING", ended_at=None, exit_code=None)
     return _attach(run.name, detach, verb="resumed")
 
 
@@ -227,6 +230,26 @@ class LocalExecutor:
     local_events = True
 
     def refresh(self, runs):
+        """The controllers keep the ledger's status themselves; one that died without a word (SIGKILL,
+        out of memory, a reboot) left its lock file unheld, and its run is marked FAILED_CONTROLLER
+        here, as SkyPilot marks a managed job whose controller is gone. A run without a lock file
+        (launched by an older skyspot, or not started yet) is left as it is."""
+        gone = [run for run in runs if not run.terminal and run.run_dir
+                and controller_lock.lock_path(run.run_dir).exists() and controller_lock.holder(run.run_dir) is None]
+        if not gone:
+            return {}, None
+        with Ledger() as ledger:
+            try:
+                for run in gone:
+                    if ledger.get(run.name).terminal:  # it ended between the two reads
+                        continue
+                    cause = ("the local controller ended without recording how the run ended (killed, out of memory "
+                             f"or a reboot); `skyspot resume {run.name}` continues it")
+                    run.info = {**run.info, "cause": cause}
+                    ledger.update(run.name, status="FAILED_CONTROLLER", info=run.info)
+                    run.status = "FAILED_CONTROLLER"
+            except Exception:  # a read-only or busy ledger: the next command tries again
+                pass
         return {}, None
 
     def logs(self, run, *, follow: bool) -> int:

@@ -119,6 +119,26 @@ def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
         holder.wait()
 
 
+def test_status_marks_a_run_whose_controller_died_silently(stranger):
+    """Its lock file is there and nobody holds it: FAILED_CONTROLLER with the cause, as SkyPilot says of
+    a managed job whose controller is gone; a live holder's run, and a run without a lock file, stay."""
+    dead = running_row("dead", stranger.pid)
+    fd = controller_lock.acquire(dead)
+    controller_lock.record(fd, stranger.pid)
+    os.close(fd)
+    running_row("legacy", stranger.pid)  # launched before the lock existed: nothing to go by
+    holder = hold_lock(running_row("live", 1))
+    try:
+        result = invoke("status")
+        rows = {r["name"]: r["status"] for r in json.loads(invoke("status", "--json").stdout)}
+        assert rows == {"dead": "FAILED_CONTROLLER", "legacy": "RUNNING", "live": "RUNNING"}
+        assert "dead FAILED_CONTROLLER: the local controller ended without recording" in result.stderr
+        assert stranger.poll() is None
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_resume_knows_a_live_controller_by_its_lock_not_its_pid(stranger):
     run_dir = running_row("r", stranger.pid)
     # A stranger with the PID: the run is not live, so resume goes on (to its missing spec, here).
