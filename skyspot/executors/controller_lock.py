@@ -69,8 +69,8 @@ def acquire(run_dir: str | os.PathLike, *, wait_s: float = 2.0) -> int:
 def record(fd: int, pid: int) -> None:
     """Name the lock's holder: `pid` and its start time."""
     data = json.dumps({"pid": pid, "started": started(pid)}).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    os.pwrite(fd, data, 0)  # a reader in between sees no valid name, and `state` says "held, unnamed"
+    os.ftruncate(fd, len(data))
 
 
 def adopt() -> Optional[int]:
@@ -86,32 +86,38 @@ def adopt() -> Optional[int]:
     return fd
 
 
-def holder(run_dir: Optional[str | os.PathLike]) -> Optional[int]:
-    """The PID of the run's live controller, or None: no lock file (a run from before the lock, or no run
-    dir), nobody holds the lock (the controller is dead), or the named process is not the holder."""
+def state(run_dir: Optional[str | os.PathLike]) -> tuple[bool, Optional[int]]:
+    """(held, pid): whether any process holds the run's controller lock, and the holder's PID when the
+    file names a process that started when the holder did. Held without a PID: a controller being
+    started this instant (its name not written yet), or a holder that is not who the file names."""
     if not run_dir:
-        return None
+        return False, None
     try:
         fd = os.open(lock_path(run_dir), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
-        return None
+        return False, None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return None  # we got it, so no controller holds it (closing the file drops ours)
+            return False, None  # we got it, so no controller holds it (closing the file drops ours)
         except BlockingIOError:
             pass
         data = os.pread(fd, 4096, 0)
     except OSError:
-        return None
+        return False, None
     finally:
         os.close(fd)
     try:
         named = json.loads(data)
         pid, when = int(named["pid"]), float(named["started"])
     except (ValueError, TypeError, KeyError):
-        return None
+        return True, None
     now = started(pid) if pid > 0 else None
     if now is None or abs(now - when) > _START_TOLERANCE_S:
-        return None
-    return pid
+        return True, None
+    return True, pid
+
+
+def is_held(run_dir: Optional[str | os.PathLike]) -> bool:
+    """Whether a process holds the run's controller lock (the run is still going, or starting)."""
+    return state(run_dir)[0]

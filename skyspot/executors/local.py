@@ -190,7 +190,7 @@ def resume_local(run, *, detach: bool) -> int:
 
     Preemptions injected at launch (--preempt-*, a trace) are not replayed: they belonged to
     that launch's timeline."""
-    if not run.terminal and controller_lock.holder(run.run_dir) is not None:
+    if not run.terminal and controller_lock.is_held(run.run_dir):
         raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
                          f"`skyspot cancel {run.name}` stops it")
     from skyspot.executors.local_controller import Spec
@@ -235,7 +235,7 @@ class LocalExecutor:
         here, as SkyPilot marks a managed job whose controller is gone. A run without a lock file
         (launched by an older skyspot, or not started yet) is left as it is."""
         gone = [run for run in runs if not run.terminal and run.run_dir
-                and controller_lock.lock_path(run.run_dir).exists() and controller_lock.holder(run.run_dir) is None]
+                and controller_lock.lock_path(run.run_dir).exists() and not controller_lock.is_held(run.run_dir)]
         if not gone:
             return {}, None
         with Ledger() as ledger:
@@ -265,8 +265,16 @@ class LocalExecutor:
                 time.sleep(0.5)
 
     def cancel(self, run, ledger) -> None:
-        pid = controller_lock.holder(run.run_dir)
-        if pid is None:  # never signal a bare PID: it may be a stranger's now (controller_lock.py)
+        held, pid = controller_lock.state(run.run_dir)
+        give_up = time.monotonic() + 3.0
+        while held and pid is None and time.monotonic() < give_up:  # a controller starting this instant
+            time.sleep(0.1)
+            held, pid = controller_lock.state(run.run_dir)
+        if held and pid is None:
+            raise SkyspotError(f"run '{run.name}': a process holds its controller's lock "
+                               f"{controller_lock.lock_path(run.run_dir)} but is not the controller it names; "
+                               "nothing was signalled")
+        if not held:  # never signal a bare PID: it may be a stranger's now (controller_lock.py)
             ledger.update(run.name, status="CANCELLED")
             stranger = (f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not "
                         "signalled)" if run.controller_pid else "")
@@ -279,7 +287,7 @@ class LocalExecutor:
             pass  # it ended in between: the wait below sees the lock released
         deadline = time.time() + CANCEL_WAIT_S
         while time.time() < deadline and not ledger.get(run.name).terminal:
-            if controller_lock.holder(run.run_dir) is None:
+            if not controller_lock.is_held(run.run_dir):
                 if not ledger.get(run.name).terminal:  # it died without saying so: say it for it
                     ledger.update(run.name, status="CANCELLED")
                     err.print(f"run '{run.name}': its controller ended without recording it; marked CANCELLED",

@@ -103,17 +103,21 @@ def test_cancel_signals_the_lock_holder_and_reconciles_a_controller_that_dies_si
 
 
 def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
-    """Held, but naming a PID whose process did not start when the named one did: nobody is signalled."""
+    """Held, but naming a PID whose process did not start when the named one did: nobody is signalled,
+    and cancel says so in one line rather than guessing (the run is left as it was)."""
     run_dir = running_row("r", stranger.pid)
     holder = hold_lock(run_dir, stranger.pid)  # records the stranger's PID with the stranger's start time
     try:
-        assert controller_lock.holder(run_dir) == stranger.pid  # the check itself: held and named
+        assert controller_lock.state(run_dir) == (True, stranger.pid)  # the check itself: held and named
         data = json.loads((run_dir / controller_lock.LOCK_NAME).read_text())
         data["started"] -= 3600  # a process with this PID that started an hour earlier: not this one
         (run_dir / controller_lock.LOCK_NAME).write_text(json.dumps(data))
-        assert controller_lock.holder(run_dir) is None
-        assert invoke("cancel", "r", "-y").exit_code == 0
+        assert controller_lock.state(run_dir) == (True, None)
+        line = one_line_error(invoke("cancel", "r", "-y"))
+        assert "is not the controller it names; nothing was signalled" in line
         assert stranger.poll() is None and holder.poll() is None
+        with Ledger() as ledger:
+            assert ledger.get("r").status == "RUNNING"
     finally:
         holder.kill()
         holder.wait()
