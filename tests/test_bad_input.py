@@ -2,8 +2,10 @@
 with a valid task (exit 0, YAML that parses) or with one line `error: ...` and a non-zero exit.
 Never a traceback, never a half-written file.
 
-Property-based (hypothesis), bounded so the module runs in well under a minute. SkyPilot's own
-parser is too slow for the loops; `test_valid_examples_parse_with_skypilot` feeds it a few.
+Property-based (hypothesis), bounded so the module runs in about two minutes here (the bounded
+tests over every command take most of it). SkyPilot's own parser is too slow for the loops;
+`test_valid_examples_parse_with_skypilot` feeds it a few. The last section holds every command to a
+time and memory bound per case (tests/bounds.py).
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ def load(path: str | os.PathLike, map_location: Any = None, *, mmap: bool = Fals
         with torch.serialization.safe_globals(allowed_globals()):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
-        raise CheckpointError(f"refusing {path}: {_what(path, error)}; a skyspot checkpoint never holds it, "
-                              "so the file was not written by skyspot (was the store written by someone else?)") from None
+        raise CheckpointError(f"refusing {path}: {_what(path, error)}") from None
 
 
 def vet(path: str | os.PathLike) -> None:
@@ -68,8 +67,10 @@ def _what(path: str | os.PathLike, error: Exception) -> str:
     except Exception:
         unsafe = []
     if unsafe:
-        return f"it names {', '.join(sorted(unsafe)[:3])}"
-    # No global named: the weights-only unpickler refused an opcode or a call; its first line says which.
-    first = str(error).strip().splitlines()
-    detail = next((line.strip() for line in first if "Unsupported" in line or "unsupported" in line), "")
-    return f"it is not a weights-only pickle ({detail[:160]})" if detail else "it is not a weights-only pickle"
+        return (f"it names {', '.join(sorted(unsafe)[:3])}, which no skyspot checkpoint holds: skyspot did not "
+                "write this file (who else can write to the run's store?)")
+    # No global named: the weights-only unpickler refused an opcode or a call; its own line says which.
+    lines = str(error).strip().splitlines()
+    detail = next((line.strip() for line in lines if "nsupported" in line), "")
+    return ("it is not a file the weights-only loader reads" + (f" ({detail[:160]})" if detail else "")
+            + ": damaged, or not written by skyspot")
