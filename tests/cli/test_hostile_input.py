@@ -17,7 +17,9 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -46,6 +48,13 @@ def running_row(name: str, pid: int) -> Path:
     return run_dir
 
 
+def released_lock(run_dir: Path, pid: int) -> None:
+    """What a controller that died leaves: its lock file, naming it, held by nobody."""
+    fd = controller_lock.acquire(run_dir)
+    controller_lock.record(fd, pid)
+    os.close(fd)
+
+
 @pytest.mark.parametrize("lock_file", ["none", "released"])
 def test_cancel_never_signals_a_process_that_only_has_the_recorded_pid(stranger, lock_file):
     """The controller died without a word (OOM, reboot) and its PID now names a stranger: cancel ends at
@@ -53,9 +62,7 @@ def test_cancel_never_signals_a_process_that_only_has_the_recorded_pid(stranger,
     lock file is there, naming that PID with the stranger's own start time, but nobody holds the lock."""
     run_dir = running_row("r", stranger.pid)
     if lock_file == "released":
-        fd = controller_lock.acquire(run_dir)
-        controller_lock.record(fd, stranger.pid)
-        os.close(fd)
+        released_lock(run_dir, stranger.pid)
     start = time.monotonic()
     result = invoke("cancel", "r", "-y")
     assert time.monotonic() - start < 5
@@ -76,20 +83,24 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-def hold_lock(run_dir: Path, *named: int) -> subprocess.Popen:
+@contextmanager
+def hold_lock(run_dir: Path, *named: int) -> Iterator[subprocess.Popen]:
     """A process that holds the run's controller lock, as a controller does (and dies on SIGTERM
-    without updating the ledger, as a crashing one would)."""
+    without updating the ledger, as a crashing one would); killed on leaving."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir), *map(str, named)], env=env,
                             stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_cancel_signals_the_lock_holder_and_reconciles_a_controller_that_dies_silently():
     run_dir = running_row("r", 1)  # the PID in the row is stale; the lock names the live controller
-    holder = hold_lock(run_dir)
-    try:
+    with hold_lock(run_dir) as holder:
         start = time.monotonic()
         result = invoke("cancel", "r", "-y")
         assert time.monotonic() - start < 10
@@ -97,17 +108,13 @@ def test_cancel_signals_the_lock_holder_and_reconciles_a_controller_that_dies_si
         assert result.exit_code == 0 and "its controller ended without recording it; marked CANCELLED" in result.stderr
         with Ledger() as ledger:
             assert ledger.get("r").status == "CANCELLED"
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
     """Held, but naming a PID whose process did not start when the named one did: nobody is signalled,
     and cancel says so in one line rather than guessing (the run is left as it was)."""
     run_dir = running_row("r", stranger.pid)
-    holder = hold_lock(run_dir, stranger.pid)  # records the stranger's PID with the stranger's start time
-    try:
+    with hold_lock(run_dir, stranger.pid) as holder:  # records the stranger's PID with the stranger's start time
         assert controller_lock.state(run_dir) == (True, stranger.pid)  # the check itself: held and named
         data = json.loads((run_dir / controller_lock.LOCK_NAME).read_text())
         data["started"] -= 3600  # a process with this PID that started an hour earlier: not this one
@@ -118,29 +125,19 @@ def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
         assert stranger.poll() is None and holder.poll() is None
         with Ledger() as ledger:
             assert ledger.get("r").status == "RUNNING"
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_status_marks_a_run_whose_controller_died_silently(stranger):
     """Its lock file is there and nobody holds it: FAILED_CONTROLLER with the cause, as SkyPilot says of
     a managed job whose controller is gone; a live holder's run, and a run without a lock file, stay."""
-    dead = running_row("dead", stranger.pid)
-    fd = controller_lock.acquire(dead)
-    controller_lock.record(fd, stranger.pid)
-    os.close(fd)
+    released_lock(running_row("dead", stranger.pid), stranger.pid)
     running_row("legacy", stranger.pid)  # launched before the lock existed: nothing to go by
-    holder = hold_lock(running_row("live", 1))
-    try:
+    with hold_lock(running_row("live", 1)):
         result = invoke("status")
         rows = {r["name"]: r["status"] for r in json.loads(invoke("status", "--json").stdout)}
         assert rows == {"dead": "FAILED_CONTROLLER", "legacy": "RUNNING", "live": "RUNNING"}
         assert "dead FAILED_CONTROLLER: the local controller ended without recording" in result.stderr
         assert stranger.poll() is None
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_resume_knows_a_live_controller_by_its_lock_not_its_pid(stranger):
@@ -148,12 +145,8 @@ def test_resume_knows_a_live_controller_by_its_lock_not_its_pid(stranger):
     # A stranger with the PID: the run is not live, so resume goes on (to its missing spec, here).
     line = one_line_error(invoke("resume", "r"))
     assert "cannot be resumed: its spec" in line and stranger.poll() is None
-    holder = hold_lock(run_dir)
-    try:
+    with hold_lock(run_dir):
         assert "is still RUNNING" in one_line_error(invoke("resume", "r"))
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 # --------------------------------------------------------------------------- item 6: output files
