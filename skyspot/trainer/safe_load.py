@@ -13,6 +13,8 @@ real checkpoint (tests/trainer/test_safe_load.py lists and checks them):
 - `..._optim_states.pt`: the loss scaler object (`LossScaler`, or `DynamicLossScaler` with fp16) and
   `ZeroStageEnum`;
 - `trainer_state_rank_R.pt`: RNG states, numpy's as an ndarray (`_reconstruct`, `ndarray`, `dtype`).
+The same with `deepspeed.bf16: true` (bf16 storages, `bf16_zero_pp_rank_R_..._optim_states.pt`);
+`DynamicLossScaler` is what fp16 saves instead of `LossScaler` (DeepSpeed's runtime/fp16/loss_scaler.py).
 """
 
 from __future__ import annotations
