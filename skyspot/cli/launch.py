@@ -68,26 +68,26 @@ def launch_command(
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
     package = packaging.build() if (not run_local or fresh_node) else None
 
+    options = None
+    if run_local:  # checked before anything is printed, and before a dry run too, as a launch checks them
+        from skyspot.executors.local import LocalOptions, check_options
+
+        options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
+                               spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
+                               fallback_after=fallback_after, cloud=simulate,
+                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node)
+        check_options(options, probe, deadline=bool(probe.resources.deadline))
+
     from skyspot.launch import plan_deadline
 
     # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
     deadline_plan = plan_deadline(probe, local=run_local, provision_seconds=provision_delay)
     if deadline_plan:
         err.print(deadline_plan["check"], markup=False, soft_wrap=True)
-    options = None
-    if run_local:  # parsed and checked before a dry run too: it refuses what a real launch would refuse
-        from skyspot.executors.local import LocalOptions
-
-        options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
-                               spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
-                               fallback_after=fallback_after, cloud=simulate,
-                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node, deadline=deadline_plan)
+    if options is not None:
+        options.deadline = deadline_plan
     if dry_run:
         built = build(recipe, overrides or [], flags=flags, run_name=name, package=package)
-        if options is not None:
-            from skyspot.executors.local import make_spec
-
-            make_spec(built, name or "dry-run", options)  # the checks a real launch makes, nothing started
         _show_plan(built)
         show_window_check(built.recipe, warn_only=False)
         _show_package(built)

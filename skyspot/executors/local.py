@@ -31,6 +31,7 @@ from skyspot.runs import new_run_name, record_launch
 # `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
 if TYPE_CHECKING:
     from skyspot.executors.local_controller import Spec
+    from skyspot.executors.spot_trace import SpotTrace
 
 
 @dataclass
@@ -62,8 +63,11 @@ def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
     return SIMULATED_PLACES[cloud]["stand_in"], None
 
 
-def make_spec(built, name: str, options: LocalOptions) -> Spec:
-    from skyspot.executors.local_controller import SIMULATED_PLACES, Spec
+def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["SpotTrace", list[int]]:
+    """Everything a local launch refuses in its options, given the recipe (`deadline`: the run has one),
+    before anything is printed or started; the spot trace and the spot node counts they give. A dry
+    run makes the same checks (cli/launch.py)."""
+    from skyspot.executors.local_controller import SIMULATED_PLACES
     from skyspot.executors.spot_trace import SpotTrace
 
     if options.cloud not in SIMULATED_PLACES:
@@ -78,14 +82,14 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         if value is not None and value < 0:
             raise UsageError(f"{flag} takes seconds >= 0")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
-    if options.deadline and options.fallback_after is not None:
+    if deadline and options.fallback_after is not None:
         raise UsageError("--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
                          "(the deadline's policy switches when the run falls behind)")
     if options.spot_nodes and trace.nodes:
         raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
     spot_nodes = list(options.spot_nodes or trace.nodes)
     where = "--spot-nodes" if options.spot_nodes else options.spot_trace
-    resources = built.recipe.resources
+    resources = recipe.resources
     if spot_nodes:
         low, high = resources.fewest_nodes, resources.num_nodes
         above = [n for n in spot_nodes if n > high]
@@ -96,6 +100,13 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         if below:
             raise UsageError(f"{where}: {', '.join(map(str, below))} node(s) outside {low}..{high} "
                              "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer")
+    return trace, spot_nodes
+
+
+def make_spec(built, name: str, options: LocalOptions) -> Spec:
+    from skyspot.executors.local_controller import Spec
+
+    trace, spot_nodes = check_options(options, built.recipe, deadline=bool(options.deadline))
     instance_type, accelerators = _instance_for(built, options.cloud)
     recovery = built.task["resources"]["job_recovery"]
     return Spec(

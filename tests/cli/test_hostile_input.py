@@ -308,6 +308,8 @@ def test_cp_refuses_an_empty_destination(tmp_path, monkeypatch, destination):
     (["--preempt-every", "0"], "--preempt-every takes seconds > 0"),
     (["--preempt-every", "5", "--preempt-at-steps", "3"], "use one of --preempt-every, --preempt-at-steps"),
     (["--spot-nodes", "2"], "above resources.num_nodes"),
+    # Found by the bounded property test: the deadline's plan line came before this error (two lines).
+    (["--fallback-after", "1", "--deadline", "1h"], "--fallback-after and a deadline both decide"),
 ])
 def test_a_dry_run_refuses_the_local_options_a_launch_refuses(options, message):
     dry = one_line_error(invoke("launch", "tiny", "--dry-run", *options))
