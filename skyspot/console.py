@@ -2,6 +2,12 @@
 
 Every module that talks to the user prints through here: the CLI and the executors alike (an executor
 following a run must not import the CLI). rich honours NO_COLOR and drops colour off a TTY.
+
+Text printed through a console never carries a control character to the terminal: a ledger row's
+`cause`, a run name or an error message may hold an escape sequence (a window title, a clear screen,
+a cursor move), and `printable` is the one function that escapes them, here for every string a console
+prints and in cli/common.py for every table cell and error line. Rich strips only a few controls itself
+(BEL, BS, VT, FF, CR), not ESC.
 """
 
 from __future__ import annotations
@@ -16,6 +22,16 @@ def _width(stream) -> Optional[int]:
     if os.environ.get("COLUMNS") or stream.isatty():
         return None
     return 160
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """`text` with every control character (ESC, CR, C1 codes, DEL, ...) and everything else that is
+    not printable written as a Python escape (`\\x1b`), so it shows instead of acting on the terminal;
+    line breaks too unless `keep_newlines` (an error stays one line whatever the user typed)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " or (keep_newlines and c in "\n\t")
+                   else c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
 
 
 class _LazyConsole:
@@ -38,6 +54,9 @@ class _LazyConsole:
     def console(self):
         """The rich Console itself, for rich objects that take one (Live, Progress)."""
         return self._get()
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        self._get().print(*(printable(o, keep_newlines=True) if isinstance(o, str) else o for o in objects), **kwargs)
 
     def __getattr__(self, name: str):
         return getattr(self._get(), name)

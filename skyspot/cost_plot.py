@@ -6,15 +6,18 @@ the on-demand baseline (one start-up, each useful step once, one wind-down, at t
 price: docs/cost.md), so the gap is the saving.
 
 matplotlib is imported only when a plot is drawn, and only through `Figure` (no pyplot, no
-global backend), so this works headless and leaves the caller's matplotlib state alone.
+global backend), so this works headless and leaves the caller's matplotlib state alone. It returns the
+image's bytes: the CLI writes them the way it writes every output file (cli/output.py).
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Union
 
 from skyspot.cost import RunCost, step_runs
+from skyspot.errors import UsageError
 from skyspot.events import EventLog
 
 SPOT_COLOUR = "#2a9d8f"
@@ -26,13 +29,26 @@ BASELINE_COLOUR = "#6c757d"
 NOTICE_OFFSET = 0.38  # notices sit below their attempt's bar (y grows downwards here)
 
 
-def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
-    """Draw `run_cost` (computed from `log`) to a PNG at `path` and return the path."""
+FORMATS = ("png", "svg", "pdf")
+"""What `--plot` writes, by the file's extension: formats matplotlib draws without extra packages."""
+
+
+def plot_format(path: Union[str, Path]) -> str:
+    """The format a `--plot` file name asks for; UsageError for any other name (matplotlib would
+    otherwise refuse it with a traceback, or add `.png` and write a file the user did not name)."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        raise UsageError(f"--plot {path}: name a {', '.join('.' + f for f in FORMATS)} file "
+                         f"(the extension picks the format), e.g. --plot run.png")
+    return suffix
+
+
+def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
+    """Draw `run_cost` (computed from `log`) as an image in `fmt` (one of FORMATS); its bytes."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    path = Path(path)
     attempts = run_cost.attempts
     t0 = attempts[0].start if attempts else min((e["ts"] for e in log.events), default=0.0)
     span = max([a.end for a in attempts] + [t0]) - t0
@@ -121,9 +137,9 @@ def plot_run(run_cost: RunCost, log: EventLog, path: Union[str, Path]) -> Path:
 
     fig.suptitle(_title(run_cost), fontsize=11)
     timeline.set_title(_footnote(run_cost), fontsize=8, loc="left", color="#555555")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, dpi=110)
+    return buffer.getvalue()
 
 
 def baseline_curve(run_cost: RunCost, runs, t0: float) -> list[tuple[float, float]]:

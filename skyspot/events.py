@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 # type -> fields it carries beyond the common ones (documentation and a light check).
 EVENT_TYPES: dict[str, tuple[str, ...]] = {
@@ -217,16 +218,40 @@ def read_events_dir(directory: str | os.PathLike) -> EventLog:
     if not directory.is_dir():
         return log
     for path in sorted(directory.glob("*.jsonl")):
-        try:
-            # Bytes, not text mode: universal newlines would split a line at a stray "\r".
-            text = path.read_bytes().decode("utf-8", errors="replace")
-        except OSError:
+        # Bytes, not text mode: universal newlines would split a line at a stray "\r".
+        data = read_regular(path)
+        if data is None:  # unreadable, or not a file at all (a FIFO, a socket, a device, a directory)
             log.malformed += 1
             log.malformed_where.append(str(path))
             continue
-        parse_lines(text.split("\n"), str(path), log)
+        parse_lines(data.decode("utf-8", errors="replace").split("\n"), str(path), log)
     log.events.sort(key=lambda e: e["ts"])
     return log
+
+
+def read_regular(path: str | os.PathLike, offset: int = 0) -> Optional[bytes]:
+    """The bytes of `path` from `offset`, or None when it cannot be read or is not a regular file.
+
+    Anything can end up in a run's `events/`: a FIFO would block a plain open() until a writer comes,
+    forever, and a device reads without end. So what is not a regular file is never opened, and the
+    open itself is non-blocking (a FIFO swapped in after the stat returns at once) and checked again on
+    the descriptor that is read."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            handle.seek(offset)
+            return handle.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def iter_attempts(log: EventLog) -> Iterator[int]:
@@ -243,12 +268,7 @@ class FileTail:
 
     def read(self, *, whole_lines: bool = True) -> bytes:
         """The new bytes; `whole_lines`: only up to the last newline (a line still being written waits)."""
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return b""
+        data = read_regular(self.path, self.offset) or b""
         if whole_lines:
             data = data[:data.rfind(b"\n") + 1]
         self.offset += len(data)

@@ -187,9 +187,11 @@ def deadline_report(run, log, report) -> Optional[dict]:
     if run.executor == "local":
         from skyspot.executors.spot_trace import SpotTrace
 
+        from skyspot.events import read_regular
+
         try:
-            spec = json.loads((Path(run.run_dir or "") / "local.json").read_text())
-        except (OSError, ValueError):
+            spec = json.loads(read_regular(Path(run.run_dir or "") / "local.json") or b"")
+        except ValueError:
             return {"deadline": plan.get("at"), "note": "no comparison: the run's local.json is unreadable"}
         trace = SpotTrace(preemptions=list(spec.get("trace_times") or []),
                           capacity_gone_after=spec.get("capacity_gone_after"),

@@ -2,8 +2,10 @@
 with a valid task (exit 0, YAML that parses) or with one line `error: ...` and a non-zero exit.
 Never a traceback, never a half-written file.
 
-Property-based (hypothesis), bounded so the module runs in well under a minute. SkyPilot's own
-parser is too slow for the loops; `test_valid_examples_parse_with_skypilot` feeds it a few.
+Property-based (hypothesis), bounded so the module runs in about two minutes here (the bounded
+tests over every command take most of it). SkyPilot's own parser is too slow for the loops;
+`test_valid_examples_parse_with_skypilot` feeds it a few. The last section holds every command to a
+time and memory bound per case (tests/bounds.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import copy
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -473,3 +476,255 @@ def test_a_name_is_the_registry_or_a_path_never_a_guess(tmp_path, monkeypatch, n
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UsageError, match="unknown recipe"):
         recipe_path(name)
+
+
+# --------------------------------------------------------------------------- every command, every option, bounded
+#
+# Each case runs the real CLI in this process under tests/bounds.py: more than 2 s of CPU time, more
+# than 500 MB of resident memory, or 20 s blocked (a FIFO, a lock) fails it. Each case gets its own
+# SKYSPOT_HOME and working directory with: a finished run with events (run-1), a run whose controller
+# died and whose PID now names a stranger (live-1), a cancelled run that can be resumed (cancelled-1),
+# a spot trace, a FIFO and a directory where files are expected. Nothing ever starts a process: the
+# local executor's `_start_controller` is replaced by one that records the run as SUCCEEDED (a
+# controller that ended at once), and a cloud submission fails the test.
+
+from tests.bounds import OverBudget, bounded  # noqa: E402
+
+COMMANDS = ["render", "launch", "recipes", "ls", "keys", "cp", "status", "logs", "cancel", "resume",
+            "cost-report", "prices"]
+NUMBERS = ["0", "1", "-1", "-3", "0.001", "1e-9", "2", "30", "1e9", "1e300", "1e309", "inf", "-inf", "nan",
+           "-0", "9" * 40, "abc", "", " 5 ", "1,2", "0x10", "1_000"]
+STEP_LISTS = ["15,40", "1", "0", "abc", "1,,2", ",", "1,-2", "3,3,3", "999999999999", "1e3", "2,1,2", "1" * 50, ""]
+DEADLINES = ["1h", "36h", "90m", "2d", "1h30m", "30s", "0s", "-1h", "0", "3000000d", "1" + "0" * 400 + "d",
+             "9999-12-31T23:59-12:00", "0001-01-01T00:00+14:00", "2020-01-01T00:00Z", "2099-01-01T00:00Z",
+             "tomorrow", "", "1e308h", "nan", "inf", "1h1h", "P1D", "\x1b[2J"]
+TRACES = ["trace.yaml", "bad-trace.yaml", "fifo", "sub", "/nonexistent", "/dev/zero", "", "trace.yaml\x00"]
+RUNS = ["run-1", "live-1", "cancelled-1", "nope", "", "../x", "run-1\x1b[2J"]
+OUTPUTS = ["out.yaml", "out.png", "out.svg", "out.pdf", "out.txt", "out", "sub", "sub/out.png", "nodir/x.png", "",
+           "fifo", "link.png", "existing.png", "."]
+LAUNCH_VALUES = {"-n": ["my-run", "run-1", "Bad Name", "", "a" * 70], "--clouds": ["aws", "aws,gcp", "oracle", "", ","],
+                 "--store": ["s3://my-bucket/runs", "gs://b/p", "./relative-store", "/tmp", "", "ftp://x/y", "S3://b/x"],
+                 "--deadline": DEADLINES, "--preempt-every": NUMBERS, "--preempt-at-steps": STEP_LISTS,
+                 "--spot-trace": TRACES, "--notice": NUMBERS, "--grace": NUMBERS, "--provision-delay": NUMBERS,
+                 "--fallback-after": NUMBERS, "--spot-nodes": STEP_LISTS, "--simulate": ["aws", "gcp", "azure", "bogus", ""]}
+LAUNCH_FLAGS = ["-y", "-d", "--no-on-demand-fallback", "--local", "--cloud", "--fresh-node"]
+# Overrides each valid alone, absurd together or with the flags above (huge step counts and step times
+# with a deadline, a thousand nodes on one machine, checkpoints rarer than the run, ...).
+EXTREME_OVERRIDES = ["train.steps=1", "train.steps=1000000000000", "train.steps=10000000",
+                     "resources.step_seconds_hint=1000000000000", "resources.step_seconds_hint=0.000001",
+                     "resources.step_seconds_hint=1", "resources.num_nodes=1024", "resources.min_nodes=1",
+                     "checkpoint.every_steps=1", "checkpoint.every_steps=1000000000000", "checkpoint.keep=1",
+                     "train.micro_batch_size=1048576", "train.seq_len=16777216", "train.grad_accum=100000",
+                     "checkpoint.every_seconds=auto", "checkpoint.every_seconds=0.001", "train.warmup_steps=1000000000",
+                     "resources.deadline_policy=greedy", "resources.spot=false", "resources.on_demand_fallback=false",
+                     "resources.cpu_ranks=64", "data.num_samples=1", "train.lr=1e300", "train.log_every=1000000000"]
+value_of = lambda option: st.sampled_from(LAUNCH_VALUES[option]) | arg_text  # noqa: E731
+recipes_or_junk = st.sampled_from(["tiny", "tiny", "llama8b", "llama70b", "trace.yaml", "sub", "fifo", "mine.yaml",
+                                   "lama70b", ""]) | arg_text
+
+
+@st.composite
+def any_command(draw):
+    """A command line for any command, with any of its options and values; junk and absurd mixes included."""
+    command = draw(st.sampled_from(COMMANDS))
+    pick = lambda *choices: draw(st.lists(st.sampled_from(choices), max_size=len(choices), unique=True))  # noqa: E731
+    extreme = lambda: draw(st.lists(st.sampled_from(EXTREME_OVERRIDES), max_size=3, unique=True))  # noqa: E731
+    if command == "render":
+        args = ["render", draw(recipes_or_junk), *extreme(), *draw(st.lists(overrides, max_size=1))]
+        if draw(st.booleans()):
+            args += ["-o", draw(st.sampled_from(OUTPUTS) | arg_text)]
+        args += pick("--force")
+    elif command == "launch":
+        # --dry-run, or a local launch (whose controller never starts here); never a cloud submission.
+        args = ["launch", draw(recipes_or_junk)]
+        args += ["--dry-run"] if draw(st.booleans()) else ["--local", "-d"]
+        for option in draw(st.lists(st.sampled_from(sorted(LAUNCH_VALUES)), max_size=5, unique=True)):
+            args += [option, draw(value_of(option))]
+        args += [f for f in pick(*LAUNCH_FLAGS) if f not in ("--cloud", "-y") or "--dry-run" in args]
+        args += ["--", *extreme(), *draw(st.lists(overrides, max_size=1))]
+    elif command in ("recipes", "ls"):
+        args = [command, *pick("--json", "-v", "--verbose")]
+    elif command == "keys":
+        args = ["keys", *draw(st.lists(recipes_or_junk, max_size=1)), *pick("--json")]
+    elif command == "cp":
+        args = ["cp", draw(recipes_or_junk), draw(st.sampled_from(OUTPUTS + ["mine2.yaml", "sub", " "]) | arg_text)]
+    elif command == "status":
+        args = ["status", *pick("--json", "-a", "--all")]
+    elif command == "logs":
+        args = ["logs", *draw(st.lists(st.sampled_from(RUNS), max_size=1))]
+        args += ["-f"] if draw(st.booleans()) and args[-1] not in ("logs", "live-1") else []
+    elif command == "cancel":
+        args = ["cancel", *draw(st.lists(st.sampled_from(RUNS), max_size=1)), *pick("-a", "--all", "-y")]
+    elif command == "resume":
+        args = ["resume", draw(st.sampled_from(RUNS) | arg_text), *pick("-y", "-d")]
+        args += [] if "-d" in args else ["-d"] if draw(st.booleans()) else []
+    elif command == "cost-report":
+        args = ["cost-report", *draw(st.lists(st.sampled_from(RUNS), max_size=1)), *pick("--json", "--csv", "--force")]
+        if draw(st.booleans()):
+            args += ["--plot", draw(st.sampled_from(OUTPUTS) | arg_text)]
+    else:
+        args = ["prices", *draw(st.lists(st.sampled_from(["aws", "gcp", "azure", "oracle", ""]), max_size=1)),
+                *draw(st.lists(st.sampled_from(["p4d.24xlarge", "g5.48xlarge", "nope", ""]), max_size=1)),
+                *pick("--json")]
+    if draw(st.integers(0, 5)) == 0:
+        args.insert(draw(st.integers(1, len(args))), draw(junk_tokens))
+    return args
+
+
+def _stage(root: Path, stranger_pid: int) -> Path:
+    """A fresh home and working directory for one case (see the section's comment); the working dir."""
+    from dataclasses import asdict
+
+    os.environ["SKYSPOT_HOME"] = str(root / "home")
+    make_run("run-1")
+    make_run("live-1", status="RUNNING")
+    run_dir = make_run("cancelled-1", status="CANCELLED")
+    (run_dir / "local.json").write_text(json.dumps(asdict(_spec_for_resume())))
+    with Ledger() as ledger:
+        ledger.update("live-1", controller_pid=stranger_pid)
+    cwd = root / "cwd"
+    (cwd / "sub").mkdir(parents=True)
+    (cwd / "trace.yaml").write_text("preemptions: [5, 10]\n")
+    (cwd / "bad-trace.yaml").write_text("preemptions: [-1, x]\nbogus: 1\n")
+    (cwd / "mine.yaml").write_text((RECIPES_DIR / "tiny.yaml").read_text())
+    (cwd / "existing.png").write_text("precious")
+    (cwd / "notes.txt").write_text("precious")
+    (cwd / "link.png").symlink_to(cwd / "notes.txt")
+    os.mkfifo(cwd / "fifo")
+    return cwd
+
+
+_SPEC = []
+
+
+def _spec_for_resume():
+    if not _SPEC:
+        from skyspot.executors.local import LocalOptions, make_spec
+        from skyspot.launch import build
+
+        _SPEC.append(make_spec(build("tiny"), "cancelled-1", LocalOptions()))
+    return _SPEC[0]
+
+
+def _tree(cwd: Path) -> dict[str, bytes | str]:
+    """Every entry under the working dir: a file's bytes, else its kind."""
+    found = {}
+    for path in sorted(cwd.rglob("*")):
+        key = str(path.relative_to(cwd))
+        if path.is_symlink():
+            found[key] = f"link to {os.readlink(path)}"
+        elif path.is_file():
+            found[key] = path.read_bytes()
+        else:
+            found[key] = "dir" if path.is_dir() else "other"
+    return found
+
+
+def _outputs(args: list[str]) -> set[str]:
+    """The paths a command line may write under its working dir: its -o, --plot and cp destination."""
+    named = {args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-o", "--output", "--plot")}
+    if args[0] == "cp" and len(args) >= 3:
+        named |= {args[2], f"{args[2].rstrip('/')}/{Path(args[1]).name}", f"{args[2].rstrip('/')}/{args[1]}.yaml"}
+    return {os.path.normpath(n) for n in named if n.strip()}
+
+
+@pytest.fixture(scope="module")
+def stranger():
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def controllers_never_start(monkeypatch):
+    """The local executor runs to the point of starting its controller; the controller 'ends at once'."""
+    import skyspot.executors.local as local
+    import skyspot.executors.sky as sky_executor
+
+    def ended_at_once(name, run_dir, ledger, **fields):
+        ledger.update(name, status="SUCCEEDED", exit_code=0)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a fuzzed command line reached a cloud submission")
+
+    monkeypatch.setattr(local, "_start_controller", ended_at_once)
+    monkeypatch.setattr(sky_executor, "submit", refuse)
+
+
+BOUNDED_CASES: list[dict] = []
+
+
+def run_bounded(args: list[str], tmp_path: Path, stranger) -> tuple[str, object]:
+    """One case: staged, run within the bounds, checked (one line or a result, and nothing written
+    under the working dir but the command's own outputs); its outcome and result."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    cwd = _stage(root, stranger.pid)
+    before = _tree(cwd)
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with bounded(args) as figures:
+            result = invoke(*args)
+    finally:
+        os.chdir(old)
+    BOUNDED_CASES.append({"args": args, **figures})
+    kind = outcome(result)
+    after = _tree(cwd)
+    allowed = _outputs(args)
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    assert changed <= allowed, (args, sorted(changed - allowed))
+    assert not [k for k in after if k.endswith(".tmp")], "a temp file was left behind"
+    assert stranger.poll() is None, "a stranger was signalled"
+    return kind, result
+
+
+@settings(FUZZ, max_examples=300)
+@given(args=any_command())
+def test_every_command_and_option_answers_within_bounds(tmp_path, stranger, controllers_never_start, args):
+    kind, result = run_bounded(args, tmp_path, stranger)
+    if kind == "ok" and "--json" in args and "--help" not in args and args[0] not in ("render", "launch", "cp"):
+        assert isinstance(json.loads(result.stdout), (list, dict))
+
+
+@settings(FUZZ, max_examples=120)
+@given(recipe=st.sampled_from(sorted(REGISTRY)), deadline=st.sampled_from(DEADLINES),
+       extra=st.lists(st.sampled_from(EXTREME_OVERRIDES), min_size=1, max_size=4, unique=True),
+       local=st.booleans())
+def test_values_valid_alone_but_absurd_together_answer_within_bounds(tmp_path, stranger, controllers_never_start,
+                                                                    recipe, deadline, extra, local):
+    """A deadline with huge step counts and step times, a thousand nodes, checkpoints rarer than the run:
+    each value passes on its own; together they must still be answered (planned or refused) in bounds."""
+    args = ["launch", recipe, "--dry-run", "--deadline", deadline, *(["--local"] if local else []), "--", *extra]
+    run_bounded(args, tmp_path, stranger)
+
+
+def test_the_fuzzed_command_lines_cover_every_command_and_option():
+    """The strategy above is not allowed to fall behind the CLI: each command and option it has."""
+    import click
+    import typer.main
+
+    app_commands = typer.main.get_command(app).commands
+    assert set(COMMANDS) == set(app_commands)
+    source = Path(__file__).read_text()
+    section = source[source.index("def any_command("):source.index("def _stage(")]
+    covered = set(LAUNCH_VALUES) | set(LAUNCH_FLAGS)
+    for name, command in app_commands.items():
+        for param in command.params:
+            if isinstance(param, click.Option):
+                names = set(param.opts) | set(param.secondary_opts)
+                assert names & covered or any(f'"{n}"' in section for n in names), (name, param.opts)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bounded_figures():
+    """With -s: how many bounded cases ran and the most CPU time and memory one took (docs/reliability.md)."""
+    yield
+    if BOUNDED_CASES:
+        worst_cpu = max(BOUNDED_CASES, key=lambda c: c["cpu_s"])
+        worst_mem = max(BOUNDED_CASES, key=lambda c: c["peak_mb"])
+        print(f"\nbounded cases: {len(BOUNDED_CASES)}; most CPU {worst_cpu['cpu_s']:.2f} s ({worst_cpu['args']}); "
+              f"most memory {worst_mem['peak_mb']:.0f} MB ({worst_mem['args']}); "
+              f"longest wall {max(c['wall_s'] for c in BOUNDED_CASES):.2f} s")

@@ -325,7 +325,7 @@ def test_a_rendered_task_file_keeps_the_usual_mode(tmp_path):
     target = tmp_path / "task.yaml"
     target.write_text("old")
     target.chmod(0o640)
-    assert invoke("render", "tiny", "-o", target).exit_code == 0
+    assert invoke("render", "tiny", "-o", target, "--force").exit_code == 0
     assert _mode(target) == 0o640 and "skyspot-tiny" in target.read_text()
 
 

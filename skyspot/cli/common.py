@@ -14,7 +14,7 @@ from typing import Optional, Any, Callable, Iterable, Sequence, Union
 
 import typer
 
-from skyspot.console import err
+from skyspot.console import err, printable
 from skyspot.errors import SkyspotError
 
 
@@ -51,10 +51,9 @@ def fail(message: str, code: int = 1) -> "typer.Exit":
 
 
 def one_line(text: str) -> str:
-    """`text` with line breaks and control characters escaped, so an error stays one line
-    whatever the user typed (a name with a newline, a byte that is not UTF-8)."""
-    return "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for c in text)
+    """`text` with line breaks and control characters escaped, so an error or a cell stays one line
+    whatever the user typed (a name with a newline, a byte that is not UTF-8, an escape sequence)."""
+    return printable(text)
 
 
 def handle_errors(fn: Callable) -> Callable:

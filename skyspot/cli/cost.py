@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from skyspot.cli.common import Column, display, handle_errors, one_line, terminal_width, usd
+from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out
 from skyspot.errors import SkyspotError, UsageError
@@ -53,7 +54,8 @@ def cost_report_command(
     run_name: OptionalRunArgument = None,
     as_json: JsonOption = False,
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV (stable field names)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline PNG (attempts, notices, checkpoints, cost vs on-demand)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline image (attempts, notices, checkpoints, cost vs on-demand): FILE.png, .svg or .pdf."),
+    force: ForceOption = False,
 ) -> None:
     """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput;
     with RUN, that run's breakdown."""
@@ -61,8 +63,13 @@ def cost_report_command(
 
     if as_json and as_csv:
         raise UsageError("pick one of --json and --csv")
-    if plot and not run_name:
+    if plot is not None and not run_name:
         raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
+    if plot is not None:  # a name that cannot be written is refused before the report is computed
+        from skyspot.cost_plot import plot_format
+
+        plot_format(plot)
+        check_output(plot, force=force, flag="--plot")
     with Ledger() as ledger:
         runs = [ledger.get(run_name)] if run_name else ledger.runs()
         damaged_rows = ledger.skipped_rows
@@ -83,7 +90,7 @@ def cost_report_command(
         err.print(f"skipped {damaged_rows} damaged ledger row(s)")
     malformed = sum(log.malformed for _, log, _ in reports)
     if run_name and reports:
-        _one(reports[0], as_json=as_json, as_csv=as_csv, plot=plot)
+        _one(reports[0], as_json=as_json, as_csv=as_csv, plot=plot, force=force)
         if malformed and (as_json or as_csv):
             err.print(f"skipped {malformed} malformed event line(s)")
         return
@@ -141,16 +148,13 @@ def _csv_value(value):
     return value
 
 
-def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path]) -> None:
+def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
     report, log, data = report_tuple
-    if plot:
-        from skyspot.cost_plot import plot_run
+    if plot is not None:
+        from skyspot.cost_plot import plot_format, plot_run
 
-        try:
-            plot_run(report, log, plot)
-        except OSError as error:
-            raise UsageError(f"cannot write {plot}: {error.strerror or error}") from None
-        err.print(f"wrote {plot}")
+        written = write_output(plot, plot_run(report, log, plot_format(plot)), force=force, flag="--plot")
+        err.print(f"wrote {written}", markup=False)
     if as_json:
         display([data], [], as_json=True)
         return

@@ -34,7 +34,7 @@ def launch_command(
     notice: Optional[float] = typer.Option(None, "--notice", min=0, help="Local: the simulated cloud's notice window in seconds, its timeline scaled to fit (default the cloud's: aws 120, gcp 30, azure 30; docs/local.md)."),
     grace: Optional[float] = typer.Option(None, "--grace", min=0, help="Local: seconds from SIGTERM to SIGKILL on aws's timeline and on cancel (default: aws's shutdown, scaled; 30 on cancel)."),
     provision_delay: float = typer.Option(2.0, "--provision-delay", min=0, help="Local: seconds to 'provision' a replacement node."),
-    fallback_after: Optional[int] = typer.Option(None, "--fallback-after", help="Local: after K preemptions run on-demand (no more preemptions)."),
+    fallback_after: Optional[int] = typer.Option(None, "--fallback-after", min=0, help="Local: after K preemptions run on-demand (no more preemptions)."),
     spot_nodes: Optional[str] = typer.Option(None, "--spot-nodes", help="Local: nodes granted to each spot attempt in turn, e.g. 2,1,2 (fewer than num_nodes needs resources.min_nodes and a store)."),
     simulate: str = typer.Option("aws", "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices."),
     fresh_node: bool = typer.Option(False, "--fresh-node", help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run."),
@@ -71,12 +71,24 @@ def launch_command(
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
     package = packaging.build() if (not run_local or fresh_node) else None
 
+    options = None
+    if run_local:  # checked before anything is printed, and before a dry run too, as a launch checks them
+        from skyspot.executors.local import LocalOptions, check_options
+
+        options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
+                               spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
+                               fallback_after=fallback_after, cloud=simulate,
+                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node)
+        check_options(options, probe, deadline=bool(probe.resources.deadline))
+
     from skyspot.launch import plan_deadline
 
     # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
     deadline_plan = plan_deadline(probe, local=run_local, provision_seconds=provision_delay)
     if deadline_plan:
         err.print(deadline_plan["check"], markup=False, soft_wrap=True)
+    if options is not None:
+        options.deadline = deadline_plan
     if dry_run:
         built = build(recipe, overrides or [], flags=flags, run_name=name, local=run_local, package=package)
         _show_plan(built)
@@ -91,12 +103,8 @@ def launch_command(
         from skyspot.preflight import preflight
 
         preflight(built.recipe, local=True)  # a missing model, token or field: one line, before the run starts
-        from skyspot.executors.local import LocalOptions, launch_local
+        from skyspot.executors.local import launch_local
 
-        options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
-                               spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
-                               fallback_after=fallback_after, cloud=simulate,
-                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node, deadline=deadline_plan)
         raise typer.Exit(launch_local(built, name=run_name, detach=detach, options=options))
 
     _show_plan(built)

@@ -11,6 +11,7 @@ import typer
 
 from skyspot.cli.common import Column, display, handle_errors
 from skyspot.cli.options import JsonOption, OverridesArgument, RecipeArgument
+from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.console import err
 from skyspot.errors import UsageError
 
@@ -134,24 +135,32 @@ def _plain(value) -> str:
 @handle_errors
 def copy_command(
     recipe: RecipeArgument,
-    destination: Path = typer.Argument(..., metavar="DEST", help="A new file, or a directory to copy it into."),
+    destination: str = typer.Argument(..., metavar="DEST", help="A new file, or a directory to copy it into."),
 ) -> None:
-    """Copy a recipe to a file of your own to edit (like torchtune's `tune cp`), then launch that file."""
-    from skyspot.recipe import recipe_path
+    """Copy a recipe to a file of your own to edit (like torchtune's `tune cp`), then launch that file.
 
+    Only recipes: a registry name, or a file that loads as a recipe (so `cp` is no way to copy any
+    file the user can read); the copy is never more open than its source."""
+    from skyspot.errors import RecipeError
+    from skyspot.recipe import load_recipe, recipe_path
+
+    if not destination.strip():
+        raise UsageError("DEST is empty: name a new file or a directory, e.g. `skyspot cp tiny my-tiny.yaml`")
     source = recipe_path(recipe)
-    target = destination / source.name if destination.is_dir() else destination
-    if not target.parent.is_dir():
-        raise UsageError(f"cannot write {target}: directory {target.parent} does not exist")
     try:
-        with open(target, "xb") as handle:  # never over a file the user already has
-            handle.write(source.read_bytes())
-    except FileExistsError:
-        raise UsageError(f"{target} already exists; nothing was overwritten. Name a new file") from None
+        load_recipe(recipe, environ={})  # the file as it is, without this shell's SKYSPOT_* settings
+    except RecipeError as error:
+        raise UsageError(f"{recipe} is not a recipe skyspot can load ({'; '.join(error.problems[:2])}); "
+                         "`skyspot cp` copies recipes only") from None
+    try:
+        data, mode = source.read_bytes(), source.stat().st_mode & 0o777
     except OSError as error:
-        raise UsageError(f"cannot write {target}: {error.strerror or error}") from None
+        raise UsageError(f"cannot read {source}: {error.strerror or error}") from None
+    target = Path(destination)
+    target = target / source.name if target.is_dir() else target
+    target = write_output(target, data, force=False, flag="DEST", cap=mode, forceable=False)
     launchable = str(target) if (os.sep in str(target) or str(target).endswith((".yaml", ".yml"))) else f"./{target}"
-    err.print(f"copied {recipe} to {target}; edit it, then: skyspot launch {launchable}")
+    err.print(f"copied {recipe} to {target}; edit it, then: skyspot launch {launchable}", markup=False)
 
 
 @handle_errors
@@ -159,10 +168,13 @@ def render_command(
     recipe: RecipeArgument,
     overrides: OverridesArgument = None,
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the YAML to this file instead of stdout."),
+    force: ForceOption = False,
 ) -> None:
     """Print the SkyPilot managed-job task YAML a recipe renders to (launchable with `sky jobs launch`)."""
     from skyspot.cli import cache
 
+    if output is not None:
+        check_output(output, force=force, flag="-o")  # before the work: a taken name costs nothing
     # Repeating a render skips loading the recipe models and hashing the package (skyspot/cli/cache.py).
     entry = cache.key("render", [recipe, "\0", *(overrides or [])], files=[recipe])
     text = cache.get(entry)
@@ -177,37 +189,6 @@ def render_command(
     if output is None:
         sys.stdout.write(text)  # not through rich: importing it would cost this command a fifth of its time
         return
-    if output.is_dir():
-        raise UsageError(f"-o {output} is a directory; name a file")
-    _write_atomically(output, text)
-    err.print(f"wrote {output}")
+    written = write_output(output, text.encode("utf-8"), force=force, flag="-o")
+    err.print(f"wrote {written}", markup=False)
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` or leave it untouched. The temp file is created exclusively
-    (mkstemp), so a planted `FILE.tmp` symlink cannot redirect the write."""
-    import os
-    import tempfile
-
-    try:
-        mode = path.stat().st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as error:
-        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass

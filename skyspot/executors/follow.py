@@ -219,11 +219,11 @@ def _follow_live(ledger, name, view, tail, log_path):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
-    from skyspot.console import err
+    from skyspot.console import err, printable
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err.console)
-    task_id = progress.add_task(name, total=view.total or None)
+    task_id = progress.add_task(printable(name), total=view.total or None)
     lines: list[str] = []
     activity = None
 
@@ -234,13 +234,13 @@ def _follow_live(ledger, name, view, tail, log_path):
         doing = ""
         if quiet is not None and quiet >= 3:
             doing = f"\nstarting for {quiet:.0f}s: " + (activity or _last_log_line(log_path) or "imports, DeepSpeed set-up")
-        info = Text(
+        info = Text(printable(  # a Text is not a string the console escapes: escape here (console.py)
             f"{view.status}  attempt {view.attempt}  {w.get('cloud', '-')}/{w.get('region', '-')} "
             f"{w.get('instance_type', '-')} {'spot' if w.get('spot') else 'on-demand'}\n"
             f"loss {'-' if view.loss is None else f'{view.loss:.4f}'}  "
             f"tokens/s {'-' if view.tokens_per_s is None else f'{view.tokens_per_s:,.0f}'}  "
-            f"last checkpoint {ckpt}  preemptions {view.preemptions}{doing}")
-        return Group(progress, info, Text("\n".join(lines[-6:]), style="dim"))
+            f"last checkpoint {ckpt}  preemptions {view.preemptions}{doing}", keep_newlines=True))
+        return Group(progress, info, Text(printable("\n".join(lines[-6:]), keep_newlines=True), style="dim"))
 
     with Live(render(), console=err.console, refresh_per_second=4, transient=False) as live:
         while True:

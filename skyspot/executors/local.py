@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Optional
 from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
+from skyspot.executors import controller_lock
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.runs import new_run_name, record_launch
 
@@ -30,6 +31,7 @@ from skyspot.runs import new_run_name, record_launch
 # `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
 if TYPE_CHECKING:
     from skyspot.executors.local_controller import Spec
+    from skyspot.executors.spot_trace import SpotTrace
 
 
 @dataclass
@@ -61,8 +63,11 @@ def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
     return SIMULATED_PLACES[cloud]["stand_in"], None
 
 
-def make_spec(built, name: str, options: LocalOptions) -> Spec:
-    from skyspot.executors.local_controller import SIMULATED_PLACES, Spec
+def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["SpotTrace", list[int]]:
+    """Everything a local launch refuses in its options, given the recipe (`deadline`: the run has one),
+    before anything is printed or started; the spot trace and the spot node counts they give. A dry
+    run makes the same checks (cli/launch.py)."""
+    from skyspot.executors.local_controller import SIMULATED_PLACES
     from skyspot.executors.spot_trace import SpotTrace
 
     if options.cloud not in SIMULATED_PLACES:
@@ -77,14 +82,14 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         if value is not None and value < 0:
             raise UsageError(f"{flag} takes seconds >= 0")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
-    if options.deadline and options.fallback_after is not None:
+    if deadline and options.fallback_after is not None:
         raise UsageError("--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
                          "(the deadline's policy switches when the run falls behind)")
     if options.spot_nodes and trace.nodes:
         raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
     spot_nodes = list(options.spot_nodes or trace.nodes)
     where = "--spot-nodes" if options.spot_nodes else options.spot_trace
-    resources = built.recipe.resources
+    resources = recipe.resources
     if spot_nodes:
         low, high = resources.fewest_nodes, resources.num_nodes
         above = [n for n in spot_nodes if n > high]
@@ -95,6 +100,13 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         if below:
             raise UsageError(f"{where}: {', '.join(map(str, below))} node(s) outside {low}..{high} "
                              "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer")
+    return trace, spot_nodes
+
+
+def make_spec(built, name: str, options: LocalOptions) -> Spec:
+    from skyspot.executors.local_controller import Spec
+
+    trace, spot_nodes = check_options(options, built.recipe, deadline=bool(options.deadline))
     instance_type, accelerators = _instance_for(built, options.cloud)
     recovery = built.task["resources"]["job_recovery"]
     return Spec(
@@ -118,6 +130,10 @@ def _local_mounts(built) -> dict[str, str]:
     if built.package is None:
         raise UsageError("a fresh node needs the skyspot wheel: build the task with a package")
     return mounts
+
+
+CANCEL_WAIT_S = 300
+"""How long `cancel` waits for a live controller's emergency checkpoint and stop."""
 
 
 def runs_dir() -> Path:
@@ -159,25 +175,25 @@ def _write_spec(run_dir: Path, spec: Spec, *, exclusive: bool) -> None:
         os.replace(target, path)
 
 
-def _start_controller(name: str, run_dir: Path, ledger: Ledger) -> None:
-    controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
-                            stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    os.close(controller_log)
-    ledger.update(name, controller_pid=proc.pid)
-
-
-def _alive(pid: Optional[int]) -> bool:
-    if not pid:
-        return False
+def _start_controller(name: str, run_dir: Path, ledger: Ledger, **fields) -> None:
+    """Start the run's controller; `fields` go to the ledger once its lock is held (a resume's PENDING:
+    never a not-ended row with an unheld lock, which `refresh` would take for a dead controller)."""
+    # The lock is taken here and handed to the controller, so it is held from the controller's first
+    # instant: `cancel` and `resume` know the run by the lock, never by the PID alone (controller_lock.py).
+    lock = controller_lock.acquire(run_dir)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        if fields:
+            ledger.update(name, **fields)
+        controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local_controller", name],
+                                stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
+                                start_new_session=True, pass_fds=(lock,),
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", controller_lock.FD_ENV: str(lock)})
+        os.close(controller_log)
+        controller_lock.record(lock, proc.pid)
+    finally:
+        os.close(lock)  # the controller's copy keeps the lock held
+    ledger.update(name, controller_pid=proc.pid)
 
 
 def resume_local(run, *, detach: bool) -> int:
@@ -185,7 +201,7 @@ def resume_local(run, *, detach: bool) -> int:
 
     Preemptions injected at launch (--preempt-*, a trace) are not replayed: they belonged to
     that launch's timeline."""
-    if not run.terminal and _alive(run.controller_pid):
+    if not run.terminal and controller_lock.is_held(run.run_dir):
         raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
                          f"`skyspot cancel {run.name}` stops it")
     from skyspot.executors.local_controller import Spec
@@ -200,8 +216,7 @@ def resume_local(run, *, detach: bool) -> int:
                    spot_nodes=[], fallback_after=None, unavailable=[])
     _write_spec(run_dir, spec, exclusive=False)
     with Ledger() as ledger:
-        ledger.update(run.name, status="PENDING", ended_at=None, exit_code=None)
-        _start_controller(run.name, run_dir, ledger)
+        _start_controller(run.name, run_dir, ledger, status="PENDING", ended_at=None, exit_code=None)
     return _attach(run.name, detach, verb="resumed")
 
 
@@ -226,6 +241,26 @@ class LocalExecutor:
     local_events = True
 
     def refresh(self, runs):
+        """The controllers keep the ledger's status themselves; one that died without a word (SIGKILL,
+        out of memory, a reboot) left its lock file unheld, and its run is marked FAILED_CONTROLLER
+        here, as SkyPilot marks a managed job whose controller is gone. A run without a lock file
+        (launched by an older skyspot, or not started yet) is left as it is."""
+        gone = [run for run in runs if not run.terminal and run.run_dir
+                and controller_lock.lock_path(run.run_dir).exists() and not controller_lock.is_held(run.run_dir)]
+        if not gone:
+            return {}, None
+        with Ledger() as ledger:
+            try:
+                for run in gone:
+                    if ledger.get(run.name).terminal:  # it ended between the two reads
+                        continue
+                    cause = ("the local controller ended without recording how the run ended (killed, out of memory "
+                             f"or a reboot); `skyspot resume {run.name}` continues it")
+                    run.info = {**run.info, "cause": cause}
+                    ledger.update(run.name, status="FAILED_CONTROLLER", info=run.info)
+                    run.status = "FAILED_CONTROLLER"
+            except Exception:  # a read-only or busy ledger: the next command tries again
+                pass
         return {}, None
 
     def logs(self, run, *, follow: bool) -> int:
@@ -241,17 +276,37 @@ class LocalExecutor:
                 time.sleep(0.5)
 
     def cancel(self, run, ledger) -> None:
+        held, pid = controller_lock.state(run.run_dir)
+        give_up = time.monotonic() + 3.0
+        while held and pid is None and time.monotonic() < give_up:  # a controller starting this instant
+            time.sleep(0.1)
+            held, pid = controller_lock.state(run.run_dir)
+        if held and pid is None:
+            raise SkyspotError(f"run '{run.name}': a process holds its controller's lock "
+                               f"{controller_lock.lock_path(run.run_dir)} but is not the controller it names; "
+                               "nothing was signalled")
+        if not held:  # never signal a bare PID: it may be a stranger's now (controller_lock.py)
+            ledger.update(run.name, status="CANCELLED")
+            stranger = (f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not "
+                        "signalled)" if run.controller_pid else "")
+            err.print(f"run '{run.name}' had no live controller; marked CANCELLED{stranger}", markup=False)
+            return
         ledger.update(run.name, status="CANCELLING")
         try:
-            os.kill(run.controller_pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
-        except (ProcessLookupError, TypeError):
-            ledger.update(run.name, status="CANCELLED")
-            err.print(f"run '{run.name}' had no live controller; marked CANCELLED")
-            return
-        deadline = time.time() + 300
+            os.kill(pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
+        except ProcessLookupError:
+            pass  # it ended in between: the wait below sees the lock released
+        deadline = time.time() + CANCEL_WAIT_S
         while time.time() < deadline and not ledger.get(run.name).terminal:
-            time.sleep(0.5)
-        err.print(f"run '{run.name}' {ledger.get(run.name).status}")
+            if not controller_lock.is_held(run.run_dir):
+                if not ledger.get(run.name).terminal:  # it died without saying so: say it for it
+                    ledger.update(run.name, status="CANCELLED")
+                    err.print(f"run '{run.name}': its controller ended without recording it; marked CANCELLED",
+                              markup=False)
+                    return
+                break
+            time.sleep(0.2)
+        err.print(f"run '{run.name}' {ledger.get(run.name).status}", markup=False)
 
     def resume_question(self, run) -> None:
         return None  # nothing is paid for

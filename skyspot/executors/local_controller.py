@@ -51,6 +51,7 @@ from typing import IO, Optional
 
 from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
+from skyspot.executors import controller_lock
 from skyspot.ledger import Ledger
 from skyspot.metadata_server import AZURE_RATE_LIMIT
 from skyspot.ports import free_port
@@ -674,6 +675,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     with Ledger() as ledger:
         run = ledger.get(argv[0])
         run_dir = Path(run.run_dir)
+        # Held until this process ends, however it ends: what `cancel` and `resume` know it by.
+        lock = controller_lock.adopt()
+        if lock is None:  # started by hand, not by the launcher
+            lock = controller_lock.acquire(run_dir)
+            controller_lock.record(lock, os.getpid())
         spec = Spec(**json.loads((run_dir / "local.json").read_text()))
         controller = Controller(run_dir, spec, ledger)
 

@@ -449,8 +449,7 @@ class CheckpointManager:
         return restored
 
     def _restore(self, point: ResumePoint) -> Restored:
-        import torch
-
+        from skyspot.trainer import safe_load
         from skyspot.trainer.determinism import replay_adam_bias_correction, restore_rng, seed_for_resume
         from skyspot.trainer.engine import basic_optimizer
 
@@ -460,8 +459,9 @@ class CheckpointManager:
         resharded = resharding(m, self.placement.world_size, self.placement.num_nodes)
         convert_seconds = 0.0
         if resharded:
-            load_dir, convert_seconds = self._universal(point)
+            load_dir, convert_seconds = self._universal(point)  # vets the source's files (reshard.convert)
         else:
+            self._vet(point)
             load_dir = self.root
         # With LoRA the checkpoint holds only the trainable state: the frozen base is not in it (it was
         # loaded from its files before), so the module state is loaded non-strictly.
@@ -472,8 +472,7 @@ class CheckpointManager:
         if resharded:
             seed_for_resume(self.recipe.train.seed, self.placement.rank, state.step)
         else:
-            own = torch.load(point.path / TRAINER_STATE.format(rank=self.placement.rank), map_location="cpu",
-                             weights_only=False)
+            own = safe_load.load(point.path / TRAINER_STATE.format(rank=self.placement.rank), map_location="cpu")
             restore_rng(own["rng"])
         replay_adam_bias_correction(basic_optimizer(self._engine))
         if self._engine.global_steps != state.step:
@@ -489,6 +488,23 @@ class CheckpointManager:
                    **({"world_size_from": m.get("world_size"), "world_size": self.placement.world_size,
                        "convert_seconds": round(convert_seconds, 6)} if resharded else {}))
         return Restored(state, seconds, int(m.get("bytes") or 0))
+
+    def _vet(self, point: ResumePoint) -> None:
+        """Every file this rank is about to load, through the weights-only loader first, and every rank
+        told if any refused one (collective): a file planted for one rank must stop them all, not leave
+        the others waiting in DeepSpeed's load for a rank that has gone (trainer/safe_load.py)."""
+        from skyspot.trainer import safe_load
+
+        error = None
+        try:
+            for name, entry in sorted((point.manifest.get("files") or {}).items()):
+                if isinstance(entry, dict) and entry.get("rank") == self.placement.rank and name.endswith(".pt"):
+                    safe_load.vet(point.path / name)
+        except CheckpointError as err:
+            error = f"rank {self.placement.rank}: {err}"
+        errors = [e for e in self.comm.all_gather_object(error) if e]
+        if errors:
+            raise CheckpointError(errors[0])
 
     def _universal(self, point: ResumePoint) -> tuple[Path, float]:
         """Node leaders convert `point` to a universal checkpoint (cached); every rank waits. Collective."""

@@ -41,6 +41,7 @@ from typing import Callable, Optional
 
 from skyspot.errors import CheckpointError
 from skyspot.trainer import manifest as mf
+from skyspot.trainer import safe_load
 from skyspot.trainer.files import write_durably
 
 UNIVERSAL_DIR = "universal"
@@ -94,6 +95,10 @@ def convert(source: Path, run_dir: Path, step: int, source_sha256: str, *, worke
     args = argparse.Namespace(input_folder=str(source), output_folder=str(partial), num_extract_workers=workers,
                               num_merge_workers=max(1, workers // 2), keep_temp_folder=False, strict=True,
                               inject_missing_state=False)
+    # DeepSpeed's converter unpickles every file in full (weights_only=False): each is vetted by the
+    # weights-only loader first, so a file rewritten in the store runs nothing here either (safe_load.py).
+    for path in sorted(Path(source).glob("*.pt")):
+        safe_load.vet(path)
     chatter = io.StringIO()  # the converter prints progress bars and banners; keep them off the log
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):

@@ -30,6 +30,8 @@ from typing import Any, Optional
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
+from skyspot.trainer import safe_load
+
 
 class BufferPool:
     """CPU tensors keyed by (file, position in the state dict), reused across checkpoints."""
@@ -90,7 +92,9 @@ class SnapshotCheckpointEngine(CheckpointEngine):
         self.writer.add(Path(path), self.pool.snapshot(state_dict, Path(path).name))
 
     def load(self, path: str, map_location=None):
-        return torch.load(path, map_location=map_location, weights_only=False)
+        # Every file DeepSpeed's load_checkpoint reads (module and ZeRO optimizer states) comes through
+        # here: weights only, so a file rewritten in the store cannot run code (safe_load.py).
+        return safe_load.load(path, map_location=map_location)
 
     def commit(self, info: CheckpointCommitInfo):
         return True  # the real commit (manifest + marker after all ranks agree) is the writer's

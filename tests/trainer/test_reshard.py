@@ -114,9 +114,18 @@ def test_the_conversion_cache_is_keyed_by_the_source_manifest(tmp_path):
     assert reshard.cached(tmp_path, 12, "abc") is None
 
 
-def test_a_failed_conversion_is_one_line_and_leaves_no_cache(tmp_path):
-    source = _step_dir(tmp_path / "step_8", [0, 1])  # not torch files: DeepSpeed cannot read them
-    with pytest.raises(CheckpointError, match="universal conversion failed") as err:
+@pytest.mark.parametrize("content, message", [
+    ("bytes", "refusing .*not a file the weights-only loader reads"),  # vetted before DeepSpeed sees it
+    ("torch", "universal conversion failed"),  # loads weights-only, but is no DeepSpeed checkpoint
+])
+def test_a_failed_conversion_is_one_line_and_leaves_no_cache(tmp_path, content, message):
+    source = _step_dir(tmp_path / "step_8", [0, 1])
+    if content == "torch":
+        import torch
+
+        for path in source.glob("*.pt"):
+            torch.save({"junk": torch.zeros(2)}, path)
+    with pytest.raises(CheckpointError, match=message) as err:
         reshard.convert(source, tmp_path, 8, "abc")
     assert "\n" not in str(err.value)
     assert [p.name for p in reshard.universal_root(tmp_path).iterdir()] == []
