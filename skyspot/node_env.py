@@ -349,7 +349,9 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
     context = node_context(store, environ)
     local = Path(environ.get("HOME", "~")).expanduser() / ".cache" / "skyspot" / "wheelhouse" / key
     source, problem = "index", None
-    if context.wheelhouses is not None:
+    if environ.get("SKYSPOT_STORE_MOUNT") and not context.store_on_node.is_dir():
+        _say(f"the store is not mounted at {context.store_on_node}: no wheelhouse to read; installing from the index")
+    elif context.wheelhouses is not None:
         _, problem = fetch(context.wheelhouses / key, local)
         if problem is None:
             try:

@@ -71,7 +71,10 @@ class Run:
         self.setup_seconds: dict[str, float] = {}
 
     def node(self, label: str):
-        node = fresh_node.make(self.root / label, self.task.file_mounts, python=NODE_PYTHON,
+        # sky.Task keeps bucket mounts apart from file mounts; the fresh node takes them as the task's YAML has them.
+        mounts = {**self.task.file_mounts, **{target: {"source": storage.source, "mode": storage.mode.value}
+                                              for target, storage in self.task.storage_mounts.items()}}
+        node = fresh_node.make(self.root / label, mounts, python=NODE_PYTHON,
                                bucket_prefixes=[f"{self.store}/{self.name}/wheelhouse/"])
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_"))}
         env = {**node.env({**base, "HOME": str(self.root / label / "home")}, self.task.envs),
@@ -162,6 +165,7 @@ def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreach
     node, env = run.node("node-2")
     closed = f"http://127.0.0.1:{free_port()}/simple"  # nothing listens there
     env.update({"UV_INDEX_URL": closed, "PIP_INDEX_URL": closed, "UV_OFFLINE": "1"})
+    assert Path(node.path_on_node(env["SKYSPOT_STORE_MOUNT"]), run.name, "wheelhouse").is_dir()  # the emulated mount
     log = run.setup("node-2", node, env, network=not _can_cut_the_network())
     assert "installed from the run's wheelhouse" in log and "ignored" not in log and "kept" not in log
     versions = subprocess.run(["python", "-c", "import torch, deepspeed, numpy, skyspot.trainer.loop; "
