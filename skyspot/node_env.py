@@ -349,10 +349,13 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
     context = node_context(store, environ)
     local = Path(environ.get("HOME", "~")).expanduser() / ".cache" / "skyspot" / "wheelhouse" / key
     source, problem = "index", None
-    if environ.get("SKYSPOT_STORE_MOUNT") and not context.store_on_node.is_dir():
-        _say(f"the store is not mounted at {context.store_on_node}: no wheelhouse to read; installing from the index")
-    elif context.wheelhouses is not None:
-        _, problem = fetch(context.wheelhouses / key, local)
+    # A store root with nothing in it yet has no folder in a bucket mount either: "no wheelhouse" is
+    # every first start's case and goes unsaid.
+    if context.wheelhouses is not None:
+        try:
+            _, problem = fetch(context.wheelhouses / key, local)
+        except OSError as error:  # a read through the mount that fails half-way: the index can still serve
+            problem = f"it could not be read ({error})"
         if problem is None:
             try:
                 install_offline(python, uv, local, wheel, environ)
@@ -367,8 +370,8 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
         build_from_index(python, uv, requirements, line, local, environ)
         install_offline(python, uv, local, wheel, environ)
     installed.write_text(json.dumps(record))
-    _say(f"installed from the {'run' + chr(39) + 's wheelhouse' if source == 'wheelhouse' else 'index'} in "
-         f"{time.monotonic() - started:.1f}s")
+    origin = "the run's wheelhouse" if source == "wheelhouse" else "the index"
+    _say(f"installed from {origin} in {time.monotonic() - started:.1f}s")
     if source == "index" and context.wheelhouses is not None and context.node_rank == 0 and store:
         # The installed skyspot writes it, through the store's SDK (durability explicit, as for checkpoints).
         proc = subprocess.run([python, "-m", "skyspot.node_env", "save", "--store", store, "--run", context.run,
