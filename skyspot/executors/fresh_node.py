@@ -152,10 +152,10 @@ def _materialise(root: Path, target: str, mount: Mapping[str, object], prefixes:
 
 
 def run_setup(node: FreshNode, setup: str, env: Mapping[str, str], log: Optional[IO[str]] = None,
-              cwd: Optional[Path] = None) -> int:
+              cwd: Optional[Path] = None, timeout: Optional[float] = None) -> int:
     """Run the task's `setup` on the node; its output goes to `log` (or is captured and dropped)."""
     proc = subprocess.run(["bash", "-c", setup], cwd=cwd or node.root, env=dict(env), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     if log is not None:
         log.write(proc.stdout)
         log.flush()

@@ -86,7 +86,7 @@ class Run:
         started = time.monotonic()
         with open(log, "w") as handle:
             if network:
-                code = fresh_node.run_setup(node, self.task.setup, env, handle)
+                code = fresh_node.run_setup(node, self.task.setup, env, handle, timeout=SETUP_TIMEOUT)
             else:
                 code = subprocess.run(["unshare", "--net", "bash", "-c", self.task.setup], cwd=node.root, env=env,
                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
