@@ -152,9 +152,9 @@ def wheel_requirements(wheel: Path) -> list[str]:
 def interpreter_tag() -> str:
     """cp310-x86_64-glibc2.35: what decides which wheels fit this interpreter and machine."""
     libc, version = platform.libc_ver()
-    return (f"{sys.implementation.name[:2] if sys.implementation.name == 'cpython' else sys.implementation.name}"
-            f"{sys.version_info[0]}{sys.version_info[1]}-{platform.machine() or 'unknown'}"
-            f"-{(libc or 'libc') + (version or '')}")
+    implementation = "cp" if sys.implementation.name == "cpython" else sys.implementation.name
+    return (f"{implementation}{sys.version_info[0]}{sys.version_info[1]}-{platform.machine() or 'unknown'}"
+            f"-{libc or 'libc'}{version}")
 
 
 def wheelhouse_key(tag: str, line: CudaLine, requirements: Sequence[str]) -> str:
@@ -174,7 +174,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def manifest_problem(folder: Path) -> tuple[Optional[dict], Optional[str]]:
+def read_marker(folder: Path) -> tuple[Optional[dict], Optional[str]]:
     """(the marker, None) when the wheelhouse's marker is there and every file it names has its size; else (None, why)."""
     try:
         marker = json.loads((folder / MARKER).read_text())
@@ -186,8 +186,8 @@ def manifest_problem(folder: Path) -> tuple[Optional[dict], Optional[str]]:
     except (OSError, ValueError, KeyError, TypeError) as error:
         return None, f"{MARKER} unreadable ({error})"
     for name, entry in files.items():
-        if "/" in name or name.startswith("."):
-            return None, f"{MARKER} names {name!r}"
+        if "/" in name or name.startswith(".") or not isinstance(entry, dict):
+            return None, f"{MARKER} names {name!r} as {entry!r}"
         try:
             size = (folder / name).stat().st_size
         except OSError:
@@ -199,7 +199,7 @@ def manifest_problem(folder: Path) -> tuple[Optional[dict], Optional[str]]:
 
 def fetch(folder: Path, local: Path) -> tuple[Optional[dict], Optional[str]]:
     """Copy a wheelhouse (read through the bucket mount) to `local`, checking every file's sha256 on the way."""
-    marker, problem = manifest_problem(folder)
+    marker, problem = read_marker(folder)
     if marker is None:
         return None, problem
     if local.exists():
@@ -217,7 +217,7 @@ def fetch(folder: Path, local: Path) -> tuple[Optional[dict], Optional[str]]:
     return marker, None
 
 
-def write_manifest(local: Path, key: str, line: CudaLine, requirements: Sequence[str]) -> dict:
+def manifest_for(local: Path, key: str, line: CudaLine, requirements: Sequence[str]) -> dict:
     """The marker for a wheelhouse built in `local` (written into it last, by `save`)."""
     files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
              for p in sorted(local.iterdir()) if p.is_file() and not p.name.startswith(".") and p.name != MARKER}
@@ -398,7 +398,7 @@ def save(store_uri: str, run: str, key: str, local: Path, line: CudaLine, requir
     elif store.exists(join_key(prefix, MARKER)):
         _say("the run's wheelhouse is already there")
         return
-    manifest = write_manifest(local, key, line, requirements)
+    manifest = manifest_for(local, key, line, requirements)
     store.upload_dir(local, prefix, sorted(manifest["files"]))
     store.put_bytes(join_key(prefix, MARKER), json.dumps(manifest, indent=1, sort_keys=True).encode())
     size = sum(f["size"] for f in manifest["files"].values())

@@ -194,3 +194,26 @@ def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_say
     assert "WHEELHOUSE.json unreadable" in failed.stdout
     assert "skyspot node env: resolving the node's requirements failed" in failed.stderr
     assert "Traceback" not in failed.stderr
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda d, m: (d / "WHEELHOUSE.json").unlink(), "no WHEELHOUSE.json"),
+    (lambda d, m: (d / "a.whl").unlink(), "a.whl is missing"),
+    (lambda d, m: (d / "a.whl").write_bytes(b"short"), "a.whl has 5 bytes"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {**m["files"], "../x": m["files"]["a.whl"]}})),
+     "names '../x'"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {"requirements.lock": 7}})), "names"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text("[]"), "unreadable"),
+])
+def test_a_wheelhouse_whose_marker_does_not_vouch_for_its_files_is_not_used(tmp_path, damage, said):
+    folder = tmp_path / "wheelhouse" / "key"
+    folder.mkdir(parents=True)
+    (folder / "a.whl").write_bytes(b"wheel bytes")
+    (folder / "requirements.lock").write_text("a==1\n")
+    marker = node_env.manifest_for(folder, "key", node_env.PYPI, ["a==1"])
+    (folder / "WHEELHOUSE.json").write_text(json.dumps(marker))
+    assert node_env.fetch(folder, tmp_path / "local")[1] is None  # whole, it is used
+    damage(folder, marker)
+    found, problem = node_env.fetch(folder, tmp_path / "again")
+    assert found is None and said in problem
+    assert not (tmp_path / "again").exists()  # nothing copied from a wheelhouse that is not used

@@ -56,8 +56,7 @@ class FreshNode:
         """The node's environment: the venv first on PATH, then uv; task variables that name a path under
         a mount target pointed at its copy (e.g. SKYSPOT_PACKAGE_DIR); none of this machine's pip or uv
         configuration."""
-        env = {k: v for k, v in base.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH")
-               and not k.startswith(("PIP_", "UV_"))}
+        env = {k: v for k, v in _without_launcher_config(base).items() if k not in ("PYTHONHOME", "PYTHONPATH")}
         env["PIP_CONFIG_FILE"] = os.devnull  # pip reads no /etc/pip.conf or ~/.config/pip: a VM has none of ours
         env.update({k: self.path_on_node(v) for k, v in task_envs.items()})
         env["VIRTUAL_ENV"] = str(self.venv)
@@ -126,6 +125,7 @@ def make(root: Path, file_mounts: Mapping[str, object], *, python: Optional[str]
 
 
 def _without_launcher_config(environ: Mapping[str, str]) -> dict[str, str]:
+    """This machine's environment without its pip and uv settings (its index, find-links, caps) or its venv."""
     return {k: v for k, v in environ.items() if not k.startswith(("PIP_", "UV_", "VIRTUAL_ENV"))}
 
 
