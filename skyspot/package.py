@@ -25,6 +25,7 @@ skyspot has no source tree to build from. A wheel is a zip with three metadata f
 both cases; fixed timestamps and sorted entries make it reproducible, so its content
 hash names the cache entry and a rebuilt, unchanged skyspot reuses it.
 """
+
 from __future__ import annotations
 
 import base64
