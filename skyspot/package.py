@@ -1,14 +1,22 @@
-"""The skyspot a cloud node installs: a wheel of the skyspot that is running here, pinned to this stack.
+"""The skyspot a cloud node installs: a wheel of the skyspot that is running here, and what it requires.
 
 A node starts from the cloud's image with nothing of ours on it, and skyspot is on no
 package index. So `launch` packages the running skyspot (an editable checkout or an
 installed wheel alike) into a wheel, cached under `$SKYSPOT_HOME/packages/<hash>/`, and
 the task mounts that folder at PACKAGE_MOUNT; the task's `setup` installs exactly that
-file. The wheel's requirements pin torch, DeepSpeed, transformers and the rest of the
-node's stack to the versions installed here, so every node trains with the code and the
-versions that were tested on the launching machine. A local build of torch (`2.13.0+cpu`)
-is pinned without its local label (`torch==2.13.0`): on a GPU node pip then takes the
-same release's CUDA build.
+file (node_env.py says how, and from where).
+
+The wheel's requirements pin the training stack (TRAINING_STACK: torch, DeepSpeed,
+transformers, peft, accelerate, safetensors) to the versions installed here, so every node
+trains with the numerics and checkpoint format tested on the launching machine; every other
+requirement keeps its declared range, so the node resolves it for its own interpreter (the
+images' Python is not this machine's: numpy 2.4.6 and typer 0.29.2 have no Python 3.10 build).
+A local build of torch (`2.13.0+cpu`) is pinned without its local label (`torch==2.13.0`): the
+node picks the CUDA build its driver runs (node_env.cuda_line).
+
+The wheel holds an allow-list of what the package reads (PACKAGE_FILES: its Python modules, the
+recipes, the price snapshot), never a dotfile, a dot-folder or a link: an editable checkout's
+`.env`, `.ipynb_checkpoints/`, `*.orig` or an editor's swap file stays on this machine.
 
 The wheel is written here rather than by `pip wheel` / `python -m build`: those need a
 build backend in the environment (or the network, for build isolation), and an installed
@@ -21,6 +29,7 @@ hash names the cache entry and a rebuilt, unchanged skyspot reuses it.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import io
 import os
@@ -40,8 +49,14 @@ PLACEHOLDER = "<skyspot wheel folder, built by `skyspot launch`>"
 """The mount source in rendered tasks (tasks/*.yaml, `render`): the real folder exists only at launch."""
 
 # What the node does not need: SkyPilot (the node runs under SkyPilot's own runtime; it never
-# launches jobs) and plotting (cost-report runs where the user is).
-NOT_ON_NODES = {"skypilot", "matplotlib"}
+# launches jobs), plotting (cost-report runs where the user is) and uv (SkyPilot puts it on every node).
+NOT_ON_NODES = {"skypilot", "matplotlib", "uv"}
+
+TRAINING_STACK = {"torch", "deepspeed", "transformers", "peft", "accelerate", "safetensors"}
+"""Pinned to this machine's versions on every node: what decides the numerics and the checkpoint format."""
+
+PACKAGE_FILES = {"recipes": ("*.yaml",), "pricing_data": ("*.csv", "*.md")}
+"""Besides every module (`*.py`), the data files the package reads, per folder of the package."""
 
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest zip timestamp: the same bytes on every build
 
@@ -59,12 +74,16 @@ class Package:
 
 
 def _package_files(root: Path) -> list[Path]:
+    """The files of the package folder `root` that the wheel ships: the allow-list, never a dotfile or a link."""
     files = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if "__pycache__" in rel.parts or path.suffix in (".pyc", ".pyo") or not path.is_file():
+        if (any(part.startswith(".") for part in rel.parts) or "__pycache__" in rel.parts or path.is_symlink()
+                or not path.is_file()):
             continue
-        files.append(path)
+        folder = rel.parent.as_posix()
+        if path.suffix == ".py" or any(fnmatch.fnmatchcase(rel.name, p) for p in PACKAGE_FILES.get(folder, ())):
+            files.append(path)
     return files
 
 
@@ -73,11 +92,12 @@ def _canonical(name: str) -> str:
 
 
 def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ...]:
-    """skyspot's declared requirements for a node, each pinned to the version installed here.
+    """skyspot's declared requirements for a node: the training stack pinned to the version installed
+    here, the rest as declared.
 
     `declared` defaults to pyproject.toml's dependencies when skyspot runs from its checkout (an
     editable install's metadata is only as new as its last `pip install -e`), else to the
-    installed skyspot's metadata. A requirement not installed here keeps its declared range.
+    installed skyspot's metadata. A training-stack requirement not installed here keeps its range.
     """
     if declared is None:
         declared = _checkout_dependencies() or metadata.requires("skyspot") or []
@@ -90,6 +110,9 @@ def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ..
             continue
         name = match.group(1)
         if _canonical(name) in NOT_ON_NODES:
+            continue
+        if _canonical(name) not in TRAINING_STACK:
+            pinned.append(requirement.strip())
             continue
         try:
             version = metadata.version(name)

@@ -7,12 +7,14 @@ it on clouds, the local executor runs the same `run` script on this machine. It:
   with one `job_recovery` for all (SkyPilot rejects candidates whose recovery differs);
 - recovers on the trainer's "preempted, checkpoint saved" exit code (75), never 137;
 - ships skyspot itself: the wheel `launch` builds from the running skyspot (package.py) is
-  mounted at PACKAGE_MOUNT and `setup` installs exactly that file with its pinned stack,
+  mounted at PACKAGE_MOUNT and `setup` installs exactly that file and its stack for the node's
+  own interpreter and driver (node_env.py), from the run's wheelhouse after the first start,
   then prepares what the trainer would otherwise build on its first start;
 - mounts a data source that lives in a bucket (a streaming read is what a mount does well);
-- mounts the run's store (a bucket) when the recipe loads a hub model: the first start keeps a
-  copy of the base model in `<store>/<run id>/base/` and every later start reads it there, in the
-  bucket's region, instead of downloading it from the hub again (trainer/base.py). Checkpoints
+- mounts the run's store (a bucket): setup reads the run's wheelhouse there before skyspot is
+  installed, and for a hub model the first start keeps a copy of the base model in
+  `<store>/<run id>/base/` and every later start reads it there, in the bucket's region, instead
+  of downloading it from the hub again (trainer/base.py). Checkpoints
   are never written through the mount: the trainer writes them through the cloud SDK and counts
   one durable only once its remote commit marker exists;
 - names the run: SKYSPOT_RUN_NAME is the managed job's name, the ledger's name and the
@@ -143,16 +145,30 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
     return "\n".join(lines) + "\n"
 
 
-# Runs once on every newly provisioned node (SkyPilot reruns it after each recovery onto a new VM).
-# The package folder holds exactly one wheel: the build `launch` mounted.
-SETUP_SCRIPT = "\n".join([
-    "set -e",
-    'python -m pip install --quiet "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl',
-    "python -m skyspot.trainer.prepare",
-    # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
-    # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
-    f'python -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
-]) + "\n"
+# Runs once on every newly provisioned node (SkyPilot reruns it after each recovery onto a new VM), in
+# the venv SkyPilot makes from the image's python3. The package folder holds exactly one wheel: the
+# build `launch` mounted. node_env runs from inside that wheel (skyspot is not installed yet): it
+# picks the torch build the node's driver runs and installs the stack with uv, from the run's
+# wheelhouse in the store (read through the bucket mount) when an earlier start left one, else
+# from the index, leaving the wheelhouse for the next start (node_env.py).
+def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_overrides: Sequence[str] = ()) -> str:
+    """The task's `setup`; `store` is the run's store, where the node keeps and finds its wheelhouse.
+
+    `prepare` is given the trainer's own recipe and overrides (the words `run` passes after
+    `-m skyspot.trainer`), so it builds the ops that recipe loads (DeepSpeedCPUAdam with
+    `offload_optimizer: cpu`) and refuses a GPU node torch cannot use before any training starts.
+    """
+    store_arg = f" --store {shlex.quote(store)}" if store else ""
+    prepare_args = "".join(f" {shlex.quote(w)}" for w in ([recipe_arg] if recipe_arg else []) + list(trainer_overrides))
+    return "\n".join([
+        "set -e",
+        'WHEEL="$(ls "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl)"',
+        f'PYTHONPATH="$WHEEL" python -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
+        f"python -m skyspot.trainer.prepare{prepare_args}",
+        # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
+        # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
+        f'python -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
+    ]) + "\n"
 
 
 RECIPE_MOUNT = "/skyspot/recipe.yaml"
@@ -186,7 +202,7 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
         **DIST_ENV,
     }
     bucket_store = bool(store) and not parse_store_uri(store).is_local
-    if bucket_store and not local and recipe.model.hub_id and not recipe.model.is_local:
+    if bucket_store and not local:  # the wheelhouse (setup) and the base model's copy (trainer/base.py)
         mount_point, mount, store_root = _store_mount(store)
         file_mounts[mount_point] = mount
         envs["SKYSPOT_STORE_MOUNT"] = store_root
@@ -208,7 +224,7 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
     if secrets:
         task["secrets"] = secrets
     task["file_mounts"] = file_mounts
-    task["setup"] = SETUP_SCRIPT
+    task["setup"] = setup_script(store, recipe_arg, trainer_overrides)
     task["run"] = run_script(recipe, recipe_arg, trainer_overrides)
     return task
 

@@ -91,8 +91,15 @@ def test_the_store_is_mounted_for_the_base_model_copy_and_written_through_the_sd
     assert "storage.store=gs://my-ckpts/team" in built.task["run"]
 
 
-def test_a_recipe_without_a_hub_model_mounts_no_store():
+def test_a_bucket_store_is_mounted_for_the_wheelhouse_and_setup_is_told_the_store():
     built = build("tiny", flags={"storage.store": "s3://my-ckpts/team"}, environ={})
+    assert list(built.task["file_mounts"]) == ["/skyspot/package", "/skyspot/store/my-ckpts"]
+    assert built.task["envs"]["SKYSPOT_STORE_MOUNT"] == "/skyspot/store/my-ckpts/team"  # setup reads it there
+    assert "python -m skyspot.node_env setup --wheel \"$WHEEL\" --store s3://my-ckpts/team\n" in built.task["setup"]
+
+
+def test_a_local_store_mounts_nothing():
+    built = build("tiny", flags={"storage.store": "/tmp/skyspot-store"}, environ={})
     assert list(built.task["file_mounts"]) == ["/skyspot/package"]
     assert "SKYSPOT_STORE_MOUNT" not in built.task["envs"]
 
@@ -183,7 +190,8 @@ def test_every_value_set_at_launch_reaches_the_node_as_an_override_the_store_fir
     words = shlex.split(built.task["run"].split("-m skyspot.trainer ", 1)[1].replace("\\\n", " "))
     assert words == ["tiny", "--run-dir", "$RUN_DIR", "storage.store=s3://my-ckpts/team", "train.lr=0.01",
                      "train.steps=7"]
-    assert not any(name.startswith("SKYSPOT_STORE") for name in built.task["envs"])
+    # No value rides in an environment variable (SKYSPOT_STORE_MOUNT is where the bucket is mounted, not a value).
+    assert not any(name.startswith(("SKYSPOT_STORAGE", "SKYSPOT_TRAIN")) for name in built.task["envs"])
 
 
 def test_a_build_plans_once_and_a_launch_builds_once(monkeypatch):

@@ -1,0 +1,219 @@
+"""The node's environment: the torch build each driver gets, the wheelhouse's key, and `setup` itself.
+
+`setup` runs here for real, in new venvs, with real uv and pip, against a package index on this
+disk (a PEP 503 folder holding one small wheel built here, standing for PyPI) and the run's
+wheelhouse in a local store: a first start installs from the index and keeps the wheelhouse, a
+second installs from it with the index unreachable, and a partial or corrupt one is ignored
+while the index is up. The full stack on a Python 3.10 node is tests/executors/test_fresh_node.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skyspot import node_env
+from skyspot import package as packaging
+from skyspot.ports import free_port
+
+
+@pytest.mark.parametrize("driver, line, index", [
+    ("535.183.01", "cu126", "https://download.pytorch.org/whl/cu126"),  # Azure's ubuntu-hpc:2204 fallback
+    ("550.90.07", "cu126", "https://download.pytorch.org/whl/cu126"),
+    ("570.133.20", "cu128", "https://download.pytorch.org/whl/cu128"),
+    ("575.57.08", "cu128", "https://download.pytorch.org/whl/cu128"),
+    ("580.65.06", "pypi", None),  # CUDA 13.0's minimum: PyPI's torch 2.13.0 is a CUDA 13 build
+    ("580.95.05", "pypi", None),  # SkyPilot's -cuda13 images on AWS and GCP
+    ("590.44.01", "pypi", None),
+    (None, "pypi", None),  # no GPU, or no nvidia-smi: PyPI's default
+    ("", "pypi", None),
+])
+def test_each_driver_gets_the_torch_build_it_runs(driver, line, index):
+    chosen = node_env.cuda_line(driver)
+    assert (chosen.name, chosen.index_url) == (line, index)
+
+
+def test_a_driver_below_every_cuda_line_is_refused_in_one_line():
+    with pytest.raises(node_env.NodeEnvError) as error:
+        node_env.cuda_line("470.256.02")
+    message = str(error.value)
+    assert "\n" not in message and "470.256.02" in message and ">= 525.60.13" in message
+
+
+def test_a_580_driver_below_cuda_13s_minimum_gets_cuda_12():
+    assert node_env.cuda_line("580.00").name == "cu128"
+
+
+def test_torch_moves_to_the_lines_build_and_nothing_else_changes():
+    requirements = ["deepspeed==0.19.8", "numpy>=1.26", "torch==2.13.0"]
+    assert node_env.requirements_for(requirements, node_env.cuda_line("570.133.20")) == [
+        "deepspeed==0.19.8", "numpy>=1.26", "torch==2.13.0+cu128"]
+    assert node_env.requirements_for(requirements, node_env.cuda_line(None)) == requirements
+    assert node_env.requirements_for(["torch>=2.4"], node_env.cuda_line("535.1")) == ["torch>=2.4"]  # no exact pin
+
+
+def test_the_wheelhouse_key_names_interpreter_platform_line_and_requirements():
+    pypi, cu126 = node_env.cuda_line(None), node_env.cuda_line("535.183.01")
+    key = node_env.wheelhouse_key("cp310-x86_64-glibc2.35", pypi, ["numpy>=1.26", "torch==2.13.0"])
+    assert key.startswith("cp310-x86_64-glibc2.35-pypi-")
+    assert key == node_env.wheelhouse_key("cp310-x86_64-glibc2.35", pypi, ["torch==2.13.0", "numpy>=1.26"])
+    others = {node_env.wheelhouse_key("cp312-x86_64-glibc2.39", pypi, ["numpy>=1.26", "torch==2.13.0"]),
+              node_env.wheelhouse_key("cp310-x86_64-glibc2.35", cu126, ["numpy>=1.26", "torch==2.13.0"]),
+              node_env.wheelhouse_key("cp310-x86_64-glibc2.35", pypi, ["numpy>=2", "torch==2.13.0"])}
+    assert key not in others and len(others) == 3
+
+
+@pytest.mark.slow  # asks PyPI
+def test_the_node_stack_resolves_on_the_images_pythons_from_the_wheel_it_ships(tmp_path):
+    """Every requirement the wheel ships has a build for Python 3.10 and 3.12 on x86_64 Linux (PyPI)."""
+    uv = pytest.importorskip("uv").find_uv_bin()
+    wanted = tmp_path / "node.in"
+    wanted.write_text("\n".join(packaging.node_requirements()) + "\n")
+    for version in ("3.10", "3.12"):
+        done = subprocess.run([uv, "pip", "compile", "--quiet", "--no-config", "--python-version", version,
+                               "--python-platform", "x86_64-manylinux_2_28", str(wanted)],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        pins = dict(line.split("==", 1) for line in done.stdout.splitlines() if "==" in line and not line[0].isspace())
+        assert pins["torch"] == packaging.node_requirements(["torch"])[0].split("==")[1]
+        assert "awscrt" in pins  # boto3[crt]: streaming uploads go through the CRT client on every node
+
+
+# ------------------------------------------------------------------ setup, for real, on a small stack
+
+
+def _simple_index(root: Path, wheel: Path) -> str:
+    """A PEP 503 index on disk with one project."""
+    project = root / "simple" / "tinydep"
+    project.mkdir(parents=True)
+    (project / wheel.name).write_bytes(wheel.read_bytes())
+    (project / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
+    (root / "simple" / "index.html").write_text('<a href="tinydep/">tinydep</a>\n')
+    return (root / "simple").as_uri()
+
+
+def _tinydep_wheel(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = {"tinydep/__init__.py": b"VALUE = 42\n",
+               "tinydep-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinydep\nVersion: 1.0\n",
+               "tinydep-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    wheel = folder / "tinydep-1.0-py3-none-any.whl"
+    wheel.write_bytes(packaging._wheel_bytes(entries))
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def small_stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("node-env")
+    index = _simple_index(root / "index", _tinydep_wheel(root / "built"))
+    skyspot_wheel = packaging.build(root / "packages", declared=["tinydep>=1.0"]).wheel
+    return root, index, skyspot_wheel
+
+
+def _node(root: Path, name: str) -> Path:
+    venv = root / name
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([base, "-m", "venv", str(venv)], check=True)  # with pip, as `uv venv --seed` makes it
+    return venv
+
+
+def _setup(venv: Path, wheel: Path, store: Path, index: str, home: Path, **extra: str):
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SKYSPOT_RUN_NAME": "r1", "SKYPILOT_SETUP_NODE_RANK": "0",
+           "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": index, "UV_INDEX_URL": index, "UV_NO_CACHE": "1",
+           "PYTHONPATH": str(wheel), **extra}
+    return subprocess.run([str(venv / "bin" / "python"), "-m", "skyspot.node_env", "setup", "--wheel", str(wheel),
+                           "--store", str(store)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _imports_tinydep(venv: Path) -> bool:
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", "import tinydep, skyspot; print(tinydep.VALUE)"],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    return done.stdout.strip() == "42"
+
+
+def test_a_first_start_keeps_a_wheelhouse_and_a_second_installs_from_it_with_no_index(small_stack, tmp_path):
+    root, index, wheel = small_stack
+    store = tmp_path / "store"
+    first = _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "installed from the index" in first.stdout and "kept the wheelhouse" in first.stdout
+    marker, = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
+    manifest = json.loads(marker.read_text())
+    assert {"tinydep-1.0-py3-none-any.whl", "requirements.lock"} <= set(manifest["files"])
+    assert manifest["key"] == marker.parent.name and manifest["cuda_line"] == "pypi"
+
+    closed = f"http://127.0.0.1:{free_port()}/simple"  # nothing listens: an unreachable index
+    venv = _node(tmp_path, "n2")
+    second = _setup(venv, wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "installed from the run's wheelhouse" in second.stdout and "kept" not in second.stdout
+    assert _imports_tinydep(venv)
+    again = _setup(venv, wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
+    assert "already installed here" in again.stdout  # a rerun of setup on the same machine
+
+
+def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_stack, tmp_path):
+    root, index, wheel = small_stack
+    store = tmp_path / "store"
+    assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
+    marker, = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
+    kept = marker.parent / "tinydep-1.0-py3-none-any.whl"
+    data = bytearray(kept.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    kept.write_bytes(bytes(data))
+
+    venv = _node(tmp_path, "n2")
+    corrupt = _setup(venv, wheel, store, index, tmp_path / "h2")
+    assert corrupt.returncode == 0, corrupt.stdout + corrupt.stderr
+    assert "wheelhouse is ignored: tinydep-1.0-py3-none-any.whl does not match its sha256" in corrupt.stdout
+    assert "installed from the index" in corrupt.stdout and _imports_tinydep(venv)
+    assert "kept the wheelhouse" in corrupt.stdout  # a whole one replaces it
+
+    marker.unlink()  # a first start that died before its marker
+    partial = _setup(_node(tmp_path, "n3"), wheel, store, index, tmp_path / "h3")
+    assert partial.returncode == 0, partial.stdout + partial.stderr
+    assert "ignored: no WHEELHOUSE.json" in partial.stdout and "installed from the index" in partial.stdout
+    # ...and that start keeps a whole one again
+    assert (marker.parent / "WHEELHOUSE.json").is_file()
+
+
+def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_says_so(small_stack, tmp_path):
+    root, index, wheel = small_stack
+    store = tmp_path / "store"
+    assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
+    marker, = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
+    marker.write_text("{not json")
+    closed = f"http://127.0.0.1:{free_port()}/simple"
+    failed = _setup(_node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
+    assert failed.returncode == 2
+    assert "WHEELHOUSE.json unreadable" in failed.stdout
+    assert "skyspot node env: resolving the node's requirements failed" in failed.stderr
+    assert "Traceback" not in failed.stderr
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda d, m: (d / "WHEELHOUSE.json").unlink(), "no WHEELHOUSE.json"),
+    (lambda d, m: (d / "a.whl").unlink(), "a.whl is missing"),
+    (lambda d, m: (d / "a.whl").write_bytes(b"short"), "a.whl has 5 bytes"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {**m["files"], "../x": m["files"]["a.whl"]}})),
+     "names '../x'"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {"requirements.lock": 7}})), "names"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text("[]"), "unreadable"),
+])
+def test_a_wheelhouse_whose_marker_does_not_vouch_for_its_files_is_not_used(tmp_path, damage, said):
+    folder = tmp_path / "wheelhouse" / "key"
+    folder.mkdir(parents=True)
+    (folder / "a.whl").write_bytes(b"wheel bytes")
+    (folder / "requirements.lock").write_text("a==1\n")
+    marker = node_env.manifest_for(folder, "key", node_env.PYPI, ["a==1"])
+    (folder / "WHEELHOUSE.json").write_text(json.dumps(marker))
+    assert node_env.fetch(folder, tmp_path / "local")[1] is None  # whole, it is used
+    damage(folder, marker)
+    found, problem = node_env.fetch(folder, tmp_path / "again")
+    assert found is None and said in problem
+    assert not (tmp_path / "again").exists()  # nothing copied from a wheelhouse that is not used
