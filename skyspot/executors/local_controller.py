@@ -52,11 +52,12 @@ from typing import IO, Optional
 from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.ledger import Ledger
+from skyspot.executors.spot_trace import SpotTrace
 from skyspot.metadata_server import AZURE_RATE_LIMIT
 from skyspot.ports import free_port
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
+from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE
 
-RECOVER_EXIT_CODE = 75
 POLL_SECONDS = 0.2
 # Endings a restart cannot fix (trainer/exit_codes.py): the next attempt meets the same recipe, store and checkpoints.
 NOT_RETRIED = {USAGE: "a configuration error", NO_VALID_CHECKPOINT: "no usable checkpoint"}
@@ -181,7 +182,8 @@ class Controller:
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
         # An outage starts with a notice to the spot instance running then, like a preemption.
-        self.pending_trace = sorted([*spec.trace_times, *(start for start, _ in spec.unavailable)])
+        self.trace = SpotTrace.from_spec(spec)
+        self.pending_trace = self.trace.losses()
         self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
         self.attempt = 0  # the last attempt number used
         self.prepared = spec.fresh_node  # a fresh node's setup prepares it
@@ -203,10 +205,7 @@ class Controller:
         spec = self.spec
         if spec.fallback_after is not None and self.preemptions >= spec.fallback_after:
             return False
-        if spec.capacity_gone_after is not None and self.preemptions >= spec.capacity_gone_after:
-            return False
-        elapsed = time.time() - self.launched_at
-        return not any(start <= elapsed < end for start, end in spec.unavailable)
+        return self.trace.available(time.time() - self.launched_at, self.preemptions)
 
     def next_attempt_number(self) -> int:
         """One past the last attempt: ours, or the trainer's (it numbers each start in its run root or
