@@ -188,6 +188,12 @@ def tail_logs(job_id: int, follow: bool) -> int:
     return int(code or 0)
 
 
+def placed(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue record with its placement parsed (`where`, as where_from_queue reads it): what the
+    executors' surface hands on, so a reader of records (cost.py) never parses SkyPilot's strings."""
+    return {**record, "where": where_from_queue(record)}
+
+
 def where_from_queue(record: Any) -> dict[str, Any]:
     """cloud, region, zone, nodes, spot, accelerators and instance type from a queue_v2 record.
 
@@ -240,6 +246,24 @@ class SkyExecutor:
 
     name = "sky"
     local_events = False
+    runs_here = False
+    simulated = False
+
+    def launch_question(self, rendered) -> str:
+        return f"Launch '{rendered.recipe.name}' as SkyPilot managed job '{rendered.run_name}'?"
+
+    def check(self, rendered) -> None:
+        recipe = rendered.recipe
+        check_launchable(rendered.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds),
+                         store=recipe.storage.store)
+
+    def submit(self, rendered, *, detach: bool, deadline=None) -> int:
+        from skyspot.executors.sky_submit import submit_cloud
+
+        job_id = submit_cloud(rendered, detach=detach, deadline=deadline)
+        what = "the deadline's controller (it runs the training on spot or on-demand)" if deadline else "managed job"
+        err.print(f"submitted {what} as managed job {job_id} '{rendered.run_name}'; `skyspot status` follows it")
+        return 0
 
     def refresh(self, runs):
         job_ids = [r.job_id for r in runs if r.job_id is not None]
@@ -250,7 +274,7 @@ class SkyExecutor:
         except SkyspotError as error:
             return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
         record_status(runs, records)
-        return {r.name: records[r.job_id] for r in runs if r.job_id in records}, None
+        return {r.name: placed(records[r.job_id]) for r in runs if r.job_id in records}, None
 
     def logs(self, run, *, follow: bool) -> int:
         return tail_logs(run.job_id, follow)
@@ -264,11 +288,27 @@ class SkyExecutor:
         return f"Resume '{run.name}' as a new SkyPilot managed job?"
 
     def resume(self, run, *, detach: bool) -> int:
-        from skyspot.launch import resume_cloud  # the cloud's resume: re-record, rebuild the wheel, resubmit
+        from skyspot.executors.sky_submit import resume_cloud  # re-record, rebuild the wheel, resubmit
 
         job_id = resume_cloud(run, detach=detach)
         err.print(f"resumed '{run.name}' as managed job {job_id}; it continues from its newest durable checkpoint")
         return 0
+
+    def deadline_inputs(self, run, plan, events):
+        """The spot the deadline's controller observed (its stages' events), from the plan's start."""
+        from skyspot import deadline as dl
+        from skyspot.executors import DeadlineInputs
+        from skyspot.executors.sky_deadline import CLOUD_PROVISION_SECONDS
+
+        t0 = float(plan["start"])
+        return DeadlineInputs(trace=dl.observed_trace(events, t0), t0=t0, provision_seconds=CLOUD_PROVISION_SECONDS,
+                              restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS, notice_seconds=0.0,
+                              source="as the controller observed it")
+
+
+def executor(options) -> SkyExecutor:
+    """A launch's executor: SkyPilot takes no executor options (the CLI refuses the local ones)."""
+    raise UsageError("a SkyPilot launch takes no local executor options")
 
 
 EXECUTOR = SkyExecutor()
