@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+
 def run_events(run, *, store_ok: bool = True):
     """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
     from pathlib import Path

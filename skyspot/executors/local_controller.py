@@ -77,7 +77,7 @@ SIMULATED_PLACES = {
 # How the simulated clouds take a spot VM back, in seconds after the notice (the windows: clouds.py).
 AWS_SHUTDOWN_S = 30.0  # ours: AWS publishes no figure for how long the OS shutdown at the notice's `time` may run
 # How often each cloud's watcher asks (clouds.py); GCP's watcher hangs its GET, and this is only its
-# retry period after a failed one (trainer/notice.py GCP_RETRY_S).
+# retry period after a failed one (trainer/notice/gcp.py GCP_RETRY_S).
 CLOUD_POLL_S = {"aws": AWS_POLL_S, "gcp": 1.0, "azure": AZURE_POLL_S}
 # The shortest period a scaled window gets: ours, 0.05 s, so a tiny window never busy-polls; on Azure
 # 0.25 s, four requests a second, under the five IMDS allows a VM before it answers 429 (metadata_server.py).
