@@ -13,6 +13,7 @@ import pytest
 from skyspot import cost
 from skyspot.events import EventLog
 from skyspot.executors.sky import placed
+from tests.builders import event as ev
 
 P4DE_SPOT = 8.6505
 P4DE_ON_DEMAND = 27.44705
@@ -26,11 +27,6 @@ AWS_WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "use1-az6", "instanc
 @pytest.fixture(autouse=True)
 def no_catalog_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SKY_RUNTIME_DIR", str(tmp_path / "sky-runtime"))
-
-
-def ev(ts, type, attempt, rank=0, node_rank=0, **fields):
-    return {"ts": float(ts), "run_id": "run-1", "attempt": attempt, "node_rank": node_rank,
-            "rank": rank, "type": type, **fields}
 
 
 def executor(ts, type, attempt, **fields):
