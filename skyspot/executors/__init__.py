@@ -2,7 +2,7 @@
 
 Both stand behind one small surface, `Executor`: a launch asks `executor_for("sky" | "local", options)` and
 `submit`s; every later command asks `executor_for(run)`; nothing outside executors/ tests which executor a
-run has. Each executor module (executors/sky.py, executors/local.py) defines its `EXECUTOR` (and `executor()`
+run has. Each executor module (executors/sky_executor.py, executors/local.py) defines its `EXECUTOR` (and `executor()`
 for a launch's options); executors talk to the user through skyspot/console.py, never through the CLI.
 """
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from skyspot.ledger import Ledger, Run
     from skyspot.task import RenderedTask
 
-_MODULES = {"sky": "skyspot.executors.sky", "local": "skyspot.executors.local"}
+_MODULES = {"sky": "skyspot.executors.sky_executor", "local": "skyspot.executors.local"}
 
 
 class Executor(Protocol):

@@ -1,6 +1,6 @@
-"""The SkyPilot executor: submit the rendered task as a managed job through SkyPilot's Python SDK, read
-its queue (and the `cluster_resources` string it reports), tail its logs, cancel it; `EXECUTOR` is its side
-of the executors' surface (skyspot/executors/__init__.py).
+"""SkyPilot's Python SDK, as the SkyPilot executor uses it: submit the rendered task as a managed job, read
+its queue (and the `cluster_resources` string it reports), tail its logs, cancel it. The executor itself,
+the executors' surface on top of these (skyspot/executors/__init__.py), is executors/sky_executor.py.
 
 SkyPilot is imported here only, when a command needs it (it takes seconds to import
 and starts a local API server on first use).
@@ -15,7 +15,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from skyspot.console import err
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
 
 SKY_CHECK_HINT = "run `sky check` and set up credentials for one of them (docs.skypilot.co, 'Cloud account setup')"
@@ -239,76 +238,3 @@ def record_status(runs, records: dict[int, dict]) -> None:
                 run.status = status
         except Exception:  # a read-only or busy ledger: the next command tries again
             pass
-
-
-class SkyExecutor:
-    """Managed-job runs behind the executors' surface: SkyPilot keeps their status, logs and recovery."""
-
-    name = "sky"
-    local_events = False
-    runs_here = False
-    simulated = False
-
-    def launch_question(self, rendered) -> str:
-        return f"Launch '{rendered.recipe.name}' as SkyPilot managed job '{rendered.run_name}'?"
-
-    def check(self, rendered) -> None:
-        recipe = rendered.recipe
-        check_launchable(rendered.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds),
-                         store=recipe.storage.store)
-
-    def submit(self, rendered, *, detach: bool, deadline=None) -> int:
-        from skyspot.executors.sky_submit import submit_cloud
-
-        job_id = submit_cloud(rendered, detach=detach, deadline=deadline)
-        what = "the deadline's controller (it runs the training on spot or on-demand)" if deadline else "managed job"
-        err.print(f"submitted {what} as managed job {job_id} '{rendered.run_name}'; `skyspot status` follows it")
-        return 0
-
-    def refresh(self, runs):
-        job_ids = [r.job_id for r in runs if r.job_id is not None]
-        if not job_ids:
-            return {}, None
-        try:
-            records = queue(job_ids)
-        except SkyspotError as error:
-            return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
-        record_status(runs, records)
-        return {r.name: placed(records[r.job_id]) for r in runs if r.job_id in records}, None
-
-    def logs(self, run, *, follow: bool) -> int:
-        return tail_logs(run.job_id, follow)
-
-    def cancel(self, run, ledger) -> None:
-        cancel(run.job_id)
-        ledger.update(run.name, status="CANCELLED")
-        err.print(f"cancelled managed job {run.job_id} ('{run.name}')")
-
-    def resume_question(self, run) -> str:
-        return f"Resume '{run.name}' as a new SkyPilot managed job?"
-
-    def resume(self, run, *, detach: bool) -> int:
-        from skyspot.executors.sky_submit import resume_cloud  # re-record, rebuild the wheel, resubmit
-
-        job_id = resume_cloud(run, detach=detach)
-        err.print(f"resumed '{run.name}' as managed job {job_id}; it continues from its newest durable checkpoint")
-        return 0
-
-    def deadline_inputs(self, run, plan, events):
-        """The spot the deadline's controller observed (its stages' events), from the plan's start."""
-        from skyspot import deadline as dl
-        from skyspot.executors import DeadlineInputs
-        from skyspot.executors.sky_deadline import CLOUD_PROVISION_SECONDS
-
-        t0 = float(plan["start"])
-        return DeadlineInputs(trace=dl.observed_trace(events, t0), t0=t0, provision_seconds=CLOUD_PROVISION_SECONDS,
-                              restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS, notice_seconds=0.0,
-                              source="as the controller observed it")
-
-
-def executor(options) -> SkyExecutor:
-    """A launch's executor: SkyPilot takes no executor options (the CLI refuses the local ones)."""
-    raise UsageError("a SkyPilot launch takes no local executor options")
-
-
-EXECUTOR = SkyExecutor()

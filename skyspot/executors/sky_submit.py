@@ -23,9 +23,8 @@ def submit_cloud(built: RenderedTask, *, detach: bool, environ: Optional[Mapping
     """Submit a built task as a SkyPilot managed job named `built.run_name`; returns the job id.
 
     What can be refused (no store, a missing secret, no enabled cloud) was refused before
-    (SkyExecutor.check); the run is recorded first, so a submission that fails leaves a FAILED
-    row rather than no trace.
-    The ledger keeps the rendered task (never a secret value) for `skyspot resume`. With a
+    (SkyExecutor.check, executors/sky_executor.py); the run is recorded first, so a submission that
+    fails leaves a FAILED row rather than no trace. The ledger keeps the rendered task (never a secret value) for `skyspot resume`. With a
     `deadline` (plan_deadline) the job submitted is the deadline's controller, which runs the
     task itself on spot or on-demand (executors/sky_deadline.py, docs/deadline.md)."""
     from skyspot.executors import sky as sky_executor
