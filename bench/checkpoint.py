@@ -23,7 +23,7 @@ from bench.common import Figure, Results
 
 GOAL_VS_SYNC = 0.10
 GOAL_VS_FLOOR = 2.0
-# Notice windows (skyspot/trainer/notice.py cites the clouds' pages): GCP and Azure 30 s, AWS 120 s.
+# Notice windows (skyspot/trainer/notice/ cites the clouds' pages): GCP and Azure 30 s, AWS 120 s.
 WINDOWS = {"GCP/Azure": 30.0, "AWS": 120.0}
 
 

@@ -55,7 +55,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "unknown": ("unknown ending", "unknown endings"),                  # ended preempted, nothing says why
 }
 
-# The notice watchers' `action` words (skyspot/trainer/notice.py, docs/notices.md) per cloud: which are a
+# The notice watchers' `action` words (skyspot/trainer/notice/, docs/notices.md) per cloud: which are a
 # planned shutdown rather than a spot preemption, and the cloud's own spelling of each.
 _PLANNED = {"aws": {"instance-reboot", "system-reboot", "instance-stop", "instance-retirement"},
             "gcp": {"maintenance"}, "azure": {"reboot", "redeploy", "terminate"}}

@@ -38,7 +38,7 @@ GCP_MAINTENANCE_NOTICE_S = 60.0
 # How often to ask the metadata service for a notice.
 AWS_POLL_S = 5.0  # "check for these interruption notices every 5 seconds" (the AWS page above)
 AZURE_POLL_S = 1.0  # "we recommend that you poll the service once per second" (the Azure page above)
-# How late the trainer can learn of a notice: the watcher's polling period (skyspot/trainer/notice.py).
+# How late the trainer can learn of a notice: the watcher's polling period (skyspot/trainer/notice/).
 # GCP's watcher holds a hanging GET open, which returns the moment the notice is set.
 NOTICE_DETECT_S: dict[str, float] = {"aws": AWS_POLL_S, "gcp": 0.0, "azure": AZURE_POLL_S}
 

@@ -367,10 +367,8 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
     number, events = split_attempt.number, split_attempt.events
     trainer_starts = [e for e in events if e["type"] == "start"]
     where = dict(split_attempt.where)
-    if queue_record is not None:
-        from skyspot.executors.sky import where_from_queue
-
-        for key, value in where_from_queue(queue_record).items():
+    if queue_record is not None:  # its placement as the executor parsed it (executors/sky.py placed)
+        for key, value in (_get(queue_record, "where") or {}).items():
             if where.get(key) in (None, "", UNKNOWN):
                 where[key] = value
 

@@ -1,41 +1,26 @@
 """Launch: recipe + overrides + flags -> a rendered task, ready for an executor.
 
 One function (`build`) so that `render`, `launch --dry-run`, `launch` and the local
-executor all see the same recipe, the same candidates and the same YAML.
+executor all see the same recipe, the same candidates and the same YAML; one (`launch`) that
+hands a built run to its executor, the same steps for every kind of run.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from pydantic import BaseModel
 
-from skyspot.package import PACKAGE_MOUNT, Package
-from skyspot.plan import Candidate, candidates
+from skyspot.package import Package
+from skyspot.plan import candidates
 from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, parse_overrides, value_text
-from skyspot.task import RECIPE_MOUNT, render, to_yaml
+from skyspot.task import RECIPE_MOUNT, RenderedTask, render, to_yaml
 
 # `resources` says where to run: the plan and SkyPilot have decided that before a node exists,
 # and the trainer never reads it. Every other value set on top of the recipe file travels.
 LAUNCH_ONLY_SECTIONS = ("resources",)
-
-
-@dataclass
-class Built:
-    recipe: Recipe
-    recipe_arg: str
-    task: dict[str, Any]
-    yaml: str
-    candidates: list[Candidate]
-    trainer_overrides: list[str] = field(default_factory=list)
-    """Values set on top of the recipe file (environment, command line, flags), for the node."""
-    run_name: Optional[str] = None
-    """The one name of the run: managed job, ledger row, the node's run id, the store prefix."""
-    package: Optional[Package] = None
-    """The skyspot wheel the nodes install (None: the task shows a placeholder)."""
 
 
 def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mapping[str, str],
@@ -74,7 +59,7 @@ def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
           run_name: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-          local: bool = False, package: Optional[Package] = None) -> Built:
+          local: bool = False, package: Optional[Package] = None) -> RenderedTask:
     """Load and render. A registry name travels to the node as is; a recipe file is mounted
     on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is.
     `package` is the skyspot wheel the nodes install (package.build())."""
@@ -90,7 +75,7 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
         node_arg, recipe_file = RECIPE_MOUNT, str(Path(recipe_arg).resolve())
     task = render(recipe, planned, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
                   run_name=run_name, package_dir=str(package.folder) if package else None, local=local)
-    return Built(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
+    return RenderedTask(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
                  candidates=planned, trainer_overrides=trainer_overrides, run_name=run_name,
                  package=package)
 
@@ -148,111 +133,14 @@ def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0
             "check": check.text}
 
 
-def submit_cloud(built: Built, *, detach: bool, environ: Optional[Mapping[str, str]] = None,
-                 deadline: Optional[dict[str, Any]] = None) -> Optional[int]:
-    """Submit a built task as a SkyPilot managed job named `built.run_name`; returns the job id.
-
-    What can be refused (no store, a missing secret, no enabled cloud) is refused first; then
-    the run is recorded, so a submission that fails leaves a FAILED row rather than no trace.
-    The ledger keeps the rendered task (never a secret value) for `skyspot resume`. With a
-    `deadline` (plan_deadline) the job submitted is the deadline's controller, which runs the
-    task itself on spot or on-demand (executors/sky_deadline.py, docs/deadline.md)."""
-    from skyspot.executors import sky as sky_executor
-    from skyspot.runs import record_launch
-
-    recipe = built.recipe
-    check_store(recipe, local=False)
-    secrets = sky_executor.check_launchable(built.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds),
-                                            store=recipe.storage.store,
-                                            environ=os.environ if environ is None else environ)
+def launch(built: RenderedTask, executor, *, detach: bool, deadline: Optional[dict[str, Any]] = None,
+           environ: Optional[Mapping[str, str]] = None) -> int:
+    """Start a built run on `executor` (executors.executor_for): what the executor refuses, then the
+    preflight (the hub, the model and the data, asked from here before any node is paid for or the run
+    starts: preflight.py), then the executor records and submits it. Returns the exit code to pass on."""
     from skyspot.preflight import preflight
 
-    # The hub, the model and the data, asked from here before any node is paid for (preflight.py).
-    preflight(recipe, local=False, environ=os.environ if environ is None else environ)
-    if deadline:
-        from skyspot.executors.sky_deadline import check_api_server
-
-        check_api_server()
-    record_launch(built.run_name, built, "sky", info={"task": built.task, **({"deadline": deadline} if deadline else {})})
-    task = built.task
-    if deadline:
-        task = _deadline_controller(built.run_name, built.task, recipe=recipe.name, store=recipe.storage.store,
-                                    total_steps=recipe.train.steps, deadline=deadline, package=built.package)
-    return _submit_recorded(built.run_name, task, detach=detach, secrets=secrets)
-
-
-def _deadline_controller(name: str, task: dict[str, Any], *, recipe: str, store: str, total_steps: int,
-                         deadline: dict[str, Any], package: Optional[Package]) -> dict[str, Any]:
-    """The managed-job task of a deadline's controller, its plan written where the task mounts it from."""
-    from skyspot.executors import sky_deadline
-    from skyspot.ledger import skyspot_home
-
-    plan = sky_deadline.plan_for(task, run=name, store=store, deadline=deadline, total_steps=total_steps,
-                                 recipe=recipe)
-    plan["plan_dir"] = sky_deadline.write_plan(skyspot_home(), plan)
-    ordered = (task.get("resources") or {}).get("ordered") or (task.get("resources") or {}).get("any_of") or []
-    clouds = list(dict.fromkeys(str(c["cloud"]) for c in ordered if c.get("cloud"))) or ["aws", "gcp", "azure"]
-    return sky_deadline.controller_task(task, plan, clouds=clouds, package=package)
-
-
-def _submit_recorded(name: str, task: dict[str, Any], *, detach: bool, secrets: dict[str, str]) -> Optional[int]:
-    from skyspot.executors import sky as sky_executor
-
-    try:
-        job_id = sky_executor.submit(task, name=name, detach=detach, secrets=secrets)
-    except BaseException:
-        _update(name, status="FAILED", exit_code=1)
-        raise
-    _update(name, job_id=job_id)
-    return job_id
-
-
-def _update(name: str, **fields: Any) -> None:
-    from skyspot.ledger import Ledger
-
-    with Ledger() as ledger:
-        ledger.update(name, **fields)
-
-
-def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """Submit a cancelled or failed managed-job run again under its own name; returns the new job id.
-
-    The node gets the same SKYSPOT_RUN_NAME, so it resumes from the newest durable checkpoint
-    under the same store prefix. The task is the one recorded at launch; the skyspot wheel is
-    rebuilt from the skyspot running now (the same build when nothing changed)."""
-    import copy
-
-    from skyspot import package as packaging
-    from skyspot.errors import SkyspotError, UsageError
-    from skyspot.executors import sky as sky_executor
-    from skyspot.ledger import TERMINAL
-
-    if run.job_id is not None and not run.terminal:
-        status = (sky_executor.queue([run.job_id]).get(run.job_id) or {}).get("status")
-        if status not in TERMINAL:
-            raise UsageError(f"run '{run.name}' is {status or 'unknown to SkyPilot'}: SkyPilot recovers a live "
-                             f"managed job itself; `skyspot cancel {run.name}` first to restart it")
-    task = run.info.get("task")
-    if not isinstance(task, dict):
-        raise SkyspotError(f"run '{run.name}' was recorded without its task (launched by an older skyspot), "
-                           "so it cannot be resubmitted; launch the recipe again")
-    task = copy.deepcopy(task)
-    mounts = task.setdefault("file_mounts", {})
-    mounts[PACKAGE_MOUNT] = str(packaging.build().folder)
-    for target, source in mounts.items():
-        if isinstance(source, str) and "://" not in source and not Path(source).exists():
-            raise UsageError(f"run '{run.name}' mounts {source} at {target}, and that file is gone; "
-                             "put it back to resume")
-    secrets = sky_executor.secrets_for(task, run.recipe, os.environ if environ is None else environ)
-    deadline = run.info.get("deadline")
-    if isinstance(deadline, dict):
-        from skyspot.executors.sky_deadline import check_api_server
-
-        check_api_server()
-    previous = [j for j in (run.info.get("previous_job_ids") or []) if isinstance(j, int)]
-    _update(run.name, status="PENDING", ended_at=None, exit_code=None,
-            info={**run.info, "task": task, "previous_job_ids": previous + [run.job_id] if run.job_id else previous})
-    if isinstance(deadline, dict):  # the same deadline as at launch: its controller starts again
-        task = _deadline_controller(run.name, task, recipe=run.recipe, store=run.store, total_steps=run.total_steps,
-                                    deadline=deadline, package=packaging.build())
-    return _submit_recorded(run.name, task, detach=detach, secrets=secrets)
+    executor.check(built)
+    check_store(built.recipe, local=executor.runs_here)  # a cloud run's store is a bucket
+    preflight(built.recipe, local=executor.runs_here, environ=os.environ if environ is None else environ)
+    return executor.submit(built, detach=detach, deadline=deadline)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import secrets
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -238,3 +240,58 @@ class Ledger:
             info = {}  # what was launched still shows; only the extras are lost
         data["info"] = info if isinstance(info, dict) else {}
         return Run(**{column: data.get(column) for column in _COLUMN_TYPES})
+
+
+# --------------------------------------------------------------------------- naming and recording runs
+
+# A run name becomes a directory and a SkyPilot job name: no separators, no dots, nothing to escape with.
+RUN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def check_run_name(name: str) -> str:
+    # fullmatch: `$` in re.match would also accept a trailing newline.
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
+        raise UsageError(f"run name '{name}' is not allowed: use 1-63 lowercase letters, digits and hyphens, "
+                         "starting with a letter or digit")
+    return name
+
+
+def new_run_name(recipe: str) -> str:
+    """A fresh name for an unnamed launch: recipe, UTC time, and random bits, never one the ledger holds."""
+    with Ledger() as ledger:
+        taken = {run.name for run in ledger.runs(include_finished=True)}
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = recipe[:RUN_NAME_ROOM]
+    while True:
+        name = f"{base}-{stamp}-{secrets.token_hex(2)}"
+        if name not in taken:
+            return name
+
+
+# new_run_name appends "-YYYYmmdd-HHMMSS-xxxx" (21 characters) to at most this much of the recipe's name.
+RUN_NAME_ROOM = 63 - 21
+
+
+def check_new_run_name(name: str) -> str:
+    """A name given with -n: valid, and not a run the ledger already holds (that one is resumed, not relaunched)."""
+    check_run_name(name)
+    with Ledger() as ledger:
+        existing = {run.name: run for run in ledger.runs(include_finished=True)}.get(name)
+    if existing is not None:
+        raise UsageError(f"a run named '{name}' exists already ({existing.status}); `skyspot resume {name}` "
+                         "continues it from its newest durable checkpoint, or pick another -n/--name")
+    return name
+
+
+def record_launch(name: str, built, executor: str, *, info: Optional[dict] = None, **fields: Any) -> None:
+    """The ledger row of a run, written before anything is submitted or started (never secrets)."""
+    with Ledger() as ledger:
+        ledger.add(name, built.recipe.name, executor, status="PENDING", store=built.recipe.storage.store,
+                   total_steps=built.recipe.train.steps, num_nodes=built.recipe.resources.num_nodes,
+                   info={**_info(built), **(info or {})}, **fields)
+
+
+def _info(built) -> dict[str, Any]:
+    return {"candidates": [{"cloud": c.cloud, "region": c.region, "accelerators": c.accelerators,
+                            "instance_type": c.instance_type, "spot": c.spot} for c in built.candidates],
+            "recipe_fingerprint": built.recipe.fingerprint()}

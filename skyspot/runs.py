@@ -1,74 +1,12 @@
-"""Runs: naming, recording launches in the ledger, and the summary `status` shows for each run."""
+"""Runs read back: a run's events (its run root, or the store) and the summary `status` shows for each run.
+
+Naming runs and recording a launch are the ledger's (skyspot/ledger.py)."""
 
 from __future__ import annotations
 
-import re
-import secrets
 import time
 from typing import Any, Optional
 
-from skyspot.errors import UsageError
-
-# A run name becomes a directory and a SkyPilot job name: no separators, no dots, nothing to escape with.
-RUN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-
-
-def check_run_name(name: str) -> str:
-    # fullmatch: `$` in re.match would also accept a trailing newline.
-    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
-        raise UsageError(f"run name '{name}' is not allowed: use 1-63 lowercase letters, digits and hyphens, "
-                         "starting with a letter or digit")
-    return name
-
-
-def new_run_name(recipe: str) -> str:
-    """A fresh name for an unnamed launch: recipe, UTC time, and random bits, never one the ledger holds."""
-    from skyspot.ledger import Ledger
-
-    with Ledger() as ledger:
-        taken = {run.name for run in ledger.runs(include_finished=True)}
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = recipe[:RUN_NAME_ROOM]
-    while True:
-        name = f"{base}-{stamp}-{secrets.token_hex(2)}"
-        if name not in taken:
-            return name
-
-
-# new_run_name appends "-YYYYmmdd-HHMMSS-xxxx" (21 characters) to at most this much of the recipe's name.
-RUN_NAME_ROOM = 63 - 21
-
-
-def check_new_run_name(name: str) -> str:
-    """A name given with -n: valid, and not a run the ledger already holds (that one is resumed, not relaunched)."""
-    from skyspot.ledger import Ledger
-
-    check_run_name(name)
-    with Ledger() as ledger:
-        existing = {run.name: run for run in ledger.runs(include_finished=True)}.get(name)
-    if existing is not None:
-        raise UsageError(f"a run named '{name}' exists already ({existing.status}); `skyspot resume {name}` "
-                         "continues it from its newest durable checkpoint, or pick another -n/--name")
-    return name
-
-
-def record_launch(name: str, built, executor: str, *, info: Optional[dict] = None, **fields: Any) -> None:
-    """The ledger row of a run, written before anything is submitted or started (never secrets)."""
-    from skyspot.ledger import Ledger
-
-    with Ledger() as ledger:
-        ledger.add(name, built.recipe.name, executor, status="PENDING", store=built.recipe.storage.store,
-                   total_steps=built.recipe.train.steps, num_nodes=built.recipe.resources.num_nodes,
-                   info={**_info(built), **(info or {})}, **fields)
-
-
-def _info(built) -> dict[str, Any]:
-    return {"candidates": [{"cloud": c.cloud, "region": c.region, "accelerators": c.accelerators,
-                            "instance_type": c.instance_type, "spot": c.spot} for c in built.candidates],
-            "recipe_fingerprint": built.recipe.fingerprint()}
-
-
-# --------------------------------------------------------------------------- reading runs back
 
 def run_events(run, *, store_ok: bool = True):
     """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
@@ -117,6 +55,7 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
     checkpoint, elapsed, cost so far, and for a run that failed, why (`cause`, as the local executor recorded it)."""
     from skyspot.attempts import count_causes, is_simulated, split
     from skyspot.cost import cost_so_far
+    from skyspot.executors import executor_for
 
     now = now or time.time()
     events = log.events
@@ -155,7 +94,7 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "interruptions": count_causes(a for a in attempts if not a.open),
         "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
         "elapsed_seconds": round(end - run.created_at, 1),
-        "cost_so_far_usd": cost, "simulated": run.executor == "local" or any(is_simulated(w) for w in wheres),
+        "cost_so_far_usd": cost, "simulated": executor_for(run).simulated or any(is_simulated(w) for w in wheres),
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
@@ -164,14 +103,13 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
 
 def deadline_report(run, log, report) -> Optional[dict]:
     """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
-    and greedy on the same trace (skyspot/deadline.py `compare`). A local run replays its own spot
-    trace; a SkyPilot run the spot it observed."""
-    import json
-    from pathlib import Path
-
+    and greedy on the same trace (skyspot/deadline.py `compare`), the trace as the run's executor
+    knows it (executors/__init__.py `DeadlineInputs`: a local run replays its own spot trace, a
+    SkyPilot run the spot it observed)."""
     from skyspot import deadline as dl
     from skyspot import pricing
     from skyspot.errors import UsageError
+    from skyspot.executors import executor_for
 
     plan = run.info.get("deadline")
     if not isinstance(plan, dict) or not report.attempts:
@@ -184,32 +122,16 @@ def deadline_report(run, log, report) -> Optional[dict]:
     except UsageError as error:
         return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
     events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
-    if run.executor == "local":
-        from skyspot.executors.spot_trace import SpotTrace
-
-        from skyspot.events import read_regular
-
-        try:
-            spec = json.loads(read_regular(Path(run.run_dir or "") / "local.json") or b"")
-        except ValueError:
-            return {"deadline": plan.get("at"), "note": "no comparison: the run's local.json is unreadable"}
-        trace = SpotTrace(preemptions=list(spec.get("trace_times") or []),
-                          capacity_gone_after=spec.get("capacity_gone_after"),
-                          unavailable=[(float(a), float(b)) for a, b in spec.get("unavailable") or []])
-        starts = [e["ts"] for e in events if e.get("type") == "attempt_start"]
-        t0 = min(starts) if starts else float(plan["start"])
-        provision = float(spec.get("provision_delay") or 0.0)
-        prior, notice = provision + dl.LOCAL_START_PRIOR_SECONDS, float(spec.get("notice") or 0.0)
-    else:
-        from skyspot.executors.sky_deadline import CLOUD_PROVISION_SECONDS
-
-        t0 = float(plan["start"])
-        trace = dl.observed_trace(log.events, t0)
-        provision, prior, notice = CLOUD_PROVISION_SECONDS, dl.CLOUD_RESTART_PRIOR_SECONDS, 0.0
-    result = dl.compare(plan, events, trace, t0=t0, total_steps=run.total_steps or 1, spot_usd_per_hour=prices[0],
-                        on_demand_usd_per_hour=prices[1], provision_seconds=provision, restart_prior=prior,
-                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd, notice_seconds=notice)
-    result["trace"] = "replayed from the run's spot trace" if run.executor == "local" else "as the controller observed it"
+    try:
+        given = executor_for(run).deadline_inputs(run, plan, log.events)
+    except UsageError as error:
+        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
+    result = dl.compare(plan, events, given.trace, t0=given.t0, total_steps=run.total_steps or 1,
+                        spot_usd_per_hour=prices[0], on_demand_usd_per_hour=prices[1],
+                        provision_seconds=given.provision_seconds, restart_prior=given.restart_prior,
+                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd,
+                        notice_seconds=given.notice_seconds)
+    result["trace"] = given.source
     return result
 
 

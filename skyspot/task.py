@@ -38,17 +38,18 @@ No secret value is ever written here; launch adds them to the in-memory sky.Task
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import yaml
 
 from skyspot import __version__
-from skyspot.package import PACKAGE_MOUNT, PLACEHOLDER
+from skyspot.package import PACKAGE_MOUNT, PLACEHOLDER, Package
 from skyspot.plan import Candidate
 from skyspot.recipe import Recipe
 from skyspot.storage import is_bucket_uri, mount_source, parse_store_uri
 
-RECOVER_EXIT_CODE = 75  # skyspot.trainer.exit_codes.RECOVER; kept here so rendering stays import-light
+from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE  # one definition; import-light (errors only)
 
 # Where a node keeps the fast checkpoint tier and where a bucket data source is mounted.
 NODE_RUNS_DIR = "$HOME/skyspot/runs"
@@ -255,3 +256,21 @@ def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
         header += (f"# Secrets are named here, never valued: `skyspot launch` passes them from your environment;\n"
                    f"# with SkyPilot's CLI: sky jobs launch FILE {flags}\n")
     return header + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=120)
+
+
+@dataclass
+class RenderedTask:
+    """A run ready for an executor: the recipe as loaded once, its rendered task and YAML, the
+    candidates planned once, and what the node gets on top of the recipe (launch.build makes it)."""
+
+    recipe: Recipe
+    recipe_arg: str
+    task: dict[str, Any]
+    yaml: str
+    candidates: list[Candidate]
+    trainer_overrides: list[str] = field(default_factory=list)
+    """Values set on top of the recipe file (environment, command line, flags), for the node."""
+    run_name: Optional[str] = None
+    """The one name of the run: managed job, ledger row, the node's run id, the store prefix."""
+    package: Optional[Package] = None
+    """The skyspot wheel the nodes install (None: the task shows a placeholder)."""

@@ -6,11 +6,7 @@ from __future__ import annotations
 import pytest
 
 from skyspot.attempts import CAUSES, cause_of, count_causes, describe_causes, end_reason, is_spot, split
-
-
-def ev(ts, type, attempt, **fields):
-    return {"ts": float(ts), "run_id": "r", "attempt": attempt, "node_rank": 0,
-            "rank": fields.pop("rank", 0), "type": type, **fields}
+from tests.builders import event as ev
 
 
 def test_executor_records_bound_an_attempt_and_say_where_it_ran():

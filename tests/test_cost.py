@@ -12,6 +12,8 @@ import pytest
 
 from skyspot import cost
 from skyspot.events import EventLog
+from skyspot.executors.sky import placed
+from tests.builders import event as ev
 
 P4DE_SPOT = 8.6505
 P4DE_ON_DEMAND = 27.44705
@@ -25,11 +27,6 @@ AWS_WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "use1-az6", "instanc
 @pytest.fixture(autouse=True)
 def no_catalog_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SKY_RUNTIME_DIR", str(tmp_path / "sky-runtime"))
-
-
-def ev(ts, type, attempt, rank=0, node_rank=0, **fields):
-    return {"ts": float(ts), "run_id": "run-1", "attempt": attempt, "node_rank": node_rank,
-            "rank": rank, "type": type, **fields}
 
 
 def executor(ts, type, attempt, **fields):
@@ -307,7 +304,7 @@ def test_queue_record_fills_what_trainer_events_lack():
     record = {"recovery_count": 2, "cloud": "GCP", "region": "us-east5", "zone": "us-east5-a",
               "cluster_resources": "1x[spot](gpus=A100-80GB:8, a2-ultragpu-8g, ...)",
               "submitted_at": T3 - 600, "end_at": T3 + 10400, "job_duration": 9200.0}
-    run = cost.run_cost(EventLog(events=bare), queue_record=record)
+    run = cost.run_cost(EventLog(events=bare), queue_record=placed(record))  # as SkyExecutor.refresh hands it on
     assert run.attempts[0].instance_type == "a2-ultragpu-8g" and run.attempts[0].spot is True
     assert run.cost_usd == pytest.approx(9200 / 3600 * 13.18024)
     assert run.recoveries == 2
@@ -333,7 +330,7 @@ def test_a_last_attempt_the_queue_record_ends_takes_its_cause_from_the_queue():
     events = [e for e in scenario_lost_work().events if e["attempt"] == 0]
     record = {"status": "FAILED_SETUP", "end_at": T3 + 5000, "cloud": "GCP", "region": "us-east5",
               "zone": "us-east5-a", "cluster_resources": "1x[spot](gpus=A100-80GB:8, a2-ultragpu-8g, ...)"}
-    run = cost.run_cost(EventLog(events=events), queue_record=record)
+    run = cost.run_cost(EventLog(events=events), queue_record=placed(record))
     assert (run.attempts[0].end_reason, run.attempts[0].cause) == ("error", "setup-failed")
     running = cost.run_cost(EventLog(events=events), now=T3 + 5000)
     assert (running.attempts[0].end_reason, running.attempts[0].cause, running.interruptions) == ("running", None, "")

@@ -90,7 +90,7 @@ def test_no_secret_reaches_a_rendered_task_or_a_dry_run(canary_env, tmp_path, re
 def test_no_secret_reaches_the_ledger_the_local_spec_or_the_reports(canary_env):
     from skyspot.executors.local import LocalOptions, make_spec
     from skyspot.launch import build
-    from skyspot.runs import record_launch
+    from skyspot.ledger import record_launch
 
     built = build("llama8b", run_name="cloud-run")
     record_launch("cloud-run", built, "sky", info={"task": built.task})  # what `launch` records before submitting

@@ -43,7 +43,7 @@ def launch_command(
     from skyspot import package as packaging
     from skyspot.errors import UsageError
     from skyspot.launch import build
-    from skyspot.runs import check_new_run_name, check_run_name, new_run_name
+    from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
 
     flags = {"resources.clouds": split_csv(clouds), "storage.store": store,
              "resources.on_demand_fallback": False if no_on_demand_fallback else None,
@@ -99,24 +99,18 @@ def launch_command(
 
     run_name = check_new_run_name(name) if name is not None else new_run_name(probe.name)
     built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package)
-    if run_local:
-        from skyspot.preflight import preflight
+    from skyspot.executors import executor_for
+    from skyspot.launch import launch
 
-        preflight(built.recipe, local=True)  # a missing model, token or field: one line, before the run starts
-        from skyspot.executors.local import launch_local
-
-        raise typer.Exit(launch_local(built, name=run_name, detach=detach, options=options))
-
-    _show_plan(built)
-    show_window_check(built.recipe, warn_only=True)
-    if not confirm(f"Launch '{built.recipe.name}' as SkyPilot managed job '{run_name}'?", yes):
-        err.print("not launched")
-        raise typer.Exit(1)
-    from skyspot.launch import submit_cloud
-
-    job_id = submit_cloud(built, detach=detach, deadline=deadline_plan)
-    what = "the deadline's controller (it runs the training on spot or on-demand)" if deadline_plan else "managed job"
-    err.print(f"submitted {what} as managed job {job_id} '{run_name}'; `skyspot status` follows it")
+    executor = executor_for("local" if run_local else "sky", options)
+    question = executor.launch_question(built)
+    if question:  # it costs money: the plan first, then the question
+        _show_plan(built)
+        show_window_check(built.recipe, warn_only=True)
+        if not confirm(question, yes):
+            err.print("not launched")
+            raise typer.Exit(1)
+    raise typer.Exit(launch(built, executor, detach=detach, deadline=deadline_plan))
 
 
 @handle_errors

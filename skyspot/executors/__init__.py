@@ -1,19 +1,23 @@
 """Executors run a rendered task: `sky` submits it as a SkyPilot managed job, `local` runs it on this machine.
 
-Both stand behind one small surface, `Executor`: the CLI asks `executor_for(run)` and never which executor a
-run has. Each executor module (executors/sky.py, executors/local.py) defines its `EXECUTOR`; executors talk
-to the user through skyspot/console.py, never through the CLI.
+Both stand behind one small surface, `Executor`: a launch asks `executor_for("sky" | "local", options)` and
+`submit`s; every later command asks `executor_for(run)`; nothing outside executors/ tests which executor a
+run has. Each executor module (executors/sky_executor.py, executors/local.py) defines its `EXECUTOR` (and `executor()`
+for a launch's options); executors talk to the user through skyspot/console.py, never through the CLI.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 if TYPE_CHECKING:
+    from skyspot.executors.spot_trace import SpotTrace
     from skyspot.ledger import Ledger, Run
+    from skyspot.task import RenderedTask
 
-_MODULES = {"sky": "skyspot.executors.sky", "local": "skyspot.executors.local"}
+_MODULES = {"sky": "skyspot.executors.sky_executor", "local": "skyspot.executors.local"}
 
 
 class Executor(Protocol):
@@ -24,6 +28,21 @@ class Executor(Protocol):
     local_events: bool
     """The run's events are files on this machine: read there, never from the store, so a finished
     run's status row can be cached against their signature (skyspot/runs.py events_signature)."""
+    runs_here: bool
+    """The run's nodes are this machine: preflight may read this machine's files for it (preflight.py)."""
+    simulated: bool
+    """The run's prices are what the instance it stands for would cost, not a bill (cost-report says so)."""
+
+    def launch_question(self, rendered: RenderedTask) -> Optional[str]:
+        """The confirmation launching this costs (money), or None; asked after the plan is shown."""
+
+    def check(self, rendered: RenderedTask) -> None:
+        """Refuse what this executor cannot launch (no store, a missing secret, no enabled cloud),
+        before anything is recorded."""
+
+    def submit(self, rendered: RenderedTask, *, detach: bool, deadline: Optional[dict[str, Any]]) -> int:
+        """Record the run under `rendered.run_name` and start it (a `deadline`: launch.plan_deadline's plan);
+        returns the exit code to pass on (attached: the run's own)."""
 
     def refresh(self, runs: list[Run]) -> tuple[dict[str, dict[str, Any]], Optional[str]]:
         """The executor's own records of these runs, by run name (kept in the ledger too), and a note
@@ -41,10 +60,34 @@ class Executor(Protocol):
     def resume(self, run: Run, *, detach: bool) -> int:
         """Continue a stopped run under its own name from its newest durable checkpoint; returns the exit code."""
 
+    def deadline_inputs(self, run: Run, plan: dict[str, Any], events: list[dict]) -> DeadlineInputs:
+        """What cost-report's deadline comparison replays for this run; UsageError (one line) when it
+        cannot be known."""
 
-def executor_for(run: Run) -> Executor:
-    """The executor that runs `run` (a row of an unknown executor is treated as local, as it always was)."""
-    return importlib.import_module(_MODULES.get(run.executor, _MODULES["local"])).EXECUTOR
+
+@dataclass
+class DeadlineInputs:
+    """The spot a deadline run met and the restart figures to replay it with (deadline.compare)."""
+
+    trace: SpotTrace
+    t0: float
+    """When the trace's time 0 is (unix time)."""
+    provision_seconds: float
+    restart_prior: float
+    notice_seconds: float
+    source: str
+    """How the trace is known, for the report: replayed from the run's spot trace, or as observed."""
+
+
+def executor_for(run: Union[Run, str], options: Any = None) -> Executor:
+    """The executor that runs `run` (a ledger row, or an executor's name for a launch; a row of an unknown
+    executor is treated as local, as it always was). `options`: a launch's settings for that executor
+    (the local executor's LocalOptions); None for its defaults."""
+    name = run if isinstance(run, str) else run.executor
+    if isinstance(run, str) and name not in _MODULES:
+        raise ValueError(f"no executor named {name!r}")
+    module = importlib.import_module(_MODULES.get(name, _MODULES["local"]))
+    return module.EXECUTOR if options is None else module.executor(options)
 
 
 def refresh(runs: list[Run]) -> tuple[dict[str, dict[str, Any]], list[str]]:

@@ -25,7 +25,7 @@ from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
 from skyspot.executors import controller_lock
 from skyspot.ledger import Ledger, skyspot_home
-from skyspot.runs import new_run_name, record_launch
+from skyspot.ledger import new_run_name, record_launch
 
 # The controller (and the metadata stand-in it imports) loads only to start or resume a run: not for
 # `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
@@ -239,6 +239,21 @@ class LocalExecutor:
 
     name = "local"
     local_events = True
+    runs_here = True
+    simulated = True
+
+    def __init__(self, options: Optional[LocalOptions] = None) -> None:
+        self.options = options or LocalOptions()
+
+    def launch_question(self, rendered) -> None:
+        return None  # nothing is paid for
+
+    def check(self, rendered) -> None:
+        make_spec(rendered, rendered.run_name or "check", self.options)  # the options' refusals, nothing started
+
+    def submit(self, rendered, *, detach: bool, deadline=None) -> int:
+        options = replace(self.options, deadline=deadline) if deadline is not None else self.options
+        return launch_local(rendered, name=rendered.run_name, detach=detach, options=options)
 
     def refresh(self, runs):
         """The controllers keep the ledger's status themselves; one that died without a word (SIGKILL,
@@ -314,6 +329,25 @@ class LocalExecutor:
     def resume(self, run, *, detach: bool) -> int:
         return resume_local(run, detach=detach)
 
+    def deadline_inputs(self, run, plan, events):
+        """The run's own spot trace, replayed from its first attempt, with the spec's provisioning and notice."""
+        from skyspot import deadline as dl
+        from skyspot.executors import DeadlineInputs
+        from skyspot.executors.spot_trace import SpotTrace
+
+        from skyspot.events import read_regular
+
+        try:  # read_regular: a FIFO or a device put there never hangs the report
+            spec = json.loads(read_regular(Path(run.run_dir or "") / "local.json") or b"")
+        except (OSError, ValueError):
+            raise UsageError("the run's local.json is unreadable") from None
+        starts = [e["ts"] for e in events if e.get("type") == "attempt_start"]
+        provision = float(spec.get("provision_delay") or 0.0)
+        return DeadlineInputs(trace=SpotTrace.from_spec(spec), t0=min(starts) if starts else float(plan["start"]),
+                              provision_seconds=provision, restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,
+                              notice_seconds=float(spec.get("notice") or 0.0),
+                              source="replayed from the run's spot trace")
+
 
 def _copy_new(tail: FileTail) -> None:
     data = tail.read(whole_lines=False)
@@ -323,3 +357,8 @@ def _copy_new(tail: FileTail) -> None:
 
 
 EXECUTOR = LocalExecutor()
+
+
+def executor(options: LocalOptions) -> LocalExecutor:
+    """A launch's local executor, with that launch's options (injected preemptions, the simulated cloud...)."""
+    return LocalExecutor(options)

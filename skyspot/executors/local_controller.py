@@ -53,11 +53,12 @@ from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.executors import controller_lock
 from skyspot.ledger import Ledger
+from skyspot.executors.spot_trace import SpotTrace
 from skyspot.metadata_server import AZURE_RATE_LIMIT
 from skyspot.ports import free_port
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
+from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE
 
-RECOVER_EXIT_CODE = 75
 POLL_SECONDS = 0.2
 # Endings a restart cannot fix (trainer/exit_codes.py): the next attempt meets the same recipe, store and checkpoints.
 NOT_RETRIED = {USAGE: "a configuration error", NO_VALID_CHECKPOINT: "no usable checkpoint"}
@@ -77,7 +78,7 @@ SIMULATED_PLACES = {
 # How the simulated clouds take a spot VM back, in seconds after the notice (the windows: clouds.py).
 AWS_SHUTDOWN_S = 30.0  # ours: AWS publishes no figure for how long the OS shutdown at the notice's `time` may run
 # How often each cloud's watcher asks (clouds.py); GCP's watcher hangs its GET, and this is only its
-# retry period after a failed one (trainer/notice.py GCP_RETRY_S).
+# retry period after a failed one (trainer/notice/gcp.py GCP_RETRY_S).
 CLOUD_POLL_S = {"aws": AWS_POLL_S, "gcp": 1.0, "azure": AZURE_POLL_S}
 # The shortest period a scaled window gets: ours, 0.05 s, so a tiny window never busy-polls; on Azure
 # 0.25 s, four requests a second, under the five IMDS allows a VM before it answers 429 (metadata_server.py).
@@ -182,7 +183,8 @@ class Controller:
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
         # An outage starts with a notice to the spot instance running then, like a preemption.
-        self.pending_trace = sorted([*spec.trace_times, *(start for start, _ in spec.unavailable)])
+        self.trace = SpotTrace.from_spec(spec)
+        self.pending_trace = self.trace.losses()
         self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
         self.attempt = 0  # the last attempt number used
         self.prepared = spec.fresh_node  # a fresh node's setup prepares it
@@ -204,10 +206,7 @@ class Controller:
         spec = self.spec
         if spec.fallback_after is not None and self.preemptions >= spec.fallback_after:
             return False
-        if spec.capacity_gone_after is not None and self.preemptions >= spec.capacity_gone_after:
-            return False
-        elapsed = time.time() - self.launched_at
-        return not any(start <= elapsed < end for start, end in spec.unavailable)
+        return self.trace.available(time.time() - self.launched_at, self.preemptions)
 
     def next_attempt_number(self) -> int:
         """One past the last attempt: ours, or the trainer's (it numbers each start in its run root or

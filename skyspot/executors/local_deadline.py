@@ -43,8 +43,7 @@ class Planner:
         self.start = float(plan.get("start") or controller.launched_at)
         self.policy = plan.get("policy") or dl.DEFAULT_POLICY
         self.period = float(plan.get("period") or 3.0)
-        self.trace = SpotTrace(preemptions=list(spec.trace_times), capacity_gone_after=spec.capacity_gone_after,
-                               unavailable=[(float(a), float(b)) for a, b in spec.unavailable])
+        self.trace = SpotTrace.from_spec(spec)
         self.committed = False
         self.held: Optional[str] = None  # the capacity of the attempt running now
         self.next_check = 0.0

@@ -1,6 +1,6 @@
-"""The SkyPilot executor: submit the rendered task as a managed job through SkyPilot's Python SDK, read
-its queue (and the `cluster_resources` string it reports), tail its logs, cancel it; `EXECUTOR` is its side
-of the executors' surface (skyspot/executors/__init__.py).
+"""SkyPilot's Python SDK, as the SkyPilot executor uses it: submit the rendered task as a managed job, read
+its queue (and the `cluster_resources` string it reports), tail its logs, cancel it. The executor itself,
+the executors' surface on top of these (skyspot/executors/__init__.py), is executors/sky_executor.py.
 
 SkyPilot is imported here only, when a command needs it (it takes seconds to import
 and starts a local API server on first use).
@@ -15,7 +15,6 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from skyspot.console import err
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
 
 SKY_CHECK_HINT = "run `sky check` and set up credentials for one of them (docs.skypilot.co, 'Cloud account setup')"
@@ -188,6 +187,12 @@ def tail_logs(job_id: int, follow: bool) -> int:
     return int(code or 0)
 
 
+def placed(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue record with its placement parsed (`where`, as where_from_queue reads it): what the
+    executors' surface hands on, so a reader of records (cost.py) never parses SkyPilot's strings."""
+    return {**record, "where": where_from_queue(record)}
+
+
 def where_from_queue(record: Any) -> dict[str, Any]:
     """cloud, region, zone, nodes, spot, accelerators and instance type from a queue_v2 record.
 
@@ -233,42 +238,3 @@ def record_status(runs, records: dict[int, dict]) -> None:
                 run.status = status
         except Exception:  # a read-only or busy ledger: the next command tries again
             pass
-
-
-class SkyExecutor:
-    """Managed-job runs behind the executors' surface: SkyPilot keeps their status, logs and recovery."""
-
-    name = "sky"
-    local_events = False
-
-    def refresh(self, runs):
-        job_ids = [r.job_id for r in runs if r.job_id is not None]
-        if not job_ids:
-            return {}, None
-        try:
-            records = queue(job_ids)
-        except SkyspotError as error:
-            return {}, f"SkyPilot managed jobs were not refreshed ({error}); showing what the ledger and buckets hold"
-        record_status(runs, records)
-        return {r.name: records[r.job_id] for r in runs if r.job_id in records}, None
-
-    def logs(self, run, *, follow: bool) -> int:
-        return tail_logs(run.job_id, follow)
-
-    def cancel(self, run, ledger) -> None:
-        cancel(run.job_id)
-        ledger.update(run.name, status="CANCELLED")
-        err.print(f"cancelled managed job {run.job_id} ('{run.name}')")
-
-    def resume_question(self, run) -> str:
-        return f"Resume '{run.name}' as a new SkyPilot managed job?"
-
-    def resume(self, run, *, detach: bool) -> int:
-        from skyspot.launch import resume_cloud  # the cloud's resume: re-record, rebuild the wheel, resubmit
-
-        job_id = resume_cloud(run, detach=detach)
-        err.print(f"resumed '{run.name}' as managed job {job_id}; it continues from its newest durable checkpoint")
-        return 0
-
-
-EXECUTOR = SkyExecutor()

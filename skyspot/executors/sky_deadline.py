@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional
 from skyspot import deadline as dl
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.executors import sky as sky_executor
+from skyspot.ledger import TERMINAL
 
 CONTROLLER_MOUNT = "/skyspot/deadline"
 PLAN_FILE = "plan.json"
@@ -57,8 +58,6 @@ CANCEL_WAIT_SECONDS = 900.0
 CONTROLLER_RESOURCES = {"cpus": "2+", "memory": "4+", "use_spot": False, "disk_size": 50}
 # What the controller imports beyond skyspot itself (the SkyPilot client; the store's SDKs).
 CONTROLLER_PACKAGES = ("pyyaml", "pydantic", "typer", "rich", "boto3", "google-cloud-storage", "azure-storage-blob")
-TERMINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
-            "FAILED_CONTROLLER"}
 WAITING = {"PENDING", "SUBMITTED", "STARTING", "RECOVERING"}
 
 

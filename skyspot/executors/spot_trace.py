@@ -53,6 +53,15 @@ class SpotTrace:
         return sorted([*self.preemptions, *(start for start, _ in self.unavailable)])
 
     @classmethod
+    def from_spec(cls, spec) -> "SpotTrace":
+        """The trace a local run's spec carries (a Spec or its local.json as a dict): the one way the
+        controller, its deadline planner and the cost report's comparison rebuild what the run replayed."""
+        get = spec.get if isinstance(spec, dict) else lambda key: getattr(spec, key, None)
+        return cls(preemptions=[float(t) for t in get("trace_times") or []],
+                   capacity_gone_after=get("capacity_gone_after"),
+                   unavailable=[(float(a), float(b)) for a, b in get("unavailable") or []])
+
+    @classmethod
     def load(cls, path: str | Path) -> "SpotTrace":
         path = Path(path)
         try:

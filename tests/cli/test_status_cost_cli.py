@@ -18,6 +18,7 @@ from skyspot.cli.cost import SUMMARY_FIELDS
 from skyspot.cli.main import app
 from skyspot.events import EVENTS_DIR, event_file_name
 from skyspot.ledger import Ledger, skyspot_home
+from tests.builders import event as _ev
 
 runner = CliRunner()
 
@@ -39,10 +40,6 @@ def one_line_error(result) -> str:
     assert result.exit_code != 0 and result.stdout == ""
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
-
-
-def _ev(ts, type, attempt, rank=0, **fields):
-    return {"ts": ts, "run_id": "run-1", "attempt": attempt, "node_rank": 0, "rank": rank, "type": type, **fields}
 
 
 def preempted_once_events() -> dict[str, list[dict]]:

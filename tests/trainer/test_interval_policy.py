@@ -17,6 +17,7 @@ from skyspot.trainer.interval import (MAX_INTERVAL_S, MIN_INTERVAL_S, attempt_up
                                       daly_exact_interval, daly_interval, daly_wall_time, initial_plan,
                                       mtbp_from_events, plan_from_events, plan_interval, upload_seconds_from_events,
                                       young_interval)
+from tests.builders import event as ev
 
 NVME = {"SKYSPOT_WRITE_GBPS": "2"}  # the fast tier on local NVMe instead of SkyPilot's root disk
 
@@ -150,11 +151,6 @@ def test_planned_interval_is_finite_and_within_its_bounds(C, M, U, staleness):
     if not plan.conflict:
         assert plan.every_seconds <= plan.upper_s <= MAX_INTERVAL_S
     json.dumps(plan.event_fields(), allow_nan=False)
-
-
-def ev(ts, type, attempt, **fields):
-    return {"ts": float(ts), "run_id": "r", "attempt": attempt, "node_rank": 0,
-            "rank": fields.pop("rank", None), "type": type, **fields}
 
 
 def executor_log():

@@ -440,7 +440,7 @@ def test_gcp_hanging_get_returns_the_moment_preemption_is_announced(server, watc
 
 
 def test_gcp_reconnects_after_the_hang_times_out(server, watchers, monkeypatch):
-    monkeypatch.setattr(notice, "GCP_WAIT_TIMEOUT_S", 1)  # the smallest timeout_sec there is
+    monkeypatch.setattr(notice.gcp, "GCP_WAIT_TIMEOUT_S", 1)  # the smallest timeout_sec there is
     rec = Recorder()
     watch(server, "gcp", rec, watchers)
     assert wait_until(lambda: server.count("gcp.preempted", 200) >= 2)  # first answer, then the timeout's
@@ -491,8 +491,8 @@ def test_aws_rejected_token_is_replaced_and_polling_goes_on(server, watchers):
 
 
 def test_aws_token_is_refreshed_before_it_expires(server, watchers, monkeypatch):
-    monkeypatch.setattr(notice, "AWS_TOKEN_TTL_S", 1)  # the smallest TTL IMDS accepts
-    monkeypatch.setattr(notice, "AWS_TOKEN_REFRESH_S", 0.5)
+    monkeypatch.setattr(notice.aws, "AWS_TOKEN_TTL_S", 1)  # the smallest TTL IMDS accepts
+    monkeypatch.setattr(notice.aws, "AWS_TOKEN_REFRESH_S", 0.5)
     watch(server, "aws", Recorder(), watchers)
     assert wait_until(lambda: server.count("aws.token") >= 3)
     assert server.count(status=401) == 0  # refreshed in time, never rejected

@@ -1,0 +1,116 @@
+"""GCP: the metadata server's hanging GETs (`preempted`, `maintenance-event`, reconnecting with the last
+ETag) and the upcoming-maintenance window start (docs/notices.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from typing import Callable
+from urllib.parse import urlencode
+
+from skyspot.clouds import GCP_GPU_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_NOTICE_S, GCP_NOTICE_WINDOW_S
+from skyspot.trainer.notice.watcher import SHORT_TIMEOUT_S, Notice, Watcher, _Path, _RETRYABLE, _Stopped, _Unexpected
+
+log = logging.getLogger(__name__)
+
+GCP_RETRY_S = 1.0  # the Compute docs' sample retries a 503 after 1 s; the GET itself hangs
+GCP_WAIT_TIMEOUT_S = 60  # timeout_sec of each hanging GET; reconnect with last_etag after it
+GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
+GCP_MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
+GCP_UPCOMING_PATH = "/computeMetadata/v1/instance/upcoming-maintenance"
+GCP_SHUTDOWN_EVENTS = {"TERMINATE_ON_HOST_MAINTENANCE", "SHUTDOWN_ON_HOST_MAINTENANCE"}
+GCP_WARNING_EVENTS = {"MIGRATE_ON_HOST_MAINTENANCE"}
+
+
+# -- GCP: hanging GETs on instance/preempted and instance/maintenance-event -----------------------
+
+def paths(w: Watcher) -> list[_Path]:
+    gpus = w._env.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
+    maintenance_notice = GCP_GPU_MAINTENANCE_NOTICE_S if gpus not in ("", "0") else GCP_MAINTENANCE_NOTICE_S
+    last_event = ["NONE"]
+    planned = [0]  # a new key per planned event, so a second one in an attempt is warned of too
+
+    def preempted(value: str) -> None:
+        if value.upper() == "TRUE":
+            received = time.time()
+            w._deliver(Notice("gcp", received + GCP_NOTICE_WINDOW_S, "preempt", received))
+
+    def maintenance(value: str) -> None:
+        value = value.upper()
+        if value == last_event[0]:
+            return
+        last_event[0] = value
+        received = time.time()
+        if value in GCP_SHUTDOWN_EVENTS:
+            planned[0] += 1
+            deadline = _gcp_window_start(w) or received + maintenance_notice
+            w._plan(f"gcp:maintenance:{planned[0]}", Notice("gcp", deadline, "maintenance", received, "shutdown"))
+        elif value in GCP_WARNING_EVENTS:
+            w._warn(f"gcp:migrate:{received}", Notice("gcp", received + GCP_MAINTENANCE_NOTICE_S, "migrate", received,
+                                                      "warning"))
+        elif value == "NONE":
+            for key in w._planned_keys("gcp:"):
+                w._cancel(key)
+        else:
+            log.warning("unknown GCP maintenance-event %r; treating it as a planned shutdown", value)
+            planned[0] += 1
+            w._plan(f"gcp:maintenance:{planned[0]}", Notice("gcp", received + maintenance_notice, "maintenance",
+                                                            received, "shutdown"))
+
+    interval = w._period(GCP_RETRY_S)
+    return [_Path(w, "gcp-preempted", interval, _gcp_hanging(w, GCP_PREEMPTED_PATH, preempted, interval)),
+            _Path(w, "gcp-maintenance-event", interval, _gcp_hanging(w, GCP_MAINTENANCE_PATH, maintenance, interval))]
+
+
+def _gcp_hanging(w: Watcher, path: str, on_value: Callable[[str], None], interval: float) -> Callable[[], float]:
+    """One hanging GET per call, reconnecting with last_etag after each answer.
+
+    Starting from last_etag=0 (as Google's own sample does) makes the first call return the current
+    value at once, so a warning already pending when the watcher starts is not missed. An answer
+    without an ETag, or one that came back at once with the ETag we sent, means the server does not
+    hang: then ask again only after `interval`, never in a busy loop.
+    """
+    state = {"etag": "0", "complained": False}
+
+    def step() -> float:
+        sent = state["etag"]
+        query = urlencode({"wait_for_change": "true", "last_etag": sent, "timeout_sec": GCP_WAIT_TIMEOUT_S})
+        asked = time.monotonic()
+        status, headers, body = w._http.request("GET", f"{path}?{query}", {"Metadata-Flavor": "Google"},
+                                                GCP_WAIT_TIMEOUT_S + 10)
+        if status != 200:  # 503 during host maintenance is documented; retry it like a network error
+            raise _Unexpected(f"{path.rsplit('/', 1)[-1]} answered {status}")
+        on_value(body.decode(errors="replace").strip())
+        etag = headers.get("ETag")
+        if not etag:
+            if not state["complained"]:
+                state["complained"] = True
+                log.warning("GCP metadata answered %s without an ETag; asking every %.1f s instead of hanging",
+                            path, interval)
+            state["etag"] = "0"
+            return interval
+        state["etag"] = etag
+        if etag == sent and time.monotonic() - asked < min(1.0, GCP_WAIT_TIMEOUT_S / 2):
+            return interval  # answered at once with nothing new: the server is not hanging
+        return 0.0
+
+    return step
+
+
+def _gcp_window_start(w: Watcher) -> float | None:
+    """instance/upcoming-maintenance's window_start_time, when the server has it (None otherwise)."""
+    try:
+        status, _, body = w._http.request("GET", GCP_UPCOMING_PATH, {"Metadata-Flavor": "Google"}, SHORT_TIMEOUT_S)
+        if status != 200:
+            return None
+        doc = json.loads(body)
+        raw = doc.get("window_start_time") or doc.get("windowStartTime")
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp() if raw else None
+    except _Stopped:
+        raise
+    except (*_RETRYABLE, AttributeError, TypeError) as error:
+        log.debug("GCP upcoming-maintenance unreadable: %r", error)
+        return None
