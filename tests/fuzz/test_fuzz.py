@@ -21,6 +21,7 @@ from tests.conftest import REPO
 pytest.importorskip("atheris")
 
 RUNS = 3000
+_FRESH_PEAK = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
 SEED_OVERRIDES = ["train.steps=40", "resources.clouds=[aws, gcp]", "storage.store=s3://b/p", "model.config.x=1",
                   "deepspeed.extra={a: 1}", "train.lr=3e-4", "resources.deadline=36h"]
 
@@ -34,7 +35,11 @@ def test_fuzzing_finds_no_crash_hang_or_blow_up(tmp_path, target):
     for i, seed in enumerate(seeds):
         (corpus / f"seed-{i}").write_bytes(seed)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "tests.fuzz.recipe_targets", target, str(corpus), f"-runs={RUNS}",
+    # libFuzzer's -rss_limit_mb reads the process's peak RSS, and Linux carries a process's peak across
+    # fork and exec: started straight from this pytest process (gigabytes after the suite's earlier
+    # tests), the fuzzer would begin above its own limit. A small Python in between forks it afresh.
+    done = subprocess.run([sys.executable, "-c", _FRESH_PEAK, sys.executable, "-m", "tests.fuzz.recipe_targets",
+                           target, str(corpus), f"-runs={RUNS}",
                            "-seed=1", "-timeout=2", "-rss_limit_mb=500", "-max_len=4096",
                            f"-artifact_prefix={tmp_path}/"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
