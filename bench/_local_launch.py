@@ -3,8 +3,8 @@
     python -m bench._local_launch --trainer-module bench._baseline_trainer --spot-trace T --notice 30 \
         -n NAME tiny checkpoint.every_steps=50 ...
 
-Same build, same local executor, same controller and follow as the CLI (skyspot.launch.build,
-skyspot.executors.local.launch_local); only `-m skyspot.trainer` in the rendered run script
+Same build, same local executor, same controller and follow as the CLI (skyspot.app.launch.build,
+skyspot.executors.local.executor.launch_local); only `-m skyspot.trainer` in the rendered run script
 becomes `-m MODULE`. The nodes import MODULE through PYTHONPATH, which the controller passes on.
 """
 
@@ -28,8 +28,8 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
 
-    from skyspot.executors.local import LocalOptions, launch_local
-    from skyspot.launch import build
+    from skyspot.executors.local.executor import LocalOptions, launch_local
+    from skyspot.app.launch import build
 
     built = build(args.recipe, args.overrides, flags={}, run_name=args.name, local=True)
     script = built.task["run"]

@@ -14,7 +14,7 @@ Three parts, written to docs/benchmarks.md (section 8, between its markers):
    (section 6.1: 48 h of work, a 0.2 h changeover, job fractions 0.75 and 0.9), every policy.
 3. Random availability traces in the simulator (seeded; spot lifetimes 2, 6 and 12 h, outages
    0.5, 2 and 6 h, job fractions 0.6, 0.75 and 0.9) at changeovers of 0.2, 1 and 3 h: the
-   measurement behind `adaptive` (skyspot/deadline.py).
+   measurement behind `adaptive` (skyspot/planning/deadline.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 from bench._launch import BIN, REPO, bench_env, ensure_shm_op
 from bench.common import Figure, Results
 
-from skyspot import deadline as dl
-from skyspot.executors.spot_trace import SpotTrace
+from skyspot.planning import deadline as dl
+from skyspot.executors.local.spot_trace import SpotTrace
 
 TRACES = ["calm", "outage", "flaky", "evening", "diurnal"]
 QUICK_TRACES = ["outage", "evening"]

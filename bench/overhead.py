@@ -61,7 +61,7 @@ def _skyspot(steps: int, metadata, tmp: Path, i: int) -> tuple[list[float], int]
 
 
 def run(results: Results, quick: bool) -> None:
-    from skyspot.metadata_server import MetadataServer
+    from skyspot.executors.local.metadata_server import MetadataServer
 
     ensure_shm_op(results)
     pairs, steps = (1, 60) if quick else (2, 150)

@@ -37,10 +37,10 @@ if [ -d "$REPO/.whl" ]; then
   "${PIP[@]}" "$REPO"/.whl/*.whl
 fi
 
-# skyspot's node wheel, built as `launch` builds it (skyspot/package.py: the stack pinned to what is
+# skyspot's node wheel, built as `launch` builds it (skyspot/task/package.py: the stack pinned to what is
 # installed), and installed as setup installs it: every requirement must be satisfied with no index.
 WHEEL="$(cd "$REPO" && PYTHONPATH="$REPO" "$VPY" -c \
-  'import pathlib, tempfile; from skyspot.package import build; print(build(pathlib.Path(tempfile.mkdtemp())).wheel)')"
+  'import pathlib, tempfile; from skyspot.task.package import build; print(build(pathlib.Path(tempfile.mkdtemp())).wheel)')"
 say "installing $(basename "$WHEEL")"
 "${PIP[@]}" "$WHEEL"
 # setup's own step, from the installed wheel (not the checkout): the CUDA check, DeepSpeed's ops built.

@@ -34,7 +34,7 @@ END_REASONS = ("complete", "preempted", "error", "cancelled", "running", "unknow
 # Events that mean "this attempt is being taken away": the first one starts the recovery clock.
 NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_sigterm")
 
-# A deadline controller's decisions (skyspot/deadline.py) are written between attempts and belong to none.
+# A deadline controller's decisions (skyspot/planning/deadline.py) are written between attempts and belong to none.
 DECISION_EVENT = "deadline_decision"
 
 _TRUE_WORDS = ("true", "1", "yes", "spot")

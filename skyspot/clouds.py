@@ -47,7 +47,7 @@ NOTICE_DETECT_S: dict[str, float] = {"aws": AWS_POLL_S, "gcp": 0.0, "azure": AZU
 # =========================================================================== the fast fabric
 
 # What SkyPilot 0.14.1 does with a candidate's `network_tier: best`, per cloud (read in its code;
-# tests/executors/test_sky_real.py holds each to SkyPilot's own objects):
+# tests/executors/sky/test_sky_real.py holds each to SkyPilot's own objects):
 # - AWS: EFA on instance types that have it (sky/clouds/aws.py `_EFA_INSTANCE_TYPE_PREFIXES`: p4d,
 #   p4de, p5, p5e, p5en, g5, g6, g6e, ...; others keep the standard network), and such a node boots
 #   the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" (`_EFA_IMAGE_NAME`) instead of

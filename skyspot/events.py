@@ -52,7 +52,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "preempt_sigterm": (),
     "preempt_sigkill": (),
     "attempt_end": ("code", "reason"),
-    # the deadline's policy (skyspot/deadline.py), in the local executor or its controller on SkyPilot
+    # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     "deadline_decision": ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),
 }
 

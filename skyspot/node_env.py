@@ -2,7 +2,7 @@
 
     PYTHONPATH="$WHEEL" python -m skyspot.node_env setup --wheel "$WHEEL" [--store URI]
 
-Run by the task's `setup` (task.py) with the node's own interpreter, from inside the skyspot wheel
+Run by the task's `setup` (task/render.py) with the node's own interpreter, from inside the skyspot wheel
 (a wheel is a zip, which Python imports from): skyspot is not installed yet, so everything before
 the install is the standard library, and it runs on every Python a cloud image has (3.10 on the
 Ubuntu 22.04 images SkyPilot boots, 3.12 on 24.04).
@@ -10,7 +10,7 @@ Ubuntu 22.04 images SkyPilot boots, 3.12 on 24.04).
 **Why the node resolves for itself.** SkyPilot runs setup in a venv it makes from the image's
 `python3` (`uv venv --seed --relocatable --system-site-packages --python "$(command -v python3)"`,
 sky/skylet/constants.py), so the node's interpreter is whatever the image has, not the launching
-machine's. The wheel's requirements (package.py) pin the training stack exactly (torch, DeepSpeed,
+machine's. The wheel's requirements (task/package.py) pin the training stack exactly (torch, DeepSpeed,
 transformers, peft, accelerate, safetensors: what decides the numerics and the checkpoint format,
 all built for every Python from 3.10 on) and give everything else its declared range, so uv, on
 the node, picks the newest build of each that exists for that interpreter and platform (numpy

@@ -4,8 +4,8 @@ docs/planning.md derives every figure and works the llama70b numbers by hand.
 
     state = state_bytes(recipe)        # StateEstimate: params, checkpoint_bytes, bytes_per_node, ...
 
-Used by the CLI's notice-window check (skyspot/notice_window.py), the plan's egress estimate
-(skyspot/plan.py) and the trainer's first interval plan (trainer/interval.py `initial_plan`).
+Used by the CLI's notice-window check (skyspot/planning/notice_window.py), the plan's egress estimate
+(skyspot/planning/candidates.py) and the trainer's first interval plan (trainer/interval.py `initial_plan`).
 Import-light: the CLI imports this at start-up, so nothing here imports torch, deepspeed or sky.
 """
 

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import pytest
 
-from skyspot import pricing
+from skyspot.pricing import prices as pricing
 
 # Column layout of each cloud's vms.csv (sky/catalog/data_fetchers/fetch_{aws,gcp,azure}.py, 0.14.1).
 # Columns the snapshot does not carry (disk, EFA, Azure image generation) stay empty; the optimizer

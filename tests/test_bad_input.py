@@ -366,8 +366,8 @@ def command_lines(draw):
 @pytest.fixture
 def no_submission(monkeypatch):
     """Whatever the fuzzer types, nothing is launched: reaching an executor fails the test."""
-    import skyspot.executors.local as local
-    import skyspot.executors.sky as sky_executor
+    import skyspot.executors.local.executor as local
+    import skyspot.executors.sky.sdk as sky_executor
 
     def refuse(*args, **kwargs):
         raise AssertionError("a fuzzed command line reached an executor")
@@ -459,7 +459,7 @@ def test_a_registry_name_never_resolves_to_a_file_elsewhere(tmp_path, monkeypatc
         (tmp_path / link).symlink_to(evil)
     result = invoke("render", "tiny")
     assert outcome(result) == "ok"
-    from skyspot.package import PLACEHOLDER
+    from skyspot.task.package import PLACEHOLDER
 
     folder = yaml.safe_load(result.stdout)["file_mounts"]["/skyspot/package"]
     assert result.stdout.replace(folder, PLACEHOLDER) == (REPO / "tasks" / "tiny.yaml").read_text()
@@ -599,8 +599,8 @@ _SPEC = []
 
 def _spec_for_resume():
     if not _SPEC:
-        from skyspot.executors.local import LocalOptions, make_spec
-        from skyspot.launch import build
+        from skyspot.executors.local.executor import LocalOptions, make_spec
+        from skyspot.app.launch import build
 
         _SPEC.append(make_spec(build("tiny"), "cancelled-1", LocalOptions()))
     return _SPEC[0]
@@ -639,8 +639,8 @@ def stranger():
 @pytest.fixture
 def controllers_never_start(monkeypatch):
     """The local executor runs to the point of starting its controller; the controller 'ends at once'."""
-    import skyspot.executors.local as local
-    import skyspot.executors.sky as sky_executor
+    import skyspot.executors.local.executor as local
+    import skyspot.executors.sky.sdk as sky_executor
 
     def ended_at_once(name, run_dir, ledger, **fields):
         ledger.update(name, status="SUCCEEDED", exit_code=0)

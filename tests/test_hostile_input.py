@@ -5,7 +5,7 @@ a relative SKYSPOT_HOME and a bucket data source on a local run.
 
 Each test reproduces its item (it fails on the code before the fix) and pins the guarantee
 docs/reliability.md ("Store consistency and deadlines") lists. SkyPilot's control plane is faked
-only where a controller launches stages (tests/executors/test_sky_deadline.py's seam).
+only where a controller launches stages (tests/executors/sky/test_sky_deadline.py's seam).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from skyspot import deadline as dl
+from skyspot.planning import deadline as dl
 from skyspot.cli.main import app
 from skyspot.errors import RecipeError, UsageError
-from skyspot.launch import build, plan_deadline
+from skyspot.app.launch import build, plan_deadline
 from skyspot.recipe import load_recipe
 from tests.conftest import REPO
 
@@ -129,7 +129,7 @@ def test_a_deadline_shorter_than_the_start_up_is_refused_without_a_hint():
 
 
 def test_the_step_time_floor_refuses_what_no_accelerator_could_do():
-    from skyspot.step_prior import step_seconds_floor
+    from skyspot.planning.step_prior import step_seconds_floor
 
     recipe = load_recipe("llama70b", environ={})
     floor, how = step_seconds_floor(recipe)
@@ -172,8 +172,8 @@ def test_before_any_step_the_policy_plans_with_the_floor_launch_recorded():
 
 def test_the_local_controller_says_an_unreachable_deadline_at_once(tmp_path):
     from skyspot.events import read_events_dir
-    from skyspot.executors.local_deadline import Planner
-    from tests.executors.test_local_deadline_planner import FakeController
+    from skyspot.executors.local.deadline import Planner
+    from tests.executors.local.test_local_deadline_planner import FakeController
 
     controller = FakeController(tmp_path, at=5, total_steps=100)  # 100 steps x 1 s (the hint) in 5 s: gone
     assert Planner(controller).choose() is False  # on-demand, to finish as soon as it can
@@ -184,9 +184,9 @@ def test_the_local_controller_says_an_unreachable_deadline_at_once(tmp_path):
 
 def test_the_controller_on_skypilot_says_it_too_and_runs_on_demand(monkeypatch, tmp_path):
     from skyspot.events import read_events_store
-    from skyspot.executors import sky_deadline
+    from skyspot.executors.sky import deadline as sky_deadline
     from skyspot.storage import open_store
-    from tests.executors.test_sky_deadline import Clock, FakeSkyPilot, _plan
+    from tests.executors.sky.test_sky_deadline import Clock, FakeSkyPilot, _plan
 
     fake = FakeSkyPilot(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_x")
@@ -308,7 +308,7 @@ def test_a_key_given_twice_in_a_recipe_file_is_an_error_with_its_line(tmp_path):
 
 def test_a_scheme_in_capitals_is_one_bucket_everywhere():
     """Item 12: `S3://bucket/x` passed the validator and render, and preflight called it a local file."""
-    from skyspot.preflight import preflight
+    from skyspot.app.preflight import preflight
     from skyspot.storage import canonical, is_bucket_uri
 
     assert is_bucket_uri("S3://bucket/x") and canonical("S3://bucket/x/") == "s3://bucket/x"

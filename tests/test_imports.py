@@ -57,7 +57,7 @@ def _imports(path: Path) -> set[str]:
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
-                # `from skyspot import hub` names a module; `from skyspot.cost import run_cost` a function.
+                # `from skyspot import hub` names a module; `from skyspot.pricing.cost import run_cost` a function.
                 found.add(candidate if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists()
                           or (PACKAGE.parent / candidate.replace(".", "/")).is_dir() else base)
     return {name for name in found if name == "skyspot" or name.startswith("skyspot.")}
@@ -107,3 +107,128 @@ def test_nothing_below_the_cli_imports_the_cli():
     wrong = {f"{module} imports {name}" for module, names in _modules().items()
              if not module.startswith("skyspot.cli") for name in names if name.startswith("skyspot.cli")}
     assert not wrong, "the arrows run upward:\n" + "\n".join(sorted(wrong))
+
+
+# --------------------------------------------------------------------------- the layers (issue 24)
+# The package's floors, top to bottom: a module imports its own floor and the floors below it, never
+# one above (docs/architecture.md, "Package layout"). The CLI is the shell; app/ holds the use-cases and
+# is the only place that picks an executor; the trainer and node_env run on the nodes and import only
+# the contracts (and the trainer's public contracts are all the rest may import of it, above).
+LAYERS = [
+    ("cli", ("skyspot.cli",)),
+    ("app", ("skyspot.app",)),
+    ("executors", ("skyspot.executors",)),
+    ("task", ("skyspot.task",)),
+    ("planning", ("skyspot.planning",)),
+    ("pricing", ("skyspot.pricing",)),
+    ("node", ("skyspot.trainer", "skyspot.node_env")),
+    ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
+                   "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.lora", "skyspot.ledger",
+                   "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot")),
+]
+
+# Arrows that point up, each with why; none may be added without one.
+UPWARD = {
+    ("skyspot.recipe", "skyspot.planning.deadline"):
+        "the recipe validates resources.deadline with the deadline's own parser (check_deadline_text, "
+        "standard library only); the parser belongs in a contract once the deadline work has landed",
+}
+
+
+def _layer(module: str) -> int:
+    """The floor of `module` (0 is the top), by its longest listed prefix; a module no floor names fails."""
+    best = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[1]:
+                    best = (index, len(prefix))
+    assert best is not None, f"{module} is on no floor: add it to LAYERS in tests/test_imports.py"
+    return best[0]
+
+
+def _upward(modules: dict[str, set[str]]) -> set[str]:
+    return {f"{module} ({LAYERS[_layer(module)][0]}) imports {name} ({LAYERS[_layer(name)][0]})"
+            for module, names in modules.items() for name in names
+            if _layer(name) < _layer(module) and (module, name) not in UPWARD}
+
+
+def test_every_module_is_on_a_floor_and_no_import_points_up():
+    wrong = _upward(_modules())
+    assert not wrong, "imports that point up a floor:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_trainer_and_the_node_entry_import_only_the_contracts_below_them():
+    contracts = len(LAYERS) - 1
+    wrong = {f"{module} imports {name}" for module, names in _modules().items()
+             if LAYERS[_layer(module)][0] == "node" for name in names if _layer(name) < contracts
+             and not (_in_trainer(module) and _in_trainer(name))}
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_upward_exceptions_are_still_needed():
+    modules = _modules()
+    gone = {f"{a} -> {b}" for a, b in UPWARD if b not in modules.get(a, set())}
+    assert not gone, "an exception no import needs any more (drop it from UPWARD):\n" + "\n".join(sorted(gone))
+
+
+def test_a_planted_upward_import_fails_the_layer_rule(tmp_path):
+    """The circle issue 24 broke (cost -> executors.sky -> launch -> ...) cannot come back: cost importing an
+    executor again, or an executor importing the launch use-case, is an arrow up a floor."""
+    planted = tmp_path / "cost.py"
+    planted.write_text("def where(record):\n    from skyspot.executors.sky.sdk import where_from_queue\n")
+    planted_app = tmp_path / "sdk.py"
+    planted_app.write_text("from skyspot.app.launch import launch\n")
+    modules = {**_modules(), "skyspot.pricing.cost": _imports(planted), "skyspot.executors.sky.sdk": _imports(planted_app)}
+    wrong = _upward(modules)
+    assert "skyspot.pricing.cost (pricing) imports skyspot.executors.sky.sdk (executors)" in wrong
+    assert "skyspot.executors.sky.sdk (executors) imports skyspot.app.launch (app)" in wrong
+    assert not _upward(_modules())
+
+
+def test_the_package_root_holds_only_the_contracts_and_the_node_entry():
+    root = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    allowed = {name.rpartition(".")[2] for _, prefixes in LAYERS[-2:] for name in prefixes if name.count(".") == 1}
+    assert root <= allowed, f"modules at the root that belong on a floor: {sorted(root - allowed)}"
+
+
+def _circles(modules: dict[str, set[str]]) -> list[list[str]]:
+    """The import graph's circles: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for name in modules.get(module, ()):
+            if name not in modules or name == module:
+                continue
+            if name not in index:
+                visit(name)
+                low[module] = min(low[module], low[name])
+            elif name in stack:
+                low[module] = min(low[module], index[name])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                name = stack.pop()
+                component.append(name)
+                if name == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_the_import_graph_has_no_circle_within_a_floor_either():
+    circles = _circles({m: names - {"skyspot"} for m, names in _modules().items()})
+    assert not circles, "modules that import each other (round, lazily or not):\n" + "\n".join(map(str, circles))
+    planted = {"skyspot.executors.sky.sdk": {"skyspot.executors.sky.submit"},
+               "skyspot.executors.sky.submit": {"skyspot.executors.sky.sdk"}}
+    assert _circles(planted) == [["skyspot.executors.sky.sdk", "skyspot.executors.sky.submit"]]

@@ -4,7 +4,7 @@
 disk (a PEP 503 folder holding one small wheel built here, standing for PyPI) and the run's
 wheelhouse in a local store: a first start installs from the index and keeps the wheelhouse, a
 second installs from it with the index unreachable, and a partial or corrupt one is ignored
-while the index is up. The full stack on a Python 3.10 node is tests/executors/test_fresh_node.py.
+while the index is up. The full stack on a Python 3.10 node is tests/executors/local/test_fresh_node.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from skyspot import node_env
-from skyspot import package as packaging
+from skyspot.task import package as packaging
 from skyspot.ports import free_port
 
 

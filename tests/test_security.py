@@ -88,8 +88,8 @@ def test_no_secret_reaches_a_rendered_task_or_a_dry_run(canary_env, tmp_path, re
 
 
 def test_no_secret_reaches_the_ledger_the_local_spec_or_the_reports(canary_env):
-    from skyspot.executors.local import LocalOptions, make_spec
-    from skyspot.launch import build
+    from skyspot.executors.local.executor import LocalOptions, make_spec
+    from skyspot.app.launch import build
     from skyspot.ledger import record_launch
 
     built = build("llama8b", run_name="cloud-run")
@@ -110,7 +110,7 @@ def test_no_secret_reaches_the_ledger_the_local_spec_or_the_reports(canary_env):
 
 def test_a_local_launch_records_no_secret_and_keeps_its_run_dir_private(canary_env, monkeypatch, open_umask):
     """`launch --local -d` up to starting the controller (a stub here): ledger row, run dir, spec, logs."""
-    import skyspot.executors.local as local
+    import skyspot.executors.local.executor as local
 
     class NoController:
         pid = 2**22 + 7
@@ -311,7 +311,7 @@ def test_a_readable_ledger_is_made_private_again(tmp_path):
 
 def test_run_directories_and_event_files_are_private(tmp_path, open_umask):
     from skyspot.events import EventWriter
-    from skyspot.executors.local import runs_dir
+    from skyspot.executors.local.executor import runs_dir
 
     runs = runs_dir()
     assert _mode(runs) == 0o700

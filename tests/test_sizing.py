@@ -8,7 +8,7 @@ import json
 import pytest
 
 from skyspot.errors import UsageError
-from skyspot.notice_window import check_notice_windows
+from skyspot.planning.notice_window import check_notice_windows
 from skyspot.recipe import load_recipe
 from skyspot.sizing import llama_param_count, state_bytes
 

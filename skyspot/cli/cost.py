@@ -24,8 +24,8 @@ SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand
 
 
 def _report(run, queue_record):
-    from skyspot.cost import run_cost
-    from skyspot.runs import run_events
+    from skyspot.pricing.cost import run_cost
+    from skyspot.app.status import run_events
 
     log = run_events(run)
     candidates = run.info.get("candidates") or None
@@ -43,7 +43,7 @@ def _report(run, queue_record):
     if log.malformed:
         data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
     if run.info.get("deadline"):
-        from skyspot.runs import deadline_report
+        from skyspot.app.status import deadline_report
 
         data["deadline"] = deadline_report(run, log, report)
     return report, log, data
@@ -66,7 +66,7 @@ def cost_report_command(
     if plot is not None and not run_name:
         raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
     if plot is not None:  # a name that cannot be written is refused before the report is computed
-        from skyspot.cost_plot import plot_format
+        from skyspot.pricing.cost_plot import plot_format
 
         plot_format(plot)
         check_output(plot, force=force, flag="--plot")
@@ -151,7 +151,7 @@ def _csv_value(value):
 def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
     report, log, data = report_tuple
     if plot is not None:
-        from skyspot.cost_plot import plot_format, plot_run
+        from skyspot.pricing.cost_plot import plot_format, plot_run
 
         written = write_output(plot, plot_run(report, log, plot_format(plot)), force=force, flag="--plot")
         err.print(f"wrote {written}", markup=False)
@@ -212,7 +212,7 @@ RECOVERY_COLUMNS = [Column("n", "#", right=True), Column("cause", "CAUSE", 5),
 
 def _deadline_lines(d: dict) -> list[str]:
     """A deadline run against all on-demand and greedy on the same trace (docs/deadline.md)."""
-    from skyspot.deadline import when
+    from skyspot.planning.deadline import when
 
     met = {True: "met", False: "MISSED", None: "not finished"}[d.get("met")]
     lines = [f"deadline {when(d.get('deadline'))}: {met}" + (f" (finished {when(d['finished_at'])})"
@@ -315,7 +315,7 @@ def prices_command(
     as_json: JsonOption = False,
 ) -> None:
     """What the shipped price snapshot holds (cheapest zone per instance type and region)."""
-    from skyspot.pricing import SNAPSHOT_DATE, snapshot_rows
+    from skyspot.pricing.prices import SNAPSHOT_DATE, snapshot_rows
 
     # Zones an account must opt into (AWS Local Zones) never price a plan, so they are not listed.
     rows = [r for r in snapshot_rows(cloud) if not r["opt_in_zone"]]

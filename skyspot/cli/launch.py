@@ -40,9 +40,9 @@ def launch_command(
     fresh_node: bool = typer.Option(False, "--fresh-node", help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run."),
 ) -> None:
     """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local)."""
-    from skyspot import package as packaging
+    from skyspot.task import package as packaging
     from skyspot.errors import UsageError
-    from skyspot.launch import build
+    from skyspot.app.launch import build
     from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
 
     flags = {"resources.clouds": split_csv(clouds), "storage.store": store,
@@ -65,7 +65,7 @@ def launch_command(
     if not (dry_run or run_local or yes) and not sys.stdin.isatty():
         raise UsageError(f"launching '{probe.name}' on the cloud needs confirmation: pass -y/--yes "
                          "when not attached to a terminal (--dry-run shows the plan first)")
-    from skyspot.launch import check_store
+    from skyspot.app.launch import check_store
 
     check_store(probe, local=run_local)  # a cloud run's store is a bucket, a dry run's as a real launch's
     # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
@@ -73,7 +73,7 @@ def launch_command(
 
     options = None
     if run_local:  # checked before anything is printed, and before a dry run too, as a launch checks them
-        from skyspot.executors.local import LocalOptions, check_options
+        from skyspot.executors.local.executor import LocalOptions, check_options
 
         options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
                                spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
@@ -81,7 +81,7 @@ def launch_command(
                                spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node)
         check_options(options, probe, deadline=bool(probe.resources.deadline))
 
-    from skyspot.launch import plan_deadline
+    from skyspot.app.launch import plan_deadline
 
     # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
     deadline_plan = plan_deadline(probe, local=run_local, provision_seconds=provision_delay)
@@ -100,7 +100,7 @@ def launch_command(
     run_name = check_new_run_name(name) if name is not None else new_run_name(probe.name)
     built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package)
     from skyspot.executors import executor_for
-    from skyspot.launch import launch
+    from skyspot.app.launch import launch
 
     executor = executor_for("local" if run_local else "sky", options)
     question = executor.launch_question(built)
@@ -142,7 +142,7 @@ def _show_package(built) -> None:
     if package is None:
         err.print("package: none mounted (this local run uses the skyspot installed here)")
         return
-    from skyspot.package import PACKAGE_MOUNT
+    from skyspot.task.package import PACKAGE_MOUNT
 
     err.print(f"package: skyspot {package.version} ({package.wheel}) mounted at {PACKAGE_MOUNT}; "
               f"setup installs it with {', '.join(package.requirements)}", markup=False, soft_wrap=True)
@@ -181,7 +181,7 @@ def _node_counts(value: Optional[str]) -> list[int]:
 def _show_plan(built) -> None:
     from rich.table import Table
 
-    from skyspot.plan import dropped, egress_basis
+    from skyspot.planning.candidates import dropped, egress_basis
 
     nodes = built.recipe.resources.num_nodes
     money = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
@@ -209,7 +209,7 @@ def show_window_check(recipe, *, warn_only: bool) -> None:
     """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
     from rich.table import Table
 
-    from skyspot.notice_window import check_notice_windows
+    from skyspot.planning.notice_window import check_notice_windows
 
     report = check_notice_windows(recipe)
     if not report.state.known:

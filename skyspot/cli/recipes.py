@@ -66,7 +66,7 @@ def _recipe_rows(verbose: bool) -> list[dict]:
 
 
 def _window_fields(recipe) -> dict:
-    from skyspot.notice_window import check_notice_windows
+    from skyspot.planning.notice_window import check_notice_windows
 
     report = check_notice_windows(recipe)
     if not report.state.known:
@@ -179,8 +179,8 @@ def render_command(
     entry = cache.key("render", [recipe, "\0", *(overrides or [])], files=[recipe])
     text = cache.get(entry)
     if text is None:
-        from skyspot import package as packaging
-        from skyspot.launch import build
+        from skyspot.task import package as packaging
+        from skyspot.app.launch import build
 
         # The real wheel folder, not the golden files' placeholder: the output is a task SkyPilot can launch.
         package = packaging.build()

@@ -32,7 +32,7 @@ def status_command(
     """Every run: status, where, spot or on-demand, step, #RECOVERIES, last checkpoint, elapsed, cost so far."""
     from skyspot.executors import executor_for, refresh
     from skyspot.ledger import Ledger
-    from skyspot.runs import events_signature, run_events, summarize
+    from skyspot.app.status import events_signature, run_events, summarize
 
     with Ledger() as ledger:
         runs = ledger.runs(include_finished=True)
@@ -94,7 +94,7 @@ def _deadline_text(deadline: dict | None) -> str | None:
     """`spot, ETA 14:02:10 <= due 15:00:00`, `waiting for spot ...`, or `met (due ...)` once it ended."""
     if not deadline:
         return None
-    from skyspot.deadline import clock
+    from skyspot.planning.deadline import clock
 
     due = f"due {clock(deadline['at'])}"
     if deadline.get("met") is not None:

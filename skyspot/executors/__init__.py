@@ -2,7 +2,7 @@
 
 Both stand behind one small surface, `Executor`: a launch asks `executor_for("sky" | "local", options)` and
 `submit`s; every later command asks `executor_for(run)`; nothing outside executors/ tests which executor a
-run has. Each executor module (executors/sky_executor.py, executors/local.py) defines its `EXECUTOR` (and `executor()`
+run has. Each executor module (executors/sky/executor.py, executors/local/executor.py) defines its `EXECUTOR` (and `executor()`
 for a launch's options); executors talk to the user through skyspot/console.py, never through the CLI.
 """
 
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 if TYPE_CHECKING:
-    from skyspot.executors.spot_trace import SpotTrace
+    from skyspot.executors.local.spot_trace import SpotTrace
     from skyspot.ledger import Ledger, Run
-    from skyspot.task import RenderedTask
+    from skyspot.task.render import RenderedTask
 
-_MODULES = {"sky": "skyspot.executors.sky_executor", "local": "skyspot.executors.local"}
+_MODULES = {"sky": "skyspot.executors.sky.executor", "local": "skyspot.executors.local.executor"}
 
 
 class Executor(Protocol):
@@ -27,9 +27,9 @@ class Executor(Protocol):
     """The ledger's executor column: 'local' or 'sky'."""
     local_events: bool
     """The run's events are files on this machine: read there, never from the store, so a finished
-    run's status row can be cached against their signature (skyspot/runs.py events_signature)."""
+    run's status row can be cached against their signature (skyspot/app/status.py events_signature)."""
     runs_here: bool
-    """The run's nodes are this machine: preflight may read this machine's files for it (preflight.py)."""
+    """The run's nodes are this machine: preflight may read this machine's files for it (app/preflight.py)."""
     simulated: bool
     """The run's prices are what the instance it stands for would cost, not a bill (cost-report says so)."""
 

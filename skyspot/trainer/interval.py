@@ -4,7 +4,7 @@ One concept, the checkpoint interval, in three layers read bottom-up: Young's an
 the bounds around it (`plan_interval`), what the run's events say about its inputs (blocking cost,
 upload time, the mean time between preemptions: `plan_from_events`), and the planner the loop asks
 (`IntervalPlanner`). docs/planning.md derives every formula. `initial_plan` is also what the CLI's
-plan (skyspot/plan.py) counts checkpoints with, the trainer's one public planning answer.
+plan (skyspot/planning/candidates.py) counts checkpoints with, the trainer's one public planning answer.
 
 Global rank 0 owns the interval (it alone decides `time_due`, which the step vote shares). The
 plan is `plan_from_events` over the run's own history:

@@ -11,7 +11,7 @@ On this machine (2 CPU ranks, gloo):
     torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir runs/t1 train.steps=40
 
 RECIPE is a registry name or a recipe file; key=value overrides as in the CLI: every recipe value
-a launch set reaches the node this way, the store too (`storage.store=URI`; task.py). Every start
+a launch set reaches the node this way, the store too (`storage.store=URI`; task/render.py). Every start
 resumes from the newest checkpoint valid on every node, in DIR/checkpoints or in the store
 (or exits 3 when the run has checkpoints but none is usable); --fresh moves earlier work aside
 and starts from step 0. With a store (storage.store) each node leader uploads its
@@ -215,7 +215,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     if accelerator.device_name() != "cpu":
         accelerator.set_device(placement.local_rank)
     # The rendered task sets SKYSPOT_DIST_TIMEOUT_SECONDS so a lost node fails the others fast
-    # instead of hanging a paid cluster (skyspot/task.py DIST_ENV).
+    # instead of hanging a paid cluster (skyspot/task/render.py DIST_ENV).
     timeout = timedelta(seconds=float(os.environ.get("SKYSPOT_DIST_TIMEOUT_SECONDS") or 600))
     from skyspot.trainer import fabric
 

@@ -31,9 +31,9 @@ def test_a_repeated_render_is_served_from_the_cache_with_the_same_text(monkeypat
     first = invoke("render", "tiny")
     assert first.exit_code == 0 and len(entries()) == 1
     # A hit never loads the recipe models: make loading them fail, and the render still answers.
-    import skyspot.launch
+    import skyspot.app.launch
 
-    monkeypatch.setattr(skyspot.launch, "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    monkeypatch.setattr(skyspot.app.launch, "build", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
     second = invoke("render", "tiny")
     assert second.exit_code == 0 and second.stdout == first.stdout
     assert [p.stat().st_mode & 0o777 for p in entries()] == [0o600]

@@ -37,7 +37,7 @@ def test_render_prints_the_golden_yaml_with_the_real_wheel_folder():
     output is a task `sky jobs launch` accepts."""
     from pathlib import Path
 
-    from skyspot.package import PLACEHOLDER
+    from skyspot.task.package import PLACEHOLDER
 
     result = invoke("render", "llama70b")
     assert result.exit_code == 0
@@ -95,7 +95,7 @@ def test_dry_run_shows_yaml_and_candidate_table_and_submits_nothing():
 
 
 def test_cli_startup_imports_no_heavy_module():
-    code = ("import sys; from skyspot.cli.main import app; from skyspot.launch import build; build('llama70b');"
+    code = ("import sys; from skyspot.cli.main import app; from skyspot.app.launch import build; build('llama70b');"
             "heavy=[m for m in ('torch','deepspeed','sky','boto3','google.cloud.storage') if m in sys.modules];"
             "print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -24,7 +24,7 @@ from typing import Iterator
 import pytest
 
 from skyspot.events import EVENTS_DIR
-from skyspot.executors import controller_lock
+from skyspot.executors.local import controller_lock
 from skyspot.ledger import Ledger, skyspot_home
 from tests.cli.test_status_cost_cli import _raw, invoke, make_run, one_line_error
 from tests.conftest import REPO
@@ -75,7 +75,7 @@ def test_cancel_never_signals_a_process_that_only_has_the_recorded_pid(stranger,
 
 HOLDER = textwrap.dedent("""
     import os, sys, time
-    from skyspot.executors import controller_lock
+    from skyspot.executors.local import controller_lock
     fd = controller_lock.acquire(sys.argv[1])
     controller_lock.record(fd, int(sys.argv[2]) if len(sys.argv) > 2 else os.getpid())
     print("held", flush=True)

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
-from skyspot import task
+from skyspot.task import render as task
 from skyspot.cli.main import app
 from skyspot.events import read_events_dir
 from skyspot.ledger import Ledger

@@ -28,7 +28,7 @@ def test_exit_codes_are_the_documented_ones():
 
 
 def test_the_task_renders_the_same_recover_code():
-    from skyspot.task import RECOVER_EXIT_CODE
+    from skyspot.task.render import RECOVER_EXIT_CODE
 
     assert RECOVER_EXIT_CODE == PREEMPTED
 

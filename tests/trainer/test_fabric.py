@@ -11,7 +11,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from skyspot import cost
+from skyspot.pricing import cost
 from skyspot.events import EventLog, EventWriter, read_events_dir
 from skyspot.trainer import fabric
 

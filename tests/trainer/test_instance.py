@@ -1,5 +1,5 @@
 """The node's own placement from its cloud's metadata service (trainer/instance.py), read from the loopback
-stand-in (skyspot/metadata_server.py), which speaks each cloud's paths, headers and tokens as the cloud does."""
+stand-in (skyspot/executors/local/metadata_server.py), which speaks each cloud's paths, headers and tokens as the cloud does."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from skyspot import cost
+from skyspot.pricing import cost
 from skyspot.events import EventLog
-from skyspot.metadata_server import MetadataServer
+from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.trainer import instance
 from skyspot.trainer.cluster import where_from_cluster_info
 

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from skyspot import metadata_server as ms
-from skyspot.metadata_server import MetadataServer
+from skyspot.executors.local import metadata_server as ms
+from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.ports import free_port
 from skyspot.trainer import notice
 from skyspot.trainer.notice import Notice, fallback_target, start_notice_watcher, watch_target

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from skyspot.metadata_server import MetadataServer
+from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.trainer.exit_codes import PREEMPTED
 from tests.trainer.launch import events, finish, log_text, start, wait_for_file
 

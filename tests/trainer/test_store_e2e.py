@@ -41,7 +41,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from skyspot.metadata_server import MetadataServer
+from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.storage import open_store
 from skyspot.trainer import manifest as mf
 from skyspot.trainer.exit_codes import PREEMPTED
@@ -90,7 +90,7 @@ def wait_until(predicate, what: str, proc=None, timeout: float = 120.0) -> None:
 
 def preempt_by_notice(run_dir: Path, overrides: list[str], cloud: str, node: str, faults: Path) -> int:
     """Start a node, hold it at step 6, announce a preemption due in 30 s, let it go: its exit code.
-    It saves at once (no training through the window, which tests/executors/test_notice_window.py covers)."""
+    It saves at once (no training through the window, which tests/executors/local/test_notice_window.py covers)."""
     with MetadataServer() as metadata:
         proc = start(run_dir, overrides + ["checkpoint.train_through_notice=false"], SKYPILOT_CLUSTER_INFO=node,
                      SKYSPOT_NOTICE_POLL_SECONDS="0.2",

@@ -1,6 +1,6 @@
 """The node's supervisor runs the notice watcher and delivers to the trainer's ranks (issue 19).
 
-Against the real loopback metadata server (skyspot.metadata_server) and the real supervisor process;
+Against the real loopback metadata server (skyspot.executors.local.metadata_server) and the real supervisor process;
 the command it runs is a small stand-in for the trainer's node leader that follows the notice file
 exactly as loop.setup does (PreemptionWatch.follow, take() once per "step").
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from skyspot.metadata_server import MetadataServer
+from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.trainer import loop
 from skyspot.trainer.exit_codes import PREEMPTED, TOKEN_ENV
 from skyspot.trainer.preemption import NOTICE_FILE_ENV, NOTICE_FILE_NAME, NoticeFile, PreemptionWatch

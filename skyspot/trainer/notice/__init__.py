@@ -36,7 +36,7 @@ node leader. Each warning is one of:
 Which cloud comes from SKYPILOT_CLUSTER_INFO, the JSON SkyPilot sets on every node, e.g.
 {"cluster_name": "c1", "cloud": "AWS", "region": "us-east-1", "zone": "us-east-1a"}. Without a known
 cloud the watcher does nothing at all: no thread, no socket. Each cloud's endpoint can be redirected
-(the local executor and tests serve them on 127.0.0.1, see skyspot.metadata_server), with the
+(the local executor and tests serve them on 127.0.0.1, see skyspot.executors.local.metadata_server), with the
 variables the clouds' own SDKs read:
 
     AWS_EC2_METADATA_SERVICE_ENDPOINT        e.g. http://127.0.0.1:8123/   (botocore's; also

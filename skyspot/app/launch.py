@@ -1,0 +1,146 @@
+"""Launch: recipe + overrides + flags -> a rendered task, ready for an executor.
+
+One function (`build`) so that `render`, `launch --dry-run`, `launch` and the local
+executor all see the same recipe, the same candidates and the same YAML; one (`launch`) that
+hands a built run to its executor, the same steps for every kind of run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from pydantic import BaseModel
+
+from skyspot.task.package import Package
+from skyspot.planning.candidates import candidates
+from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, parse_overrides, value_text
+from skyspot.task.render import RECIPE_MOUNT, RenderedTask, render, to_yaml
+
+# `resources` says where to run: the plan and SkyPilot have decided that before a node exists,
+# and the trainer never reads it. Every other value set on top of the recipe file travels.
+LAUNCH_ONLY_SECTIONS = ("resources",)
+
+
+def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mapping[str, str],
+                       flags: Optional[Mapping[str, Any]]) -> list[str]:
+    """What the node's trainer gets on top of the recipe: every key the environment, the command
+    line and the flags set here, once each, as `key=value` with the value this launch resolved
+    (task/render.py sends them). Resolved, not replayed: the node applies its overrides in the order it
+    gets them, and the launch applied them by precedence (flags > command line, in its order >
+    environment), so a section override beside a key inside it (`'storage={store: A}' --store B`)
+    would resolve to another value there. One value per key, at the outermost key where both a
+    section and a key in it were set, cannot."""
+    texts = override_texts(overrides, environ=environ, flags=flags)
+    keys = [key for key in texts if key.split(".")[0] not in LAUNCH_ONLY_SECTIONS]
+    outermost = [key for key in keys
+                 if not any(key.startswith(other + ".") for other in keys if other != key)]
+    return [_resolved_text(recipe, key, texts[key]) for key in outermost]
+
+
+def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
+    """`key=value` with the recipe's validated value at `key`: the user's own text where it reads
+    back to that value (the node then sees what the user typed), else the value written anew (a
+    section beside a key in it, a relative path made absolute, `S3://` spelled `s3://`)."""
+    node: Any = recipe
+    for part in key.split("."):
+        if isinstance(node, BaseModel) and part in type(node).model_fields:
+            node = getattr(node, part)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return typed
+    value = node.model_dump() if isinstance(node, BaseModel) else node
+    if not isinstance(node, BaseModel) and parse_overrides([typed])[0][1] == value:
+        return typed
+    return f"{key}={value_text(value)}"
+
+
+def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
+          run_name: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
+          local: bool = False, package: Optional[Package] = None) -> RenderedTask:
+    """Load and render. A registry name travels to the node as is; a recipe file is mounted
+    on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is.
+    `package` is the skyspot wheel the nodes install (package.build())."""
+    environ = os.environ if environ is None else environ
+    recipe = load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
+    trainer_overrides = _trainer_overrides(recipe, overrides, environ, flags)
+    planned = candidates(recipe)
+    if recipe_arg in REGISTRY:
+        node_arg, recipe_file = recipe_arg, None
+    elif local:
+        node_arg, recipe_file = str(Path(recipe_arg).resolve()), None
+    else:
+        node_arg, recipe_file = RECIPE_MOUNT, str(Path(recipe_arg).resolve())
+    task = render(recipe, planned, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
+                  run_name=run_name, package_dir=str(package.folder) if package else None, local=local)
+    return RenderedTask(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
+                 candidates=planned, trainer_overrides=trainer_overrides, run_name=run_name,
+                 package=package)
+
+
+def check_store(recipe: Recipe, *, local: bool) -> Optional[str]:
+    """The run's store, checked against where the run runs; what the ledger records, the task
+    mounts and the trainer resolves (they all read `recipe.storage.store`, which load_recipe
+    decided by its one precedence rule and storage/uri.py spelled once, a local path absolute).
+
+    A cloud run refuses a store on this machine: its checkpoints would live on a VM that a
+    preemption takes away, and no other node could resume from them."""
+    from skyspot.errors import UsageError
+    from skyspot.storage import parse_store_uri
+
+    store = recipe.storage.store
+    if store and not local and parse_store_uri(store).is_local:
+        raise UsageError(f"storage.store {store} is a directory on this machine; a cloud run's checkpoints must "
+                         "outlive its VMs: give a bucket (--store s3://BUCKET/PREFIX, gs://..., az://...), or run "
+                         "with --local")
+    return store
+
+
+def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0,
+                  now: Optional[float] = None) -> Optional[dict[str, Any]]:
+    """The launch's deadline (resources.deadline, or --deadline), or None: when it falls (a duration
+    counts from now), the policy and the step-time hint. A deadline that even all on-demand cannot
+    make is refused here, with the arithmetic, before anything is recorded or paid for."""
+    import time
+
+    from skyspot.planning import deadline as dl
+    from skyspot.errors import UsageError
+
+    text = recipe.resources.deadline
+    if not text:
+        return None
+    now = time.time() if now is None else now
+    try:
+        at = dl.parse_deadline(text, now)
+    except dl.DeadlineError as error:
+        raise UsageError(str(error)) from None
+    if at - now > dl.MAX_AHEAD_SECONDS:
+        raise UsageError(f"deadline {dl.when(at)} is more than {dl.MAX_AHEAD_SECONDS / 86400:.0f} days away: give "
+                         "a nearer one, or launch without --deadline")
+    from skyspot.planning.step_prior import step_seconds_floor
+
+    restart = provision_seconds + dl.LOCAL_START_PRIOR_SECONDS if local else dl.CLOUD_RESTART_PRIOR_SECONDS
+    floor, floor_source = step_seconds_floor(recipe)
+    check = dl.feasibility(now=now, deadline=at, steps=recipe.train.steps,
+                           step_seconds_hint=recipe.resources.step_seconds_hint, restart_seconds=restart,
+                           step_seconds_floor=floor, floor_source=floor_source)
+    if not check.ok:
+        raise UsageError(check.text)
+    return {"at": at, "start": now, "given": text, "policy": recipe.resources.deadline_policy,
+            "step_seconds_hint": recipe.resources.step_seconds_hint, "step_seconds_prior": floor or None,
+            "check": check.text}
+
+
+def launch(built: RenderedTask, executor, *, detach: bool, deadline: Optional[dict[str, Any]] = None,
+           environ: Optional[Mapping[str, str]] = None) -> int:
+    """Start a built run on `executor` (executors.executor_for): what the executor refuses, then the
+    preflight (the hub, the model and the data, asked from here before any node is paid for or the run
+    starts: app/preflight.py), then the executor records and submits it. Returns the exit code to pass on."""
+    from skyspot.app.preflight import preflight
+
+    executor.check(built)
+    check_store(built.recipe, local=executor.runs_here)  # a cloud run's store is a bucket
+    preflight(built.recipe, local=executor.runs_here, environ=os.environ if environ is None else environ)
+    return executor.submit(built, detach=detach, deadline=deadline)

@@ -1,0 +1,144 @@
+"""Runs read back: a run's events (its run root, or the store) and the summary `status` shows for each run.
+
+Naming runs and recording a launch are the ledger's (skyspot/ledger.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+
+def run_events(run, *, store_ok: bool = True):
+    """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
+    from pathlib import Path
+
+    from skyspot.events import EVENTS_DIR, EventLog, read_events_dir, read_events_store
+
+    if run.run_dir and Path(run.run_dir, EVENTS_DIR).is_dir():
+        log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
+        # Local multi-node runs: the other nodes' own disks (signals and notices they saw).
+        for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
+            more = read_events_dir(node_events)
+            log.events.extend(more.events)
+            log.malformed += more.malformed
+            log.malformed_where.extend(more.malformed_where)
+        log.events.sort(key=lambda e: e["ts"])
+        return log
+    log = EventLog()
+    if not (store_ok and run.store):
+        return log
+    from skyspot.storage import open_store
+
+    return read_events_store(open_store(run.store), run.name)
+
+
+def events_signature(run) -> Optional[str]:
+    """Names, sizes and modification times of a local run's event files: a cached summary is
+    reused only while this is unchanged."""
+    from pathlib import Path
+
+    if not run.run_dir:
+        return None
+    root = Path(run.run_dir)
+    parts = []
+    for path in sorted([*root.glob("events/*.jsonl"), *root.glob("nodes/node-*/events/*.jsonl")]):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        parts.append(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
+    """One `status` row: where it runs, progress, recoveries and what interrupted its attempts, durable
+    checkpoint, elapsed, cost so far, and for a run that failed, why (`cause`, as the local executor recorded it)."""
+    from skyspot.attempts import count_causes, is_simulated, split
+    from skyspot.pricing.cost import cost_so_far
+    from skyspot.executors import executor_for
+
+    now = now or time.time()
+    events = log.events
+    steps = [e["step"] for e in events if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
+    attempts = split(events)
+    started = [a for a in attempts if a.started]
+    wheres = [a.where for a in started]
+    # Where the newest attempt runs; an earlier attempt's placement fills what it does not say yet.
+    where = dict(wheres[-1]) if wheres else {}
+    for earlier in reversed(wheres[:-1]):
+        for key, value in earlier.items():
+            where.setdefault(key, value)
+    durable = [e["step"] for e in events
+               if e.get("type") == "upload_end" and e.get("durable") is True and isinstance(e.get("step"), int)]
+    committed = [e["step"] for e in events if e.get("type") == "checkpoint_end" and isinstance(e.get("step"), int)]
+    status = run.status
+    recoveries = max(0, len(started) - 1)
+    if queue_record:
+        status = queue_record.get("status") or status
+        recoveries = int(queue_record.get("recovery_count") or recoveries)
+        where = {**where, "cloud": where.get("cloud") or queue_record.get("cloud"),
+                 "region": where.get("region") or queue_record.get("region")}
+    end = run.ended_at if run.terminal and run.ended_at else now
+    try:
+        cost = round(cost_so_far(log, now=end), 4) if events else 0.0
+    except Exception:  # prices unknown for this instance: show no figure rather than fail the listing
+        cost = None
+    last_ckpt = max(durable) if durable else (max(committed) if committed else None)
+    return {
+        "name": run.name, "recipe": run.recipe, "executor": run.executor, "status": status,
+        "cloud": where.get("cloud"), "region": where.get("region"),
+        "spot": where.get("spot"), "instance_type": where.get("instance_type"),
+        "step": max(steps) if steps else 0, "total_steps": run.total_steps,
+        "recoveries": recoveries,
+        # Attempts that ended without completing, by cause (attempts.CAUSES); the running one is not counted.
+        "interruptions": count_causes(a for a in attempts if not a.open),
+        "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
+        "elapsed_seconds": round(end - run.created_at, 1),
+        "cost_so_far_usd": cost, "simulated": executor_for(run).simulated or any(is_simulated(w) for w in wheres),
+        "job_id": run.job_id, "malformed_event_lines": log.malformed,
+        "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
+        "deadline": _deadline(run, events),
+    }
+
+
+def deadline_report(run, log, report) -> Optional[dict]:
+    """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
+    and greedy on the same trace (skyspot/planning/deadline.py `compare`), the trace as the run's executor
+    knows it (executors/__init__.py `DeadlineInputs`: a local run replays its own spot trace, a
+    SkyPilot run the spot it observed)."""
+    from skyspot.planning import deadline as dl
+    from skyspot.pricing import prices as pricing
+    from skyspot.errors import UsageError
+    from skyspot.executors import executor_for
+
+    plan = run.info.get("deadline")
+    if not isinstance(plan, dict) or not report.attempts:
+        return None
+    first = report.attempts[0]
+    nodes = report.nodes or 1
+    try:
+        prices = [pricing.hourly_price(first.cloud or "", instance_type=first.instance_type, region=first.region,
+                                       zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
+    except UsageError as error:
+        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
+    events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
+    try:
+        given = executor_for(run).deadline_inputs(run, plan, log.events)
+    except UsageError as error:
+        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
+    result = dl.compare(plan, events, given.trace, t0=given.t0, total_steps=run.total_steps or 1,
+                        spot_usd_per_hour=prices[0], on_demand_usd_per_hour=prices[1],
+                        provision_seconds=given.provision_seconds, restart_prior=given.restart_prior,
+                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd,
+                        notice_seconds=given.notice_seconds)
+    result["trace"] = given.source
+    return result
+
+
+def _deadline(run, events) -> Optional[dict]:
+    """A run launched with a deadline: its mode, projected finish and deadline (skyspot/planning/deadline.py)."""
+    if not isinstance(run.info.get("deadline"), dict):
+        return None
+    from skyspot.planning.deadline import status_row
+
+    return status_row(run.info["deadline"], events, ended_at=run.ended_at if run.terminal else None)

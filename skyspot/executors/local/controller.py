@@ -1,0 +1,699 @@
+"""The local controller: runs one local run to the end, as SkyPilot's managed-jobs controller would.
+
+Over 500 lines because it is one loop, the attempt's life (provision, start, watch, preempt, recover),
+and each of its steps shares that loop's state; the policies it calls live elsewhere (executors/local/spot_trace.py,
+executors/local/deadline.py, executors/local/metadata_server.py).
+
+    python -m skyspot.executors.local.controller RUN_NAME
+
+It is started by `skyspot launch --local` in its own session (so a run survives the
+terminal) and does, per attempt:
+
+1. "provision" a node group (waits --provision-delay after a preemption), choosing spot or,
+   after --fallback-after preemptions or when the trace says capacity is gone, on-demand;
+2. start the task's `run` script once per node, each in its own process group, with the
+   environment a SkyPilot node sees (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES,
+   SKYPILOT_NUM_GPUS_PER_NODE, a SKYPILOT_TASK_ID stable across recoveries, SKYPILOT_CLUSTER_INFO
+   naming the simulated cloud) and the metadata endpoints pointed at a loopback server;
+3. inject preemptions on the simulated cloud's own timeline (`Timeline`, docs/local.md): a notice
+   through that metadata server, then SIGTERM and SIGKILL when that cloud sends them (AWS: SIGTERM
+   at the notice's `time`, two minutes on, then a short shutdown; GCP: SIGTERM with the notice, hard
+   off 30 s later; Azure: no SIGTERM, the VM gone at the Preempt's NotBefore), all scaled by `--notice`;
+4. recover (exit code 75 or a preemption it injected), retry other errors up to the task's
+   max_restarts_on_errors, or finish (SUCCEEDED, FAILED, CANCELLED). A configuration error (exit 2)
+   or no usable checkpoint (exit 3) is not retried: a restart meets the same recipe, store and
+   checkpoints. Every ending says why, from the trainer's exit record.
+
+On a machine that has never built DeepSpeed's CPU communication op, the first attempt builds it
+before the trainer starts (what the task's setup does on a cloud node) and says so, rather than
+letting the trainer's first start sit silent for a minute or more.
+
+`setup` is skipped by default: the controller runs the trainer from the very environment
+skyspot is installed in, which is what the setup script would produce. With `fresh_node`
+(`launch --local --fresh-node`) the node is a new virtual environment with no skyspot
+(executors/local/fresh_node.py): the task's file mounts are copied in and its `setup` runs at the
+start of every attempt, as SkyPilot runs it on every newly provisioned VM; a failed setup
+ends the run FAILED_SETUP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Optional
+
+from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
+from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
+from skyspot.executors.local import controller_lock
+from skyspot.ledger import Ledger
+from skyspot.executors.local.spot_trace import SpotTrace
+from skyspot.executors.local.metadata_server import AZURE_RATE_LIMIT
+from skyspot.ports import free_port
+from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
+from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE
+
+POLL_SECONDS = 0.2
+# Endings a restart cannot fix (trainer/exit_codes.py): the next attempt meets the same recipe, store and checkpoints.
+NOT_RETRIED = {USAGE: "a configuration error", NO_VALID_CHECKPOINT: "no usable checkpoint"}
+CAUSE_CHARS = 400
+# DeepSpeed's CPU communication op (ShareMemCommBuilder.NAME), JIT-built on first use (trainer/prepare.py).
+SHM_OP = "deepspeed_shm_comm"
+
+# Where the simulated node "is", per cloud: a region, a zone, and for CPU recipes a stand-in
+# 8-GPU instance type the cost report prices the run as (docs/local.md).
+SIMULATED_PLACES = {
+    "aws": {"region": "us-east-1", "zone": "us-east-1a", "stand_in": "g5.48xlarge"},
+    "gcp": {"region": "us-central1", "zone": "us-central1-a", "stand_in": "g2-standard-96"},
+    "azure": {"region": "eastus", "zone": None, "stand_in": "Standard_ND96asr_v4"},
+}
+
+
+# How the simulated clouds take a spot VM back, in seconds after the notice (the windows: clouds.py).
+AWS_SHUTDOWN_S = 30.0  # ours: AWS publishes no figure for how long the OS shutdown at the notice's `time` may run
+# How often each cloud's watcher asks (clouds.py); GCP's watcher hangs its GET, and this is only its
+# retry period after a failed one (trainer/notice/gcp.py GCP_RETRY_S).
+CLOUD_POLL_S = {"aws": AWS_POLL_S, "gcp": 1.0, "azure": AZURE_POLL_S}
+# The shortest period a scaled window gets: ours, 0.05 s, so a tiny window never busy-polls; on Azure
+# 0.25 s, four requests a second, under the five IMDS allows a VM before it answers 429 (executors/local/metadata_server.py).
+MIN_POLL_S = {"aws": 0.05, "gcp": 0.05, "azure": 1.0 / (AZURE_RATE_LIMIT - 1)}
+STOP_GRACE_S = 30.0  # ours: SIGTERM to SIGKILL when the controller stops a node itself (cancel, a deadline's switch)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What the simulated cloud does to a spot VM it takes back, in seconds after the notice.
+
+    The cloud's own shape, scaled by `scale` (the `--notice` window over the cloud's): AWS announces
+    `time` two minutes ahead, the OS gets SIGTERM then and is off a short shutdown later; GCP sets
+    `preempted` and sends the ACPI soft-off (SIGTERM) together, hard off 30 s later; Azure schedules a
+    Preempt with NotBefore at least 30 s ahead and evicts the VM then, with no signal.
+    """
+
+    cloud: str
+    window: float
+    """Notice to the cloud's deadline: AWS's `time`, GCP's hard off, Azure's NotBefore."""
+    sigterm_after: Optional[float]
+    """Notice to SIGTERM; None: the cloud sends none (Azure)."""
+    kill_after: float
+    """Notice to SIGKILL: the VM is gone."""
+    poll_seconds: float
+    """The watcher's period (SKYSPOT_NOTICE_POLL_SECONDS): the cloud's, scaled with the window."""
+    scale: float
+
+
+def timeline_for(cloud: str, notice: Optional[float] = None, grace: Optional[float] = None) -> Timeline:
+    """The preemption timeline of `cloud`, its window `notice` seconds (None: the cloud's own).
+
+    `grace` replaces AWS's shutdown after SIGTERM (else it scales with the window); GCP and Azure have
+    no such step: their hard off is the window itself.
+    """
+    own = NOTICE_WINDOWS_S[cloud]
+    window = own if notice is None else float(notice)
+    scale = window / own
+    poll = max(MIN_POLL_S[cloud], CLOUD_POLL_S[cloud] * min(1.0, scale))
+    if cloud == "aws":
+        shutdown = AWS_SHUTDOWN_S * scale if grace is None else float(grace)
+        return Timeline(cloud, window, window, window + shutdown, poll, scale)
+    if cloud == "gcp":
+        return Timeline(cloud, window, 0.0, window, poll, scale)
+    return Timeline(cloud, window, None, window, poll, scale)
+
+
+@dataclass
+class Spec:
+    """What `launch --local` hands the controller (local.json in the run root; never secrets)."""
+
+    name: str
+    recipe: str
+    run_script: str
+    task_envs: dict[str, str]
+    num_nodes: int
+    total_steps: int
+    cloud: str
+    instance_type: str
+    accelerators: Optional[str]
+    max_restarts_on_errors: int
+    preempt_every: Optional[float] = None
+    preempt_at_steps: list[int] = field(default_factory=list)
+    trace_times: list[float] = field(default_factory=list)
+    capacity_gone_after: Optional[int] = None
+    spot_nodes: list[int] = field(default_factory=list)
+    """Nodes granted to each spot attempt in turn (the last repeats); empty: num_nodes."""
+    notice: Optional[float] = None
+    """The simulated cloud's notice window, scaled (docs/local.md); None: the cloud's own."""
+    grace: Optional[float] = None
+    """SIGTERM to SIGKILL on AWS's timeline and when the controller stops a node; None: the defaults."""
+    provision_delay: float = 2.0
+    fallback_after: Optional[int] = None
+    notice_poll_seconds: Optional[float] = None
+    """The watchers' period; None: the simulated cloud's, scaled with the window (Timeline)."""
+    fresh_node: bool = False
+    setup_script: str = ""
+    file_mounts: dict[str, str] = field(default_factory=dict)
+    """Local file mounts of the task (target -> source), copied onto a fresh node."""
+    prepare_script: str = "python -m skyspot.trainer.prepare"
+    """Run once before the first attempt when DeepSpeed's CPU op is not built yet (the setup's last step)."""
+    unavailable: list[list[float]] = field(default_factory=list)
+    """The trace's spot outages [start, end), seconds after launch."""
+    deadline: Optional[dict] = None
+    """launch --deadline: {at, start, policy, step_seconds_hint, period} (executors/local/deadline.py)."""
+
+
+class Controller:
+    def __init__(self, run_dir: Path, spec: Spec, ledger: Ledger):
+        self.run_dir = run_dir
+        self.spec = spec
+        self.ledger = ledger
+        self.cancel = threading.Event()
+        self.preemptions = 0
+        self.errors = 0
+        self.spot_attempts = 0
+        self.launched_at = time.time()
+        self.log_path = run_dir / "logs" / "run.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.log: IO[str] = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
+        self._log_lock = threading.Lock()
+        self.pending_steps = list(spec.preempt_at_steps)
+        # An outage starts with a notice to the spot instance running then, like a preemption.
+        self.trace = SpotTrace.from_spec(spec)
+        self.pending_trace = self.trace.losses()
+        self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
+        self.attempt = 0  # the last attempt number used
+        self.prepared = spec.fresh_node  # a fresh node's setup prepares it
+        self.last_cause: Optional[str] = None  # the last line a node printed that says why it stopped
+        self.planner = None  # the deadline's policy (executors/local/deadline.py) when spec.deadline
+        self.timeline = timeline_for(spec.cloud, spec.notice, spec.grace)
+        self.stop_grace = STOP_GRACE_S if spec.grace is None else spec.grace
+        if spec.deadline:
+            from skyspot.executors.local.deadline import Planner
+
+            self.planner = Planner(self)
+
+    # ------------------------------------------------------------------ helpers
+    def say(self, line: str) -> None:
+        with self._log_lock:
+            self.log.write(f"[skyspot local] {time.strftime('%H:%M:%S')} {line}\n")
+
+    def spot_available(self) -> bool:
+        spec = self.spec
+        if spec.fallback_after is not None and self.preemptions >= spec.fallback_after:
+            return False
+        return self.trace.available(time.time() - self.launched_at, self.preemptions)
+
+    def next_attempt_number(self) -> int:
+        """One past the last attempt: ours, or the trainer's (it numbers each start in its run root or
+        store, and a resumed run continues its count). An attempt whose trainer failed before counting
+        (a bad store, say) still takes a number, and the trainer's local counter is moved up to match,
+        so its next start logs under the same number as the executor's events."""
+        seen = [e.get("attempt", 0) for e in read_events_dir(self.run_dir / EVENTS_DIR).events
+                if e.get("rank") is not None]
+        number = max([self.attempt] + seen) + 1
+        self._align_trainer_counter(number)
+        return number
+
+    def _align_trainer_counter(self, number: int) -> None:
+        from skyspot.trainer.rundir import ATTEMPTS, record_attempt
+        from skyspot.trainer.files import read_json
+
+        try:
+            record = read_json(self.run_dir / ATTEMPTS)
+            counted = int(record.get("attempt", 0)) if isinstance(record, dict) else 0
+            if counted < number - 1:
+                record_attempt(self.run_dir, number - 1)
+        except (OSError, ValueError, TypeError):
+            pass  # the trainer then counts from its event files
+
+    def nodes_for(self, spot: bool) -> int:
+        """Nodes of the next attempt: the trace's grant for this spot attempt; on-demand gets all."""
+        grants = self.spec.spot_nodes
+        if not spot or not grants:
+            return self.spec.num_nodes
+        return grants[min(self.spot_attempts, len(grants) - 1)]
+
+    def where(self, spot: bool, num_nodes: int) -> dict:
+        place = SIMULATED_PLACES[self.spec.cloud]
+        return {"cloud": self.spec.cloud, "region": place["region"], "zone": place["zone"],
+                "instance_type": self.spec.instance_type, "spot": spot, "accelerators": self.spec.accelerators,
+                "num_nodes": num_nodes, "simulated": True}
+
+    def node_dir(self, node_rank: int) -> Path:
+        """Each simulated node has its own disk, as on a cloud: node 0 uses the run root (where its
+        events and checkpoints are read back), node k the run root's nodes/node-k."""
+        if node_rank == 0:
+            return self.run_dir
+        path = self.run_dir / "nodes" / f"node-{node_rank}"
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def node_env(self, node_rank: int, where: dict, metadata_env: dict, port: int) -> dict[str, str]:
+        spec = self.spec
+        bin_dir = str(Path(sys.executable).parent)
+        cluster_info = {"cluster_name": f"{spec.name}-local", "cloud": where["cloud"].upper() if where["cloud"] != "azure"
+                        else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": where["num_nodes"],
+                        "instance_type": where["instance_type"], "use_spot": where["spot"], "simulated": True}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}
+        if self.fresh is not None:
+            env = self.fresh.env(env, spec.task_envs)
+        else:
+            env.update(spec.task_envs)
+            env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+        env.update(metadata_env)
+        env.update({
+            "SKYPILOT_NODE_RANK": str(node_rank),
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * where["num_nodes"]),
+            "SKYPILOT_NUM_NODES": str(where["num_nodes"]),
+            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+            "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
+            "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info),
+            "SKYSPOT_RUN_NAME": spec.name,
+            "SKYSPOT_RUN_DIR": str(self.node_dir(node_rank)),
+            "SKYSPOT_MASTER_PORT": str(port),
+            "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds or self.timeline.poll_seconds),
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def _pump(self, stream: IO[bytes], prefix: str) -> None:
+        held: list[str] = []  # torchrun's failure report, held until we know whether it was a preemption
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            self._note_cause(line)
+            if held or _TORCHRUN_REPORT_START in line and f"exitcode: {RECOVER_EXIT_CODE})" in line:
+                held.append(line)
+                if not line.startswith("[skyspot.supervise]") and len(held) < 400:
+                    continue
+                if f"trainer exit {RECOVER_EXIT_CODE} " in line:
+                    held = [f"(torchrun's ChildFailedError report omitted: the trainer exited {RECOVER_EXIT_CODE}, "
+                            "preempted after its emergency checkpoint, and asked to be recovered)\n", line]
+                lines, held = held, []
+            else:
+                lines = [line]
+            with self._log_lock:
+                for one in lines:
+                    self.log.write(prefix + one if prefix else one)
+        if held:
+            with self._log_lock:
+                self.log.writelines(prefix + one if prefix else one for one in held)
+        stream.close()
+
+    def _note_cause(self, line: str) -> None:
+        """Keep the last line that says why a node stopped, for when no exit record says it."""
+        text = line.strip()
+        if text.startswith(("[skyspot.supervise]", "[skyspot] exit")) or (
+                _is_exception_line(text) and "ChildFailedError" not in text):
+            self.last_cause = text
+
+    def _cause(self, nodes: int, since: float) -> Optional[str]:
+        """Why the attempt's nodes stopped: the trainer's exit record on each node (its reason), else the
+        last telling line of the log."""
+        reasons = []
+        for node_rank in range(nodes):
+            try:
+                record = json.loads((self.node_dir(node_rank) / EXIT_RECORD).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("ts"), (int, float)) and record["ts"] >= since \
+                    and record.get("code") not in (0, None) and record.get("reason"):
+                reasons.append(str(record["reason"]))
+        text = reasons[0] if reasons else self.last_cause
+        if not text:
+            return None
+        text = " ".join(text.split())
+        return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
+
+    # ------------------------------------------------------------------ one attempt
+    def run_attempt(self, attempt: int, spot: bool, metadata) -> tuple[int, str, Optional[str]]:
+        spec = self.spec
+        self.attempt = attempt
+        self.last_cause = None
+        nodes = self.nodes_for(spot)
+        where = self.where(spot, nodes)
+        if spot:
+            self.spot_attempts += 1
+        events = EventWriter(self.run_dir, spec.name, attempt, 0, None)
+        events.emit("attempt_start", where=where)
+        attempt_started = time.time()
+        metadata.reset()
+        # What the node's own metadata read (trainer/instance.py) finds: the simulated instance.
+        metadata.set_instance(where["instance_type"], spot=bool(where["spot"]), zone=where["zone"] or "",
+                              region=where["region"])
+        port = free_port()
+        if self.fresh is None and not self.prepared:
+            self.prepared = True
+            if not self.prepare_node(self.node_env(0, where, {}, port)):
+                events.emit("attempt_end", code=1, reason="cancelled", node_codes=[])
+                events.close()
+                return 1, "cancelled", None
+        if self.fresh is not None:
+            from skyspot.executors.local.fresh_node import run_setup
+
+            self.say(f"setup on the fresh node ({self.fresh.venv})")
+            for node_rank in range(nodes):
+                code = run_setup(self.fresh, spec.setup_script, self.node_env(node_rank, where, {}, port), self.log,
+                                 cwd=self.node_dir(node_rank))
+                if code != 0:
+                    cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {spec.name}` has its output"
+                    events.emit("attempt_end", code=code, reason="setup_failed", node_codes=[code], cause=cause)
+                    events.close()
+                    return code, "setup_failed", cause
+        procs: list[subprocess.Popen] = []
+        pumps = []
+        for node_rank in range(nodes):
+            proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.node_dir(node_rank),
+                                    env=self.node_env(node_rank, where, metadata.env_for(), port),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(proc)
+            prefix = f"(node-{node_rank}) " if spec.num_nodes > 1 else ""
+            pump = threading.Thread(target=self._pump, args=(proc.stdout, prefix), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        self.ledger.update(spec.name, status="RUNNING", controller_pid=os.getpid(),
+                           info={**self._info(), "where": where, "attempt": attempt})
+        self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
+                 f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {nodes} of {spec.num_nodes} node(s)")
+
+        steps_tail: Optional[FileTail] = None
+        step = 0
+        timeline = self.timeline
+        notice_at: Optional[float] = None  # when the simulated cloud announced the preemption
+        sigterm_at: Optional[float] = None
+        stop_at: Optional[float] = None  # when the controller itself sent SIGTERM (cancel, a deadline's switch)
+        killed = cancelled = switched = False
+        first_failure: Optional[float] = None
+        if self.planner is not None:
+            self.planner.started(spot)
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes):
+                break
+            now = time.time()
+            if steps_tail is None:
+                steps_file = self._trainer_events_file(attempt)
+                steps_tail = FileTail(steps_file) if steps_file is not None else None
+            if steps_tail is not None:
+                step = _latest_step(steps_tail, step)
+            if any(c not in (None, 0) for c in codes) and first_failure is None:
+                first_failure = now  # a node died; the others must fail fast on their own
+            if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
+                self.say("a node failed and the others did not stop; killing them")
+                _signal_all(procs, signal.SIGKILL)
+            if self.cancel.is_set() and sigterm_at is None and not cancelled:
+                cancelled = True
+                self.say("cancel requested: SIGTERM to the nodes (emergency checkpoint), then stop")
+                _signal_all(procs, signal.SIGTERM)
+                sigterm_at = stop_at = now
+            if (self.planner is not None and sigterm_at is None and notice_at is None and not cancelled
+                    and self.planner.switch_due(now)):
+                switched = True  # the deadline wants the other capacity: stop here with an emergency checkpoint
+                _signal_all(procs, signal.SIGTERM)
+                sigterm_at = stop_at = now
+            if (notice_at is None and not cancelled and not switched and spot
+                    and self._should_preempt(step, attempt_started, now)):
+                notice_at = now
+                metadata.announce_preemption(now + timeline.window)
+                events.emit("preempt_notice_sent", deadline=now + timeline.window, step=step, cloud=timeline.cloud,
+                            sigterm_at=None if timeline.sigterm_after is None else now + timeline.sigterm_after,
+                            kill_at=now + timeline.kill_after)
+                self.say(f"preemption notice at step {step}: {_describe(timeline)}")
+            if (notice_at is not None and sigterm_at is None and timeline.sigterm_after is not None
+                    and now >= notice_at + timeline.sigterm_after):
+                _signal_all(procs, signal.SIGTERM)
+                sigterm_at = now
+                events.emit("preempt_sigterm")
+                self.say("preemption: SIGTERM to the node's processes")
+            gone = notice_at is not None and now >= notice_at + timeline.kill_after
+            if not killed and (gone or (stop_at is not None and now >= stop_at + self.stop_grace)):
+                _signal_all(procs, signal.SIGKILL)
+                killed = True
+                events.emit("preempt_sigkill")
+                self.say("the simulated VM is gone: SIGKILL" if gone else "grace period over: SIGKILL")
+            time.sleep(POLL_SECONDS)
+        for pump in pumps:
+            pump.join(timeout=5)
+        codes = [p.returncode for p in procs]
+        code = 0 if all(c == 0 for c in codes) else (RECOVER_EXIT_CODE if RECOVER_EXIT_CODE in codes
+                                                     else next(c for c in codes if c != 0))
+        if code == 0:
+            reason = "complete"
+        elif cancelled:
+            reason = "cancelled"
+        elif switched:
+            reason = "switched"
+        elif notice_at is not None:
+            reason = "preempted"
+        elif code == RECOVER_EXIT_CODE:
+            reason = "preempted"  # a SIGTERM from elsewhere; the trainer saved and asked to be recovered
+        else:
+            reason = "error"
+        cause = self._cause(nodes, attempt_started) if reason in ("error", "cancelled") and code != 0 else None
+        events.emit("attempt_end", code=code, reason=reason, node_codes=codes,
+                    **({"cause": cause} if cause else {}))
+        events.close()
+        return code, reason, cause
+
+    # ------------------------------------------------------------------ the node's one-time preparation
+    def prepare_node(self, env: dict[str, str]) -> bool:
+        """Build DeepSpeed's CPU op before the first start when this machine has never built it, saying
+        so (the task's setup does the same on a cloud node). False if cancelled meanwhile."""
+        if deepspeed_op_cached(env):
+            return True
+        self.activity("preparing this machine once: DeepSpeed builds its CPU communication op on first use "
+                      "(about 1-2 minutes on 2 cores; later runs reuse it)")
+        started = time.time()
+        proc = subprocess.Popen(["bash", "-c", self.spec.prepare_script], cwd=self.run_dir, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        pump = threading.Thread(target=self._pump, args=(proc.stdout, ""), daemon=True)
+        pump.start()
+        while proc.poll() is None:
+            if self.cancel.wait(POLL_SECONDS):
+                _signal_all([proc], signal.SIGKILL)
+                proc.wait()
+                return False
+        pump.join(timeout=5)
+        self.activity(f"DeepSpeed's op ready after {time.time() - started:.0f}s; starting the trainer"
+                      if proc.returncode == 0 else "the op build failed; the trainer builds it at its start")
+        return True
+
+    def activity(self, text: Optional[str]) -> None:
+        """What the run is doing when no event says it: in the log, and in the ledger for `launch` to show."""
+        if text:
+            self.say(text)
+        self.ledger.update(self.spec.name, info={**self._info(), "activity": text})
+
+    def _trainer_events_file(self, attempt: int) -> Optional[Path]:
+        """Rank 0's events file for this attempt (the trainer numbers its starts; take the newest
+        numbered at least `attempt`, should the two counts ever differ)."""
+        found = []
+        for path in (self.run_dir / EVENTS_DIR).glob("attempt-*.node-0.rank-0.jsonl"):
+            try:
+                number = int(path.name.split(".")[0].split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if number >= attempt:
+                found.append((number, path))
+        return max(found)[1] if found else None
+
+    def _should_preempt(self, step: int, attempt_started: float, now: float) -> bool:
+        spec = self.spec
+        if self.pending_steps and step >= self.pending_steps[0]:
+            self.pending_steps.pop(0)
+            return True
+        if self.pending_trace and now - self.launched_at >= self.pending_trace[0]:
+            self.pending_trace.pop(0)
+            return True
+        return spec.preempt_every is not None and now - attempt_started >= spec.preempt_every
+
+    def _info(self) -> dict:
+        run = self.ledger.get(self.spec.name)
+        return {**run.info, "preemptions": self.preemptions, "log": str(self.log_path)}
+
+    def unused_trace_times(self) -> list[float]:
+        """Trace preemptions never delivered because the run ended first (not those after spot capacity went)."""
+        return list(self.pending_trace) if self.spec.trace_times and self.spot_available() else []
+
+    # ------------------------------------------------------------------ the whole run
+    def run(self) -> int:
+        from skyspot.executors.local.metadata_server import MetadataServer
+
+        spec = self.spec
+        if spec.fresh_node:
+            from skyspot.executors.local.fresh_node import make
+
+            self.fresh = make(self.run_dir / "fresh-node", spec.file_mounts)
+            self.say(f"run '{spec.name}' ({spec.recipe}) on a fresh node: a new virtual environment without "
+                     "skyspot; the task's setup installs it")
+        else:
+            self.say(f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
+                     "and its dependencies (what the task's setup installs)")
+        metadata = MetadataServer().start()
+        try:
+            first = True
+            while True:
+                if self.cancel.is_set():
+                    return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
+                if not first:
+                    self.ledger.update(spec.name, status="RECOVERING", info=self._info())
+                    self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
+                    if self.cancel.wait(spec.provision_delay):
+                        return self._finish("CANCELLED", RECOVER_EXIT_CODE)
+                else:
+                    self.ledger.update(spec.name, status="STARTING", controller_pid=os.getpid())
+                if self.planner is not None:
+                    chosen = self.planner.choose()
+                    if chosen is None:
+                        return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
+                    spot = chosen
+                else:
+                    spot = self.spot_available()
+                if not spot and self.preemptions and first is False and self.planner is None:
+                    self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
+                first = False
+                attempt = self.next_attempt_number()
+                code, reason, cause = self.run_attempt(attempt, spot, metadata)
+                self.say(f"attempt {attempt} ended: {reason} (exit {code})" + (f": {cause}" if cause else ""))
+                if reason == "complete":
+                    return self._finish("SUCCEEDED", 0)
+                if reason == "cancelled":
+                    return self._finish("CANCELLED", code)
+                if reason == "setup_failed":
+                    return self._finish("FAILED_SETUP", code, cause)
+                if reason == "preempted":
+                    self.preemptions += 1
+                    continue
+                if reason == "switched":
+                    continue
+                if code in NOT_RETRIED:
+                    self.say(f"not restarted: exit {code} is {NOT_RETRIED[code]}, which a restart cannot fix")
+                    return self._finish("FAILED", code, cause)
+                self.errors += 1
+                if self.errors > spec.max_restarts_on_errors:
+                    return self._finish("FAILED", code, cause)
+                self.say(f"restart {self.errors}/{spec.max_restarts_on_errors} after an error")
+        finally:
+            metadata.stop()
+
+    def _finish(self, status: str, code: int, cause: Optional[str] = None) -> int:
+        unused = self.unused_trace_times() if status == "SUCCEEDED" else []
+        if unused:
+            self.say(f"spot trace: {len(unused)} preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
+                     f"never came: the run finished {time.time() - self.launched_at:.0f}s after launch")
+        self.ledger.update(self.spec.name, status=status, exit_code=code,
+                           info={**self._info(), "cause": cause, "activity": None, "unused_trace_times": unused,
+                                 "finished_after_seconds": round(time.time() - self.launched_at, 1)})
+        self.say(f"run {status}" + (f": {cause}" if cause else ""))
+        self.log.close()
+        return 0 if status == "SUCCEEDED" else (code or 1)
+
+
+def _describe(timeline: Timeline) -> str:
+    """The rest of a preemption on `timeline`, for the log."""
+    w = timeline.window
+    if timeline.cloud == "aws":
+        return f"SIGTERM in {w:g}s (the notice's time), the VM gone {timeline.kill_after - w:g}s later"
+    if timeline.cloud == "gcp":
+        return f"SIGTERM now (ACPI soft-off with the notice), the VM gone in {w:g}s"
+    return f"a Preempt event, the VM gone at its NotBefore in {w:g}s (no SIGTERM)"
+
+
+# torchrun's own line before its ChildFailedError report (torch/distributed/elastic/multiprocessing/api.py).
+_TORCHRUN_REPORT_START = "failed (exitcode: "
+
+
+def _is_exception_line(text: str) -> bool:
+    """`SomeError: message`, the last line of a Python traceback."""
+    head, sep, _ = text.partition(": ")
+    return bool(sep) and head.replace(".", "").replace("_", "").isalnum() and head.endswith(("Error", "Exception"))
+
+
+def deepspeed_op_cached(env: Optional[dict] = None) -> bool:
+    """Whether torch's extension cache holds a build of DeepSpeed's CPU communication op made from this
+    DeepSpeed's sources (a cheap look at the directory torch.utils.cpp_extension builds into; a build
+    from another install, say another checkout's venv, is rebuilt by torch at the trainer's start,
+    so it does not count; a miss only costs one `prepare`)."""
+    env = os.environ if env is None else env
+    root = env.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        builds = list(Path(root).glob(f"{SHM_OP}*/{SHM_OP}*.so"))
+    else:
+        cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")
+        builds = list((cache / "torch_extensions").glob(f"*/{SHM_OP}*/{SHM_OP}*.so"))
+    sources = _deepspeed_dir()
+    return any(sources is None or sources in _read_text(so.parent / "build.ninja") for so in builds)
+
+
+def _deepspeed_dir() -> Optional[str]:
+    """Where this environment's DeepSpeed lives, without importing it (seconds of start-up)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return str(Path(locations[0]).resolve()) if locations else None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _latest_step(tail: FileTail, step: int) -> int:
+    """The newest step in rank 0's events file, reading only what was appended since the last call."""
+    for line in tail.read().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") in ("step", "resume") and isinstance(event.get("step"), int):
+            step = max(step, event["step"])
+    return step
+
+
+def _signal_all(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m skyspot.executors.local.controller RUN_NAME", file=sys.stderr)
+        return 2
+    with Ledger() as ledger:
+        run = ledger.get(argv[0])
+        run_dir = Path(run.run_dir)
+        # Held until this process ends, however it ends: what `cancel` and `resume` know it by.
+        lock = controller_lock.adopt()
+        if lock is None:  # started by hand, not by the launcher
+            lock = controller_lock.acquire(run_dir)
+            controller_lock.record(lock, os.getpid())
+        spec = Spec(**json.loads((run_dir / "local.json").read_text()))
+        controller = Controller(run_dir, spec, ledger)
+
+        def request_cancel(signum, frame):
+            controller.cancel.set()
+
+        signal.signal(signal.SIGTERM, request_cancel)
+        signal.signal(signal.SIGINT, request_cancel)
+        try:
+            return controller.run()
+        except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
+            ledger.update(spec.name, status="FAILED", exit_code=1)
+            controller.say(f"controller failed: {type(error).__name__}: {error}")
+            raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

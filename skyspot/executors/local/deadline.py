@@ -1,0 +1,133 @@
+"""A deadline for a local run: the policy of skyspot/planning/deadline.py, applied by the local controller.
+
+The controller asks `choose()` before every attempt (at the start and after each preemption or
+switch) and `switch_due()` at every poll while one runs; the planner decides every `period`
+seconds from the run's own events (steps done, measured step time and restart overhead):
+
+- spot: the next attempt runs on spot, if the trace has capacity; otherwise the run waits (idle,
+  nothing billed) and decides again every period, as SkyPilot keeps retrying a spot launch;
+- on-demand: the next attempt runs on-demand and is never preempted;
+- a switch while an attempt runs (to on-demand at the safety net, off on-demand once ahead of the
+  line): SIGTERM to the nodes, whose trainer writes an emergency checkpoint and exits 75; the
+  attempt ends `switched` and the next one starts on the other capacity.
+
+Every decision is a `deadline_decision` event in `<run>/events/deadline.jsonl` (mode, progress,
+projected finish, reason, the estimates it used). A trace time that passes while the run holds
+no spot instance (on-demand, or waiting for capacity) is lost, as a real preemption would be: it
+can only take an instance that exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from skyspot.planning import deadline as dl
+from skyspot.events import EVENTS_DIR, read_events_dir
+
+DECISIONS_FILE = "deadline.jsonl"
+
+
+class Planner:
+    def __init__(self, controller) -> None:
+        from skyspot.executors.local.spot_trace import SpotTrace
+
+        self.c = controller
+        spec = controller.spec
+        plan: dict[str, Any] = spec.deadline or {}
+        self.plan = plan
+        self.at = float(plan["at"])
+        self.start = float(plan.get("start") or controller.launched_at)
+        self.policy = plan.get("policy") or dl.DEFAULT_POLICY
+        self.period = float(plan.get("period") or 3.0)
+        self.trace = SpotTrace.from_spec(spec)
+        self.committed = False
+        self.held: Optional[str] = None  # the capacity of the attempt running now
+        self.next_check = 0.0
+        self.last: Optional[dl.Decision] = None
+        self.path = Path(controller.run_dir) / EVENTS_DIR / DECISIONS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # ------------------------------------------------------------------ what the controller calls
+    def choose(self) -> Optional[bool]:
+        """Before an attempt: True for spot, False for on-demand; None if the run was cancelled while
+        it waited for spot capacity."""
+        waited = False
+        spot_available: Optional[bool] = None
+        while True:
+            decision = self.decide(dl.IDLE, spot_available)
+            if decision.mode == dl.ON_DEMAND:
+                self._drop_passed_trace()
+                return False
+            if self.capacity():
+                if waited or self.held == dl.ON_DEMAND:
+                    self._drop_passed_trace()
+                return True
+            if not waited:
+                self.c.activity(f"waiting for spot capacity (deadline {dl.when(self.at)}; {decision.why})")
+                self.c.ledger.update(self.c.spec.name, status="STARTING" if self.c.attempt == 0 else "RECOVERING")
+            waited, spot_available = True, False
+            if self.c.cancel.wait(self.period):
+                return None
+
+    def started(self, spot: bool) -> None:
+        self.held = dl.SPOT if spot else dl.ON_DEMAND
+        self.next_check = time.time() + self.period
+
+    def switch_due(self, now: float) -> bool:
+        """While an attempt runs: whether the policy wants the other capacity now."""
+        if now < self.next_check or self.held is None:
+            return False
+        self.next_check = now + self.period
+        decision = self.decide(self.held, None)
+        if decision.mode == self.held or decision.reason == "done":
+            return False  # done: the trainer is finishing on its own
+        self.c.say(f"deadline: leaving {self.held} for {decision.mode}: {decision.why}")
+        self.emit_switch(decision)
+        return True
+
+    def capacity(self) -> bool:
+        """Spot capacity now, as the trace says (the same rule the simulator uses)."""
+        return self.trace.available(time.time() - self.c.launched_at, self.c.preemptions)
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, mode: str, spot_available: Optional[bool]) -> dl.Decision:
+        log = read_events_dir(Path(self.c.run_dir) / EVENTS_DIR)
+        estimates = dl.estimates_for(log.events, self.plan, provision_seconds=self.c.spec.provision_delay,
+                                     restart_prior=self.c.spec.provision_delay + dl.LOCAL_START_PRIOR_SECONDS)
+        round_ = dl.next_round(self.policy, log.events, estimates, now=time.time(),
+                               plan={**self.plan, "start": self.start}, total_steps=self.c.spec.total_steps,
+                               mode=mode, spot_available=spot_available, committed=self.committed,
+                               margin=self.period)
+        decision = round_.decision
+        self.committed = decision.committed
+        self._emit(round_.event_fields())
+        line = dl.news(self.last, decision, self.at)
+        if line:
+            self.c.say(line)
+        self.last = decision
+        return decision
+
+    def emit_switch(self, decision: dl.Decision) -> None:
+        self._emit({"switch": True, "mode": decision.mode, "from_mode": self.held, "reason": decision.reason,
+                    "policy": self.policy, "deadline": self.at, "projected_finish": decision.projected_finish})
+
+    def _emit(self, fields: dict[str, Any]) -> None:
+        event = {"ts": time.time(), "run_id": self.c.spec.name, "attempt": max(self.c.attempt, 1), "node_rank": 0,
+                 "rank": None, "type": dl.DECISION_EVENT, **fields}
+        line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+        except OSError:
+            pass  # a full disk loses a decision's record, never the run
+        finally:
+            os.close(fd)
+
+    def _drop_passed_trace(self) -> None:
+        """Trace times that passed while no spot instance was held took nothing."""
+        elapsed = time.time() - self.c.launched_at
+        self.c.pending_trace = [t for t in self.c.pending_trace if t > elapsed]

@@ -1,0 +1,364 @@
+"""The local executor: run a rendered task on this machine, with injected preemptions and recovery.
+
+`launch_local` records the run in the ledger, writes the controller's spec next to the
+run, and starts the controller (skyspot/executors/local/controller.py) in its own
+session, so a detached run survives the terminal. Attached, it follows the run until
+it ends and returns the run's exit code. docs/local.md says what this emulates and what
+it does not. `EXECUTOR` is its side of the executors' surface (skyspot/executors/__init__.py):
+its log, its cancel (SIGTERM to the controller) and its resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from skyspot.console import err
+from skyspot.errors import SkyspotError, UsageError
+from skyspot.events import FileTail
+from skyspot.executors.local import controller_lock
+from skyspot.ledger import Ledger, skyspot_home
+from skyspot.ledger import new_run_name, record_launch
+
+# The controller (and the metadata stand-in it imports) loads only to start or resume a run: not for
+# `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
+if TYPE_CHECKING:
+    from skyspot.executors.local.controller import Spec
+    from skyspot.executors.local.spot_trace import SpotTrace
+
+
+@dataclass
+class LocalOptions:
+    preempt_every: Optional[float] = None
+    preempt_at_steps: list[int] = field(default_factory=list)
+    spot_trace: Optional[str] = None
+    notice: Optional[float] = None
+    """The simulated cloud's notice window in seconds (scaled; docs/local.md); None: the cloud's own."""
+    grace: Optional[float] = None
+    """SIGTERM to SIGKILL: AWS's shutdown, and a cancel's; None: AWS's scaled with the window, 30 s for a cancel."""
+    provision_delay: float = 2.0
+    fallback_after: Optional[int] = None
+    cloud: str = "aws"
+    spot_nodes: list[int] = field(default_factory=list)
+    fresh_node: bool = False
+    deadline: Optional[dict] = None
+    """launch --deadline: {at, start, policy, step_seconds_hint} (skyspot/app/launch.py plan_deadline)."""
+
+
+def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
+    """The instance type a local node stands for: the recipe's cheapest candidate on that cloud,
+    or for CPU recipes a stand-in GPU instance (priced by the cost report as 'simulated')."""
+    for candidate in built.candidates:
+        if candidate.cloud == cloud and candidate.instance_type:
+            return candidate.instance_type, candidate.accelerators
+    from skyspot.executors.local.controller import SIMULATED_PLACES
+
+    return SIMULATED_PLACES[cloud]["stand_in"], None
+
+
+def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["SpotTrace", list[int]]:
+    """Everything a local launch refuses in its options, given the recipe (`deadline`: the run has one),
+    before anything is printed or started; the spot trace and the spot node counts they give. A dry
+    run makes the same checks (cli/launch.py)."""
+    from skyspot.executors.local.controller import SIMULATED_PLACES
+    from skyspot.executors.local.spot_trace import SpotTrace
+
+    if options.cloud not in SIMULATED_PLACES:
+        raise UsageError(f"--simulate '{options.cloud}' is not one of {', '.join(SIMULATED_PLACES)}")
+    chosen = [o for o in ("preempt_every", "preempt_at_steps", "spot_trace") if getattr(options, o)]
+    if len(chosen) > 1:
+        raise UsageError("use one of --preempt-every, --preempt-at-steps and --spot-trace")
+    if options.preempt_every is not None and options.preempt_every <= 0:
+        raise UsageError("--preempt-every takes seconds > 0")
+    for value, flag in ((options.notice, "--notice"), (options.grace, "--grace"),
+                        (options.provision_delay, "--provision-delay")):
+        if value is not None and value < 0:
+            raise UsageError(f"{flag} takes seconds >= 0")
+    trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
+    if deadline and options.fallback_after is not None:
+        raise UsageError("--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
+                         "(the deadline's policy switches when the run falls behind)")
+    if options.spot_nodes and trace.nodes:
+        raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
+    spot_nodes = list(options.spot_nodes or trace.nodes)
+    where = "--spot-nodes" if options.spot_nodes else options.spot_trace
+    resources = recipe.resources
+    if spot_nodes:
+        low, high = resources.fewest_nodes, resources.num_nodes
+        above = [n for n in spot_nodes if n > high]
+        if above:
+            raise UsageError(f"{where}: {', '.join(map(str, above))} node(s) above resources.num_nodes ({high}); "
+                             "a spot grant is at most the recipe's nodes")
+        below = [n for n in spot_nodes if n < low]
+        if below:
+            raise UsageError(f"{where}: {', '.join(map(str, below))} node(s) outside {low}..{high} "
+                             "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer")
+    return trace, spot_nodes
+
+
+def make_spec(built, name: str, options: LocalOptions) -> Spec:
+    from skyspot.executors.local.controller import Spec
+
+    trace, spot_nodes = check_options(options, built.recipe, deadline=bool(options.deadline))
+    instance_type, accelerators = _instance_for(built, options.cloud)
+    recovery = built.task["resources"]["job_recovery"]
+    return Spec(
+        name=name, recipe=built.recipe.name, run_script=built.task["run"],
+        task_envs={k: str(v) for k, v in built.task.get("envs", {}).items()},
+        num_nodes=built.recipe.resources.num_nodes, total_steps=built.recipe.train.steps,
+        cloud=options.cloud, instance_type=instance_type, accelerators=accelerators,
+        max_restarts_on_errors=int(recovery.get("max_restarts_on_errors", 0)),
+        preempt_every=options.preempt_every, preempt_at_steps=list(options.preempt_at_steps),
+        trace_times=trace.preemptions, capacity_gone_after=trace.capacity_gone_after, spot_nodes=spot_nodes,
+        notice=trace.notice if trace.notice is not None else options.notice, grace=options.grace,
+        provision_delay=options.provision_delay, fallback_after=options.fallback_after,
+        unavailable=[[start, end] for start, end in trace.unavailable], deadline=options.deadline,
+        fresh_node=options.fresh_node, setup_script=built.task.get("setup", "") if options.fresh_node else "",
+        file_mounts=_local_mounts(built) if options.fresh_node else {},
+    )
+
+
+def _local_mounts(built) -> dict[str, str]:
+    mounts = {t: s for t, s in (built.task.get("file_mounts") or {}).items() if isinstance(s, str) and "://" not in s}
+    if built.package is None:
+        raise UsageError("a fresh node needs the skyspot wheel: build the task with a package")
+    return mounts
+
+
+CANCEL_WAIT_S = 300
+"""How long `cancel` waits for a live controller's emergency checkpoint and stop."""
+
+
+def runs_dir() -> Path:
+    path = skyspot_home() / "runs"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def start(built, *, name: Optional[str], options: LocalOptions) -> str:
+    """Record the run, write its spec and start its controller; returns the run name."""
+    name = name or new_run_name(built.recipe.name)
+    spec = make_spec(built, name, options)
+    run_dir = runs_dir() / name
+    if run_dir.exists():
+        raise UsageError(f"a run named '{name}' exists already ({run_dir}); pick another -n/--name")
+    record_launch(name, built, "local", run_dir=str(run_dir),
+                  info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
+                        "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
+                        **({"deadline": options.deadline} if options.deadline else {})})
+    with Ledger() as ledger:
+        try:
+            run_dir.mkdir(mode=0o700)
+            (run_dir / "logs").mkdir(mode=0o700)
+        except OSError as error:  # never leave a PENDING row behind for a run that cannot start
+            ledger.update(name, status="FAILED", exit_code=1)
+            raise UsageError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
+        _write_spec(run_dir, spec, exclusive=True)
+        _start_controller(name, run_dir, ledger)
+    return name
+
+
+def _write_spec(run_dir: Path, spec: Spec, *, exclusive: bool) -> None:
+    path = run_dir / "local.json"
+    target = path if exclusive else run_dir / f".local.json.{os.getpid()}"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(asdict(spec), handle, indent=2)
+    if not exclusive:
+        os.replace(target, path)
+
+
+def _start_controller(name: str, run_dir: Path, ledger: Ledger, **fields) -> None:
+    """Start the run's controller; `fields` go to the ledger once its lock is held (a resume's PENDING:
+    never a not-ended row with an unheld lock, which `refresh` would take for a dead controller)."""
+    # The lock is taken here and handed to the controller, so it is held from the controller's first
+    # instant: `cancel` and `resume` know the run by the lock, never by the PID alone (executors/local/controller_lock.py).
+    lock = controller_lock.acquire(run_dir)
+    try:
+        if fields:
+            ledger.update(name, **fields)
+        controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local.controller", name],
+                                stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
+                                start_new_session=True, pass_fds=(lock,),
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", controller_lock.FD_ENV: str(lock)})
+        os.close(controller_log)
+        controller_lock.record(lock, proc.pid)
+    finally:
+        os.close(lock)  # the controller's copy keeps the lock held
+    ledger.update(name, controller_pid=proc.pid)
+
+
+def resume_local(run, *, detach: bool) -> int:
+    """Start a stopped local run again under its own name: its newest checkpoint, its run dir.
+
+    Preemptions injected at launch (--preempt-*, a trace) are not replayed: they belonged to
+    that launch's timeline."""
+    if not run.terminal and controller_lock.is_held(run.run_dir):
+        raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
+                         f"`skyspot cancel {run.name}` stops it")
+    from skyspot.executors.local.controller import Spec
+
+    run_dir = Path(run.run_dir or "")
+    try:
+        spec = Spec(**json.loads((run_dir / "local.json").read_text()))
+    except (OSError, ValueError, TypeError) as error:
+        raise UsageError(f"run '{run.name}' cannot be resumed: its spec {run_dir / 'local.json'} is unreadable "
+                         f"({getattr(error, 'strerror', None) or error})") from None
+    spec = replace(spec, preempt_every=None, preempt_at_steps=[], trace_times=[], capacity_gone_after=None,
+                   spot_nodes=[], fallback_after=None, unavailable=[])
+    _write_spec(run_dir, spec, exclusive=False)
+    with Ledger() as ledger:
+        _start_controller(run.name, run_dir, ledger, status="PENDING", ended_at=None, exit_code=None)
+    return _attach(run.name, detach, verb="resumed")
+
+
+def launch_local(built, *, name: Optional[str], detach: bool, options: LocalOptions) -> int:
+    name = start(built, name=name, options=options)
+    return _attach(name, detach, verb="launched")
+
+
+def _attach(name: str, detach: bool, *, verb: str) -> int:
+    if detach:
+        err.print(f"{verb} '{name}' locally in the background; `skyspot status` and `skyspot logs {name} -f` follow it")
+        return 0
+    from skyspot.executors.local.follow import follow
+
+    return follow(name)
+
+
+class LocalExecutor:
+    """Local runs behind the executors' surface: their controller keeps the ledger's status itself."""
+
+    name = "local"
+    local_events = True
+    runs_here = True
+    simulated = True
+
+    def __init__(self, options: Optional[LocalOptions] = None) -> None:
+        self.options = options or LocalOptions()
+
+    def launch_question(self, rendered) -> None:
+        return None  # nothing is paid for
+
+    def check(self, rendered) -> None:
+        make_spec(rendered, rendered.run_name or "check", self.options)  # the options' refusals, nothing started
+
+    def submit(self, rendered, *, detach: bool, deadline=None) -> int:
+        options = replace(self.options, deadline=deadline) if deadline is not None else self.options
+        return launch_local(rendered, name=rendered.run_name, detach=detach, options=options)
+
+    def refresh(self, runs):
+        """The controllers keep the ledger's status themselves; one that died without a word (SIGKILL,
+        out of memory, a reboot) left its lock file unheld, and its run is marked FAILED_CONTROLLER
+        here, as SkyPilot marks a managed job whose controller is gone. A run without a lock file
+        (launched by an older skyspot, or not started yet) is left as it is."""
+        gone = [run for run in runs if not run.terminal and run.run_dir
+                and controller_lock.lock_path(run.run_dir).exists() and not controller_lock.is_held(run.run_dir)]
+        if not gone:
+            return {}, None
+        with Ledger() as ledger:
+            try:
+                for run in gone:
+                    if ledger.get(run.name).terminal:  # it ended between the two reads
+                        continue
+                    cause = ("the local controller ended without recording how the run ended (killed, out of memory "
+                             f"or a reboot); `skyspot resume {run.name}` continues it")
+                    run.info = {**run.info, "cause": cause}
+                    ledger.update(run.name, status="FAILED_CONTROLLER", info=run.info)
+                    run.status = "FAILED_CONTROLLER"
+            except Exception:  # a read-only or busy ledger: the next command tries again
+                pass
+        return {}, None
+
+    def logs(self, run, *, follow: bool) -> int:
+        if not run.run_dir:
+            raise SkyspotError(f"run '{run.name}' has no local run directory in the ledger, so no log to show")
+        tail = FileTail(Path(run.run_dir) / "logs" / "run.log")
+        with Ledger() as ledger:
+            while True:
+                _copy_new(tail)
+                if not follow or ledger.get(run.name).terminal:
+                    _copy_new(tail)
+                    return 0
+                time.sleep(0.5)
+
+    def cancel(self, run, ledger) -> None:
+        held, pid = controller_lock.state(run.run_dir)
+        give_up = time.monotonic() + 3.0
+        while held and pid is None and time.monotonic() < give_up:  # a controller starting this instant
+            time.sleep(0.1)
+            held, pid = controller_lock.state(run.run_dir)
+        if held and pid is None:
+            raise SkyspotError(f"run '{run.name}': a process holds its controller's lock "
+                               f"{controller_lock.lock_path(run.run_dir)} but is not the controller it names; "
+                               "nothing was signalled")
+        if not held:  # never signal a bare PID: it may be a stranger's now (executors/local/controller_lock.py)
+            ledger.update(run.name, status="CANCELLED")
+            stranger = (f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not "
+                        "signalled)" if run.controller_pid else "")
+            err.print(f"run '{run.name}' had no live controller; marked CANCELLED{stranger}", markup=False)
+            return
+        ledger.update(run.name, status="CANCELLING")
+        try:
+            os.kill(pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
+        except ProcessLookupError:
+            pass  # it ended in between: the wait below sees the lock released
+        deadline = time.time() + CANCEL_WAIT_S
+        while time.time() < deadline and not ledger.get(run.name).terminal:
+            if not controller_lock.is_held(run.run_dir):
+                if not ledger.get(run.name).terminal:  # it died without saying so: say it for it
+                    ledger.update(run.name, status="CANCELLED")
+                    err.print(f"run '{run.name}': its controller ended without recording it; marked CANCELLED",
+                              markup=False)
+                    return
+                break
+            time.sleep(0.2)
+        err.print(f"run '{run.name}' {ledger.get(run.name).status}", markup=False)
+
+    def resume_question(self, run) -> None:
+        return None  # nothing is paid for
+
+    def resume(self, run, *, detach: bool) -> int:
+        return resume_local(run, detach=detach)
+
+    def deadline_inputs(self, run, plan, events):
+        """The run's own spot trace, replayed from its first attempt, with the spec's provisioning and notice."""
+        from skyspot.planning import deadline as dl
+        from skyspot.executors import DeadlineInputs
+        from skyspot.executors.local.spot_trace import SpotTrace
+
+        from skyspot.events import read_regular
+
+        try:  # read_regular: a FIFO or a device put there never hangs the report
+            spec = json.loads(read_regular(Path(run.run_dir or "") / "local.json") or b"")
+        except (OSError, ValueError):
+            raise UsageError("the run's local.json is unreadable") from None
+        starts = [e["ts"] for e in events if e.get("type") == "attempt_start"]
+        provision = float(spec.get("provision_delay") or 0.0)
+        return DeadlineInputs(trace=SpotTrace.from_spec(spec), t0=min(starts) if starts else float(plan["start"]),
+                              provision_seconds=provision, restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,
+                              notice_seconds=float(spec.get("notice") or 0.0),
+                              source="replayed from the run's spot trace")
+
+
+def _copy_new(tail: FileTail) -> None:
+    data = tail.read(whole_lines=False)
+    if data:
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+        sys.stdout.flush()
+
+
+EXECUTOR = LocalExecutor()
+
+
+def executor(options: LocalOptions) -> LocalExecutor:
+    """A launch's local executor, with that launch's options (injected preemptions, the simulated cloud...)."""
+    return LocalExecutor(options)

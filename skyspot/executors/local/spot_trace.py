@@ -1,0 +1,110 @@
+"""Spot traces: a file of preemption times the local executor replays.
+
+Format (YAML; see `traces/example.yaml` and docs/local.md):
+
+    # seconds since the run was launched at which the cloud sends a preemption notice
+    preemptions: [45, 120, 200]
+    # optional: the notice window in seconds for this trace (else --notice), its cloud's timeline scaled to fit (docs/local.md)
+    notice: 30
+    # optional: after this many preemptions spot capacity is gone; later attempts run on-demand
+    capacity_gone_after: 3
+    # optional: spot nodes granted to each attempt in turn (the last repeats); below the recipe's
+    # resources.num_nodes the trainer resumes at the smaller world size (needs resources.min_nodes)
+    nodes: [2, 1, 2]
+    # optional: spot capacity outages [start, end): a notice at the start takes a spot instance
+    # running then, and no spot can be had until the end
+    unavailable: [[300, 900], [1500, 1560]]
+
+Times count wall-clock from the launch, as a cloud's interruption log would. A notice
+that falls while the run is between attempts (provisioning) is delivered to the next
+attempt at once, as a cloud would preempt a freshly granted instance. `available` and
+`losses` are what a trace means for capacity, for the local executor and the deadline
+simulator (skyspot/planning/deadline.py) alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from skyspot.errors import UsageError
+
+
+@dataclass
+class SpotTrace:
+    preemptions: list[float] = field(default_factory=list)
+    notice: Optional[float] = None
+    capacity_gone_after: Optional[int] = None
+    nodes: list[int] = field(default_factory=list)
+    unavailable: list[tuple[float, float]] = field(default_factory=list)
+    """Spot outages [start, end), seconds since launch, sorted and disjoint."""
+
+    def available(self, t: float, preemptions: int = 0) -> bool:
+        """Whether spot capacity can be had `t` seconds after launch, after `preemptions` so far."""
+        if self.capacity_gone_after is not None and preemptions >= self.capacity_gone_after:
+            return False
+        return not any(start <= t < end for start, end in self.unavailable)
+
+    def losses(self) -> list[float]:
+        """Every moment a spot instance running then is taken: preemptions and outage starts."""
+        return sorted([*self.preemptions, *(start for start, _ in self.unavailable)])
+
+    @classmethod
+    def from_spec(cls, spec) -> "SpotTrace":
+        """The trace a local run's spec carries (a Spec or its local.json as a dict): the one way the
+        controller, its deadline planner and the cost report's comparison rebuild what the run replayed."""
+        get = spec.get if isinstance(spec, dict) else lambda key: getattr(spec, key, None)
+        return cls(preemptions=[float(t) for t in get("trace_times") or []],
+                   capacity_gone_after=get("capacity_gone_after"),
+                   unavailable=[(float(a), float(b)) for a, b in get("unavailable") or []])
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SpotTrace":
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as error:
+            raise UsageError(f"cannot read spot trace '{path}': {error.strerror}") from None
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark else str(path)
+            raise UsageError(f"{where}: malformed spot trace YAML") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"{path}: a spot trace is a mapping with a 'preemptions' list (see docs/local.md)")
+        unknown = set(data) - {"preemptions", "notice", "capacity_gone_after", "nodes", "unavailable"}
+        if unknown:
+            raise UsageError(f"{path}: unknown spot trace key(s) {', '.join(sorted(unknown))} "
+                             "(known: preemptions, notice, capacity_gone_after, nodes, unavailable)")
+        times = data.get("preemptions") or []
+        if not isinstance(times, list) or not all(isinstance(t, (int, float)) and t >= 0 for t in times):
+            raise UsageError(f"{path}: 'preemptions' must be a list of seconds >= 0")
+        notice = data.get("notice")
+        if notice is not None and (not isinstance(notice, (int, float)) or notice < 0):
+            raise UsageError(f"{path}: 'notice' must be seconds >= 0")
+        gone = data.get("capacity_gone_after")
+        if gone is not None and (not isinstance(gone, int) or gone < 0):
+            raise UsageError(f"{path}: 'capacity_gone_after' must be a whole number >= 0")
+        nodes = data.get("nodes") or []
+        if not isinstance(nodes, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                  for n in nodes):
+            raise UsageError(f"{path}: 'nodes' must be a list of node counts >= 1 (one per spot attempt)")
+        return cls(sorted(float(t) for t in times), None if notice is None else float(notice), gone, nodes,
+                   _windows(path, data.get("unavailable") or []))
+
+
+def _windows(path: Path, raw) -> list[tuple[float, float]]:
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(raw, list) or not all(isinstance(w, list) and len(w) == 2 and all(map(number, w))
+                                            and w[0] < w[1] for w in raw):
+        raise UsageError(f"{path}: 'unavailable' must be a list of [start, end] pairs of seconds, "
+                         "0 <= start < end")
+    windows = sorted((float(a), float(b)) for a, b in raw)
+    for (_, end), (start, _) in zip(windows, windows[1:]):
+        if start < end:
+            raise UsageError(f"{path}: 'unavailable' windows overlap at {start:g}s; merge them")
+    return windows

@@ -1,0 +1,381 @@
+"""A deadline on SkyPilot: a small controller, itself a managed job, that moves the run between spot
+and on-demand under the run's one name (docs/deadline.md says why this mechanism).
+
+    python -m skyspot.executors.sky.deadline /skyspot/deadline/plan.json      (on the controller's node)
+
+`launch --deadline` (skyspot/app/launch.py) submits `controller_task(...)`: one cheap on-demand CPU
+node, restarted by SkyPilot on errors, that installs the skyspot wheel without the training stack
+and runs `main()`. The controller then runs the training as *stages*, each a managed job named like
+the run, with the run's rendered task restricted to one capacity (`stage_task`): spot candidates
+only, or on-demand candidates only. Every stage's node has the same SKYSPOT_RUN_NAME, so it resumes
+from the newest durable checkpoint under `<store>/<run>/`. Every `period` seconds it reads the
+run's events from the store and the stage's status from SkyPilot's queue, and decides
+(skyspot/planning/deadline.py):
+
+- spot stage RUNNING: on spot (it stays, unless the safety net commits to on-demand);
+- spot stage PENDING, STARTING or RECOVERING: a changeover, until it has waited longer than a
+  restart; then "idle, no spot capacity" (SkyPilot keeps retrying spot meanwhile, for free);
+- on-demand stage: on on-demand, until the policy wants spot again.
+
+A switch cancels the stage (SkyPilot's cancel sends the run SIGTERM: the trainer writes an
+emergency checkpoint, kept if it becomes durable before the node goes; else the newest interval
+checkpoint is resumed), waits until SkyPilot reports it ended, and launches the other stage.
+Each decision is a `deadline_decision` event in `<store>/<run>/events/deadline.controller.jsonl`,
+with the stage's job id, so a restarted controller picks up where it was. Cancelled itself
+(`skyspot cancel RUN`), it cancels its stage.
+
+The controller needs SkyPilot's API server from inside a managed job: SkyPilot 0.14 injects the
+endpoint and a service-account token into managed jobs (`api_server_access`, on by default) when
+the API server is remote; `launch` refuses a deadline on a local API server (`check_api_server`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from skyspot.planning import deadline as dl
+from skyspot.errors import SkyspotError, UsageError
+from skyspot.executors.sky import sdk as sky_executor
+from skyspot.ledger import TERMINAL
+
+CONTROLLER_MOUNT = "/skyspot/deadline"
+PLAN_FILE = "plan.json"
+DECISIONS_FILE = "deadline.controller.jsonl"
+PERIOD_SECONDS = 60.0
+# What SkyPilot spends before the trainer starts on a new node (provisioning, then the task's
+# setup), until this run has measured its own restarts; the whole restart prior is in planning/deadline.py.
+CLOUD_PROVISION_SECONDS = 600.0
+CANCEL_WAIT_SECONDS = 900.0
+# The controller's own node: the cheapest CPU VM SkyPilot finds, never spot (it must outlive them).
+CONTROLLER_RESOURCES = {"cpus": "2+", "memory": "4+", "use_spot": False, "disk_size": 50}
+# What the controller imports beyond skyspot itself (the SkyPilot client; the store's SDKs).
+CONTROLLER_PACKAGES = ("pyyaml", "pydantic", "typer", "rich", "boto3", "google-cloud-storage", "azure-storage-blob")
+WAITING = {"PENDING", "SUBMITTED", "STARTING", "RECOVERING"}
+
+
+# --------------------------------------------------------------------------- launch side
+
+
+def check_api_server() -> None:
+    """A deadline's controller launches stages from inside a managed job: SkyPilot's API server must be
+    one its jobs can reach (a remote one), not a server on this machine."""
+    from sky.server import common as server_common
+
+    endpoint = server_common.get_server_url()
+    if server_common.is_api_server_local(endpoint):
+        raise UsageError(f"a deadline on a cloud needs a SkyPilot API server that managed jobs can reach: the "
+                         f"controller that switches between spot and on-demand runs as a managed job and launches "
+                         f"the training through it, and this API server is local ({endpoint}). Deploy a remote "
+                         "API server (docs.skypilot.co, 'API server deployment') and `sky api login`, or launch "
+                         "without --deadline")
+
+
+def stage_task(task: dict[str, Any], *, spot: bool) -> dict[str, Any]:
+    """The run's rendered task on one capacity: its spot candidates only, or its on-demand ones (the
+    spot candidates on demand if the recipe had none), in the plan's order."""
+    stage = copy.deepcopy(task)
+    resources = stage.setdefault("resources", {})
+    key = "ordered" if "ordered" in resources else ("any_of" if "any_of" in resources else None)
+    if key is None:
+        resources["use_spot"] = spot
+        return stage
+    candidates = resources[key]
+    mine = [c for c in candidates if bool(c.get("use_spot")) == spot]
+    if not mine:
+        mine = []
+        for c in candidates:
+            flipped = {**c, "use_spot": spot}
+            if flipped not in mine:
+                mine.append(flipped)
+    resources[key] = mine
+    return stage
+
+
+def controller_task(task: dict[str, Any], plan: dict[str, Any], *, clouds: list[str], package) -> dict[str, Any]:
+    """The controller's managed-job task. `task` is the run's rendered task (its local file mounts are
+    mounted on the controller too, at the same paths, so the stages it launches can name them);
+    `plan` is written to `<plan_dir>/plan.json` by `write_plan`, mounted at CONTROLLER_MOUNT."""
+    from skyspot.task.package import PACKAGE_MOUNT
+
+    mounts = {target: source for target, source in (task.get("file_mounts") or {}).items()
+              if isinstance(source, str) and "://" not in source}
+    mounts[CONTROLLER_MOUNT] = plan["plan_dir"]
+    envs = {k: v for k, v in (task.get("envs") or {}).items()
+            if k in ("SKYSPOT_RUN_NAME", "SKYSPOT_PACKAGE_DIR")}
+    envs.setdefault("SKYSPOT_PACKAGE_DIR", PACKAGE_MOUNT)
+    return {
+        "name": plan["run"],
+        "resources": {**CONTROLLER_RESOURCES, "any_of": [{"cloud": c} for c in clouds],
+                      "job_recovery": {"max_restarts_on_errors": 3}},
+        "envs": envs,
+        **({"secrets": dict(task["secrets"])} if task.get("secrets") else {}),
+        "file_mounts": mounts,
+        "setup": "set -e\n"
+                 'python -m pip install --quiet --no-deps "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl\n'
+                 f"python -m pip install --quiet {' '.join(_quoted(controller_requirements(package)))}\n",
+        "run": f"exec python -m skyspot.executors.sky.deadline {CONTROLLER_MOUNT}/{PLAN_FILE}\n",
+    }
+
+
+def controller_requirements(package) -> list[str]:
+    """The controller's stack, pinned like the nodes' (task/package.py): the SkyPilot client and the stores' SDKs."""
+    import re
+    from importlib import metadata
+
+    wanted = {re.sub(r"[-_.]+", "-", n).lower() for n in CONTROLLER_PACKAGES}
+    pins = [r for r in (package.requirements if package else ())
+            if re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]).lower() in wanted]
+    try:
+        pins.append(f"skypilot=={metadata.version('skypilot')}")
+    except metadata.PackageNotFoundError:
+        pins.append("skypilot")
+    return pins
+
+
+def _quoted(items: list[str]) -> list[str]:
+    import shlex
+
+    return [shlex.quote(i) for i in items]
+
+
+def write_plan(home_dir, plan: dict[str, Any]) -> str:
+    """Write the controller's plan where the task mounts it from; returns that folder."""
+    from pathlib import Path
+
+    folder = Path(home_dir) / "deadline" / plan["run"]
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    plan = {**plan, "plan_dir": str(folder)}
+    path = folder / PLAN_FILE
+    tmp = folder / f".{PLAN_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(plan, indent=2, sort_keys=True))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return str(folder)
+
+
+def plan_for(task: dict[str, Any], *, run: str, store: str, deadline: dict[str, Any], total_steps: int,
+             recipe: str) -> dict[str, Any]:
+    """What the controller needs: the run, its store and deadline, and the stages' task, whose local
+    mounts point at the controller's copies (the same paths)."""
+    stage = copy.deepcopy(task)
+    mounts = stage.get("file_mounts") or {}
+    for target, source in list(mounts.items()):
+        if isinstance(source, str) and "://" not in source:
+            mounts[target] = target  # mounted on the controller at the same path
+    return {"run": run, "store": store, "deadline": dict(deadline), "total_steps": total_steps, "recipe": recipe,
+            "task": stage}
+
+
+# --------------------------------------------------------------------------- the controller
+
+
+@dataclass
+class Stage:
+    job_id: int
+    mode: str
+    launched_at: float
+    waiting_since: Optional[float] = None
+    """Since when it has not been RUNNING (launched, or preempted and recovering); None while it runs."""
+
+
+class CloudController:
+    """The deadline's control loop on SkyPilot (see the module docstring). `clock` and `sleep` are
+    injectable for tests; SkyPilot is reached through executors/sky/sdk.py only."""
+
+    def __init__(self, plan: dict[str, Any], *, store=None, environ=os.environ,
+                 clock: Callable[[], float] = time.time, sleep: Optional[Callable[[float], bool]] = None,
+                 say: Callable[[str], None] = lambda line: print(line, flush=True)):
+        from skyspot.storage import open_store
+
+        self.plan = plan
+        self.run = plan["run"]
+        self.store = store if store is not None else open_store(plan["store"])
+        self.environ = environ
+        self.clock = clock
+        self.stop_requested = threading.Event()
+        self._sleep = sleep
+        self.say = say
+        d = plan["deadline"]
+        self.at, self.start = float(d["at"]), float(d["start"])
+        self.policy = d.get("policy") or dl.DEFAULT_POLICY
+        self.period = float(d.get("period") or PERIOD_SECONDS)
+        self.committed = False
+        self.last: Optional[dl.Decision] = None
+        self.stage: Optional[Stage] = None
+        self.lines: list[str] = []
+        self._restore()
+
+    # ------------------------------------------------------------------ state kept in the store
+    def _key(self) -> str:
+        from skyspot.events import EVENTS_DIR
+        from skyspot.storage import join_key
+
+        return join_key(self.run, EVENTS_DIR, DECISIONS_FILE)
+
+    def _restore(self) -> None:
+        """A controller restarted by SkyPilot continues with the stage its predecessor launched."""
+        data = self.store.get_bytes(self._key()) or b""
+        self.lines = [line for line in data.decode("utf-8", errors="replace").split("\n") if line.strip()]
+        for line in reversed(self.lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            stage = event.get("stage")
+            if isinstance(stage, dict) and isinstance(stage.get("job_id"), int):
+                self.stage = Stage(stage["job_id"], stage["mode"], float(stage.get("launched_at") or event["ts"]),
+                                   stage.get("waiting_since"))
+                self.committed = bool(event.get("committed"))
+                break
+
+    def _emit(self, **fields: Any) -> None:
+        stage = None if self.stage is None else {"job_id": self.stage.job_id, "mode": self.stage.mode,
+                                                 "launched_at": self.stage.launched_at,
+                                                 "waiting_since": self.stage.waiting_since}
+        event = {"ts": self.clock(), "run_id": self.run, "attempt": 0, "node_rank": 0, "rank": None,
+                 "type": dl.DECISION_EVENT, "stage": stage, **fields}
+        self.lines.append(json.dumps(event, separators=(",", ":"), default=str))
+        self.store.put_bytes(self._key(), ("\n".join(self.lines) + "\n").encode("utf-8"))
+
+    # ------------------------------------------------------------------ one round
+    def step(self) -> Optional[int]:
+        """One decision; returns the controller's exit code once the run has ended."""
+        from skyspot.events import read_events_store
+
+        now = self.clock()
+        status = None
+        if self.stage is not None:
+            record = sky_executor.queue([self.stage.job_id]).get(self.stage.job_id) or {}
+            status = str(record.get("status") or "PENDING")
+            if status == "SUCCEEDED":
+                self._emit(mode=dl.IDLE, reason="done", why="the run finished", deadline=self.at, met=now <= self.at)
+                self.say(f"run finished {'before' if now <= self.at else 'AFTER'} its deadline {dl.when(self.at)}")
+                return 0
+            if status in TERMINAL:
+                self._emit(mode=dl.IDLE, reason="stage-ended", why=f"stage {self.stage.job_id} ended {status}",
+                           deadline=self.at)
+                self.say(f"stage {self.stage.job_id} ({self.stage.mode}) ended {status}; the run stops here")
+                return 1
+            if status == "RUNNING":
+                self.stage.waiting_since = None
+            elif self.stage.waiting_since is None:
+                self.stage.waiting_since = now  # preempted: SkyPilot is recovering it
+        log = read_events_store(self.store, self.run)
+        estimates = dl.estimates_for(log.events, self.plan["deadline"], provision_seconds=CLOUD_PROVISION_SECONDS,
+                                     restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS)
+        mode, spot_available = self._mode(status, now, estimates.restart_seconds)
+        round_ = dl.next_round(self.policy, log.events, estimates, now=now, plan=self.plan["deadline"],
+                               total_steps=int(self.plan["total_steps"]), mode=mode, spot_available=spot_available,
+                               committed=self.committed, margin=self.period)
+        decision = round_.decision
+        self.committed = decision.committed
+        line = dl.news(self.last, decision, self.at)
+        if line and decision.reason == dl.UNREACHABLE:
+            self.say(line)  # at once; other changes of mind are said where they act (_act)
+        self.last = decision
+        self._act(decision, mode)
+        self._emit(**round_.event_fields())
+        return None
+
+    def _mode(self, status: Optional[str], now: float, restart_seconds: float) -> tuple[str, Optional[bool]]:
+        if self.stage is None:
+            return dl.IDLE, None
+        if self.stage.mode == dl.ON_DEMAND:
+            return dl.ON_DEMAND, None
+        if status == "RUNNING":
+            return dl.SPOT, None
+        # A spot stage not running: its changeover, until it has waited longer than a restart.
+        if now - (self.stage.waiting_since or self.stage.launched_at) <= restart_seconds:
+            return dl.SPOT, None
+        return dl.IDLE, False
+
+    def _act(self, decision: dl.Decision, mode: str) -> None:
+        want = decision.mode
+        if want == dl.IDLE and decision.reason == "done":
+            return
+        if want == dl.IDLE:
+            want = dl.SPOT  # waiting for spot is a pending spot stage: SkyPilot retries it
+        if self.stage is not None and self.stage.mode == want:
+            return
+        if self.stage is not None:
+            self.say(f"deadline: leaving {self.stage.mode} for {want}: {decision.why}")
+            self._cancel(self.stage)
+        self.stage = self._launch(want)
+        self.say(f"deadline: stage {self.stage.job_id} on {want} ({decision.reason}); projected finish "
+                 f"{dl.when(decision.projected_finish)}, deadline {dl.when(self.at)}")
+
+    def _launch(self, mode: str) -> Stage:
+        task = stage_task(self.plan["task"], spot=mode == dl.SPOT)
+        secrets = sky_executor.secrets_for(task, self.plan.get("recipe") or self.run, self.environ)
+        job_id = sky_executor.submit(task, name=self.run, detach=True, secrets=secrets)
+        if not isinstance(job_id, int):
+            raise SkyspotError(f"SkyPilot returned no job id for the {mode} stage of '{self.run}'")
+        now = self.clock()
+        return Stage(job_id, mode, now, now)
+
+    def _cancel(self, stage: Stage) -> None:
+        sky_executor.cancel(stage.job_id)
+        waited_until = self.clock() + CANCEL_WAIT_SECONDS
+        while self.clock() < waited_until:
+            status = (sky_executor.queue([stage.job_id]).get(stage.job_id) or {}).get("status")
+            if status in TERMINAL:
+                return
+            self.sleep(min(10.0, self.period))
+        self.say(f"stage {stage.job_id} did not end within {CANCEL_WAIT_SECONDS:.0f}s of its cancel; going on")
+
+    def sleep(self, seconds: float) -> None:
+        if self._sleep is not None:
+            self._sleep(seconds)
+        else:
+            self.stop_requested.wait(seconds)
+
+    def loop(self) -> int:
+        while not self.stop_requested.is_set():
+            try:
+                code = self.step()
+            except SkyspotError as error:  # SkyPilot or the store out of reach for a while: try again
+                self.say(f"deadline: no decision this round: {error}")
+                code = None
+            if code is not None:
+                return code
+            self.sleep(self.period)
+        return self.stop()
+
+    def stop(self) -> int:
+        """Cancelled: cancel the stage too, so nothing keeps billing."""
+        if self.stage is not None:
+            try:
+                sky_executor.cancel(self.stage.job_id)
+            except SkyspotError as error:
+                self.say(f"could not cancel stage {self.stage.job_id}: {error}")
+        self._emit(mode=dl.IDLE, reason="cancelled", why="the controller was cancelled", deadline=self.at)
+        return 130
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m skyspot.executors.sky.deadline PLAN.json", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as handle:
+        plan = json.load(handle)
+    controller = CloudController(plan)
+
+    def request_stop(signum, frame):
+        controller.stop_requested.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return controller.loop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,601 @@
+"""What a run cost, what it saved, and what each preemption cost, computed from its events.
+
+One concept despite its length: every figure of the cost report (attempt costs, egress, recoveries,
+the on-demand baseline, goodput) is read off the same attempts and steps in one pass, and
+docs/cost.md defines them together; the attempts themselves come from skyspot/attempts.py.
+
+Nothing here is typed in: every figure comes from an `events.EventLog` (trainer events, and
+executor events when the local executor ran the job) plus hourly list prices from
+`skyspot.pricing.prices`. docs/cost.md defines each figure and works one example by hand.
+
+Attempts. An attempt is one placement of the job on nodes, as skyspot/attempts.py splits the
+events: from `attempt_start` (local executor: nodes provisioned) or the trainer's first `start`
+(SkyPilot runs, whose controller keeps its own record) to its `attempt_end` or last `exit`, or to
+its last event if it never wrote one. Billing that began before the trainer started (provisioning,
+setup) is invisible in a SkyPilot run's events, so its figures are a floor. A SkyPilot `queue_v2`
+record, when given, fills what events lack.
+
+Money. An attempt costs (end - start) x nodes x the hourly price of its instance, spot or
+on-demand as `where.spot` says, plus internet egress when it ran on another cloud than the
+run's store: the bytes its `upload_end` events sent (at its own cloud's egress price) and the
+bytes its `resume` from the store pulled back (at the store's cloud's price). A local run is
+priced as the cloud instance its `where` names and is reported as simulated. All figures are
+estimates, not bills.
+
+Baseline. What the same run would have cost as one uninterrupted attempt on the cheapest
+on-demand candidate: one start-up (the first attempt's billing start to its first step), every
+useful step once, and one wind-down (the last step to the end of a completed run). Recoveries,
+recomputed steps, checkpoint stalls and start-ups after the first count against spot.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Optional
+
+from skyspot.pricing import prices as pricing
+from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, is_simulated,
+                              is_spot, split)
+from skyspot.errors import UsageError
+from skyspot.events import EventLog
+
+# SkyPilot ManagedJobStatus -> how the last attempt ended, when only the queue record knows.
+_QUEUE_STATUS = {"SUCCEEDED": "complete", "CANCELLED": "cancelled", "FAILED": "error",
+                 "FAILED_SETUP": "error", "FAILED_PRECHECKS": "error", "FAILED_NO_RESOURCE": "error",
+                 "FAILED_CONTROLLER": "error"}
+
+
+@dataclass
+class AttemptCost:
+    """One attempt: where it ran, how long it was billed, and what that cost."""
+
+    attempt: int
+    cloud: Optional[str]
+    region: Optional[str]
+    zone: Optional[str]
+    instance_type: Optional[str]
+    nodes: int
+    spot: bool
+    start: float
+    """Unix time billing starts: nodes provisioned (executor) or trainer started (SkyPilot)."""
+    end: float
+    end_reason: str
+    """complete, preempted, error, cancelled, running (billed up to `now`) or unknown."""
+    seconds: float
+    """Wall time, end - start."""
+    billed_hours: float
+    """Node-hours: seconds / 3600 x nodes."""
+    usd_per_hour: Optional[float]
+    """Per node; None when no price is known (see RunCost.warnings)."""
+    cost_usd: Optional[float]
+    price_source: Optional[str]
+    price_date: Optional[str]
+    price_detail: Optional[str]
+    simulated: bool
+    compute_usd: Optional[float] = None
+    """billed_hours x usd_per_hour; `cost_usd` is this plus `egress_usd`."""
+    egress_upload_bytes: int = 0
+    """Bytes the attempt's `upload_end` events sent to a store on another cloud (0 on the store's cloud)."""
+    egress_download_bytes: int = 0
+    """Bytes its `resume` from a store on another cloud downloaded, as the events record them."""
+    egress_usd: float = 0.0
+    egress_detail: Optional[str] = None
+    cause: Optional[str] = None
+    """Why it ended, when it did not complete: one of attempts.CAUSES (spot-preemption, planned-maintenance,
+    rebalance, deadline-switch, sigterm, node-lost, cancelled, setup-failed, error, ...)."""
+    cloud_cause: Optional[str] = None
+    """The cloud's own name for the cause, when its notice gave one (AWS `terminate`, GCP
+    `TERMINATE_ON_HOST_MAINTENANCE`, Azure `Preempt`)."""
+    transport: Optional[str] = None
+    """What NCCL used between the nodes, from its nodes' `fabric` events (ib, roce, ofi, tcpx, socket; gloo
+    on CPU), several joined by commas when nodes differed; None when no node recorded it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Recovery:
+    """From the first sign of a preemption to the first step done on the next attempt.
+
+    Timestamps are unix seconds (None when the events do not show that moment); each
+    `*_seconds` part is the gap between two of them, and `total_seconds` runs from
+    `notice_at` (or `exit_at` when no notice came, e.g. a bare SIGKILL) to `first_step_at`.
+    """
+
+    from_attempt: int
+    to_attempt: int
+    cause: str
+    notice_at: Optional[float]
+    checkpoint_at: Optional[float]
+    exit_at: float
+    start_at: float
+    restored_at: Optional[float]
+    first_step_at: Optional[float]
+    notice_to_checkpoint_seconds: Optional[float]
+    checkpoint_to_exit_seconds: Optional[float]
+    notice_to_exit_seconds: Optional[float]
+    exit_to_start_seconds: float
+    start_to_restore_seconds: Optional[float]
+    restore_to_first_step_seconds: Optional[float]
+    total_seconds: Optional[float]
+    emergency_checkpoint: bool
+    restored_step: Optional[int]
+    load_seconds: Optional[float]
+    lost_steps: int
+    """Steps run in `from_attempt` that had to be run again (not covered by a checkpoint)."""
+    lost_seconds: float
+    """Sum of those steps' step_seconds."""
+    interruption_cause: Optional[str] = None
+    """Why `from_attempt` ended (its AttemptCost.cause); `cause` is its end reason."""
+    cloud_cause: Optional[str] = None
+    """The cloud's own name for it (its AttemptCost.cloud_cause)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunCost:
+    """Per-run cost, baseline, savings and recovery figures. Always an estimate."""
+
+    name: str
+    attempts: list[AttemptCost]
+    recovery_details: list[Recovery]
+    cost_usd: float
+    on_demand_cost_usd: Optional[float]
+    """baseline_seconds / 3600 x nodes x baseline_usd_per_hour."""
+    baseline_usd_per_hour: Optional[float]
+    baseline_instance: Optional[str]
+    """The cheapest on-demand candidate, as 'cloud instance_type region'."""
+    savings_usd: Optional[float]
+    savings_pct: Optional[float]
+    """100 x savings_usd / on_demand_cost_usd."""
+    sagemaker_savings_pct: Optional[float]
+    """100 x (1 - billed_seconds / training_seconds): SageMaker's managed-spot savings formula,
+    (1 - BillableTimeInSeconds / TrainingTimeInSeconds) * 100 (SageMaker API reference,
+    DescribeTrainingJob, BillableTimeInSeconds). A time ratio, blind to spot prices."""
+    preemptions: int
+    recoveries: int
+    mttr_seconds: Optional[float]
+    lost_steps: int
+    lost_seconds: float
+    checkpoint_overhead_seconds: float
+    useful_steps: int
+    useful_seconds: float
+    billed_seconds: float
+    """Wall seconds with nodes up: sum of attempt seconds (not multiplied by nodes)."""
+    billed_node_hours: float
+    training_seconds: float
+    """Wall span from the first attempt's start to the last attempt's end, gaps included."""
+    goodput: Optional[float]
+    """useful_seconds / billed_seconds."""
+    nodes: int
+    price_source: Optional[str]
+    price_date: Optional[str]
+    simulated: bool
+    estimated: bool = True
+    warnings: list[str] = field(default_factory=list)
+    interval_plans: list[dict] = field(default_factory=list)
+    """checkpoint.every_seconds=auto: each plan the trainer logged (attempt, step, every_seconds, bound,
+    reason, mtbp_s, blocking_cost_s), oldest first; the last is the interval in use."""
+    store_cloud: Optional[str] = None
+    """The cloud of the run's store (s3 -> aws, gs -> gcp, az -> azure); None for a local store or none."""
+    egress_usd: float = 0.0
+    """Σ attempt `egress_usd`; already inside `cost_usd`."""
+    egress_bytes: int = 0
+    """Σ attempt egress upload and download bytes."""
+    startup_seconds: float = 0.0
+    """The one start an uninterrupted run also pays: from the start of the first attempt that ran a step
+    to the start of that step (provisioning, setup, op builds, model load); all of the first attempt
+    when no step ran yet."""
+    wind_down_seconds: float = 0.0
+    """The one finish an uninterrupted run also pays: the end of the last step to the end of the last
+    attempt (final checkpoint, export, shutdown); 0 unless the run completed."""
+    baseline_seconds: float = 0.0
+    """startup_seconds + useful_seconds + wind_down_seconds: the run as one uninterrupted attempt."""
+    interruptions_by_cause: dict[str, int] = field(default_factory=dict)
+    """Attempts that ended without completing, counted by cause (attempts.CAUSES), most frequent first."""
+    interruptions: str = ""
+    """The same in words: '2 spot preemptions, 1 planned maintenance'; empty when nothing was interrupted."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["attempts"] = [a.to_dict() for a in self.attempts]
+        data["recovery_details"] = [r.to_dict() for r in self.recovery_details]
+        return data
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One execution of one training step; `recomputed` when a later attempt ran the step again."""
+
+    attempt: int
+    step: int
+    ts: float
+    seconds: float
+    recomputed: bool
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[Iterable[Any]] = None,
+             queue_record: Any = None, now: Optional[float] = None, store: Optional[str] = None) -> RunCost:
+    """Every figure for one run.
+
+    `candidates` are the placements the run could have used, for the on-demand baseline:
+    (cloud, instance_type or accelerator, accelerators per node, region) tuples, dicts with
+    those keys, or `skyspot.planning.candidates.Candidate` objects. Without them the baseline is the
+    attempts' own instance types, on demand, in their own regions.
+    `queue_record` is SkyPilot's `queue_v2` record for the job, for runs without executor events.
+    `now` bills a still-running last attempt up to that time.
+    `store` is the run's store URI: attempts on another cloud than its own pay internet egress.
+    """
+    # A deadline's decisions belong to no attempt (skyspot/attempts.py): they bill nothing.
+    events = sorted((e for e in log.events if e.get("type") != DECISION_EVENT), key=lambda e: e["ts"])
+    split_attempts = split(events, now=now)
+    warnings: list[str] = []
+
+    attempts = [_attempt_cost(a, queue_record=queue_record, warnings=warnings) for a in split_attempts]
+    home = _store_cloud(store, warnings)
+    for attempt, split_attempt in zip(attempts, split_attempts):
+        _add_egress(attempt, split_attempt.events, home, warnings)
+    runs = step_runs(log)
+    details = [_recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs)
+               for i, (prev, nxt) in enumerate(zip(attempts, attempts[1:]))]
+
+    useful = [r for r in runs if not r.recomputed]
+    useful_seconds = sum(r.seconds for r in useful)
+    billed_seconds = sum(a.seconds for a in attempts)
+    training_seconds = (attempts[-1].end - attempts[0].start) if attempts else 0.0
+    nodes = max((a.nodes for a in attempts), default=1)
+    egress = sum(a.egress_usd for a in attempts)
+    cost = sum(a.compute_usd for a in attempts if a.compute_usd is not None) + egress
+
+    startup, wind_down = _startup_seconds(attempts, runs), _wind_down_seconds(attempts, runs)
+    baseline_seconds = startup + useful_seconds + wind_down
+    baseline = _baseline(candidates, attempts, warnings)
+    on_demand = baseline_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
+    savings = on_demand - cost if on_demand is not None else None
+    totals = [r.total_seconds for r in details if r.total_seconds is not None]
+    recoveries = len(details)
+    if queue_record is not None and _get(queue_record, "recovery_count"):
+        recoveries = max(recoveries, int(_get(queue_record, "recovery_count")))
+    prices = [(a.price_source, a.price_date) for a in attempts if a.price_source]
+    causes = count_causes(attempts)
+    if baseline:
+        prices.append((baseline.source, baseline.source_date))
+
+    return RunCost(
+        name=name or (events[0].get("run_id") if events else None) or "",
+        attempts=attempts,
+        recovery_details=details,
+        cost_usd=cost,
+        on_demand_cost_usd=on_demand,
+        baseline_usd_per_hour=baseline.usd_per_hour if baseline else None,
+        baseline_instance=f"{baseline.cloud} {baseline.instance_type} {baseline.region}" if baseline else None,
+        savings_usd=savings,
+        savings_pct=100 * savings / on_demand if on_demand else None,
+        sagemaker_savings_pct=100 * (1 - billed_seconds / training_seconds) if training_seconds > 0 else None,
+        preemptions=sum(a.end_reason == "preempted" for a in attempts),
+        recoveries=recoveries,
+        mttr_seconds=sum(totals) / len(totals) if totals else None,
+        lost_steps=sum(r.recomputed for r in runs),
+        lost_seconds=sum(r.seconds for r in runs if r.recomputed),
+        checkpoint_overhead_seconds=sum(float(e.get("blocked_seconds") or 0.0)
+                                        for e in _one_per_key(events, "checkpoint_end", ("step", "kind"))),
+        useful_steps=len(useful),
+        useful_seconds=useful_seconds,
+        billed_seconds=billed_seconds,
+        billed_node_hours=sum(a.billed_hours for a in attempts),
+        startup_seconds=startup,
+        wind_down_seconds=wind_down,
+        baseline_seconds=baseline_seconds,
+        training_seconds=training_seconds,
+        goodput=useful_seconds / billed_seconds if billed_seconds > 0 else None,
+        nodes=nodes,
+        price_source="+".join(sorted({s for s, _ in prices})) or None,
+        price_date="+".join(sorted({d for _, d in prices})) or None,
+        simulated=any(a.simulated for a in attempts),
+        warnings=warnings,
+        interval_plans=_interval_plans(events),
+        store_cloud=home,
+        egress_usd=egress,
+        egress_bytes=sum(a.egress_upload_bytes + a.egress_download_bytes for a in attempts),
+        interruptions_by_cause=causes,
+        interruptions=describe_causes(causes),
+    )
+
+
+def _startup_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
+    """Billing start to the first step's start, in the first attempt that ran a step."""
+    for attempt in attempts:
+        mine = [r for r in runs if r.attempt == attempt.attempt]
+        if mine:
+            first = min(mine, key=lambda r: r.ts)
+            return min(attempt.seconds, max(0.0, first.ts - first.seconds - attempt.start))
+    return attempts[0].seconds if attempts else 0.0
+
+
+def _wind_down_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
+    """The last step's end to the end of the last attempt, for a run that completed."""
+    if not attempts or attempts[-1].end_reason != "complete":
+        return 0.0
+    last = attempts[-1]
+    mine = [r.ts for r in runs if r.attempt == last.attempt]
+    return max(0.0, last.end - max(mine)) if mine else 0.0
+
+
+def _interval_plans(events: list[dict]) -> list[dict]:
+    plans = []
+    for e in events:
+        if e.get("type") != "interval_plan" or not isinstance(e.get("every_seconds"), (int, float)):
+            continue
+        inputs = e.get("inputs") if isinstance(e.get("inputs"), Mapping) else {}
+        plans.append({"attempt": e.get("attempt"), "every_seconds": float(e["every_seconds"]),
+                      "bound": inputs.get("bound"), "reason": e.get("reason"), "mtbp_s": inputs.get("mtbp_s"),
+                      "blocking_cost_s": inputs.get("blocking_cost_s")})
+    return plans
+
+
+def cost_so_far(log: EventLog, now: Optional[float] = None, store: Optional[str] = None) -> float:
+    """Estimated USD spent so far, the running attempt billed up to `now` (default: the clock), with
+    egress when `store` (the run's store URI) is on another cloud than an attempt."""
+    return run_cost(log, now=time.time() if now is None else now, store=store).cost_usd
+
+
+def step_runs(log: EventLog) -> list[StepRun]:
+    """Every step execution, oldest first. A step that ran again later is `recomputed`:
+    only its last run counts as useful, since that is the one the final model carries."""
+    events = _one_per_key(sorted(log.events, key=lambda e: e["ts"]), "step", ("step",))
+    last: dict[int, tuple[int, float]] = {}
+    for e in events:
+        last[int(e["step"])] = max(last.get(int(e["step"]), (-1, 0.0)), (int(e.get("attempt", 0)), e["ts"]))
+    return [StepRun(attempt=int(e.get("attempt", 0)), step=int(e["step"]), ts=e["ts"],
+                    seconds=float(e.get("step_seconds") or 0.0),
+                    recomputed=(int(e.get("attempt", 0)), e["ts"]) != last[int(e["step"])])
+            for e in events]
+
+
+# --- attempts ----------------------------------------------------------------------------
+
+
+def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) -> AttemptCost:
+    number, events = split_attempt.number, split_attempt.events
+    trainer_starts = [e for e in events if e["type"] == "start"]
+    where = dict(split_attempt.where)
+    if queue_record is not None:  # its placement as the executor parsed it (executors/sky/sdk.py placed)
+        for key, value in (_get(queue_record, "where") or {}).items():
+            if where.get(key) in (None, "", UNKNOWN):
+                where[key] = value
+
+    start, end, reason = split_attempt.start, split_attempt.end, split_attempt.reason
+    cause, cloud_cause = split_attempt.cause, split_attempt.cloud_cause
+    if split_attempt.open and queue_record is not None and _get(queue_record, "end_at"):
+        end = float(_get(queue_record, "end_at"))
+        status = _status_name(_get(queue_record, "status"))
+        reason = _QUEUE_STATUS.get(status, "unknown")
+        cause, cloud_cause = cause_of(split_attempt, reason=reason, queue_status=status)
+
+    nodes = int(where.get("num_nodes") or len({e.get("node_rank") for e in trainer_starts}) or 1)
+    spot = is_spot(where)
+    seconds = max(0.0, end - start)
+    billed_hours = seconds / 3600 * nodes
+    accelerator, count = _accelerator(where.get("accelerators"))
+    price = None
+    try:
+        price = pricing.hourly_price(where.get("cloud") or "", instance_type=_known(where.get("instance_type")),
+                                     accelerator=accelerator, accelerator_count=count,
+                                     region=_known(where.get("region")),
+                                     # AWS: the zone ID (use1-az4) the price data lists, when the node read it
+                                     zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
+    except UsageError as missing:
+        warnings.append(f"attempt {number}: {missing}")
+    fabrics = _one_per_key(events, "fabric", ("node_rank",))
+    transports = sorted({str(e.get("transport")) for e in fabrics if e.get("transport")})
+    for e in fabrics:
+        if e.get("warning"):
+            warnings.append(f"attempt {number}, node {e.get('node_rank')}: {e['warning']}")
+            break
+    return AttemptCost(
+        attempt=number, cloud=str(where["cloud"]).lower() if where.get("cloud") else None, region=where.get("region"), zone=where.get("zone"),
+        instance_type=_known(where.get("instance_type")) or (price.instance_type if price else None),
+        nodes=nodes, spot=spot, start=start, end=end, end_reason=reason, seconds=seconds,
+        billed_hours=billed_hours,
+        usd_per_hour=price.usd_per_hour if price else None,
+        cost_usd=billed_hours * price.usd_per_hour if price else None,
+        price_source=price.source if price else None,
+        price_date=price.source_date if price else None,
+        price_detail=price.detail if price else None,
+        simulated=is_simulated(where),
+        compute_usd=billed_hours * price.usd_per_hour if price else None,
+        cause=cause, cloud_cause=cloud_cause, transport=", ".join(transports) or None,
+    )
+
+
+def _known(value: Any) -> Optional[str]:
+    """A `where` value, or None for an empty one or the trainer's "unknown"."""
+    return None if value in (None, "", UNKNOWN) else str(value)
+
+
+# --- egress ------------------------------------------------------------------------------
+
+
+def _store_cloud(store: Optional[str], warnings: list[str]) -> Optional[str]:
+    try:
+        return pricing.store_cloud(store)
+    except UsageError as bad:
+        warnings.append(f"egress not counted: {bad}")
+        return None
+
+
+def _add_egress(attempt: AttemptCost, events: list[dict], home: Optional[str], warnings: list[str]) -> None:
+    """Charge the attempt for the checkpoint bytes it sent to, and pulled back from, a store on another cloud.
+
+    Uploads: `bytes` of every `upload_end` (each node's uploader writes one per checkpoint; abandoned
+    and failed uploads count what they sent). Downloads: `bytes` of a `resume` whose `source` is
+    `store`. The trainer writes `resume` on global rank 0 only, with node 0's part of the checkpoint:
+    what the other nodes fetched is not in the events, so for several nodes this is a floor.
+    """
+    if home is None or attempt.cloud == home:
+        return
+    up = sum(_bytes(e) for e in _distinct(events, "upload_end", ("node", "node_rank", "step")))
+    resumes = [e for e in _distinct(events, "resume", ()) if str(e.get("source") or "").lower() == "store"]
+    down = sum(_bytes(e) for e in resumes)
+    if not up and not down:
+        return
+    if attempt.cloud not in pricing.CLOUDS:
+        warnings.append(f"attempt {attempt.attempt}: {up + down} bytes moved to or from the store on {home}, "
+                        "but the attempt's cloud is unknown: egress not counted")
+        return
+    out, back = pricing.egress_price(attempt.cloud), pricing.egress_price(home)
+    attempt.egress_upload_bytes, attempt.egress_download_bytes = up, down
+    attempt.egress_usd = out.cost(up) + back.cost(down)
+    attempt.egress_detail = (f"{up / 1e9:,.3f} GB up out of {attempt.cloud} at ${out.usd_per_unit:g}/{out.unit} + "
+                             f"{down / 1e9:,.3f} GB down out of {home} at ${back.usd_per_unit:g}/{back.unit} "
+                             f"(published internet egress, {out.as_of})")
+    if attempt.compute_usd is not None:
+        attempt.cost_usd = attempt.compute_usd + attempt.egress_usd
+    if resumes and attempt.nodes > 1:
+        warnings.append(f"attempt {attempt.attempt}: resume downloads count node 0's part only; the events do "
+                        f"not record what the other {attempt.nodes - 1} node(s) fetched from the store")
+
+
+def _distinct(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
+    """Events of `type`, each once: the same line read from two copies of an event file counts once."""
+    seen: dict[tuple, dict] = {}
+    for e in events:
+        if e["type"] == type:
+            seen.setdefault((e["ts"], e.get("rank"), *(repr(e.get(k)) for k in keys)), e)
+    return list(seen.values())
+
+
+def _bytes(event: dict) -> int:
+    value = event.get("bytes")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return 0
+    return int(value)
+
+
+def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_split: Attempt,
+              runs: list[StepRun]) -> Recovery:
+    prev_events, next_events = prev_split.events, next_split.events
+    notice_at = prev_split.notice_at
+    checkpoints = [e["ts"] for e in prev_events if e["type"] == "emergency_checkpoint"]
+    checkpoint_at = max(checkpoints) if checkpoints else None
+    exits = [e["ts"] for e in prev_events if e["type"] == "exit"]
+    exit_at = max(exits) if exits else prev.end
+    resumes = [e for e in next_events if e["type"] == "resume"]
+    restored_at = max(e["ts"] for e in resumes) if resumes else None
+    resume = min(resumes, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)) if resumes else None
+    after = restored_at if restored_at is not None else nxt.start
+    first_steps = [e["ts"] for e in next_events if e["type"] == "step" and e["ts"] >= after]
+    first_step_at = min(first_steps) if first_steps else None
+    lost = [r for r in runs if r.attempt == prev.attempt and r.recomputed]
+    return Recovery(
+        from_attempt=prev.attempt, to_attempt=nxt.attempt, cause=prev.end_reason,
+        notice_at=notice_at, checkpoint_at=checkpoint_at, exit_at=exit_at, start_at=nxt.start,
+        restored_at=restored_at, first_step_at=first_step_at,
+        notice_to_checkpoint_seconds=_gap(notice_at, checkpoint_at),
+        checkpoint_to_exit_seconds=_gap(checkpoint_at, exit_at),
+        notice_to_exit_seconds=_gap(notice_at, exit_at),
+        exit_to_start_seconds=nxt.start - exit_at,
+        start_to_restore_seconds=_gap(nxt.start, restored_at),
+        restore_to_first_step_seconds=_gap(restored_at, first_step_at),
+        total_seconds=_gap(notice_at if notice_at is not None else exit_at, first_step_at),
+        emergency_checkpoint=checkpoint_at is not None,
+        restored_step=int(resume["step"]) if resume and resume.get("step") is not None else None,
+        load_seconds=float(resume["load_seconds"]) if resume and resume.get("load_seconds") is not None else None,
+        lost_steps=len(lost),
+        lost_seconds=sum(r.seconds for r in lost),
+        interruption_cause=prev.cause, cloud_cause=prev.cloud_cause,
+    )
+
+
+def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost],
+              warnings: list[str]) -> Optional[pricing.Price]:
+    """The cheapest on-demand hourly price among the candidates (or the attempts' own instances)."""
+    if candidates is not None:
+        asks = [_candidate(c) for c in candidates]
+    else:
+        asks = [(a.cloud, a.instance_type, None, None, a.region) for a in attempts if a.cloud and a.instance_type]
+    prices = []
+    for cloud, instance_type, accelerator, count, region in asks:
+        try:
+            prices.append(pricing.hourly_price(cloud, instance_type=instance_type, accelerator=accelerator,
+                                               accelerator_count=count, region=region, spot=False))
+        except UsageError as missing:
+            warnings.append(f"baseline: {missing}")
+    return min(prices, key=lambda p: p.usd_per_hour, default=None)
+
+
+def _candidate(c: Any) -> tuple:
+    """(cloud, instance_type, accelerator, count, region) from a tuple, a dict or a plan.Candidate."""
+    if isinstance(c, (tuple, list)):
+        cloud, name, count, region = (list(c) + [None] * 4)[:4]
+        c = {"cloud": cloud, "name": name, "count": count, "region": region}
+    get = (lambda k: c.get(k)) if isinstance(c, Mapping) else (lambda k: getattr(c, k, None))
+    cloud, region = get("cloud"), get("region")
+    instance_type = get("instance_type")
+    accelerator, count = _accelerator(get("accelerators"))
+    accelerator = get("accelerator") or accelerator
+    count = get("accelerator_count") or get("count") or count
+    name = get("name")
+    if name and not instance_type and not accelerator:
+        # A bare name is an accelerator ("H100") if some instance carries `count` of it, else an instance type.
+        if count and _is_accelerator(cloud, name, count):
+            accelerator = name
+        else:
+            instance_type = name
+    return cloud, instance_type, accelerator, count, region
+
+
+def _is_accelerator(cloud: Any, name: str, count: Any) -> bool:
+    try:
+        pricing.instance_for(cloud, name, count)
+    except UsageError:
+        return False
+    return True
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _one_per_key(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
+    """One event per (attempt, *keys), the lowest rank's: every rank may log the same step."""
+    chosen: dict[tuple, dict] = {}
+    for e in events:
+        if e["type"] != type:
+            continue
+        key = (e.get("attempt", 0), *(e.get(k) for k in keys))
+        rank = e.get("rank") if e.get("rank") is not None else -1
+        held = chosen.get(key)
+        if held is None or rank < (held.get("rank") if held.get("rank") is not None else -1):
+            chosen[key] = e
+    return sorted(chosen.values(), key=lambda e: e["ts"])
+
+
+def _gap(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None else b - a
+
+
+def _accelerator(value: Any) -> tuple[Optional[str], Optional[int]]:
+    """{"H100": 8} or "H100:8" -> ("H100", 8)."""
+    if isinstance(value, Mapping) and value:
+        name, count = next(iter(value.items()))
+        return str(name), int(float(count))
+    if isinstance(value, str) and value:
+        name, _, count = value.partition(":")
+        return name, int(float(count or 1))
+    return None, None
+
+
+def _get(record: Any, key: str) -> Any:
+    return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
+
+
+def _status_name(status: Any) -> str:
+    return str(getattr(status, "value", status) or "").upper()

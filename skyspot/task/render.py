@@ -1,0 +1,276 @@
+"""Task: render a recipe into a SkyPilot managed-job task (YAML for SkyPilot 0.14).
+
+The rendered task is the contract between skyspot and both executors: SkyPilot runs
+it on clouds, the local executor runs the same `run` script on this machine. It:
+
+- lists every candidate in `resources.ordered` (spot first, cheapest first; planning/candidates.py),
+  with one `job_recovery` for all (SkyPilot rejects candidates whose recovery differs);
+- recovers on the trainer's "preempted, checkpoint saved" exit code (75), never 137;
+- ships skyspot itself: the wheel `launch` builds from the running skyspot (task/package.py) is
+  mounted at PACKAGE_MOUNT and `setup` installs exactly that file and its stack for the node's
+  own interpreter and driver (node_env.py), from the run's wheelhouse after the first start,
+  then prepares what the trainer would otherwise build on its first start;
+- mounts a data source that lives in a bucket (a streaming read is what a mount does well);
+- mounts the run's store (a bucket): setup reads the run's wheelhouse there before skyspot is
+  installed, and for a hub model the first start keeps a copy of the base model in
+  `<store>/<run id>/base/` and every later start reads it there, in the bucket's region, instead
+  of downloading it from the hub again (trainer/base.py). Checkpoints
+  are never written through the mount: the trainer writes them through the cloud SDK and counts
+  one durable only once its remote commit marker exists;
+- names the run: SKYSPOT_RUN_NAME is the managed job's name, the ledger's name and the
+  store prefix (unset in a task rendered without a name: the node then uses SkyPilot's
+  SKYPILOT_TASK_ID, unique per job and stable across its recoveries);
+- hands the node its recipe values through one channel, the trainer's command line: the recipe
+  (a registry name, or the user's file mounted at RECIPE_MOUNT) and, as `section.key=value`
+  overrides, every value set on top of it at launch (environment, command line, flags such as
+  `--store`), the run's store first (`storage.store=URI`) whatever set it. The command line, not
+  an environment variable: SkyPilot reruns the same `run` after every recovery and the local
+  executor runs it as is, the trainer parses overrides exactly as the CLI does (recipe.py), and
+  `key=value` words need no second encoding; each is shell-quoted, so a value is one inert word.
+  No secret enters them: a recipe holds none;
+- passes HF_TOKEN through `secrets:` with no value in the file;
+- starts the trainer on every node under torchrun through skyspot's supervisor,
+  which forwards SIGTERM and passes the trainer's exit code through torchrun.
+
+No secret value is ever written here; launch adds them to the in-memory sky.Task.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import yaml
+
+from skyspot import __version__
+from skyspot.task.package import PACKAGE_MOUNT, PLACEHOLDER, Package
+from skyspot.planning.candidates import Candidate
+from skyspot.recipe import Recipe
+from skyspot.storage import is_bucket_uri, mount_source, parse_store_uri
+
+from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE  # one definition; import-light (errors only)
+
+# Where a node keeps the fast checkpoint tier and where a bucket data source is mounted.
+NODE_RUNS_DIR = "$HOME/skyspot/runs"
+DATA_MOUNT = "/skyspot/data"
+STORE_MOUNT = "/skyspot/store"  # the run's store bucket; SKYSPOT_STORE_MOUNT names the store's root in it
+
+# Distributed timeouts: a lost node must make the others fail fast, so SkyPilot recovers
+# the job instead of paying for a hung cluster. Values in seconds.
+DIST_ENV = {
+    "SKYSPOT_DIST_TIMEOUT_SECONDS": "600",  # collective timeout passed to init_process_group
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # abort the communicator on a failed collective
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "300",  # watchdog kills a rank stuck in NCCL
+    "TORCH_NCCL_ENABLE_MONITORING": "1",
+}
+
+JOB_RECOVERY = {
+    # On preemption, try the next region first: the current one just ran out of spot capacity.
+    "strategy": "EAGER_NEXT_REGION",
+    "max_restarts_on_errors": 3,
+    "recover_on_exit_codes": [RECOVER_EXIT_CODE],
+}
+
+
+def _resource_entry(candidate: Candidate, recipe: Recipe) -> dict[str, Any]:
+    entry: dict[str, Any] = {"cloud": candidate.cloud}
+    if candidate.region:
+        entry["region"] = candidate.region
+    if candidate.accelerators:
+        entry["accelerators"] = candidate.accelerators
+    elif recipe.resources.cpus:
+        entry["cpus"] = recipe.resources.cpus
+    entry["use_spot"] = candidate.spot
+    if candidate.network_tier:
+        # Per candidate, not for all: on Azure SkyPilot has no network_tier and would drop the candidate.
+        entry["network_tier"] = candidate.network_tier
+    return entry
+
+
+def _data_mount(uri: str) -> tuple[str, dict[str, Any], str]:
+    """(mount point, SkyPilot mount, the data's path on the node) for a data source in a bucket."""
+    parsed = parse_store_uri(uri)
+    mount_point = f"{DATA_MOUNT}/{parsed.bucket}"
+    return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, f"{mount_point}/{parsed.prefix}"
+
+
+def _store_mount(uri: str) -> tuple[str, dict[str, Any], str]:
+    """(mount point, SkyPilot mount, the store's root on the node) for the run's store bucket."""
+    parsed = parse_store_uri(uri)
+    mount_point = f"{STORE_MOUNT}/{parsed.bucket}"
+    root = f"{mount_point}/{parsed.prefix}" if parsed.prefix else mount_point
+    return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, root
+
+
+def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool) -> list[str]:
+    """The data.source override the node's trainer needs, adding a bucket source's mount on a cloud.
+
+    A bucket source is mounted on a cloud node and read there; the local executor has no bucket
+    mounts, so a local run gets the URI itself and the trainer downloads it into the run directory
+    first (trainer/loop.py `_data_source`). A file on this machine goes as the absolute path the
+    recipe resolved at launch: the trainer runs in the run directory, where a relative path would
+    name another file."""
+    if source == "synthetic" or source.startswith("hf://"):
+        return []
+    if is_bucket_uri(source):
+        if local:
+            return []  # the recipe's own value, which the trainer resolves the same way
+        mount_point, mount, node_path = _data_mount(source)
+        file_mounts[mount_point] = mount
+        return [f"data.source={node_path}"]
+    return [f"data.source={source}"]
+
+
+# The secret an Azure Blob store needs on a node: SkyPilot's Azure VMs carry no identity that
+# may read or write blobs, and nodes on other clouds have none at all (docs/storage.md).
+AZURE_STORE_SECRET = "AZURE_STORAGE_KEY"
+
+
+def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]) -> str:
+    """The `run` command every node executes (SkyPilot's and the local executor's)."""
+    quoted = " ".join(shlex.quote(o) for o in trainer_overrides)
+    cpu_ranks = recipe.resources.cpu_ranks or 1
+    lines = [
+        "set -eo pipefail",
+        'export SKYSPOT_RUN_NAME="${SKYSPOT_RUN_NAME:-$SKYPILOT_TASK_ID}"',
+        f'RUN_DIR="${{SKYSPOT_RUN_DIR:-{NODE_RUNS_DIR}/$SKYSPOT_RUN_NAME}}"',
+        'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
+        'NPROC="${SKYPILOT_NUM_GPUS_PER_NODE:-0}"',
+        f'if [ "$NPROC" -lt 1 ]; then NPROC={cpu_ranks}; fi',
+        'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR" -- \\',
+        '  torchrun --nnodes "$SKYPILOT_NUM_NODES" --node_rank "$SKYPILOT_NODE_RANK" \\',
+        '  --nproc_per_node "$NPROC" --master_addr "$MASTER_ADDR" --master_port "${SKYSPOT_MASTER_PORT:-29500}" \\',
+        f'  -m skyspot.trainer {shlex.quote(recipe_arg)} --run-dir "$RUN_DIR"' + (f" {quoted}" if quoted else ""),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# Runs once on every newly provisioned node (SkyPilot reruns it after each recovery onto a new VM), in
+# the venv SkyPilot makes from the image's python3. The package folder holds exactly one wheel: the
+# build `launch` mounted. node_env runs from inside that wheel (skyspot is not installed yet): it
+# picks the torch build the node's driver runs and installs the stack with uv, from the run's
+# wheelhouse in the store (read through the bucket mount) when an earlier start left one, else
+# from the index, leaving the wheelhouse for the next start (node_env.py).
+def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_overrides: Sequence[str] = ()) -> str:
+    """The task's `setup`; `store` is the run's store, where the node keeps and finds its wheelhouse.
+
+    `prepare` is given the trainer's own recipe and overrides (the words `run` passes after
+    `-m skyspot.trainer`), so it builds the ops that recipe loads (DeepSpeedCPUAdam with
+    `offload_optimizer: cpu`) and refuses a GPU node torch cannot use before any training starts.
+    """
+    store_arg = f" --store {shlex.quote(store)}" if store else ""
+    prepare_args = "".join(f" {shlex.quote(w)}" for w in ([recipe_arg] if recipe_arg else []) + list(trainer_overrides))
+    return "\n".join([
+        "set -e",
+        'WHEEL="$(ls "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl)"',
+        f'PYTHONPATH="$WHEEL" python -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
+        f"python -m skyspot.trainer.prepare{prepare_args}",
+        # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
+        # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
+        f'python -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
+    ]) + "\n"
+
+
+RECIPE_MOUNT = "/skyspot/recipe.yaml"
+
+
+def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, recipe_file: Optional[str] = None,
+           overrides: Sequence[str] = (), run_name: Optional[str] = None,
+           package_dir: Optional[str] = None, local: bool = False) -> dict[str, Any]:
+    """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
+
+    `candidates` are the plan's placements, in order (plan.candidates). `recipe_arg` is what the
+    node passes to the trainer: a registry name, or (with `recipe_file`, the user's own recipe
+    file) the path that file is mounted at. `overrides` are the values set on top of the recipe
+    (launch.py); they reach the trainer as `key=value` arguments, shell-quoted, after the store's.
+    `package_dir` is the folder of the wheel `launch` built (task/package.py); without it the mount
+    shows a placeholder. `local`: the task is for the local executor, which mounts no bucket.
+    """
+    store = recipe.storage.store
+    # The store reaches the trainer once, first, as the recipe resolved it (launch.py decides it).
+    # (No store: the overrides that unset it go as they are, so the file's store cannot come back.)
+    trainer_overrides = [f"storage.store={store}"] if store else []
+    trainer_overrides += [o for o in overrides if not store or o.partition("=")[0].strip().split(".")[0] != "storage"]
+    file_mounts: dict[str, Any] = {PACKAGE_MOUNT: package_dir or PLACEHOLDER}
+    if recipe_file:
+        file_mounts[recipe_arg] = recipe_file
+    trainer_overrides += _data_source(recipe.data.source, file_mounts, local=local)
+
+    envs = {
+        **({"SKYSPOT_RUN_NAME": run_name} if run_name else {}),
+        "SKYSPOT_PACKAGE_DIR": PACKAGE_MOUNT,
+        **DIST_ENV,
+    }
+    bucket_store = bool(store) and not parse_store_uri(store).is_local
+    if bucket_store and not local:  # the wheelhouse (setup) and the base model's copy (trainer/base.py)
+        mount_point, mount, store_root = _store_mount(store)
+        file_mounts[mount_point] = mount
+        envs["SKYSPOT_STORE_MOUNT"] = store_root
+    task: dict[str, Any] = {
+        "name": run_name or f"skyspot-{recipe.name}",
+        "num_nodes": recipe.resources.num_nodes,
+        "resources": {
+            "disk_size": recipe.resources.disk_size,
+            "job_recovery": dict(JOB_RECOVERY),
+            "ordered": [_resource_entry(c, recipe) for c in candidates],
+        },
+        "envs": envs,
+    }
+    secrets = {}
+    if recipe.model.gated:
+        secrets["HF_TOKEN"] = None
+    if store and parse_store_uri(store).scheme == "az":
+        secrets[AZURE_STORE_SECRET] = None
+    if secrets:
+        task["secrets"] = secrets
+    task["file_mounts"] = file_mounts
+    task["setup"] = setup_script(store, recipe_arg, trainer_overrides)
+    task["run"] = run_script(recipe, recipe_arg, trainer_overrides)
+    return task
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings as `|` blocks, so the run script reads as a script."""
+
+
+def _str_presenter(dumper, data):
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_BlockDumper.add_representer(str, _str_presenter)
+
+
+def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
+    description = "".join(f"# {line}\n" for line in recipe.description.splitlines())  # never a raw line
+    header = (
+        f"# SkyPilot managed-job task rendered by skyspot {__version__} from recipe '{recipe.name}'.\n"
+        f"{description}"
+        "# Candidates: spot first, then on-demand, each cheapest first (price snapshot).\n"
+        f"# Exit code {RECOVER_EXIT_CODE} = preempted with an emergency checkpoint committed: recover.\n"
+    )
+    secrets = list(task.get("secrets") or {})
+    if secrets:
+        flags = " ".join(f"--secret {name}" for name in secrets)
+        header += (f"# Secrets are named here, never valued: `skyspot launch` passes them from your environment;\n"
+                   f"# with SkyPilot's CLI: sky jobs launch FILE {flags}\n")
+    return header + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=120)
+
+
+@dataclass
+class RenderedTask:
+    """A run ready for an executor: the recipe as loaded once, its rendered task and YAML, the
+    candidates planned once, and what the node gets on top of the recipe (launch.build makes it)."""
+
+    recipe: Recipe
+    recipe_arg: str
+    task: dict[str, Any]
+    yaml: str
+    candidates: list[Candidate]
+    trainer_overrides: list[str] = field(default_factory=list)
+    """Values set on top of the recipe file (environment, command line, flags), for the node."""
+    run_name: Optional[str] = None
+    """The one name of the run: managed job, ledger row, the node's run id, the store prefix."""
+    package: Optional[Package] = None
+    """The skyspot wheel the nodes install (None: the task shows a placeholder)."""

@@ -1,0 +1,183 @@
+"""The task a cloud launch hands SkyPilot, run on fresh Python 3.10 nodes: its `setup` installs skyspot, its `run` trains.
+
+SkyPilot's control plane cannot be reached from here, so it is faked at the SDK seam
+(`FakeSkyJobs`, tests/executors/sky/test_sky_seam.py) only to capture the sky.Task that
+`skyspot launch` submits. What SkyPilot does with it on a new VM is done for real: the node's
+`python3` is pyenv's 3.10 (Ubuntu 22.04's, which SkyPilot's default GPU images boot), its Python
+the venv SkyPilot makes from it (`uv venv --seed --relocatable --system-site-packages`), the
+task's local file mounts are copied onto it, and its `setup` runs there: node_env picks PyPI's
+torch (no driver here), resolves the stack for 3.10 with uv, downloads and builds every wheel
+from the index, installs them and keeps them as the run's wheelhouse in the bucket, on moto's S3
+server; DeepSpeed's op is prepared. Then its `run` trains with the environment variables SkyPilot
+sets on node 0 of 1, into the bucket. `status` and `cost-report` show that run, finished, under
+the launched name.
+
+A second start of the same run, on a second fresh node, is a recovery: SkyPilot's bucket mount is
+emulated by materialising the run's wheelhouse prefix through skyspot's Store (executors/
+executors/local/fresh_node.py), and setup runs with no network at all (`unshare --net`, and the indexes pointed
+at a closed loopback port with UV_OFFLINE for good measure): it installs from the wheelhouse.
+
+The first start downloads about 3 GB from PyPI (torch's CUDA build and its NVIDIA libraries); the
+module shares it across its tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from skyspot.cli.main import app
+from skyspot.executors.local import fresh_node
+from skyspot.ports import free_port
+from skyspot.storage import open_store
+from tests.executors.sky.test_sky_seam import FakeSkyJobs, launched
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+# Ubuntu 22.04's python3, as pyenv builds it here; SKYSPOT_TEST_NODE_PYTHON names another.
+NODE_PYTHON = os.environ.get("SKYSPOT_TEST_NODE_PYTHON", "/root/.pyenv/versions/3.10.13/bin/python3.10")
+SETUP_TIMEOUT = 1500  # a cold first start here: ~3 GB from PyPI, DeepSpeed built, installed, kept in moto
+
+
+def skypilot_node_env(name: str) -> dict[str, str]:
+    """What SkyPilot sets for the `setup` and `run` of node 0 of a 1-node managed job (docs: 'Environment variables')."""
+    return {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_SETUP_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1",
+            "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+            "SKYPILOT_TASK_ID": f"sky-managed-2026-11-30-12-00-00-000000_{name}_1-0",
+            "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": f"{name}-1", "cloud": "AWS", "region": "us-east-2",
+                                                 "zone": "us-east-2a", "num_nodes": 1, "instance_type": "m6i.large",
+                                                 "use_spot": True}),
+            "SKYSPOT_MASTER_PORT": str(free_port())}
+
+
+def _can_cut_the_network() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--net", "true"], capture_output=True).returncode == 0
+
+
+class Run:
+    """One launched run and the nodes it started on."""
+
+    def __init__(self, root: Path, task, name: str, store: str, home: Path, fake: FakeSkyJobs):
+        self.root, self.task, self.name, self.store, self.home, self.fake = root, task, name, store, home, fake
+        self.setup_seconds: dict[str, float] = {}
+
+    def node(self, label: str):
+        # sky.Task keeps bucket mounts apart from file mounts; the fresh node takes them as the task's YAML has them.
+        mounts = {**self.task.file_mounts, **{target: {"source": storage.source, "mode": storage.mode.value}
+                                              for target, storage in self.task.storage_mounts.items()}}
+        node = fresh_node.make(self.root / label, mounts, python=NODE_PYTHON,
+                               bucket_prefixes=[f"{self.store}/{self.name}/wheelhouse/"])
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_"))}
+        env = {**node.env({**base, "HOME": str(self.root / label / "home")}, self.task.envs),
+               **skypilot_node_env(self.name)}
+        return node, env
+
+    def setup(self, label: str, node, env, *, network: bool = True) -> str:
+        log = self.root / f"{label}.setup.log"
+        started = time.monotonic()
+        with open(log, "w") as handle:
+            if network:
+                code = fresh_node.run_setup(node, self.task.setup, env, handle, timeout=SETUP_TIMEOUT)
+            else:
+                code = subprocess.run(["unshare", "--net", "bash", "-c", self.task.setup], cwd=node.root, env=env,
+                                      stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
+                                      timeout=SETUP_TIMEOUT).returncode
+        self.setup_seconds[label] = time.monotonic() - started
+        text = log.read_text()
+        assert code == 0, text[-4000:]
+        print(f"\n{label}: setup took {self.setup_seconds[label]:.0f} s\n" +
+              "\n".join(line for line in text.splitlines() if line.startswith("skyspot ")))
+        return text
+
+    def train(self, node, env) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", self.task.run], env=env, cwd=node.root, capture_output=True, text=True,
+                              timeout=900)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, s3_server):
+    if not os.access(NODE_PYTHON, os.X_OK):
+        pytest.skip(f"no Python 3.10 to stand for the images' python3 at {NODE_PYTHON} (SKYSPOT_TEST_NODE_PYTHON)")
+    root = tmp_path_factory.mktemp("fresh-node")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SKYSPOT_HOME", str(root / "skyspot-home"))
+        fake = FakeSkyJobs(mp)
+        store = s3_server.bucket() + "/runs"
+        result = runner.invoke(app, ["launch", "tiny", "--cloud", "-y", "-d", "-n", "fresh-run", "--store", store,
+                                     "train.steps=8", "checkpoint.every_steps=4", "train.log_every=4"])
+        assert result.exit_code == 0, result.output
+        (task, name), = launched(fake)
+        assert name == "fresh-run"
+        started = Run(root, task, name, store, root / "skyspot-home", fake)
+        node, env = started.node("node-1")
+        started.first_log = started.setup("node-1", node, env)
+        started.first = (node, env)
+        started.first_run = started.train(node, env)
+        try:
+            yield started
+        finally:  # each node holds ~8 GB (venv, wheels, the mount's copy); pytest keeps its last 3 temp roots
+            for node_root in root.glob("node-*/"):
+                shutil.rmtree(node_root, ignore_errors=True)
+            open_store(store).delete(open_store(store).list(f"{name}/wheelhouse/"))
+
+
+def test_a_cloud_launch_sets_up_on_a_python_310_node_trains_into_the_bucket_and_is_reported(run, monkeypatch):
+    monkeypatch.setenv("SKYSPOT_HOME", str(run.home))  # the module's launch, not this test's empty home
+    node, env = run.first
+    where = subprocess.run(["python", "-c", "import sys, skyspot, numpy, torch, importlib.metadata as m; "
+                            "print(sys.version_info[:2] == (3, 10), skyspot.__file__, m.version('skyspot'), "
+                            "numpy.__version__, torch.__version__)"],
+                           env=env, cwd=node.root, capture_output=True, text=True)
+    is_310, path, version, numpy_version, torch_version = where.stdout.split()
+    assert is_310 == "True", where.stdout + where.stderr
+    assert path.startswith(str(node.venv)) and version.startswith("0.1.0+")  # the wheel, not this checkout
+    assert numpy_version.startswith("2.2.")  # the newest numpy built for 3.10, not this machine's 2.4
+    assert torch_version == "2.13.0+cu130"  # PyPI's build (CUDA 13): this node has no NVIDIA driver
+    assert "installed from the index" in run.first_log and "kept the wheelhouse" in run.first_log
+
+    done = run.first_run
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    markers = [k for k in open_store(run.store).list(f"{run.name}/wheelhouse/") if k.endswith("/WHEELHOUSE.json")]
+    assert len(markers) == 1 and "/cp310-" in markers[0]
+
+    run.fake.records[:] = [{"job_id": 42, "status": "SUCCEEDED", "recovery_count": 0, "cloud": "AWS",
+                            "region": "us-east-2"}]
+    status = runner.invoke(app, ["status", "--json", "-a"])
+    row, = json.loads(status.stdout)
+    assert (row["name"], row["status"], row["step"], row["total_steps"]) == ("fresh-run", "SUCCEEDED", 8, 8)
+    assert row["last_checkpoint"] == 8 and row["last_checkpoint_durable"] is True
+    report = runner.invoke(app, ["cost-report", "fresh-run", "--json"])
+    assert report.exit_code == 0, report.output
+    entry, = json.loads(report.stdout)
+    assert entry["name"] == "fresh-run" and entry["status"] == "SUCCEEDED"
+
+
+def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreachable(run):
+    node, env = run.node("node-2")
+    closed = f"http://127.0.0.1:{free_port()}/simple"  # nothing listens there
+    env.update({"UV_INDEX_URL": closed, "PIP_INDEX_URL": closed, "UV_OFFLINE": "1"})
+    assert Path(node.path_on_node(env["SKYSPOT_STORE_MOUNT"]), run.name, "wheelhouse").is_dir()  # the emulated mount
+    log = run.setup("node-2", node, env, network=not _can_cut_the_network())
+    assert "installed from the run's wheelhouse" in log and "ignored" not in log and "kept" not in log
+    versions = subprocess.run(["python", "-c", "import torch, deepspeed, numpy, skyspot.trainer.loop; "
+                               "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],
+                              env=env, cwd=node.root, capture_output=True, text=True)
+    first = subprocess.run(["python", "-c", "import torch, deepspeed, numpy; "
+                            "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],
+                           env=run.first[1], cwd=run.first[0].root, capture_output=True, text=True)
+    assert versions.returncode == 0, versions.stderr[-2000:]
+    # the recovery trains with exactly the first start's stack (the last line: DeepSpeed logs above it)
+    assert versions.stdout.splitlines()[-1] == first.stdout.splitlines()[-1]
+    done = run.train(node, env)  # the recovery's run: the finished run's newest checkpoint is step 8
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    print(f"\nsetup seconds: first start {run.setup_seconds['node-1']:.0f}, "
+          f"recovery from the wheelhouse {run.setup_seconds['node-2']:.0f}")
