@@ -278,7 +278,7 @@ class CheckpointSection(_Section):
 
 def _deadline(value: Optional[str]) -> Optional[str]:
     if value is not None:
-        from skyspot.planning.deadline import check_deadline_text  # import-light: the standard library only
+        from skyspot.deadline_text import check_deadline_text  # import-light: the standard library only
 
         check_deadline_text(value)
     return value

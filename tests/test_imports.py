@@ -124,15 +124,11 @@ LAYERS = [
     ("node", ("skyspot.trainer", "skyspot.node_env")),
     ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
                    "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.lora", "skyspot.ledger",
-                   "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot")),
+                   "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text", "skyspot")),
 ]
 
 # Arrows that point up, each with why; none may be added without one.
-UPWARD = {
-    ("skyspot.recipe", "skyspot.planning.deadline"):
-        "the recipe validates resources.deadline with the deadline's own parser (check_deadline_text, "
-        "standard library only); the parser belongs in a contract once the deadline work has landed",
-}
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _layer(module: str) -> int:

@@ -9,7 +9,8 @@ only worth anything while they run the very decisions the controllers run.
 Plain functions and no I/O, so the same code decides in the local executor, in the controller
 that runs on SkyPilot, in the simulator, in the launch-time feasibility check and in tests:
 
-- `parse_deadline`: `36h`, `90m`, `2d`, `1h30m`, or an ISO 8601 time -> unix seconds;
+- `parse_deadline` (from skyspot/deadline_text.py, the text's contract): `36h`, `90m`, `2d`, `1h30m`, or an
+  ISO 8601 time -> unix seconds;
 - `decide`: one policy decision from a `State` (where the run is) and `Estimates` (how fast it
   goes, what a restart costs), as a `Decision` (spot, on-demand, or idle waiting for spot);
 - `measure`: the estimates from a run's events (measured step time per placement, restart
@@ -40,14 +41,13 @@ default; `resources.deadline_policy` picks another.
 from __future__ import annotations
 
 import math
-import re
 import statistics
-import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
 from skyspot.attempts import DECISION_EVENT, is_spot, split
+from skyspot.deadline_text import MAX_AHEAD_SECONDS, DeadlineError, check_deadline_text, parse_deadline  # noqa: F401 (callers read them here)
 
 SPOT, ON_DEMAND, IDLE = "spot", "on-demand", "idle"
 # A decision's reason once not even all on-demand from now can make the deadline (docs/deadline.md).
@@ -73,59 +73,6 @@ CLOUD_RESTART_PRIOR_SECONDS = 900.0
 # The local executor knows its provisioning delay; on top, before it has measured one: torchrun,
 # imports, DeepSpeed's start and a resume take about this long for `tiny` on 2 cores.
 LOCAL_START_PRIOR_SECONDS = 30.0
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])", re.IGNORECASE)
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# The furthest deadline skyspot plans for: ten years. Beyond it a run is no deadline run, and far
-# beyond it the arithmetic meets the calendar's end (datetime stops at year 9999).
-MAX_AHEAD_SECONDS = 3650 * 86400.0
-# An ISO time is read only within the years datetime and this machine's clock both hold.
-_EARLIEST, _LATEST = datetime(1970, 1, 2).timestamp(), datetime(9000, 1, 1).timestamp()
-
-
-class DeadlineError(ValueError):
-    """A deadline that cannot be read or met; the message says what to do."""
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def parse_deadline(text: str, now: Optional[float] = None) -> float:
-    """`36h`, `90m`, `2d`, `1h30m`, `45s` after `now`, or an ISO 8601 time (`2026-05-01T17:00`,
-    `2026-05-01T17:00+02:00`, `...Z`; without an offset, this machine's local time): unix seconds."""
-    now = time.time() if now is None else now
-    raw = str(text).strip()
-    shown = raw if len(raw) <= 40 else raw[:37] + "..."
-    compact = raw.replace(" ", "")
-    if compact and _DURATION.sub("", compact) == "" and _DURATION.search(compact):
-        # A number of 400 digits is no error to float(): it is infinity, which no range check would catch.
-        seconds = sum(float(n) * _UNIT[u.lower()] for n, u in _DURATION.findall(compact))
-        if seconds <= 0:
-            raise DeadlineError(f"deadline '{shown}' is no time at all: give a duration above zero, e.g. 36h")
-        if not math.isfinite(seconds) or seconds > MAX_AHEAD_SECONDS:
-            raise DeadlineError(f"deadline '{shown}' is more than {MAX_AHEAD_SECONDS / 86400:.0f} days away: give a "
-                                "duration up to that (e.g. 36h, 30d) or an ISO 8601 time")
-        return now + seconds
-    try:
-        moment = datetime.fromisoformat(raw)
-        stamp = moment.timestamp()  # a naive time is local time (datetime.timestamp's rule)
-    except (ValueError, OverflowError, OSError) as error:
-        # fromisoformat reads 9999-12-31T23:59-12:00, whose instant is in year 10000: timestamp() fails.
-        if isinstance(error, ValueError) and "out of range" not in str(error):
-            raise DeadlineError(f"deadline '{shown}' is neither a duration (36h, 90m, 2d, 1h30m) nor an ISO 8601 "
-                                "time (2026-05-01T17:00, 2026-05-01T17:00+02:00)") from None
-        stamp = math.nan
-    if not _EARLIEST <= stamp <= _LATEST:
-        raise DeadlineError(f"deadline '{shown}' is outside the years 1970 to 9000 that skyspot reads: give a "
-                            "time within them (2026-05-01T17:00+02:00) or a duration (36h)")
-    return stamp
-
-
-def check_deadline_text(text: str) -> str:
-    """The recipe's validator: readable now (a time in the past is refused at launch, not here)."""
-    parse_deadline(text, now=0.0)
-    return text
 
 
 def when(ts: Optional[float]) -> str:
