@@ -12,7 +12,7 @@ fixture `enable_all_clouds`) narrowed to what its optimizer touches for AWS, GCP
   `tests/default_aws_az_mappings.csv`, which lists regular availability zones only; an account that
   has not opted into Local Zones gets no mapping for them, and SkyPilot drops unmapped rows.
 
-The snapshot rows are SkyPilot catalog rows copied as published (skyspot/pricing_data/SOURCE.md), so
+The snapshot rows are SkyPilot catalog rows copied as published (skyspot/pricing/pricing_data/SOURCE.md), so
 they go back into SkyPilot's column layout unchanged: no count or price corrections of skyspot's own.
 """
 

@@ -334,4 +334,4 @@ def prices_command(
                    Column("usd_per_hour", "ON-DEMAND", right=True), Column("spot_usd_per_hour", "SPOT", right=True)],
             as_json=as_json,
             title=f"Price snapshot {SNAPSHOT_DATE}, $ per instance-hour (SkyPilot catalog; see "
-                  "skyspot/pricing_data/SOURCE.md)")
+                  "skyspot/pricing/pricing_data/SOURCE.md)")

@@ -5,7 +5,7 @@ Two sources, in this order:
 1. SkyPilot's own catalog, when it is already cached on this machine
    (`$SKY_RUNTIME_DIR` or `~`, then `.sky/catalogs/v8/<cloud>/vms.csv`). It is what
    SkyPilot's optimizer priced the launch with, so a report agrees with it.
-2. The dated snapshot shipped in `skyspot/pricing_data/` (see SOURCE.md there).
+2. The dated snapshot shipped in `skyspot/pricing/pricing_data/` (see SOURCE.md there).
 
 We read SkyPilot's cached file ourselves rather than calling `sky.catalog.get_hourly_cost`:
 SkyPilot's lookup re-downloads a cached catalog older than 7 hours and, for AWS, asks STS
