@@ -118,6 +118,7 @@ def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
         assert controller_lock.state(run_dir) == (True, stranger.pid)  # the check itself: held and named
         data = json.loads((run_dir / controller_lock.LOCK_NAME).read_text())
         data["started"] -= 3600  # a process with this PID that started an hour earlier: not this one
+        data["start_id"] = data["start_id"].rsplit(":", 1)[0] + ":1"  # (the kernel's figure says so too)
         (run_dir / controller_lock.LOCK_NAME).write_text(json.dumps(data))
         assert controller_lock.state(run_dir) == (True, None)
         line = one_line_error(invoke("cancel", "r", "-y"))
@@ -125,6 +126,23 @@ def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
         assert stranger.poll() is None and holder.poll() is None
         with Ledger() as ledger:
             assert ledger.get("r").status == "RUNNING"
+
+
+def test_a_stepped_wall_clock_does_not_make_the_live_controller_a_stranger(stranger):
+    """What failed in CI: the wall-clock start that psutil derives from the boot time moved by more than
+    the tolerance during a long run (NTP, a resumed VM), and cancel refused the live controller. The
+    kernel's own start (boot id and ticks) is what identifies it; a wall-clock figure 30 s off changes
+    nothing, and the holder is signalled."""
+    run_dir = running_row("r", 1)
+    with hold_lock(run_dir) as holder:
+        data = json.loads((run_dir / controller_lock.LOCK_NAME).read_text())
+        assert data["start_id"] == controller_lock.start_id(holder.pid)
+        data["started"] += 30  # the boot time as the kernel reports it stepped by 30 s
+        (run_dir / controller_lock.LOCK_NAME).write_text(json.dumps(data))
+        assert controller_lock.state(run_dir) == (True, holder.pid)
+        result = invoke("cancel", "r", "-y")
+        assert result.exit_code == 0, result.stderr
+        assert holder.wait(5) == -signal.SIGTERM
 
 
 def test_status_marks_a_run_whose_controller_died_silently(stranger):

@@ -9,6 +9,13 @@ also names the holder (its PID and start time), so the PID `cancel` signals is c
 is held, and the process with that PID started when the holder did (a check that closes the window
 between "the lock is held" and the signal, should the controller die in between).
 
+The start time compared is the kernel's own: on Linux, the boot's id and the process's start in clock
+ticks since boot (`/proc/PID/stat`, field 22), which never change while the process lives. psutil's
+`create_time` is that tick count plus the boot time in wall-clock seconds, and the boot time moves
+whenever the wall clock is stepped or slewed (NTP, a VM resumed): a CI machine moved it by more than a
+second during one long test, and `cancel` then refused the live controller as a stranger. Elsewhere
+the wall-clock start is compared within a tolerance.
+
 The launcher takes the lock before it starts the controller and hands the descriptor over
 (`pass_fds`), so there is no moment when a starting controller does not hold it yet.
 """
@@ -34,6 +41,19 @@ _START_TOLERANCE_S = 1.5
 
 def lock_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / LOCK_NAME
+
+
+def start_id(pid: int) -> Optional[str]:
+    """Process `pid`'s start as the kernel counts it ("BOOT_ID:TICKS"), exact and immune to clock steps;
+    None off Linux or when there is no such process. Read by hand: psutil exposes only the wall-clock
+    figure derived from it."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the name (field 2) may hold spaces and parentheses
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else None  # field 22, starttime
 
 
 def started(pid: int) -> Optional[float]:
@@ -68,7 +88,7 @@ def acquire(run_dir: str | os.PathLike, *, wait_s: float = 2.0) -> int:
 
 def record(fd: int, pid: int) -> None:
     """Name the lock's holder: `pid` and its start time."""
-    data = json.dumps({"pid": pid, "started": started(pid)}).encode()
+    data = json.dumps({"pid": pid, "started": started(pid), "start_id": start_id(pid)}).encode()
     os.pwrite(fd, data, 0)  # a reader in between sees no valid name, and `state` says "held, unnamed"
     os.ftruncate(fd, len(data))
 
@@ -112,10 +132,17 @@ def state(run_dir: Optional[str | os.PathLike]) -> tuple[bool, Optional[int]]:
         pid, when = int(named["pid"]), float(named["started"])
     except (ValueError, TypeError, KeyError):
         return True, None
-    now = started(pid) if pid > 0 else None
-    if now is None or abs(now - when) > _START_TOLERANCE_S:
-        return True, None
-    return True, pid
+    return (True, pid) if pid > 0 and _same_start(pid, when, named.get("start_id")) else (True, None)
+
+
+def _same_start(pid: int, when: float, recorded_id: object) -> bool:
+    """Whether process `pid` is the one that started as recorded: the kernel's exact start where both
+    sides have it, the wall-clock start within a tolerance otherwise."""
+    now_id = start_id(pid)
+    if isinstance(recorded_id, str) and now_id is not None:
+        return now_id == recorded_id
+    now = started(pid)
+    return now is not None and abs(now - when) <= _START_TOLERANCE_S
 
 
 def is_held(run_dir: Optional[str | os.PathLike]) -> bool:
