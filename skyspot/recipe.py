@@ -163,6 +163,10 @@ class DataSection(_Section):
     """Synthetic set only: how many sequences it holds."""
     shuffle: bool = True
     """Shuffle the sample order each epoch (deterministically, from train.seed and the epoch)."""
+    eval_split: Optional[Text] = None
+    """Held-out data for evaluation (eval section): for a hub source, the dataset's split to read
+    (`validation`); for a file source, a second file of the same format (a path or a bucket URI). Never
+    trained on. Unset: `eval.fraction` of the training data, or no evaluation."""
 
     @field_validator("source")
     @classmethod
@@ -402,6 +406,63 @@ class ExportSection(_Section):
     from_pretrained loads without peft. final/ itself holds the adapter either way."""
 
 
+class EvalSection(_Section):
+    fraction: Optional[float] = Field(None, gt=0, lt=0.5)
+    """Hold out this fraction of the training data for evaluation when data.eval_split is not set:
+    chosen deterministically from train.seed, the same on every start, never trained on."""
+    every_steps: Optional[int] = Field(None, ge=1, le=BIG)
+    """Evaluate every N optimizer steps (and always at the end, when there is a held-out set)."""
+    every_seconds: Optional[float] = Field(None, gt=0, le=BIG)
+    """Evaluate when this many seconds of training have passed since the last evaluation."""
+    batches: int = Field(8, ge=1, le=1 << 20)
+    """Micro-batches per rank in one evaluation (train.micro_batch_size sequences each), the same ones
+    every time, so evaluations are comparable across the run and exact across resumes."""
+
+
+
+class MetricsSection(_Section):
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(default_factory=list)
+    """Dashboards the trainer's rank 0 writes to, any subset of tensorboard, wandb, mlflow (none by
+    default): one run across every attempt, no step drawn twice (docs/trainer.md, "Metrics")."""
+    every_steps: int = Field(1, ge=1, le=BIG)
+    """Log the training scalars every N steps (evaluations are logged as they happen)."""
+    wandb_project: Text = "skyspot"
+    """W&B project (WANDB_API_KEY reaches the node as a secret; the run name is the W&B run id)."""
+    wandb_entity: Optional[Text] = None
+    """W&B entity (user or team); default: the key's own."""
+    mlflow_tracking_uri: Optional[Text] = None
+    """MLflow tracking server (`https://...`) or file store; default: MLFLOW_TRACKING_URI on the node,
+    else `<run dir>/mlruns`. MLFLOW_TRACKING_TOKEN reaches the node as a secret."""
+    mlflow_experiment: Text = "skyspot"
+    """MLflow experiment name."""
+
+    @field_validator("backends")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("each backend once")
+        return value
+
+
+class ResilienceSection(_Section):
+    restarts_in_place: int = Field(3, ge=0, le=1000)
+    """In-place restarts per hour of an attempt: when a rank fails (a crash, an NCCL error, a hang the
+    watchdog ends), every rank on every node restarts on the same machines and resumes from the newest
+    committed local checkpoint. Past the budget the node exits with the error and SkyPilot re-provisions
+    (max_restarts_on_errors). 0: every failure ends the attempt. Preemptions always take new machines."""
+    restart_backoff_seconds: float = Field(5.0, ge=0, le=3600)
+    """Wait before the k-th in-place restart within the hour: this times 2**(k-1), at most 300 s."""
+    watchdog: bool = True
+    """Watch for hangs: no step for longer than the bound below; dump every rank's stacks (py-spy), record
+    a `hang` event and restart the ranks in place."""
+    hang_factor: float = Field(10.0, ge=2, le=1e6)
+    """A hang is no step for longer than max(hang_factor x the run's median step time, hang_floor_seconds)."""
+    hang_floor_seconds: float = Field(300.0, gt=0, le=BIG)
+    """The shortest time without a step that counts as a hang, once steps have been measured."""
+    first_step_seconds: float = Field(3600.0, gt=0, le=BIG)
+    """The bound for the first step after a start (model download and load, resume, compile)."""
+
+
 class Recipe(_Section):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     """Recipe name (lowercase letters, digits, hyphens)."""
@@ -415,6 +476,22 @@ class Recipe(_Section):
     resources: ResourcesSection
     storage: StorageSection = Field(default_factory=StorageSection)
     export: ExportSection = Field(default_factory=ExportSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    resilience: ResilienceSection = Field(default_factory=ResilienceSection)
+
+    @model_validator(mode="after")
+    def _held_out_set(self) -> "Recipe":
+        if self.data.eval_split is not None and self.eval.fraction is not None:
+            raise ValueError("set one of data.eval_split and eval.fraction: both name the held-out set")
+        if (self.eval.every_steps or self.eval.every_seconds) and not self.has_eval:
+            raise ValueError("eval.every_steps/every_seconds need a held-out set: data.eval_split or eval.fraction")
+        return self
+
+    @property
+    def has_eval(self) -> bool:
+        """The recipe evaluates (a held-out set is named)."""
+        return self.data.eval_split is not None or self.eval.fraction is not None
 
     @model_validator(mode="after")
     def _elastic_needs_a_store(self) -> "Recipe":
@@ -440,6 +517,10 @@ class Recipe(_Section):
     def fingerprint(self) -> str:
         """A short hash of what determines the training trajectory (not where it runs)."""
         keyed = self.model_dump(include={"model", "data", "train", "deepspeed"})
+        if keyed["data"].get("eval_split") is None:
+            keyed["data"].pop("eval_split", None)  # (the fingerprints of recipes without one stay as they were)
+        if self.eval.fraction is not None:  # held out of training: another trajectory
+            keyed["eval_fraction"] = self.eval.fraction
         return hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
