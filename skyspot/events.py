@@ -46,6 +46,10 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "base_model": ("repo", "source", "weights", "seconds"),
     "base_copy": ("files", "bytes", "seconds", "error"),
     "exit": ("code", "reason", "step"),
+    "eval": ("step", "loss", "perplexity", "tokens", "batches", "seconds"),
+    "restart_in_place": ("cause", "failed_at", "seconds_to_next_step", "steps_redone", "restart", "step"),
+    # node supervisor (trainer/supervise.py): the watchdog
+    "hang": ("step", "seconds_without_step", "bound_seconds", "ranks", "stacks"),
     # executor (local executor; SkyPilot's controller keeps its own record)
     "attempt_start": ("where",),
     "preempt_notice_sent": ("deadline",),
