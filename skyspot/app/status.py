@@ -1,4 +1,5 @@
 """Runs read back: a run's events (its run root, or the store) and the summary `status` shows for each run.
+`cost-report`'s use-case, the deadline comparison included, is app/report.py.
 
 Naming runs and recording a launch are the ledger's (skyspot/ledger.py)."""
 
@@ -99,40 +100,6 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
     }
-
-
-def deadline_report(run, log, report) -> Optional[dict]:
-    """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
-    and greedy on the same trace (skyspot/planning/deadline.py `compare`), the trace as the run's executor
-    knows it (executors/__init__.py `DeadlineInputs`: a local run replays its own spot trace, a
-    SkyPilot run the spot it observed)."""
-    from skyspot.planning import deadline as dl
-    from skyspot.pricing import prices as pricing
-    from skyspot.errors import UsageError
-    from skyspot.executors import executor_for
-
-    plan = run.info.get("deadline")
-    if not isinstance(plan, dict) or not report.attempts:
-        return None
-    first = report.attempts[0]
-    nodes = report.nodes or 1
-    try:
-        prices = [pricing.hourly_price(first.cloud or "", instance_type=first.instance_type, region=first.region,
-                                       zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
-    except UsageError as error:
-        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
-    events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
-    try:
-        given = executor_for(run).deadline_inputs(run, plan, log.events)
-    except UsageError as error:
-        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
-    result = dl.compare(plan, events, given.trace, t0=given.t0, total_steps=run.total_steps or 1,
-                        spot_usd_per_hour=prices[0], on_demand_usd_per_hour=prices[1],
-                        provision_seconds=given.provision_seconds, restart_prior=given.restart_prior,
-                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd,
-                        notice_seconds=given.notice_seconds)
-    result["trace"] = given.source
-    return result
 
 
 def _deadline(run, events) -> Optional[dict]:

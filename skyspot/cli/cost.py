@@ -23,32 +23,6 @@ SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand
                   "interruptions_by_cause", "interruptions"]
 
 
-def _report(run, queue_record):
-    from skyspot.pricing.cost import run_cost
-    from skyspot.app.status import run_events
-
-    log = run_events(run)
-    candidates = run.info.get("candidates") or None
-    if not (isinstance(candidates, list) and all(isinstance(c, dict) for c in candidates)):
-        candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
-    elif not any(c.get("instance_type") for c in candidates):
-        candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
-    try:
-        report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
-    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
-        # Events passed the reader's checks yet still do not add up: say so for this run only.
-        raise SkyspotError(f"the events of run '{run.name}' do not add up ({type(error).__name__}: {error})") from None
-    data = report.to_dict()
-    data.update(recipe=run.recipe, executor=run.executor, status=run.status)
-    if log.malformed:
-        data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
-    if run.info.get("deadline"):
-        from skyspot.app.status import deadline_report
-
-        data["deadline"] = deadline_report(run, log, report)
-    return report, log, data
-
-
 @handle_errors
 def cost_report_command(
     run_name: OptionalRunArgument = None,
@@ -59,8 +33,6 @@ def cost_report_command(
 ) -> None:
     """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput;
     with RUN, that run's breakdown."""
-    from skyspot.ledger import Ledger
-
     if as_json and as_csv:
         raise UsageError("pick one of --json and --csv")
     if plot is not None and not run_name:
@@ -70,33 +42,19 @@ def cost_report_command(
 
         plot_format(plot)
         check_output(plot, force=force, flag="--plot")
-    with Ledger() as ledger:
-        runs = [ledger.get(run_name)] if run_name else ledger.runs()
-        damaged_rows = ledger.skipped_rows
-    from skyspot.executors import refresh
+    from skyspot.app.report import cost_reports
 
-    records, notes = refresh(runs)  # one question to each executor for every run, not one per run
-    for note in notes:
-        err.print(note)
-    reports = []
-    for run in runs:
-        try:
-            reports.append(_report(run, records.get(run.name)))
-        except SkyspotError as error:  # e.g. an instance the price data does not know, a store out of reach
-            if run_name:
-                raise
-            err.print(one_line(f"{run.name}: no estimate ({error})"), markup=False)
-    if damaged_rows:
-        err.print(f"skipped {damaged_rows} damaged ledger row(s)")
-    malformed = sum(log.malformed for _, log, _ in reports)
-    if run_name and reports:
-        _one(reports[0], as_json=as_json, as_csv=as_csv, plot=plot, force=force)
-        if malformed and (as_json or as_csv):
-            err.print(f"skipped {malformed} malformed event line(s)")
+    reports = cost_reports(run_name)
+    for note in reports.notes:
+        err.print(one_line(note), markup=False)
+    if run_name and reports.runs:
+        _one(reports.runs[0], as_json=as_json, as_csv=as_csv, plot=plot, force=force)
+        if reports.malformed and (as_json or as_csv):
+            err.print(f"skipped {reports.malformed} malformed event line(s)")
         return
-    if malformed:
-        err.print(f"skipped {malformed} malformed event line(s)")
-    rows = [data for _, _, data in reports]
+    if reports.malformed:
+        err.print(f"skipped {reports.malformed} malformed event line(s)")
+    rows = [r.data for r in reports.runs]
     if as_csv:
         _write_csv(rows, SUMMARY_FIELDS)
         return
@@ -148,8 +106,8 @@ def _csv_value(value):
     return value
 
 
-def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
-    report, log, data = report_tuple
+def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
+    report, log, data = run_report.cost, run_report.log, run_report.data
     if plot is not None:
         from skyspot.pricing.cost_plot import plot_format, plot_run
 
