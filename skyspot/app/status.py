@@ -91,6 +91,9 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "spot": where.get("spot"), "instance_type": where.get("instance_type"),
         "step": max(steps) if steps else 0, "total_steps": run.total_steps,
         "recoveries": recoveries,
+        # Restarts on the same machines (torchrun's agent, #26), apart from SkyPilot's recoveries onto new ones.
+        "restarts_in_place": sum(a.in_place_restarts for a in attempts),
+        "hangs": sum(len(a.hangs) for a in attempts),
         # Attempts that ended without completing, by cause (attempts.CAUSES); the running one is not counted.
         "interruptions": count_causes(a for a in attempts if not a.open),
         "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
@@ -99,7 +102,26 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
+        **latest_losses(log),
     }
+
+
+def latest_losses(log) -> dict[str, Any]:
+    """The newest train loss (a `step` event's) and eval loss (an `eval` event's), each with its step; what
+    `logs` and the live view show beside the log. None where the run has none yet."""
+    import math
+
+    def newest(type: str) -> Optional[dict]:
+        return next((e for e in reversed(log.events) if e.get("type") == type and isinstance(e.get("loss"), (int, float))
+                     and not isinstance(e.get("loss"), bool) and math.isfinite(e["loss"])), None)
+
+    step, evaluation = newest("step"), newest("eval")
+    perplexity = evaluation.get("perplexity") if evaluation else None
+    return {"train_loss": float(step["loss"]) if step else None, "train_loss_step": step.get("step") if step else None,
+            "eval_loss": float(evaluation["loss"]) if evaluation else None,
+            "eval_loss_step": evaluation.get("step") if evaluation else None,
+            "eval_perplexity": float(perplexity) if isinstance(perplexity, (int, float)) and not isinstance(
+                perplexity, bool) and math.isfinite(perplexity) else None}
 
 
 def _deadline(run, events) -> Optional[dict]:

@@ -200,7 +200,8 @@ class RunCost:
     """The one finish an uninterrupted run also pays: the end of the last step to the end of the last
     attempt (final checkpoint, export, shutdown); 0 unless the run completed."""
     baseline_seconds: float = 0.0
-    """startup_seconds + useful_seconds + wind_down_seconds: the run as one uninterrupted attempt."""
+    """startup_seconds + useful_seconds + useful_eval_seconds + wind_down_seconds: the run as one
+    uninterrupted attempt."""
     interruptions_by_cause: dict[str, int] = field(default_factory=dict)
     """Attempts that ended without completing, counted by cause (attempts.CAUSES), most frequent first."""
     interruptions: str = ""
@@ -222,6 +223,9 @@ class RunCost:
     """`eval` events (every evaluation run, redone ones included)."""
     eval_seconds: float = 0.0
     """Σ their `seconds`: the time spent evaluating, its own line in `goodput_breakdown`."""
+    useful_eval_seconds: float = 0.0
+    """What the baseline counts of it: each evaluated step once (its last run), the evaluations after the
+    last step left to the wind-down that holds them."""
     final_eval_loss: Optional[float] = None
     """The newest evaluation's loss (what the money bought), its perplexity, step and time."""
     final_eval_perplexity: Optional[float] = None
@@ -346,8 +350,8 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     startup, wind_down = _startup_seconds(attempts, runs), _wind_down_seconds(attempts, runs)
     # Each evaluation once, like each step; those after the last step are inside the wind-down already.
     trained_until = max((r.ts for r in useful), default=math.inf) if wind_down else math.inf
-    baseline_seconds = startup + useful_seconds + wind_down + sum(
-        e.seconds for e in evals if not e.redone and e.ts <= trained_until)
+    useful_eval_seconds = sum(e.seconds for e in evals if not e.redone and e.ts <= trained_until)
+    baseline_seconds = startup + useful_seconds + useful_eval_seconds + wind_down
     baseline = _baseline(candidates, attempts, warnings)
     on_demand = baseline_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
     savings = on_demand - cost if on_demand is not None else None
@@ -412,6 +416,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         lost_seconds_in_place=sum(r.seconds for r in runs if r.in_place),
         evals=len(evals),
         eval_seconds=sum(e.seconds for e in evals),
+        useful_eval_seconds=useful_eval_seconds,
         final_eval_loss=final_eval.loss if final_eval else None,
         final_eval_perplexity=final_eval.perplexity if final_eval else None,
         final_eval_step=final_eval.step if final_eval else None,

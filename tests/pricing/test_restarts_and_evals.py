@@ -120,6 +120,7 @@ def test_the_final_eval_is_the_newest_and_evaluating_counts_once_in_the_baseline
     # One start-up (T -> T+20) + 16 steps (32 s) + the evaluations before the last step (1.5 + 2) + the
     # wind-down (step 16 ends T+116 -> T+120, the final eval inside it).
     assert (run.startup_seconds, run.wind_down_seconds) == (20.0, 4.0)
+    assert run.useful_eval_seconds == 3.5
     assert run.baseline_seconds == pytest.approx(20 + 32 + 3.5 + 4)
 
 
