@@ -348,9 +348,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     cost = sum(a.compute_usd for a in attempts if a.compute_usd is not None) + egress
 
     startup, wind_down = _startup_seconds(attempts, runs), _wind_down_seconds(attempts, runs)
-    # Each evaluation once, like each step; those after the last step are inside the wind-down already.
-    trained_until = max((r.ts for r in useful), default=math.inf) if wind_down else math.inf
-    useful_eval_seconds = sum(e.seconds for e in evals if not e.redone and e.ts <= trained_until)
+    useful_eval_seconds = sum(e.seconds for e in baseline_evals(evals, runs, wind_down))
     baseline_seconds = startup + useful_seconds + useful_eval_seconds + wind_down
     baseline = _baseline(candidates, attempts, warnings)
     on_demand = baseline_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
@@ -426,6 +424,13 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         goodput_breakdown=_goodput_breakdown(attempts, split_attempts, runs, evals, checkpoints, in_place,
                                              billed_seconds, startup),
     )
+
+
+def baseline_evals(evals: list["EvalRun"], runs: list[StepRun], wind_down: float) -> list["EvalRun"]:
+    """The evaluations the baseline counts: each evaluated step once (its last run), like each step; those
+    after the last step are inside the wind-down already."""
+    trained_until = max((r.ts for r in runs if not r.recomputed), default=math.inf) if wind_down else math.inf
+    return [e for e in evals if not e.redone and e.ts <= trained_until]
 
 
 def _mean(values: list[float]) -> Optional[float]:

@@ -161,3 +161,76 @@ def test_an_eval_event_with_junk_in_its_figures_counts_no_junk(bad):
     assert all(r.seconds >= 0 for r in runs)
     run = cost.run_cost(EventLog(events=[event(T, "start", 0, where=WHERE), good, junk]))
     assert run.final_eval_loss in (1.0, 1.25)
+
+
+# --- the plot (pricing/cost_plot.py): what it draws, checked on the figure's data and layout, not its pixels
+
+
+def test_the_loss_panel_draws_every_step_run_and_each_evaluation():
+    from skyspot.pricing.cost_plot import loss_series
+
+    series = loss_series(restarted_run())
+    # Steps 1-6, then 7-8 (run again after the crash), 7-12 by the restarted processes, 13-14 (lost with the
+    # preemption), 13-16 on the new machines: the redone stretches show on the time axis.
+    assert [([p[1] for p in seg][0], [p[1] for p in seg][-1], seg[0][3]) for seg in series["train"]] == [
+        (1, 6, False), (7, 8, True), (7, 12, False), (13, 14, True), (13, 16, False)]
+    assert series["eval"] == [(T + 54.5, 10, 1.6), (T + 80, 14, 1.4), (T + 118, 16, 1.1)]
+
+
+@pytest.mark.parametrize("scenario", ["restarted", "quickstart"])
+def test_the_baseline_accrues_from_the_run_s_own_start_and_never_jumps(scenario):
+    from skyspot.pricing.cost_plot import baseline_curve
+    from tests.pricing.test_cost import scenario_quickstart
+
+    log = restarted_run() if scenario == "restarted" else scenario_quickstart()
+    run = cost.run_cost(log)
+    t0 = run.attempts[0].start
+    points = baseline_curve(run, cost.step_runs(log), t0, cost.eval_runs(log))
+    rate = run.baseline_usd_per_hour * run.nodes / 3600
+    assert points[0] == (t0, 0.0)
+    assert points[1] == (pytest.approx(t0 + run.startup_seconds), pytest.approx(run.startup_seconds * rate))
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        assert x1 >= x0 and y1 >= y0
+        assert y1 - y0 <= (x1 - x0) * rate * 1.001 + 1e-9, "the baseline rose faster than its price: a jump"
+    assert points[-1][1] == pytest.approx(run.on_demand_cost_usd)
+
+
+def _drawn(log):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from skyspot.pricing.cost_plot import figure
+
+    fig = figure(cost.run_cost(log), log)
+    FigureCanvasAgg(fig).draw()
+    return fig, fig.canvas.get_renderer()
+
+
+@pytest.mark.parametrize("scenario", ["restarted", "quickstart"])
+def test_attempt_labels_stay_inside_their_axes_and_off_the_legend(scenario):
+    from tests.pricing.test_cost import scenario_quickstart
+
+    fig, renderer = _drawn(restarted_run() if scenario == "restarted" else scenario_quickstart())
+    timeline = fig.axes[0]
+    frame = timeline.get_window_extent(renderer)
+    [legend] = fig.legends
+    legend_box = legend.get_window_extent(renderer)
+    labels = [t for t in timeline.texts if (t.get_gid() or "").startswith("attempt-label-")]
+    assert labels
+    for label in labels:
+        box = label.get_window_extent(renderer)
+        assert frame.x0 - 1 <= box.x0 and box.x1 <= frame.x1 + 1, label.get_text()
+        assert not box.overlaps(legend_box), label.get_text()
+    title = fig.get_suptitle() and fig._suptitle.get_window_extent(renderer)
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.x1, "the title is wider than the figure"
+    [baseline] = [line for line in fig.axes[-1].lines if line.get_gid() == "baseline"]
+    assert baseline.get_drawstyle() == "default"  # a line through the points, not steps that jump
+
+
+def test_a_run_without_losses_has_no_loss_panel():
+    from tests.pricing.test_cost import scenario_no_preemption
+
+    log = scenario_no_preemption()
+    log = EventLog(events=[{k: v for k, v in e.items() if k != "loss"} for e in log.events])
+    fig, _ = _drawn(log)
+    assert len(fig.axes) == 2
+    assert len(_drawn(restarted_run())[0].axes) == 3
