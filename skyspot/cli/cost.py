@@ -31,7 +31,7 @@ def cost_report_command(
     run_name: OptionalRunArgument = None,
     as_json: JsonOption = False,
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV (stable field names)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline image (attempts, notices, checkpoints, cost vs on-demand): FILE.png, .svg or .pdf."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline image (attempts, notices, checkpoints, restarts, train and eval loss, cost vs on-demand): FILE.png, .svg or .pdf."),
     force: ForceOption = False,
 ) -> None:
     """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput;
