@@ -553,13 +553,16 @@ def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[E
     events = sorted(log.events, key=lambda e: e["ts"])
     generation = _generations(events, attempts)
     chosen = _lowest_rank(events, "eval", lambda e: (e.get("attempt", 0), generation(e), e.get("step")))
+    spans = {a.number: a.end - a.start for a in (attempts if attempts is not None else split(events))}
     seen: set = set()
     runs: list[EvalRun] = []
     for e in reversed(chosen):
         step = e.get("step")
         seconds, loss, perplexity = e.get("seconds"), e.get("loss"), e.get("perplexity")
+        # No evaluation outlasts its attempt: a longer figure is damage, and would swamp every sum.
+        believable = _finite(seconds) and 0 < seconds <= spans.get(e.get("attempt", 0), math.inf)
         runs.append(EvalRun(attempt=int(e.get("attempt", 0)), step=step, ts=e["ts"],
-                            seconds=float(seconds) if _finite(seconds) and seconds > 0 else 0.0,
+                            seconds=float(seconds) if believable else 0.0,
                             loss=float(loss) if _finite(loss) else None,
                             perplexity=float(perplexity) if _finite(perplexity) else None,
                             redone=step is not None and step in seen))
@@ -584,8 +587,9 @@ def _in_place(attempt: Attempt, runs: list[StepRun]) -> list[InPlaceRecovery]:
     hangs = {attempt.generation(h["ts"]): h for h in attempt.hangs}
     for e in attempt.restarts:
         failed_at, seconds = e.get("failed_at"), e.get("seconds_to_next_step")
-        failed_at = float(failed_at) if _finite(failed_at) else None
-        seconds = float(seconds) if _finite(seconds) and seconds >= 0 else None
+        # Inside the attempt, or damage: a failure before it started, a recovery longer than it ran.
+        failed_at = float(failed_at) if _finite(failed_at) and attempt.start <= failed_at <= e["ts"] else None
+        seconds = float(seconds) if _finite(seconds) and 0 <= seconds <= e["ts"] - attempt.start else None
         new = attempt.generation(e["ts"])
         old = attempt.generation(failed_at) if failed_at is not None else new - 1
         lost = [r for r in runs if r.attempt == attempt.number and r.in_place and old <= r.generation < new]

@@ -234,3 +234,33 @@ def test_a_run_without_losses_has_no_loss_panel():
     fig, _ = _drawn(log)
     assert len(fig.axes) == 2
     assert len(_drawn(restarted_run())[0].axes) == 3
+
+
+JUNK = [None, "x", -1, 0, 1e308, True, [], {}, [{"rank": "a", "top": 3}, 7], {"a": 1}]
+
+
+@pytest.mark.parametrize("type, fields", [
+    ("eval", ("loss", "perplexity", "tokens", "batches", "seconds")),
+    ("restart_in_place", ("cause", "failed_at", "seconds_to_next_step", "steps_redone", "restart")),
+    ("hang", ("seconds_without_step", "bound_seconds", "ranks", "stacks"))])
+def test_junk_in_the_new_events_fields_never_breaks_a_figure_or_the_plot(type, fields):
+    """valid_event checks only the fields every reader shares: these events' own fields may hold anything."""
+    from skyspot.app.status import latest_losses
+    from skyspot.executors.local.follow import RunView
+    from skyspot.pricing.cost_plot import loss_series, plot_run
+
+    for junk in JUNK:
+        events = [dict(e) for e in restarted_run().events]
+        for e in events:
+            if e["type"] == type:
+                e.update({name: junk for name in fields})
+        log = EventLog(events=events)
+        run = cost.run_cost(log)
+        assert sum(run.goodput_breakdown.values()) == pytest.approx(run.billed_seconds)
+        assert run.final_eval_loss is None or math.isfinite(run.final_eval_loss)
+        loss_series(log)
+        latest_losses(log)
+        view = RunView(16)
+        for e in events:
+            view.apply(e)
+    assert plot_run(run, log, "svg").startswith(b"<?xml")
