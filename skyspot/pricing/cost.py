@@ -750,7 +750,8 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
     checkpoint_at = max(checkpoints) if checkpoints else None
     exits = [e["ts"] for e in prev_events if e["type"] == "exit"]
     exit_at = max(exits) if exits else prev.end
-    resumes = [e for e in next_events if e["type"] == "resume"]
+    # The new attempt's first processes: a resume after one of its in-place restarts is that restart's.
+    resumes = [e for e in next_events if e["type"] == "resume" and next_split.generation(e["ts"]) == 0]
     restored_at = max(e["ts"] for e in resumes) if resumes else None
     resume = min(resumes, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)) if resumes else None
     after = restored_at if restored_at is not None else nxt.start

@@ -264,3 +264,20 @@ def test_junk_in_the_new_events_fields_never_breaks_a_figure_or_the_plot(type, f
         for e in events:
             view.apply(e)
     assert plot_run(run, log, "svg").startswith(b"<?xml")
+
+
+def test_a_re_provisioned_recovery_ends_at_the_new_attempt_s_first_step_not_after_its_restarts():
+    """An attempt preempted at T-90 and recovered onto the restarted attempt (renumbered 1, moved on 0 s):
+    the recovery runs from the notice to the new attempt's first step after its first resume (T+22), not
+    to the step after a resume of its in-place restarts."""
+    earlier = [event(T - 200, "attempt_start", 0, rank=None, where=WHERE), *starts(T - 190, 0),
+               event(T - 180, "step", 0, step=1, loss=2.0, step_seconds=2.0),
+               event(T - 90, "preempt_notice_sent", 0, rank=None, deadline=T - 80),
+               event(T - 85, "attempt_end", 0, rank=None, code=137, reason="preempted")]
+    later = [{**e, "attempt": 1} for e in restarted_run().events if e["attempt"] == 0]
+    later.append(event(T + 15, "resume", 1, step=1, source="local", load_seconds=1.0))
+    run = cost.run_cost(EventLog(events=sorted(earlier + later, key=lambda e: e["ts"])))
+    [recovery] = run.recovery_details
+    assert (recovery.restored_at, recovery.first_step_at) == (T + 15, T + 22)
+    assert recovery.total_seconds == pytest.approx(112.0)
+    assert run.restarts_in_place == 2
