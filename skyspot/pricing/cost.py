@@ -552,7 +552,17 @@ def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[E
     ranks record it); `redone` when the same step was evaluated again later."""
     events = sorted(log.events, key=lambda e: e["ts"])
     generation = _generations(events, attempts)
-    chosen = _lowest_rank(events, "eval", lambda e: (e.get("attempt", 0), generation(e), e.get("step")))
+    # One rank's evaluations per step and set of processes (if every rank records them), each once (a line read
+    # from two copies of a file is one); the same step evaluated twice by one set (periodic, then final) is two.
+    groups: dict[tuple, list[dict]] = {}
+    for e in events:
+        if e["type"] == "eval":
+            groups.setdefault((e.get("attempt", 0), generation(e), e.get("step")), []).append(e)
+    chosen = []
+    for group in groups.values():
+        rank = min((e.get("rank") if e.get("rank") is not None else -1) for e in group)
+        chosen += {e["ts"]: e for e in group if (e.get("rank") if e.get("rank") is not None else -1) == rank}.values()
+    chosen.sort(key=lambda e: e["ts"])
     spans = {a.number: a.end - a.start for a in (attempts if attempts is not None else split(events))}
     seen: set = set()
     runs: list[EvalRun] = []

@@ -281,3 +281,14 @@ def test_a_re_provisioned_recovery_ends_at_the_new_attempt_s_first_step_not_afte
     assert (recovery.restored_at, recovery.first_step_at) == (T + 15, T + 22)
     assert recovery.total_seconds == pytest.approx(112.0)
     assert run.restarts_in_place == 2
+
+
+def test_each_evaluation_counts_once_whoever_and_however_often_it_is_recorded():
+    base = [event(T, "start", 0, where=WHERE)]
+    every_rank = [eval_event(T + 10 + rank * 0.01, 0, rank=rank, step=5, loss=1.5, seconds=2.0) for rank in range(4)]
+    periodic_then_final = [eval_event(T + 20, 0, step=8, loss=1.4, seconds=2.0),
+                           eval_event(T + 23, 0, step=8, loss=1.4, seconds=2.0)]
+    copy = dict(periodic_then_final[0])  # the same line read from the run dir and from the store
+    runs = cost.eval_runs(EventLog(events=base + every_rank + periodic_then_final + [copy]))
+    assert [(r.step, r.ts) for r in runs] == [(5, T + 10), (8, T + 20), (8, T + 23)]
+    assert [r.redone for r in runs] == [False, True, False]
