@@ -536,7 +536,8 @@ def step_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[S
     chosen = _lowest_rank(events, "step", lambda e: (e.get("attempt", 0), generation(e), e.get("step")))
     runs: list[StepRun] = []
     later: dict[int, int] = {}  # step -> the attempt of its next run, walking back from the newest
-    for e in reversed(chosen):
+    # Newest last by attempt, then time: a later attempt's run is the one the model carries, whatever its clock.
+    for e in sorted(chosen, key=lambda e: (int(e.get("attempt", 0)), e["ts"]), reverse=True):
         step, attempt = int(e["step"]), int(e.get("attempt", 0))
         again = later.get(step)
         loss = e.get("loss")
@@ -544,7 +545,7 @@ def step_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[S
                             recomputed=again is not None, in_place=again == attempt, generation=generation(e),
                             loss=float(loss) if _finite(loss) else None))
         later[step] = attempt
-    return runs[::-1]
+    return sorted(runs, key=lambda r: r.ts)
 
 
 def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[EvalRun]:
