@@ -22,7 +22,7 @@ measurements (deadline.measure) all take their attempts from `split`.
   attempt number (`process_starts`: where each set of processes began, the first included), its
   `restart_in_place` record (`restarts`, one per restart number) and, for a hang, the watchdog's `hang`
   (`hangs`, one per set of processes). An earlier set's `exit` does not end the attempt, and
-  `generation(attempt, ts)` says which set of processes an event belongs to (0, 1, ...).
+  `attempt.generation(ts)` says which set of processes an event belongs to (0, 1, ...).
 - Cause: why an attempt that did not complete ended, one word of CAUSES (`cause_of`, the one place it is
   derived), and the cloud's own name for it when the cloud gave one (`cloud_cause`: AWS `terminate`,
   GCP `TERMINATE_ON_HOST_MAINTENANCE`, Azure `Preempt`); docs/cost.md, "Why an attempt ended".

@@ -107,8 +107,8 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
 
 
 def latest_losses(log) -> dict[str, Any]:
-    """The newest train loss (a `step` event's) and eval loss (an `eval` event's), each with its step; what
-    `logs` and the live view show beside the log. None where the run has none yet."""
+    """The newest train loss (a `step` event's) and eval loss (an `eval` event's), each with its step: what
+    `logs` says after the log, and `status --json` carries. None where the run has none yet."""
     import math
 
     def newest(type: str) -> Optional[dict]:
