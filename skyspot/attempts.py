@@ -17,6 +17,12 @@ measurements (deadline.measure) all take their attempts from `split`.
   of (a node leader's start carries what its cloud's metadata said: trainer/instance.py).
 - Preempted (for the preemption rate): it ended "preempted", or nothing says how it ended and a notice
   came; its uptime runs to that first notice (`notice_at`).
+- In-place restarts (docs/cost.md, "In-place restarts and hangs"): within one attempt, torchrun's agent may
+  restart every rank on the same machines; each restart is a new `start` of global rank 0 with the same
+  attempt number (`process_starts`: where each set of processes began, the first included), its
+  `restart_in_place` record (`restarts`, one per restart number) and, for a hang, the watchdog's `hang`
+  (`hangs`, one per set of processes). An earlier set's `exit` does not end the attempt, and
+  `attempt.generation(ts)` says which set of processes an event belongs to (0, 1, ...).
 - Cause: why an attempt that did not complete ended, one word of CAUSES (`cause_of`, the one place it is
   derived), and the cloud's own name for it when the cloud gave one (`cloud_cause`: AWS `terminate`,
   GCP `TERMINATE_ON_HOST_MAINTENANCE`, Azure `Preempt`); docs/cost.md, "Why an attempt ended".
@@ -26,6 +32,7 @@ Import-light and pure: status imports it for every row.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
@@ -102,6 +109,23 @@ class Attempt:
     """Why it ended, one of CAUSES (`cause_of`); None when it completed or has not ended."""
     cloud_cause: Optional[str] = None
     """The cloud's own name for that cause, when a cloud notice gave one."""
+    process_starts: list[float] = field(default_factory=list)
+    """When each set of processes began: global rank 0's `start` events, oldest first; more than one
+    after in-place restarts."""
+    restarts: list[dict] = field(default_factory=list, repr=False)
+    """Its `restart_in_place` events, one per restart number (global rank 0's), oldest first."""
+    hangs: list[dict] = field(default_factory=list, repr=False)
+    """The watchdog's `hang` events, one per set of processes (the first node's to see it)."""
+
+    @property
+    def in_place_restarts(self) -> int:
+        """Its in-place restarts: the `restart_in_place` records, or the new sets of processes when one has
+        started but not yet reached the step that records it."""
+        return max(len(self.restarts), len(self.process_starts) - 1)
+
+    def generation(self, ts: float) -> int:
+        """Which set of processes of this attempt was running at `ts`: 0 until the first in-place restart."""
+        return max(0, bisect_right(self.process_starts, ts) - 1)
 
     @property
     def preempted(self) -> bool:
@@ -147,8 +171,12 @@ def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[floa
         start = executor_start["ts"]
     else:
         start = trainer_starts[0]["ts"] if trainer_starts else events[0]["ts"]
+    process_starts = sorted({e["ts"] for e in trainer_starts if e.get("rank") == 0})
+    # After an in-place restart, the exits of the processes it replaced (a crashed rank's peers) end nothing.
+    newest = process_starts[-1] if len(process_starts) > 1 else None
     record = next((e for e in reversed(events) if e.get("type") == "attempt_end"), None) or \
-        next((e for e in reversed(events) if e.get("type") == "exit"), None)
+        next((e for e in reversed(events) if e.get("type") == "exit" and (newest is None or e["ts"] >= newest)),
+             None)
     if record is not None:
         end, reason = record["ts"], end_reason(record.get("reason"))
     elif later:
@@ -161,7 +189,27 @@ def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[floa
     return Attempt(number=number, events=events, where=where, spot=is_spot(where), start=start,
                    started=executor_start is not None or bool(trainer_starts), end=end, reason=reason,
                    recorded_end=record is not None, open=record is None and not later,
-                   notice_at=min(notices) if notices else None)
+                   notice_at=min(notices) if notices else None, process_starts=process_starts,
+                   restarts=_restarts(events), hangs=_hangs(events, process_starts))
+
+
+def _restarts(events: list[dict]) -> list[dict]:
+    """One `restart_in_place` per restart number (a copy of an event file read twice counts once)."""
+    chosen: dict[Any, dict] = {}
+    for e in events:
+        if e.get("type") == "restart_in_place":
+            number = e.get("restart")
+            chosen.setdefault(number if _number(number) else ("ts", e["ts"]), e)
+    return sorted(chosen.values(), key=lambda e: e["ts"])
+
+
+def _hangs(events: list[dict], process_starts: list[float]) -> list[dict]:
+    """One `hang` per set of processes: every node's watchdog may see the same stalled collective."""
+    chosen: dict[int, dict] = {}
+    for e in events:
+        if e.get("type") == "hang":
+            chosen.setdefault(max(0, bisect_right(process_starts, e["ts"]) - 1), e)
+    return [chosen[k] for k in sorted(chosen)]
 
 
 def cause_of(attempt: Attempt, *, reason: Optional[str] = None,

@@ -1,4 +1,5 @@
 """Runs read back: a run's events (its run root, or the store) and the summary `status` shows for each run.
+`cost-report`'s use-case, the deadline comparison included, is app/report.py.
 
 Naming runs and recording a launch are the ledger's (skyspot/ledger.py)."""
 
@@ -90,6 +91,9 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "spot": where.get("spot"), "instance_type": where.get("instance_type"),
         "step": max(steps) if steps else 0, "total_steps": run.total_steps,
         "recoveries": recoveries,
+        # Restarts on the same machines (torchrun's agent, #26), apart from SkyPilot's recoveries onto new ones.
+        "restarts_in_place": sum(a.in_place_restarts for a in attempts),
+        "hangs": sum(len(a.hangs) for a in attempts),
         # Attempts that ended without completing, by cause (attempts.CAUSES); the running one is not counted.
         "interruptions": count_causes(a for a in attempts if not a.open),
         "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
@@ -98,41 +102,26 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
+        **latest_losses(log),
     }
 
 
-def deadline_report(run, log, report) -> Optional[dict]:
-    """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
-    and greedy on the same trace (skyspot/planning/deadline.py `compare`), the trace as the run's executor
-    knows it (executors/__init__.py `DeadlineInputs`: a local run replays its own spot trace, a
-    SkyPilot run the spot it observed)."""
-    from skyspot.planning import deadline as dl
-    from skyspot.pricing import prices as pricing
-    from skyspot.errors import UsageError
-    from skyspot.executors import executor_for
+def latest_losses(log) -> dict[str, Any]:
+    """The newest train loss (a `step` event's) and eval loss (an `eval` event's), each with its step: what
+    `logs` says after the log, and `status --json` carries. None where the run has none yet."""
+    import math
 
-    plan = run.info.get("deadline")
-    if not isinstance(plan, dict) or not report.attempts:
-        return None
-    first = report.attempts[0]
-    nodes = report.nodes or 1
-    try:
-        prices = [pricing.hourly_price(first.cloud or "", instance_type=first.instance_type, region=first.region,
-                                       zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
-    except UsageError as error:
-        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
-    events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
-    try:
-        given = executor_for(run).deadline_inputs(run, plan, log.events)
-    except UsageError as error:
-        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
-    result = dl.compare(plan, events, given.trace, t0=given.t0, total_steps=run.total_steps or 1,
-                        spot_usd_per_hour=prices[0], on_demand_usd_per_hour=prices[1],
-                        provision_seconds=given.provision_seconds, restart_prior=given.restart_prior,
-                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd,
-                        notice_seconds=given.notice_seconds)
-    result["trace"] = given.source
-    return result
+    def newest(type: str) -> Optional[dict]:
+        return next((e for e in reversed(log.events) if e.get("type") == type and isinstance(e.get("loss"), (int, float))
+                     and not isinstance(e.get("loss"), bool) and math.isfinite(e["loss"])), None)
+
+    step, evaluation = newest("step"), newest("eval")
+    perplexity = evaluation.get("perplexity") if evaluation else None
+    return {"train_loss": float(step["loss"]) if step else None, "train_loss_step": step.get("step") if step else None,
+            "eval_loss": float(evaluation["loss"]) if evaluation else None,
+            "eval_loss_step": evaluation.get("step") if evaluation else None,
+            "eval_perplexity": float(perplexity) if isinstance(perplexity, (int, float)) and not isinstance(
+                perplexity, bool) and math.isfinite(perplexity) else None}
 
 
 def _deadline(run, events) -> Optional[dict]:

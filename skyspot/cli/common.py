@@ -35,6 +35,26 @@ def terminal_width(stream=None) -> int:
     return 160
 
 
+def in_place_text(row: dict) -> str:
+    """`2 (1 hang)`: a run's restarts on the same machines (#26), and how many of them a hang caused."""
+    n, hangs = row.get("restarts_in_place") or 0, row.get("hangs") or 0
+    if not (n or hangs):
+        return "-"
+    return f"{n}" + (f" ({hangs} hang{'s' if hangs != 1 else ''})" if hangs else "")
+
+
+def loss_text(losses: dict) -> str:
+    """`train loss 1.2000 (step 16), eval loss 1.1000 (step 16, perplexity 3.00)`, from app.status.latest_losses."""
+    parts = []
+    if losses.get("train_loss") is not None:
+        parts.append(f"train loss {losses['train_loss']:.4f} (step {losses.get('train_loss_step')})")
+    if losses.get("eval_loss") is not None:
+        ppl = losses.get("eval_perplexity")
+        parts.append(f"eval loss {losses['eval_loss']:.4f} (step {losses.get('eval_loss_step')}"
+                     + ("" if ppl is None else f", perplexity {ppl:,.2f}") + ")")
+    return ", ".join(parts)
+
+
 def usd(value: Optional[float], places: Optional[int] = None) -> str:
     """Dollars with the sign in front (-$0.09, not $-0.09); four places below a dollar unless `places`."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, handle_errors, one_line, terminal_width, usd
+from skyspot.cli.common import Column, display, handle_errors, in_place_text, one_line, terminal_width, usd
 from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out
@@ -20,33 +20,10 @@ SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand
                   "savings_pct", "sagemaker_savings_pct", "preemptions", "recoveries", "mttr_seconds",
                   "lost_steps", "lost_seconds", "checkpoint_overhead_seconds", "goodput", "billed_node_hours",
                   "price_source", "price_date", "simulated", "estimated", "egress_usd", "egress_bytes",
-                  "interruptions_by_cause", "interruptions"]
-
-
-def _report(run, queue_record):
-    from skyspot.pricing.cost import run_cost
-    from skyspot.app.status import run_events
-
-    log = run_events(run)
-    candidates = run.info.get("candidates") or None
-    if not (isinstance(candidates, list) and all(isinstance(c, dict) for c in candidates)):
-        candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
-    elif not any(c.get("instance_type") for c in candidates):
-        candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
-    try:
-        report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
-    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
-        # Events passed the reader's checks yet still do not add up: say so for this run only.
-        raise SkyspotError(f"the events of run '{run.name}' do not add up ({type(error).__name__}: {error})") from None
-    data = report.to_dict()
-    data.update(recipe=run.recipe, executor=run.executor, status=run.status)
-    if log.malformed:
-        data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
-    if run.info.get("deadline"):
-        from skyspot.app.status import deadline_report
-
-        data["deadline"] = deadline_report(run, log, report)
-    return report, log, data
+                  "interruptions_by_cause", "interruptions", "restarts_in_place", "hangs",
+                  "mttr_reprovisioned_seconds", "mttr_in_place_seconds", "lost_steps_reprovisioned",
+                  "lost_steps_in_place", "eval_seconds", "final_eval_loss", "final_eval_perplexity",
+                  "final_eval_step"]
 
 
 @handle_errors
@@ -54,13 +31,11 @@ def cost_report_command(
     run_name: OptionalRunArgument = None,
     as_json: JsonOption = False,
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV (stable field names)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline image (attempts, notices, checkpoints, cost vs on-demand): FILE.png, .svg or .pdf."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="RUN only: write a timeline image (attempts, notices, checkpoints, restarts, train and eval loss, cost vs on-demand): FILE.png, .svg or .pdf."),
     force: ForceOption = False,
 ) -> None:
     """Estimated cost per run, the on-demand baseline, savings, preemptions, MTTR, lost work and goodput;
     with RUN, that run's breakdown."""
-    from skyspot.ledger import Ledger
-
     if as_json and as_csv:
         raise UsageError("pick one of --json and --csv")
     if plot is not None and not run_name:
@@ -70,33 +45,19 @@ def cost_report_command(
 
         plot_format(plot)
         check_output(plot, force=force, flag="--plot")
-    with Ledger() as ledger:
-        runs = [ledger.get(run_name)] if run_name else ledger.runs()
-        damaged_rows = ledger.skipped_rows
-    from skyspot.executors import refresh
+    from skyspot.app.report import cost_reports
 
-    records, notes = refresh(runs)  # one question to each executor for every run, not one per run
-    for note in notes:
-        err.print(note)
-    reports = []
-    for run in runs:
-        try:
-            reports.append(_report(run, records.get(run.name)))
-        except SkyspotError as error:  # e.g. an instance the price data does not know, a store out of reach
-            if run_name:
-                raise
-            err.print(one_line(f"{run.name}: no estimate ({error})"), markup=False)
-    if damaged_rows:
-        err.print(f"skipped {damaged_rows} damaged ledger row(s)")
-    malformed = sum(log.malformed for _, log, _ in reports)
-    if run_name and reports:
-        _one(reports[0], as_json=as_json, as_csv=as_csv, plot=plot, force=force)
-        if malformed and (as_json or as_csv):
-            err.print(f"skipped {malformed} malformed event line(s)")
+    reports = cost_reports(run_name)
+    for note in reports.notes:
+        err.print(one_line(note), markup=False)
+    if run_name and reports.runs:
+        _one(reports.runs[0], as_json=as_json, as_csv=as_csv, plot=plot, force=force)
+        if reports.malformed and (as_json or as_csv):
+            err.print(f"skipped {reports.malformed} malformed event line(s)")
         return
-    if malformed:
-        err.print(f"skipped {malformed} malformed event line(s)")
-    rows = [data for _, _, data in reports]
+    if reports.malformed:
+        err.print(f"skipped {reports.malformed} malformed event line(s)")
+    rows = [r.data for r in reports.runs]
     if as_csv:
         _write_csv(rows, SUMMARY_FIELDS)
         return
@@ -105,7 +66,10 @@ def cost_report_command(
         return
     for r in rows:
         _format(r)
-    display(rows, REPORT_COLUMNS, as_json=False,
+    columns = (REPORT_COLUMNS + ([IN_PLACE_COLUMN] if any(r.get("restarts_in_place") or r.get("hangs") for r in rows)
+                                 else [])
+               + ([EVAL_COLUMN] if any(r.get("final_eval_loss") is not None for r in rows) else []))
+    display(rows, columns, as_json=False,
             title="Estimated cost per run (estimates from published list prices, not a bill)",
             empty="no runs yet: `skyspot launch tiny --local` starts one", caption=BASELINE_NOTE)
 
@@ -116,6 +80,9 @@ REPORT_COLUMNS = [Column("name", "NAME"), Column("status", "STATUS", 2), Column(
                   Column("mttr", "MTTR", 5, right=True), Column("lost_steps", "LOST STEPS", 6, right=True),
                   Column("goodput_pct", "GOODPUT", 3, right=True), Column("source", "PRICES", 8),
                   Column("interruptions", "INTERRUPTED BY", 6, wrap=True)]
+# Shown only when a listed run has them (#26 in-place restarts, #25 evaluations).
+IN_PLACE_COLUMN = Column("in_place", "IN PLACE", 5, right=True)
+EVAL_COLUMN = Column("eval_loss", "EVAL LOSS", 4, right=True)
 BASELINE_NOTE = ("ON-DEMAND: the same run as one uninterrupted attempt on the cheapest on-demand candidate "
                  "(one start-up, each useful step once, one wind-down); SAVED = ON-DEMAND - EST. COST. "
                  "docs/cost.md defines every figure.")
@@ -128,7 +95,9 @@ def _format(r: dict, places: Optional[int] = 2) -> None:
     # savings_pct is None when there is no baseline yet (a run with no events): show the amount alone.
     r["saved"] = "-" if r.get("savings_usd") is None else usd(r["savings_usd"], places) + (
         "" if r.get("savings_pct") is None else f" ({r['savings_pct']:.0f}%)")
-    r["mttr"] = "-" if r.get("mttr_seconds") is None else f"{r['mttr_seconds']:.1f}s"
+    r["mttr"] = _secs(r.get("mttr_seconds"))
+    r["in_place"] = in_place_text(r)
+    r["eval_loss"] = _loss(r.get("final_eval_loss"))
     r["goodput_pct"] = "-" if r.get("goodput") is None else f"{100 * r['goodput']:.0f}%"
     r["source"] = f"{r.get('price_source')} {r.get('price_date')}" if r.get("price_source") else "-"
     r["interruptions"] = r.get("interruptions") or "-"
@@ -148,8 +117,8 @@ def _csv_value(value):
     return value
 
 
-def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
-    report, log, data = report_tuple
+def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
+    report, log, data = run_report.cost, run_report.log, run_report.data
     if plot is not None:
         from skyspot.pricing.cost_plot import plot_format, plot_run
 
@@ -170,15 +139,19 @@ def _one(report_tuple, *, as_json: bool, as_csv: bool, plot: Optional[Path], for
             title=f"{data['name']}: attempts", empty=f"run '{data['name']}' has no events yet")
     if data["recovery_details"]:
         display([_recovery_row(r) for r in data["recovery_details"]], RECOVERY_COLUMNS, as_json=False,
-                title="recoveries")
+                title="recoveries onto new machines (re-provisioned)")
+    if data.get("in_place_details"):
+        display([_in_place_row(r) for r in data["in_place_details"]], IN_PLACE_COLUMNS, as_json=False,
+                title="in-place restarts (same machines, new processes)")
     say = lambda text: _say(text, terminal_width())  # noqa: E731
     say(f"estimated cost {data['cost']} (egress {data['egress']}{_store_note(data)})")
     say(f"on-demand baseline {data['baseline']}{_baseline_note(data)}")
     say(f"saved {data['saved']}{_savings_note(data)}")
-    say(f"preemptions {data['preemptions']}   recoveries {data['recoveries']}   MTTR {data['mttr']}   "
-        f"lost steps {data['lost_steps']} ({data['lost_seconds']:.1f}s)   checkpoint overhead "
-        f"{data['checkpoint_overhead_seconds']:.1f}s   goodput {data['goodput_pct']}{_goodput_note(data)}   "
+    say(f"what the money bought: {_bought(data)}")
+    say(f"preemptions {data['preemptions']}   recoveries {_recoveries(data)}   MTTR {data['mttr']}   "
+        f"lost steps {_lost(data)}   checkpoint overhead {data['checkpoint_overhead_seconds']:.1f}s   "
         f"SageMaker-style savings {_pct(data.get('sagemaker_savings_pct'))}")
+    say(f"goodput {data['goodput_pct']}{_goodput_note(data)}{_goodput_lines(data)}")
     if data.get("interruptions_by_cause"):
         say(f"interrupted by: {data['interruptions']}")
     sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
@@ -208,6 +181,73 @@ RECOVERY_COLUMNS = [Column("n", "#", right=True), Column("cause", "CAUSE", 5),
                     Column("exit_to_start", "PROVISIONING", 1, right=True), Column("start_to_restore", "RESTORE", 1, right=True),
                     Column("restore_to_first_step", "FIRST STEP", 1, right=True),
                     Column("total", "RECOVERY", right=True), Column("lost_steps", "LOST STEPS", right=True)]
+
+
+IN_PLACE_COLUMNS = [Column("n", "#", right=True), Column("attempt", "ATTEMPT", 3, right=True),
+                    Column("cause", "CAUSE"), Column("resumed_step", "FROM STEP", 2, right=True),
+                    Column("to_next_step", "TO NEXT STEP", right=True),
+                    Column("steps_redone", "STEPS REDONE", 1, right=True), Column("hang", "HANG", 4, wrap=True)]
+
+# The goodput breakdown's lines in words (pricing/cost.py GOODPUT_LINES; docs/cost.md defines each).
+GOODPUT_WORDS = {"useful": "useful steps", "evaluating": "evaluating", "redone_in_place": "steps redone in place",
+                 "redone_reprovisioned": "steps redone on new machines", "checkpoint_stalls": "checkpoint stalls",
+                 "first_start_up": "first start-up", "reprovisioned_start_ups": "start-ups on new machines",
+                 "in_place_restarts": "in-place restarts", "other": "other"}
+
+
+def _bought(data: dict) -> str:
+    """The final eval loss beside the cost: what the run's money bought (#25)."""
+    parts = []
+    if data.get("final_eval_loss") is not None:
+        ppl = data.get("final_eval_perplexity")
+        parts.append(f"eval loss {_loss(data['final_eval_loss'])}" + ("" if ppl is None else f" (perplexity {ppl:,.2f})")
+                     + f" at step {data.get('final_eval_step')}")
+    else:
+        parts.append("no evaluation (the recipe's `eval` section adds one)")
+    if data.get("final_train_loss") is not None:
+        parts.append(f"train loss {_loss(data['final_train_loss'])} at step {data.get('final_train_step')}")
+    return "; ".join(parts)
+
+
+def _recoveries(data: dict) -> str:
+    """`1 re-provisioned (MTTR 29.5s), 2 in place (MTTR 8.0s; 1 hang)`: the two kinds apart (#26)."""
+    text = f"{data['recoveries']}"
+    if not (data.get("restarts_in_place") or data.get("hangs")):
+        return text
+    hangs = data.get("hangs") or 0
+    return (f"{text} re-provisioned (MTTR {_secs(data.get('mttr_reprovisioned_seconds'))}), "
+            f"{data.get('restarts_in_place') or 0} in place (MTTR {_secs(data.get('mttr_in_place_seconds'))}"
+            f"{f'; {hangs} hang' + ('s' if hangs != 1 else '') if hangs else ''})")
+
+
+def _lost(data: dict) -> str:
+    text = f"{data['lost_steps']} ({data['lost_seconds']:.1f}s"
+    if data.get("lost_steps_in_place"):
+        text += f"; {data['lost_steps_in_place']} redone in place"
+    return text + ")"
+
+
+def _goodput_lines(data: dict) -> str:
+    """`: of 102.0s billed: useful steps 32.0s, evaluating 5.5s, ...`, the lines that add up to it."""
+    lines = data.get("goodput_breakdown") or {}
+    shown = [f"{GOODPUT_WORDS.get(key, key)} {seconds:.1f}s" for key, seconds in lines.items()
+             if key == "useful" or abs(seconds) >= 0.05]
+    return f"; of {data.get('billed_seconds', 0.0):.1f}s billed: " + ", ".join(shown) if lines else ""
+
+
+def _loss(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _in_place_row(r: dict) -> dict:
+    hang = r.get("hang") or {}
+    where = ", ".join(f"rank {x.get('rank')}: {x.get('top')}" for x in hang.get("ranks") or [] if x.get("top"))
+    return {"n": r.get("restart"), "attempt": r.get("attempt"), "cause": r.get("cause") or "-",
+            "resumed_step": r.get("resumed_step"), "to_next_step": _secs(r.get("seconds_to_next_step")),
+            "steps_redone": r.get("steps_redone") if r.get("steps_redone") is not None else r.get("lost_steps"),
+            "hang": (f"no step for {_secs(hang.get('seconds_without_step'))} (bound {_secs(hang.get('bound_seconds'))})"
+                     + (f"; {where}" if where else "") + (f"; stacks {hang['stacks']}" if hang.get("stacks") else ""))
+            if hang else "-"}
 
 
 def _deadline_lines(d: dict) -> list[str]:
@@ -243,7 +283,9 @@ def _baseline_note(data: dict) -> str:
     nodes = data.get("nodes") or 1
     return (f": this run as one uninterrupted attempt on {data.get('baseline_instance')} on demand at "
             f"{usd(rate, 2)}/h x {nodes} node{'s' if nodes != 1 else ''}: start-up {_secs(data.get('startup_seconds'))}"
-            f" + {data.get('useful_steps')} useful steps {_secs(data.get('useful_seconds'))} + wind-down "
+            f" + {data.get('useful_steps')} useful steps {_secs(data.get('useful_seconds'))}"
+            + (f" + evaluations {_secs(data['useful_eval_seconds'])}" if data.get("useful_eval_seconds") else "")
+            + " + wind-down "
             f"{_secs(data.get('wind_down_seconds'))} = {_secs(data.get('baseline_seconds'))}")
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, confirm, display, handle_errors, usd
+from skyspot.cli.common import Column, confirm, display, handle_errors, in_place_text, loss_text, usd
 from skyspot.cli.options import JsonOption, OptionalRunArgument, YesOption
 from skyspot.console import err
 from skyspot.errors import SkyspotError
@@ -19,8 +19,10 @@ STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column(
                   Column("cost", "EST. COST", 4)]
 # Shown when a listed run has a deadline (docs/deadline.md): its mode, projected finish and the deadline.
 DEADLINE_COLUMN = Column("deadline_text", "DEADLINE", 6)
+# Shown when a listed run was restarted in place (#26): on the same machines, apart from #RECOVERIES.
+IN_PLACE_COLUMN = Column("in_place", "IN PLACE", 4, right=True)
 # A finished run's status row is cached in the ledger; a new version here recomputes rows cached by an older one.
-SUMMARY_VERSION = 4
+SUMMARY_VERSION = 5
 SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
 
 
@@ -75,7 +77,10 @@ def status_command(
             " (sim)" if row["simulated"] else "")
         row["elapsed"] = _duration(row["elapsed_seconds"])
         row["deadline_text"] = _deadline_text(row.get("deadline"))
-    columns = STATUS_COLUMNS + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else [])
+        row["in_place"] = in_place_text(row)
+    columns = (STATUS_COLUMNS + ([IN_PLACE_COLUMN] if any(r.get("restarts_in_place") or r.get("hangs") for r in rows)
+                                 else [])
+               + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else []))
     display(rows, columns, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
             caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
     if not as_json:
@@ -141,7 +146,24 @@ def logs_command(
         run = ledger.get(run_name) if run_name else _latest(ledger)
         if run_name is None:
             err.print(f"logs of '{run.name}', the newest run", markup=False)
-    raise typer.Exit(executor_for(run).logs(run, follow=follow))
+    executor = executor_for(run)
+    code = executor.logs(run, follow=follow)
+    losses = _latest_losses(run, executor)
+    if losses:
+        err.print(f"latest: {losses}", markup=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def _latest_losses(run, executor) -> str:
+    """The newest train and eval loss from the run's events, said after its log (#25); nothing when the
+    events cannot be read: the log itself was shown."""
+    from skyspot.app.status import latest_losses, run_events
+
+    try:
+        log = run_events(run, store_ok=not executor.local_events)
+    except Exception:  # an unreachable store: the log was the point
+        return ""
+    return loss_text(latest_losses(log))
 
 
 @handle_errors

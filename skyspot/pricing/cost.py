@@ -25,7 +25,12 @@ estimates, not bills.
 Baseline. What the same run would have cost as one uninterrupted attempt on the cheapest
 on-demand candidate: one start-up (the first attempt's billing start to its first step), every
 useful step once, and one wind-down (the last step to the end of a completed run). Recoveries,
-recomputed steps, checkpoint stalls and start-ups after the first count against spot.
+recomputed steps, checkpoint stalls and start-ups after the first count against spot. Evaluations
+count once each, like steps: an uninterrupted run evaluates too.
+
+In-place restarts. torchrun's agent may restart every rank on the same machines within an attempt
+(`restart_in_place`, docs/cost.md): those recoveries are reported apart from the re-provisioned ones
+(new attempts), in their own MTTR and lost work, and a `hang` the watchdog turned into one is counted.
 """
 
 from __future__ import annotations
@@ -195,28 +200,113 @@ class RunCost:
     """The one finish an uninterrupted run also pays: the end of the last step to the end of the last
     attempt (final checkpoint, export, shutdown); 0 unless the run completed."""
     baseline_seconds: float = 0.0
-    """startup_seconds + useful_seconds + wind_down_seconds: the run as one uninterrupted attempt."""
+    """startup_seconds + useful_seconds + useful_eval_seconds + wind_down_seconds: the run as one
+    uninterrupted attempt."""
     interruptions_by_cause: dict[str, int] = field(default_factory=dict)
     """Attempts that ended without completing, counted by cause (attempts.CAUSES), most frequent first."""
     interruptions: str = ""
     """The same in words: '2 spot preemptions, 1 planned maintenance'; empty when nothing was interrupted."""
+    restarts_in_place: int = 0
+    """In-place restarts (same attempt, same machines, new processes), over every attempt."""
+    hangs: int = 0
+    """Hangs the watchdog caught (one per set of processes, whichever nodes saw it)."""
+    in_place_details: list[InPlaceRecovery] = field(default_factory=list)
+    mttr_reprovisioned_seconds: Optional[float] = None
+    """Mean `total_seconds` of the recoveries onto a new attempt (`recovery_details`)."""
+    mttr_in_place_seconds: Optional[float] = None
+    """Mean `seconds_to_next_step` of the in-place restarts."""
+    lost_steps_reprovisioned: int = 0
+    lost_seconds_reprovisioned: float = 0.0
+    lost_steps_in_place: int = 0
+    lost_seconds_in_place: float = 0.0
+    evals: int = 0
+    """`eval` events (every evaluation run, redone ones included)."""
+    eval_seconds: float = 0.0
+    """Σ their `seconds`: the time spent evaluating, its own line in `goodput_breakdown`."""
+    useful_eval_seconds: float = 0.0
+    """What the baseline counts of it: each evaluated step once (its last run), the evaluations after the
+    last step left to the wind-down that holds them."""
+    final_eval_loss: Optional[float] = None
+    """The newest evaluation's loss (what the money bought), its perplexity, step and time."""
+    final_eval_perplexity: Optional[float] = None
+    final_eval_step: Optional[int] = None
+    final_eval_at: Optional[float] = None
+    final_train_loss: Optional[float] = None
+    """The newest step's training loss, and its step."""
+    final_train_step: Optional[int] = None
+    goodput_breakdown: dict[str, float] = field(default_factory=dict)
+    """billed_seconds, line by line (GOODPUT_LINES): they add up to billed_seconds; `useful` over it is goodput."""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["attempts"] = [a.to_dict() for a in self.attempts]
         data["recovery_details"] = [r.to_dict() for r in self.recovery_details]
+        data["in_place_details"] = [r.to_dict() for r in self.in_place_details]
         return data
+
+
+# Where billed time went (RunCost.goodput_breakdown), in this order; docs/cost.md defines each line.
+GOODPUT_LINES = ("useful", "evaluating", "redone_in_place", "redone_reprovisioned", "checkpoint_stalls",
+                 "first_start_up", "reprovisioned_start_ups", "in_place_restarts", "other")
 
 
 @dataclass(frozen=True)
 class StepRun:
-    """One execution of one training step; `recomputed` when a later attempt ran the step again."""
+    """One execution of one training step; `recomputed` when it ran again later (a later attempt, or the
+    same attempt's processes after an in-place restart: `in_place`)."""
 
     attempt: int
     step: int
     ts: float
     seconds: float
     recomputed: bool
+    in_place: bool = False
+    """Recomputed by the same attempt after an in-place restart (no new machines)."""
+    generation: int = 0
+    """Which set of the attempt's processes ran it (attempts.Attempt.generation)."""
+    loss: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """One evaluation (an `eval` event); `redone` when the same step was evaluated again later (a rollback)."""
+
+    attempt: int
+    step: Optional[int]
+    ts: float
+    seconds: float
+    loss: Optional[float]
+    perplexity: Optional[float]
+    redone: bool
+
+
+@dataclass
+class InPlaceRecovery:
+    """One in-place restart of an attempt's processes on the same machines (a `restart_in_place` event):
+    from the failure to the next completed step, and the steps that had to be run again."""
+
+    attempt: int
+    restart: Optional[int]
+    """1, 2, ... within the attempt."""
+    cause: Optional[str]
+    """crash, hang or error, as the trainer recorded it."""
+    failed_at: Optional[float]
+    first_step_at: Optional[float]
+    """failed_at + seconds_to_next_step."""
+    seconds_to_next_step: Optional[float]
+    """The recovery's time, failure to the next completed step: what `mttr_in_place_seconds` averages."""
+    resumed_step: Optional[int]
+    """The step the new processes resumed from (the newest committed local checkpoint)."""
+    steps_redone: Optional[int]
+    """As the trainer counted them."""
+    lost_steps: int
+    """Step runs of the processes it replaced that the new ones ran again, from the step events."""
+    lost_seconds: float
+    hang: Optional[dict] = None
+    """For a hang: the watchdog's record (step, seconds_without_step, bound_seconds, stacks, each rank's top)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # --- public API --------------------------------------------------------------------------
@@ -243,9 +333,11 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     home = _store_cloud(store, warnings)
     for attempt, split_attempt in zip(attempts, split_attempts):
         _add_egress(attempt, split_attempt.events, home, warnings)
-    runs = step_runs(log)
+    runs = step_runs(log, split_attempts)
     details = [_recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs)
                for i, (prev, nxt) in enumerate(zip(attempts, attempts[1:]))]
+    in_place = [r for a in split_attempts for r in _in_place(a, runs)]
+    evals = eval_runs(log, split_attempts)
 
     useful = [r for r in runs if not r.recomputed]
     useful_seconds = sum(r.seconds for r in useful)
@@ -256,11 +348,13 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     cost = sum(a.compute_usd for a in attempts if a.compute_usd is not None) + egress
 
     startup, wind_down = _startup_seconds(attempts, runs), _wind_down_seconds(attempts, runs)
-    baseline_seconds = startup + useful_seconds + wind_down
+    useful_eval_seconds = sum(e.seconds for e in baseline_evals(evals, runs, wind_down))
+    baseline_seconds = startup + useful_seconds + useful_eval_seconds + wind_down
     baseline = _baseline(candidates, attempts, warnings)
     on_demand = baseline_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
     savings = on_demand - cost if on_demand is not None else None
     totals = [r.total_seconds for r in details if r.total_seconds is not None]
+    in_place_totals = [r.seconds_to_next_step for r in in_place if r.seconds_to_next_step is not None]
     recoveries = len(details)
     if queue_record is not None and _get(queue_record, "recovery_count"):
         recoveries = max(recoveries, int(_get(queue_record, "recovery_count")))
@@ -268,6 +362,9 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     causes = count_causes(attempts)
     if baseline:
         prices.append((baseline.source, baseline.source_date))
+    checkpoints = _one_per_key(events, "checkpoint_end", ("step", "kind"))
+    final_eval = next((e for e in reversed(evals) if e.loss is not None), None)
+    final_step = next((r for r in reversed(runs) if r.loss is not None), None)
 
     return RunCost(
         name=name or (events[0].get("run_id") if events else None) or "",
@@ -282,11 +379,10 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         sagemaker_savings_pct=100 * (1 - billed_seconds / training_seconds) if training_seconds > 0 else None,
         preemptions=sum(a.end_reason == "preempted" for a in attempts),
         recoveries=recoveries,
-        mttr_seconds=sum(totals) / len(totals) if totals else None,
+        mttr_seconds=_mean(totals + in_place_totals),
         lost_steps=sum(r.recomputed for r in runs),
         lost_seconds=sum(r.seconds for r in runs if r.recomputed),
-        checkpoint_overhead_seconds=sum(float(e.get("blocked_seconds") or 0.0)
-                                        for e in _one_per_key(events, "checkpoint_end", ("step", "kind"))),
+        checkpoint_overhead_seconds=sum(float(e.get("blocked_seconds") or 0.0) for e in checkpoints),
         useful_steps=len(useful),
         useful_seconds=useful_seconds,
         billed_seconds=billed_seconds,
@@ -307,7 +403,91 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         egress_bytes=sum(a.egress_upload_bytes + a.egress_download_bytes for a in attempts),
         interruptions_by_cause=causes,
         interruptions=describe_causes(causes),
+        restarts_in_place=sum(a.in_place_restarts for a in split_attempts),
+        hangs=sum(len(a.hangs) for a in split_attempts),
+        in_place_details=in_place,
+        mttr_reprovisioned_seconds=_mean(totals),
+        mttr_in_place_seconds=_mean(in_place_totals),
+        lost_steps_reprovisioned=sum(r.recomputed and not r.in_place for r in runs),
+        lost_seconds_reprovisioned=sum(r.seconds for r in runs if r.recomputed and not r.in_place),
+        lost_steps_in_place=sum(r.in_place for r in runs),
+        lost_seconds_in_place=sum(r.seconds for r in runs if r.in_place),
+        evals=len(evals),
+        eval_seconds=sum(e.seconds for e in evals),
+        useful_eval_seconds=useful_eval_seconds,
+        final_eval_loss=final_eval.loss if final_eval else None,
+        final_eval_perplexity=final_eval.perplexity if final_eval else None,
+        final_eval_step=final_eval.step if final_eval else None,
+        final_eval_at=final_eval.ts if final_eval else None,
+        final_train_loss=final_step.loss if final_step else None,
+        final_train_step=final_step.step if final_step else None,
+        goodput_breakdown=_goodput_breakdown(attempts, split_attempts, runs, evals, checkpoints, in_place,
+                                             billed_seconds, startup),
     )
+
+
+def baseline_evals(evals: list["EvalRun"], runs: list[StepRun], wind_down: float) -> list["EvalRun"]:
+    """The evaluations the baseline counts: each evaluated step once (its last run), like each step; those
+    after the last step are inside the wind-down already."""
+    trained_until = max((r.ts for r in runs if not r.recomputed), default=math.inf) if wind_down else math.inf
+    return [e for e in evals if not e.redone and e.ts <= trained_until]
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def _goodput_breakdown(attempts: list[AttemptCost], split_attempts: list[Attempt], runs: list[StepRun],
+                       evals: list["EvalRun"], checkpoints: list[dict], in_place: list[InPlaceRecovery],
+                       billed_seconds: float, startup: float) -> dict[str, float]:
+    """Where the billed wall time went, one line per GOODPUT_LINES: each from its own events, and `other` the
+    rest, so the lines add up to billed_seconds. A start-up or restart window leaves out the evaluations and
+    checkpoint stalls inside it, which have their own lines."""
+
+    def inside(begin: float, end: float) -> float:
+        return (sum(e.seconds for e in evals if begin < e.ts <= end)
+                + sum(float(c.get("blocked_seconds") or 0.0) for c in checkpoints if begin < c["ts"] <= end))
+
+    def window(begin: Optional[float], end: Optional[float]) -> float:
+        if begin is None or end is None or end <= begin:
+            return 0.0
+        return max(0.0, end - begin - inside(begin, end))
+
+    first = next((a for a in attempts if any(r.attempt == a.attempt for r in runs)), None)
+    first_start = first.start if first else (attempts[0].start if attempts else 0.0)
+    later_start_ups = 0.0
+    for a in attempts:
+        mine = [r for r in runs if r.attempt == a.attempt]
+        if a is not first and mine:
+            step = min(mine, key=lambda r: r.ts)
+            later_start_ups += window(a.start, min(a.end, step.ts - step.seconds))
+    restarts = 0.0
+    by_number = {a.number: a for a in split_attempts}
+    for r in in_place:
+        a = by_number.get(r.attempt)
+        if a is None:
+            continue
+        generation = a.generation(r.first_step_at) if r.first_step_at is not None else None
+        before = [s for s in runs if s.attempt == r.attempt and generation is not None and s.generation < generation
+                  and (r.failed_at is None or s.ts <= r.failed_at)]
+        after = [s for s in runs if s.attempt == r.attempt and s.generation == generation]
+        # From the old processes' last step (a hang's stall included) to the new processes' first step.
+        begin = min([x for x in (r.failed_at, max((s.ts for s in before), default=None)) if x is not None],
+                    default=None)
+        first_after = min(after, key=lambda s: s.ts) if after else None
+        restarts += window(begin, first_after.ts - first_after.seconds if first_after else None)
+    lines = {
+        "useful": sum(r.seconds for r in runs if not r.recomputed),
+        "evaluating": sum(e.seconds for e in evals),
+        "redone_in_place": sum(r.seconds for r in runs if r.in_place),
+        "redone_reprovisioned": sum(r.seconds for r in runs if r.recomputed and not r.in_place),
+        "checkpoint_stalls": sum(float(c.get("blocked_seconds") or 0.0) for c in checkpoints),
+        "first_start_up": window(first_start, first_start + startup) if startup else 0.0,
+        "reprovisioned_start_ups": later_start_ups,
+        "in_place_restarts": restarts,
+    }
+    lines["other"] = billed_seconds - sum(lines.values())
+    return {key: lines[key] for key in GOODPUT_LINES}
 
 
 def _startup_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
@@ -347,17 +527,110 @@ def cost_so_far(log: EventLog, now: Optional[float] = None, store: Optional[str]
     return run_cost(log, now=time.time() if now is None else now, store=store).cost_usd
 
 
-def step_runs(log: EventLog) -> list[StepRun]:
-    """Every step execution, oldest first. A step that ran again later is `recomputed`:
-    only its last run counts as useful, since that is the one the final model carries."""
-    events = _one_per_key(sorted(log.events, key=lambda e: e["ts"]), "step", ("step",))
-    last: dict[int, tuple[int, float]] = {}
+def step_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[StepRun]:
+    """Every step execution, oldest first. A step that ran again later is `recomputed`: only its last run
+    counts as useful, since that is the one the final model carries. One that the same attempt ran again,
+    after an in-place restart, is also `in_place`. `attempts`: the log's split, when the caller has it."""
+    events = sorted(log.events, key=lambda e: e["ts"])
+    generation = _generations(events, attempts)
+    chosen = _lowest_rank(events, "step", lambda e: (e.get("attempt", 0), generation(e), e.get("step")))
+    runs: list[StepRun] = []
+    later: dict[int, int] = {}  # step -> the attempt of its next run, walking back from the newest
+    # Newest last by attempt, then time: a later attempt's run is the one the model carries, whatever its clock.
+    for e in sorted(chosen, key=lambda e: (int(e.get("attempt", 0)), e["ts"]), reverse=True):
+        step, attempt = int(e["step"]), int(e.get("attempt", 0))
+        again = later.get(step)
+        loss = e.get("loss")
+        runs.append(StepRun(attempt=attempt, step=step, ts=e["ts"], seconds=float(e.get("step_seconds") or 0.0),
+                            recomputed=again is not None, in_place=again == attempt, generation=generation(e),
+                            loss=float(loss) if _finite(loss) else None))
+        later[step] = attempt
+    return sorted(runs, key=lambda r: r.ts)
+
+
+def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[EvalRun]:
+    """Every evaluation, oldest first (one per step and set of processes, the lowest rank's when several
+    ranks record it); `redone` when the same step was evaluated again later."""
+    events = sorted(log.events, key=lambda e: e["ts"])
+    generation = _generations(events, attempts)
+    # One rank's evaluations per step and set of processes (if every rank records them), each once (a line read
+    # from two copies of a file is one); the same step evaluated twice by one set (periodic, then final) is two.
+    groups: dict[tuple, list[dict]] = {}
     for e in events:
-        last[int(e["step"])] = max(last.get(int(e["step"]), (-1, 0.0)), (int(e.get("attempt", 0)), e["ts"]))
-    return [StepRun(attempt=int(e.get("attempt", 0)), step=int(e["step"]), ts=e["ts"],
-                    seconds=float(e.get("step_seconds") or 0.0),
-                    recomputed=(int(e.get("attempt", 0)), e["ts"]) != last[int(e["step"])])
-            for e in events]
+        if e["type"] == "eval":
+            groups.setdefault((e.get("attempt", 0), generation(e), e.get("step")), []).append(e)
+    chosen = []
+    for group in groups.values():
+        rank = min((e.get("rank") if e.get("rank") is not None else -1) for e in group)
+        chosen += {e["ts"]: e for e in group if (e.get("rank") if e.get("rank") is not None else -1) == rank}.values()
+    chosen.sort(key=lambda e: e["ts"])
+    spans = {a.number: a.end - a.start for a in (attempts if attempts is not None else split(events))}
+    seen: set = set()
+    runs: list[EvalRun] = []
+    for e in reversed(chosen):
+        step = e.get("step")
+        seconds, loss, perplexity = e.get("seconds"), e.get("loss"), e.get("perplexity")
+        # No evaluation outlasts its attempt: a longer figure is damage, and would swamp every sum.
+        believable = _finite(seconds) and 0 < seconds <= spans.get(e.get("attempt", 0), math.inf)
+        runs.append(EvalRun(attempt=int(e.get("attempt", 0)), step=step, ts=e["ts"],
+                            seconds=float(seconds) if believable else 0.0,
+                            loss=float(loss) if _finite(loss) else None,
+                            perplexity=float(perplexity) if _finite(perplexity) else None,
+                            redone=step is not None and step in seen))
+        seen.add(step)
+    return runs[::-1]
+
+
+def _generations(events: list[dict], attempts: Optional[list[Attempt]]):
+    """event -> which set of its attempt's processes wrote it (0 unless restarted in place)."""
+    by_number = {a.number: a for a in (attempts if attempts is not None else split(events))}
+
+    def generation(e: dict) -> int:
+        a = by_number.get(e.get("attempt", 0))
+        return a.generation(e["ts"]) if a is not None else 0
+    return generation
+
+
+def _in_place(attempt: Attempt, runs: list[StepRun]) -> list[InPlaceRecovery]:
+    """The attempt's in-place restarts, from its `restart_in_place` events; the steps each one redid from
+    the step events (the replaced processes' runs that the new ones ran again)."""
+    details = []
+    hangs = {attempt.generation(h["ts"]): h for h in attempt.hangs}
+    for e in attempt.restarts:
+        failed_at, seconds = e.get("failed_at"), e.get("seconds_to_next_step")
+        # Inside the attempt, or damage: a failure before it started, a recovery longer than it ran.
+        failed_at = float(failed_at) if _finite(failed_at) and attempt.start <= failed_at <= e["ts"] else None
+        seconds = float(seconds) if _finite(seconds) and 0 <= seconds <= e["ts"] - attempt.start else None
+        new = attempt.generation(e["ts"])
+        old = attempt.generation(failed_at) if failed_at is not None else new - 1
+        lost = [r for r in runs if r.attempt == attempt.number and r.in_place and old <= r.generation < new]
+        cause = e.get("cause") if isinstance(e.get("cause"), str) else None
+        hang = hangs.get(old)
+        details.append(InPlaceRecovery(
+            attempt=attempt.number, restart=_int(e.get("restart")), cause=cause, failed_at=failed_at,
+            first_step_at=failed_at + seconds if failed_at is not None and seconds is not None else None,
+            seconds_to_next_step=seconds, resumed_step=_int(e.get("step")), steps_redone=_int(e.get("steps_redone")),
+            lost_steps=len(lost), lost_seconds=sum(r.seconds for r in lost),
+            hang=_hang_record(hang) if hang is not None else None))
+    return details
+
+
+def _hang_record(e: dict) -> dict:
+    ranks = e.get("ranks") if isinstance(e.get("ranks"), list) else []
+    return {"step": _int(e.get("step")), "node_rank": _int(e.get("node_rank")),
+            "seconds_without_step": e.get("seconds_without_step") if _finite(e.get("seconds_without_step")) else None,
+            "bound_seconds": e.get("bound_seconds") if _finite(e.get("bound_seconds")) else None,
+            "stacks": e.get("stacks") if isinstance(e.get("stacks"), str) else None,
+            "ranks": [{"rank": _int(r.get("rank")), "top": r.get("top") if isinstance(r.get("top"), str) else None}
+                      for r in ranks if isinstance(r, Mapping)]}
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # --- attempts ----------------------------------------------------------------------------
@@ -488,13 +761,14 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
     checkpoint_at = max(checkpoints) if checkpoints else None
     exits = [e["ts"] for e in prev_events if e["type"] == "exit"]
     exit_at = max(exits) if exits else prev.end
-    resumes = [e for e in next_events if e["type"] == "resume"]
+    # The new attempt's first processes: a resume after one of its in-place restarts is that restart's.
+    resumes = [e for e in next_events if e["type"] == "resume" and next_split.generation(e["ts"]) == 0]
     restored_at = max(e["ts"] for e in resumes) if resumes else None
     resume = min(resumes, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)) if resumes else None
     after = restored_at if restored_at is not None else nxt.start
     first_steps = [e["ts"] for e in next_events if e["type"] == "step" and e["ts"] >= after]
     first_step_at = min(first_steps) if first_steps else None
-    lost = [r for r in runs if r.attempt == prev.attempt and r.recomputed]
+    lost = [r for r in runs if r.attempt == prev.attempt and r.recomputed and not r.in_place]
     return Recovery(
         from_attempt=prev.attempt, to_attempt=nxt.attempt, cause=prev.end_reason,
         notice_at=notice_at, checkpoint_at=checkpoint_at, exit_at=exit_at, start_at=nxt.start,
@@ -566,11 +840,16 @@ def _is_accelerator(cloud: Any, name: str, count: Any) -> bool:
 
 def _one_per_key(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
     """One event per (attempt, *keys), the lowest rank's: every rank may log the same step."""
+    return _lowest_rank(events, type, lambda e: (e.get("attempt", 0), *(e.get(k) for k in keys)))
+
+
+def _lowest_rank(events: list[dict], type: str, key_of) -> list[dict]:
+    """One event of `type` per key_of(event), the lowest rank's, oldest first."""
     chosen: dict[tuple, dict] = {}
     for e in events:
         if e["type"] != type:
             continue
-        key = (e.get("attempt", 0), *(e.get(k) for k in keys))
+        key = key_of(e)
         rank = e.get("rank") if e.get("rank") is not None else -1
         held = chosen.get(key)
         if held is None or rank < (held.get("rank") if held.get("rank") is not None else -1):

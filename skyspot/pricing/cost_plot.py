@@ -1,9 +1,13 @@
-"""A picture of one run: where its attempts ran, where they were interrupted, and money over time.
+"""A picture of one run: where its attempts ran, where they were interrupted, what the model learnt, and
+money over time, on one time axis.
 
 Top panel: one bar per attempt (spot and on-demand coloured apart) with checkpoints as ticks,
-preemption notices and preemptions marked. Bottom panel: cumulative estimated cost against
-the on-demand baseline (one start-up, each useful step once, one wind-down, at the baseline
-price: docs/cost.md), so the gap is the saving.
+preemption notices, preemptions, in-place restarts and hangs marked. Middle panel (when the run logged a
+loss): the train loss of every step run and the eval losses, so the steps a preemption or a restart made
+the run do again show as a stretch of the curve drawn twice. Bottom panel: cumulative estimated cost
+against the on-demand baseline (one start-up, each useful step once, one wind-down, at the baseline price:
+docs/cost.md), accruing from the run's start, so the gap is the saving. The legend sits under the panels,
+and each attempt's label inside the axes, so neither ever runs into the other.
 
 matplotlib is imported only when a plot is drawn, and only through `Figure` (no pyplot, no
 global backend), so this works headless and leaves the caller's matplotlib state alone. It returns the
@@ -16,7 +20,7 @@ import io
 from pathlib import Path
 from typing import Union
 
-from skyspot.pricing.cost import RunCost, step_runs
+from skyspot.pricing.cost import RunCost, StepRun, baseline_evals, eval_runs, step_runs
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
 
@@ -26,8 +30,12 @@ NOTICE_COLOUR = "#e9c46a"
 PREEMPT_COLOUR = "#c1121f"
 CHECKPOINT_COLOUR = "#264653"
 BASELINE_COLOUR = "#6c757d"
+RESTART_COLOUR = "#7b2cbf"
+EVAL_COLOUR = "#f4a261"
 NOTICE_OFFSET = 0.38  # notices sit below their attempt's bar (y grows downwards here)
 
+
+TITLE_WIDTH = 125  # characters of a title line at its size that fit the figure's 11 inches
 
 FORMATS = ("png", "svg", "pdf")
 """What `--plot` writes, by the file's extension: formats matplotlib draws without extra packages."""
@@ -45,6 +53,13 @@ def plot_format(path: Union[str, Path]) -> str:
 
 def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
     """Draw `run_cost` (computed from `log`) as an image in `fmt` (one of FORMATS); its bytes."""
+    buffer = io.BytesIO()
+    figure(run_cost, log).savefig(buffer, format=fmt, dpi=110)
+    return buffer.getvalue()
+
+
+def figure(run_cost: RunCost, log: EventLog):
+    """The run's matplotlib `Figure` (plot_run saves it)."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -57,11 +72,18 @@ def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
     def x(ts: float) -> float:
         return (ts - t0) / scale
 
-    fig = Figure(figsize=(11, 6.2), layout="constrained")
-    timeline, money = fig.subplots(2, 1, sharex=True, height_ratios=(max(1.4, 0.55 * len(attempts) + 0.8), 2.2))
+    runs = step_runs(log)
+    losses = loss_series(log, runs)
+    has_loss = bool(losses["train"] or losses["eval"])
+    fig = Figure(figsize=(11, 8.2 if has_loss else 6.6), layout="constrained")
+    heights = (max(1.4, 0.55 * len(attempts) + 0.8),) + ((2.0,) if has_loss else ()) + (2.2,)
+    axes = fig.subplots(len(heights), 1, sharex=True, height_ratios=heights)
+    timeline, money = axes[0], axes[-1]
+    loss_axis = axes[1] if has_loss else None
 
     # --- attempts -------------------------------------------------------------------------
     rows = {a.attempt: i for i, a in enumerate(attempts)}
+    middle = x(t0 + span / 2)
     for a in attempts:
         y = rows[a.attempt]
         colour = SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR
@@ -70,17 +92,22 @@ def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
         kind = "spot" if a.spot else "on-demand"
         ended = a.end_reason + (f": {a.cause}" if a.cause else "") + (f" ({a.cloud_cause})" if a.cloud_cause else "")
         label = f"{a.instance_type or '?'} x{a.nodes} {kind}  {a.region or ''}  {price}  ({ended})"
-        timeline.text(x(a.start), y - 0.3, label, fontsize=8, va="bottom")
+        # Inside the axes: from the start of a span in the left half, back from the end of one in the right
+        # half, so a late attempt's label never runs off the axes (the legend is below them: never under it).
+        left = x(a.start) <= middle
+        timeline.text(x(a.start) if left else x(a.end), y - 0.3, label, fontsize=8, va="bottom",
+                      ha="left" if left else "right", clip_on=True, gid=f"attempt-label-{a.attempt}")
         if a.end_reason == "preempted":
             timeline.plot(x(a.end), y, marker="X", markersize=11, color=PREEMPT_COLOUR, zorder=4)
 
-    runs = step_runs(log)
-    for a in attempts:
-        lost = [r for r in runs if r.attempt == a.attempt and r.recomputed]
-        if lost:
-            begin, end = min(r.ts - r.seconds for r in lost), max(r.ts for r in lost)
-            timeline.barh(rows[a.attempt], x(end) - x(begin), left=x(begin), height=0.5, fill=False,
-                          hatch="///", edgecolor=PREEMPT_COLOUR, lw=0)
+    lost: dict[tuple, list] = {}  # per set of processes: one restart's redone stretch is not the next one's
+    for r in runs:
+        if r.recomputed and r.attempt in rows:
+            lost.setdefault((r.attempt, r.generation), []).append(r)
+    for (attempt, _), stretch in lost.items():
+        begin, end = min(r.ts - r.seconds for r in stretch), max(r.ts for r in stretch)
+        timeline.barh(rows[attempt], x(end) - x(begin), left=x(begin), height=0.5, fill=False,
+                      hatch="///", edgecolor=PREEMPT_COLOUR, lw=0)
 
     for e in log.events:
         y = rows.get(e.get("attempt"))
@@ -94,15 +121,24 @@ def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
             # Below the bar, pointing at it: the emergency checkpoint a second later stays visible on the bar.
             timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="^", markersize=9, color=NOTICE_COLOUR,
                           markeredgecolor="black", zorder=5)
+        elif e["type"] == "hang":  # below the bar like a notice: the restart's mark sits on the bar
+            timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="s", markersize=8, color=RESTART_COLOUR, zorder=6)
+    for r in run_cost.in_place_details:
+        if r.failed_at is not None and r.attempt in rows:
+            timeline.plot(x(r.failed_at), rows[r.attempt], marker="o", markersize=8, color="white",
+                          markeredgecolor=RESTART_COLOUR, mew=2, zorder=6)
+            if r.first_step_at is not None:
+                timeline.plot([x(r.failed_at), x(r.first_step_at)], [rows[r.attempt]] * 2, color=RESTART_COLOUR,
+                              lw=3, zorder=5, solid_capstyle="butt")
 
     for prev, nxt in zip(attempts, attempts[1:]):
-        for axis in (timeline, money):
+        for axis in axes:
             axis.axvspan(x(prev.end), x(nxt.start), color=PREEMPT_COLOUR, alpha=0.07, lw=0)
 
     timeline.set_yticks(range(len(attempts)), [f"attempt {a.attempt}" for a in attempts])
     timeline.set_ylim(len(attempts) - 0.5 + NOTICE_OFFSET, -0.9)
     timeline.grid(axis="x", alpha=0.3)
-    timeline.legend(handles=[
+    handles = [
         Patch(color=SPOT_COLOUR, label="spot"), Patch(color=ON_DEMAND_COLOUR, label="on-demand"),
         Line2D([], [], ls="", marker="|", ms=12, mew=2, color=CHECKPOINT_COLOUR, label="checkpoint"),
         Line2D([], [], ls="", marker="D", color=CHECKPOINT_COLOUR, label="emergency checkpoint"),
@@ -110,7 +146,29 @@ def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
         Line2D([], [], ls="", marker="X", ms=9, color=PREEMPT_COLOUR, label="preempted"),
         Patch(fill=False, hatch="///", edgecolor=PREEMPT_COLOUR, lw=0, label="steps run again later"),
         Patch(color=PREEMPT_COLOUR, alpha=0.15, label="between attempts"),
-    ], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ]
+    if run_cost.in_place_details or run_cost.hangs:
+        handles += [Line2D([], [], marker="o", ms=8, color=RESTART_COLOUR, markerfacecolor="white", mew=2, lw=3,
+                           label="in-place restart (failure to next step)"),
+                    Line2D([], [], ls="", marker="s", ms=8, color=RESTART_COLOUR, label="hang")]
+
+    # --- loss -----------------------------------------------------------------------------
+    if loss_axis is not None:
+        for segment in losses["train"]:
+            redone = segment[0][3]
+            loss_axis.plot([x(ts) for ts, _, _, _ in segment], [loss for _, _, loss, _ in segment],
+                           color=PREEMPT_COLOUR if redone else CHECKPOINT_COLOUR, lw=1.0 if redone else 1.4,
+                           alpha=0.6 if redone else 1.0)
+        if losses["eval"]:
+            loss_axis.plot([x(ts) for ts, _, _ in losses["eval"]], [loss for _, _, loss in losses["eval"]],
+                           ls="", marker="o", ms=6, color=EVAL_COLOUR, markeredgecolor="black", zorder=4)
+        loss_axis.set_ylabel("loss")
+        loss_axis.grid(alpha=0.3)
+        handles += [Line2D([], [], color=CHECKPOINT_COLOUR, lw=1.4, label="train loss"),
+                    Line2D([], [], color=PREEMPT_COLOUR, lw=1.0, alpha=0.6, label="train loss of steps run again")]
+        if losses["eval"]:
+            handles.append(Line2D([], [], ls="", marker="o", ms=6, color=EVAL_COLOUR, markeredgecolor="black",
+                                  label="eval loss"))
 
     # --- money ----------------------------------------------------------------------------
     # Spend rises while nodes are up (in the attempt's colour) and stays flat between attempts.
@@ -124,11 +182,11 @@ def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
     money.plot([], [], color=SPOT_COLOUR, lw=2.4, label=f"estimated cost  {_usd(total)}")
 
     if run_cost.baseline_usd_per_hour is not None:
-        points = baseline_curve(run_cost, runs, t0)
-        bx, by = [x(ts) for ts, _ in points], [usd for _, usd in points]
-        accrued = by[-1]
-        money.plot(bx, by, color=BASELINE_COLOUR, lw=1.8, ls="--", drawstyle="steps-post",
-                   label=f"on-demand baseline  {_usd(accrued)}  ({run_cost.baseline_instance}: one start-up, "
+        points = baseline_curve(run_cost, runs, t0, eval_runs(log))
+        # A plain line through the curve's points: it accrues over each interval, never in a jump.
+        money.plot([x(ts) for ts, _ in points], [value for _, value in points], color=BASELINE_COLOUR, lw=1.8,
+                   ls="--", gid="baseline",
+                   label=f"on-demand baseline  {_usd(points[-1][1])}  ({run_cost.baseline_instance}: one start-up, "
                          "useful steps, one wind-down)")
     money.set_ylabel("USD (cumulative)")
     money.set_xlabel(f"{unit} since the first attempt started")
@@ -137,24 +195,47 @@ def plot_run(run_cost: RunCost, log: EventLog, fmt: str = "png") -> bytes:
 
     fig.suptitle(_title(run_cost), fontsize=11)
     timeline.set_title(_footnote(run_cost), fontsize=8, loc="left", color="#555555")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format=fmt, dpi=110)
-    return buffer.getvalue()
+    fig.legend(handles=handles, loc="outside lower center", ncols=5, fontsize=8, frameon=False)
+    return fig
 
 
-def baseline_curve(run_cost: RunCost, runs, t0: float) -> list[tuple[float, float]]:
-    """(unix time, cumulative USD) of the on-demand baseline: its start-up from t0, then each useful
-    step as it ran, then the wind-down; the last point is `run_cost.on_demand_cost_usd`."""
+def loss_series(log: EventLog, runs: list[StepRun] | None = None) -> dict[str, list]:
+    """What the loss panel draws. `train`: one segment per set of processes that trained (an attempt, or its
+    processes after an in-place restart) and per stretch of steps that were later run again or not, each a
+    list of (ts, step, loss, recomputed), oldest first; `eval`: (ts, step, loss) of every evaluation."""
+    runs = step_runs(log) if runs is None else runs
+    segments: list[list[tuple]] = []
+    key = None
+    for r in sorted((r for r in runs if r.loss is not None), key=lambda r: r.ts):
+        here = (r.attempt, r.generation, r.recomputed)
+        if here != key:
+            segments.append([])
+            key = here
+        segments[-1].append((r.ts, r.step, r.loss, r.recomputed))
+    evals = [(e.ts, e.step, e.loss) for e in eval_runs(log) if e.loss is not None]
+    return {"train": segments, "eval": evals}
+
+
+def baseline_curve(run_cost: RunCost, runs, t0: float, evals=()) -> list[tuple[float, float]]:
+    """(unix time, cumulative USD) of the on-demand baseline, drawn as a line through these points: its
+    start-up accruing from t0 (the run's own start), then each useful step (and each evaluation it counts)
+    accruing over the time it ran, flat in between, then the wind-down; the last point is
+    `run_cost.on_demand_cost_usd`."""
     rate = run_cost.baseline_usd_per_hour * run_cost.nodes / 3600
     accrued = run_cost.startup_seconds * rate
     points = [(t0, 0.0), (t0 + run_cost.startup_seconds, accrued)]
-    useful = sorted((r for r in runs if not r.recomputed), key=lambda r: r.ts)
-    for r in useful:
-        accrued += r.seconds * rate
-        points.append((r.ts, accrued))
+    useful = [r for r in runs if not r.recomputed]
+    work = sorted([(r.ts, r.seconds) for r in useful]
+                  + [(e.ts, e.seconds) for e in baseline_evals(list(evals), list(runs), run_cost.wind_down_seconds)])
+    for ts, seconds in work:
+        begin = max(points[-1][0], ts - seconds)
+        if begin > points[-1][0]:
+            points.append((begin, accrued))  # flat while the baseline does nothing this run paid for
+        accrued += seconds * rate
+        points.append((max(ts, begin), accrued))
     if run_cost.wind_down_seconds and useful:
         accrued += run_cost.wind_down_seconds * rate
-        points.append((useful[-1].ts + run_cost.wind_down_seconds, accrued))
+        points.append((points[-1][0] + run_cost.wind_down_seconds, accrued))
     return points
 
 
@@ -163,13 +244,24 @@ def _title(run: RunCost) -> str:
     if run.on_demand_cost_usd is not None and run.savings_pct is not None:
         parts.append(f"vs {_usd(run.on_demand_cost_usd)} on demand ({run.savings_pct:.0f}% saved)")
     parts.append(f"{run.preemptions} preemption{'s' * (run.preemptions != 1)}")
+    if run.restarts_in_place or run.hangs:
+        parts.append(f"{run.restarts_in_place} in-place restart{'s' * (run.restarts_in_place != 1)}"
+                     + (f" ({run.hangs} hang{'s' * (run.hangs != 1)})" if run.hangs else ""))
     if run.mttr_seconds is not None:
         parts.append(f"MTTR {run.mttr_seconds / 60:.1f} min")
     if run.lost_steps:
         parts.append(f"{run.lost_steps} steps recomputed")
     if run.goodput is not None:
         parts.append(f"goodput {run.goodput:.0%}")
-    return "  ·  ".join(parts)
+    if run.final_eval_loss is not None:
+        parts.append(f"eval loss {run.final_eval_loss:.4f} at step {run.final_eval_step}")
+    lines = [parts[0]]
+    for part in parts[1:]:  # two lines rather than a title wider than the figure
+        if len(lines[-1]) + len(part) > TITLE_WIDTH:
+            lines.append(part)
+        else:
+            lines[-1] += "  ·  " + part
+    return "\n".join(lines)
 
 
 def _usd(value: float) -> str:

@@ -673,3 +673,86 @@ def test_cost_report_names_what_interrupted_each_attempt_and_sums_them(monkeypat
     assert [(a["cause"], a["cloud_cause"]) for a in attempts] == [
         ("spot-preemption", "terminate"), ("planned-maintenance", "system-reboot"), ("", "")]
     assert status_rows("-a")[0]["interruptions"] == {"spot-preemption": 1, "planned-maintenance": 1}
+
+
+# --------------------------------------------------------------------------- evaluations and in-place restarts
+
+
+def _restarted_run(name: str = "restarted") -> None:
+    """tests/pricing/test_restarts_and_evals.py's run: two in-place restarts (a crash, a hang), a preemption,
+    three evaluations, the last one loss 1.1 at step 16."""
+    from tests.pricing.test_restarts_and_evals import restarted_run
+
+    files: dict[str, list[dict]] = {}
+    for e in restarted_run().events:
+        files.setdefault(event_file_name(e["attempt"], e["node_rank"], e["rank"]), []).append(e)
+    make_run(name, files=files)
+
+
+def test_cost_report_json_has_the_final_eval_and_the_in_place_figures():
+    _restarted_run()
+    [row] = json.loads(invoke("cost-report", "--json").stdout)
+    assert (row["final_eval_loss"], row["final_eval_step"], row["eval_seconds"]) == (1.1, 16, 5.5)
+    assert (row["restarts_in_place"], row["hangs"], row["recoveries"]) == (2, 1, 1)
+    assert row["mttr_in_place_seconds"] == pytest.approx(8.0)
+    assert row["mttr_reprovisioned_seconds"] == pytest.approx(29.5)
+    assert (row["lost_steps_in_place"], row["lost_steps_reprovisioned"]) == (2, 2)
+    [data] = json.loads(invoke("cost-report", "restarted", "--json").stdout)
+    assert sum(data["goodput_breakdown"].values()) == pytest.approx(data["billed_seconds"])
+    assert [r["cause"] for r in data["in_place_details"]] == ["crash", "hang"]
+
+
+def test_cost_report_text_says_what_the_money_bought_and_where_the_time_went(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    _restarted_run()
+    out = " ".join(invoke("cost-report", "restarted").stdout.split())  # the figure lines wrap to the terminal
+    assert "what the money bought: eval loss 1.1000 (perplexity 3.00) at step 16; train loss 1.2000 at step 16" in out
+    assert "recoveries 1 re-provisioned (MTTR 29.5s), 2 in place (MTTR 8.0s; 1 hang)" in out
+    assert "lost steps 4 (8.0s; 2 redone in place)" in out
+    assert ("of 102.0s billed: useful steps 32.0s, evaluating 5.5s, steps redone in place 4.0s, steps redone on "
+            "new machines 4.0s, checkpoint stalls 1.0s, first start-up 20.0s, start-ups on new machines 8.0s, "
+            "in-place restarts 24.0s, other 3.5s") in out
+    assert "in-place restarts (same machines, new processes)" in out
+    assert "no step for 11.5s (bound 10.0s); rank 0: loop.py:700 train; stacks stacks/hang-1" in out
+    listing = invoke("cost-report").stdout
+    assert "IN PLACE" in listing and "2 (1 hang)" in listing and "EVAL LOSS" in listing and "1.1000" in listing
+
+
+def test_a_run_without_evaluation_says_so_and_lists_no_in_place_column():
+    make_run()
+    out = invoke("cost-report", "run-1").stdout
+    assert "what the money bought: no evaluation" in out and "train loss 1.7000 at step 40" in out
+    listing = invoke("cost-report").stdout
+    assert "IN PLACE" not in listing and "EVAL LOSS" not in listing
+
+
+def test_status_counts_in_place_restarts_and_hangs_apart_from_recoveries(monkeypatch):
+    _restarted_run()
+    make_run("plain")
+    rows = {r["name"]: r for r in status_rows("-a")}
+    row = rows["restarted"]
+    assert (row["recoveries"], row["restarts_in_place"], row["hangs"]) == (1, 2, 1)
+    assert (row["train_loss"], row["train_loss_step"], row["eval_loss"], row["eval_loss_step"]) == \
+        (pytest.approx(1.2), 16, 1.1, 16)
+    assert (rows["plain"]["restarts_in_place"], rows["plain"]["eval_loss"]) == (0, None)
+    monkeypatch.setenv("COLUMNS", "200")
+    lines = invoke("status", "-a").stdout.splitlines()
+    assert "IN PLACE" in lines[0]
+    [restarted] = [line for line in lines if line.startswith("restarted")]
+    [plain] = [line for line in lines if line.startswith("plain")]
+    assert "2 (1 hang)" in restarted and "hang" not in plain
+
+
+def test_logs_end_with_the_latest_train_and_eval_loss():
+    _restarted_run()
+    log = skyspot_home() / "runs" / "restarted" / "logs" / "run.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("step 16/16 | loss 1.2000\n")
+    result = invoke("logs", "restarted")
+    assert result.exit_code == 0 and result.stdout == "step 16/16 | loss 1.2000\n"  # the log itself, untouched
+    assert "latest: train loss 1.2000 (step 16), eval loss 1.1000 (step 16, perplexity 3.00)" in result.stderr
+    make_run("no-eval")
+    (skyspot_home() / "runs" / "no-eval" / "logs").mkdir()
+    (skyspot_home() / "runs" / "no-eval" / "logs" / "run.log").write_text("x\n")
+    result = invoke("logs", "no-eval")
+    assert "latest: train loss 1.7000 (step 40)" in result.stderr and "eval loss" not in result.stderr

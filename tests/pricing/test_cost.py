@@ -419,7 +419,11 @@ def test_to_dict_field_names_are_stable():
         "useful_seconds", "billed_seconds", "billed_node_hours", "training_seconds", "goodput", "nodes",
         "price_source", "price_date", "simulated", "estimated", "warnings", "interval_plans", "store_cloud",
         "egress_usd", "egress_bytes", "startup_seconds", "wind_down_seconds", "baseline_seconds",
-        "interruptions_by_cause", "interruptions"]
+        "interruptions_by_cause", "interruptions", "restarts_in_place", "hangs", "in_place_details",
+        "mttr_reprovisioned_seconds", "mttr_in_place_seconds", "lost_steps_reprovisioned",
+        "lost_seconds_reprovisioned", "lost_steps_in_place", "lost_seconds_in_place", "evals", "eval_seconds",
+        "useful_eval_seconds", "final_eval_loss", "final_eval_perplexity", "final_eval_step", "final_eval_at", "final_train_loss",
+        "final_train_step", "goodput_breakdown"]
     assert list(data["attempts"][0]) == [
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",

@@ -32,6 +32,10 @@ class RunView:
         self.last_ckpt: Optional[int] = None
         self.last_ckpt_ts: Optional[float] = None
         self.preemptions = 0
+        self.eval_loss: Optional[float] = None
+        self.eval_step: Optional[int] = None
+        self.restarts_in_place = 0
+        self.hangs = 0
         self.attempt = 0
         self.where: dict[str, Any] = {}
         self.status = "PENDING"
@@ -52,12 +56,34 @@ class RunView:
         if kind == "step" and event.get("rank") in (0, None):
             self.step = max(self.step, int(event.get("step", 0)))
             self.attempt_stepped = True
-            self.loss = event.get("loss", self.loss)
+            self.loss = _number(event.get("loss"), self.loss)
             self._rate(event)
             every = max(1, self.total // 20)
             if self.step % every == 0 or self.step == self.total:
-                return f"step {self.step}/{self.total} loss {self.loss:.4f}" if self.loss is not None else None
+                return f"step {self.step}/{self.total} {losses_text(self)}" if self.loss is not None else None
             return None
+        if kind == "eval" and event.get("rank") in (0, None):
+            loss = _number(event.get("loss"))
+            if loss is None:  # a damaged line: the last good evaluation stands, with its own step
+                return None
+            self.eval_loss, self.eval_step = loss, event.get("step")
+            ppl, seconds = _number(event.get("perplexity")), _number(event.get("seconds"))
+            return (f"eval at step {event.get('step')}: loss {self.eval_loss:.4f}"
+                    + ("" if ppl is None else f" (perplexity {ppl:,.2f})")
+                    + ("" if seconds is None else f" in {seconds:.1f}s"))
+        if kind == "restart_in_place" and event.get("rank") in (0, None):
+            self.restarts_in_place += 1
+            seconds = _number(event.get("seconds_to_next_step"))
+            return (f"restarted in place (#{event.get('restart', self.restarts_in_place)}, {event.get('cause')}) from "
+                    f"step {event.get('step')}: " + ("" if seconds is None else f"{seconds:.1f}s from the failure to "
+                                                     "the next step, ")
+                    + f"{event.get('steps_redone', 0)} step(s) redone")
+        if kind == "hang":
+            self.hangs += 1
+            quiet, bound = _number(event.get("seconds_without_step")), _number(event.get("bound_seconds"))
+            return (f"hang on node {event.get('node_rank')} at step {event.get('step')}: no step for "
+                    f"{'?' if quiet is None else f'{quiet:.0f}s'} (bound {'?' if bound is None else f'{bound:.0f}s'}); "
+                    f"stacks in {event.get('stacks')}; restarting its ranks")
         if kind == "checkpoint_end" and event.get("rank") in (0, None):
             self.last_ckpt, self.last_ckpt_ts = event.get("step"), event["ts"]
             if event.get("kind") not in ("interval", "emergency"):  # emergency: its own event says more
@@ -93,6 +119,23 @@ class RunView:
         if self.attempt_started is None or self.attempt_stepped or self.status not in ("STARTING", "RUNNING"):
             return None
         return now - self.attempt_started
+
+
+def _number(value: Any, default: Optional[float] = None) -> Optional[float]:
+    """A finite number from an event's field, else `default`: a damaged line never breaks the view."""
+    import math
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
+
+
+def losses_text(view: RunView) -> str:
+    """`loss 1.2345  eval loss 1.3000 (step 40)`: the newest train and eval loss the view has seen (#25)."""
+    text = f"loss {'-' if view.loss is None else f'{view.loss:.4f}'}"
+    if view.eval_loss is not None:
+        text += f"  eval loss {view.eval_loss:.4f} (step {view.eval_step})"
+    return text
 
 
 def _exit_code(run) -> int:
@@ -237,9 +280,12 @@ def _follow_live(ledger, name, view, tail, log_path):
         info = Text(printable(  # a Text is not a string the console escapes: escape here (console.py)
             f"{view.status}  attempt {view.attempt}  {w.get('cloud', '-')}/{w.get('region', '-')} "
             f"{w.get('instance_type', '-')} {'spot' if w.get('spot') else 'on-demand'}\n"
-            f"loss {'-' if view.loss is None else f'{view.loss:.4f}'}  "
+            f"{losses_text(view)}  "
             f"tokens/s {'-' if view.tokens_per_s is None else f'{view.tokens_per_s:,.0f}'}  "
-            f"last checkpoint {ckpt}  preemptions {view.preemptions}{doing}", keep_newlines=True))
+            f"last checkpoint {ckpt}  preemptions {view.preemptions}"
+            + (f"  in-place restarts {view.restarts_in_place}" if view.restarts_in_place or view.hangs else "")
+            + (f" ({view.hangs} hang{'s' if view.hangs != 1 else ''})" if view.hangs else "")
+            + doing, keep_newlines=True))
         return Group(progress, info, Text(printable("\n".join(lines[-6:]), keep_newlines=True), style="dim"))
 
     with Live(render(), console=err.console, refresh_per_second=4, transient=False) as live:

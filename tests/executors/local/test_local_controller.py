@@ -235,6 +235,7 @@ def test_the_live_view_follows_a_run_to_its_end(tmp_path):
     trainer = EventWriter(run_dir, "live", 1, 0, 0)
     for step in range(1, 5):
         trainer.emit("step", step=step, loss=2.0, step_seconds=0.1, tokens=1000 * step)
+    trainer.emit("eval", step=4, loss=1.5, perplexity=4.48, tokens=64, batches=1, seconds=0.1)
     executor.emit("attempt_end", code=0, reason="complete")
     ledger = Ledger()
     ledger.add("live", "tiny", "local", run_dir=str(run_dir), total_steps=4, num_nodes=1)
@@ -242,5 +243,26 @@ def test_the_live_view_follows_a_run_to_its_end(tmp_path):
     view = RunView(4)
     run = follow_module._follow_live(ledger, "live", view, EventTail(run_dir / EVENTS_DIR),
                                      run_dir / "logs" / "run.log")
-    assert run.status == "SUCCEEDED" and view.step == 4
+    assert run.status == "SUCCEEDED" and view.step == 4 and (view.eval_loss, view.eval_step) == (1.5, 4)
     assert view.tokens_per_s == pytest.approx(1000 / 0.1)
+
+
+def test_the_live_view_shows_the_latest_train_and_eval_loss_and_each_in_place_restart():
+    from tests.builders import eval_event, event, hang_event, restart_event
+
+    view = RunView(20)
+    assert view.apply(event(1, "step", 0, step=10, loss=1.5, step_seconds=0.1)) == "step 10/20 loss 1.5000"
+    line = view.apply(eval_event(2, 0, step=10, loss=1.25, seconds=0.5))
+    assert line == "eval at step 10: loss 1.2500 (perplexity 3.49) in 0.5s"
+    assert view.apply(event(3, "step", 0, step=20, loss=1.0, step_seconds=0.1)) == \
+        "step 20/20 loss 1.0000  eval loss 1.2500 (step 10)"
+    assert "hang on node 1 at step 20: no step for 30s (bound 20s); stacks in stacks/hang-1" in view.apply(
+        hang_event(40, 0, node_rank=1, step=20, seconds_without_step=30, bound_seconds=20))
+    assert view.apply(restart_event(50, 0, failed_at=41, step=20, steps_redone=0, cause="hang")) == \
+        "restarted in place (#1, hang) from step 20: 9.0s from the failure to the next step, 0 step(s) redone"
+    assert (view.restarts_in_place, view.hangs, view.eval_loss, view.loss) == (1, 1, 1.25, 1.0)
+    # A damaged figure never breaks the view: the last good loss stays.
+    assert view.apply({**eval_event(60, 0, step=20, loss=1.0), "loss": "low"}) is None
+    view.apply({**event(61, "step", 0, step=20, step_seconds=0.1), "loss": None})
+    assert (view.eval_loss, view.loss) == (1.25, 1.0)
+    assert follow_module.losses_text(view) == "loss 1.0000  eval loss 1.2500 (step 10)"

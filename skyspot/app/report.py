@@ -1,0 +1,119 @@
+"""`cost-report`'s use-case: the runs of the ledger, their events, plans and prices -> the report's data.
+
+    reports = cost_reports("run-1")       # or None: every run in the ledger
+    for r in reports.runs: r.cost (pricing.cost.RunCost), r.log (events.EventLog), r.data (the JSON row)
+    reports.notes                         # lines for stderr: the executors' notes, runs without an estimate
+
+The CLI (cli/cost.py) only parses flags, calls this once and prints; the figures themselves are
+pricing/cost.py's (docs/cost.md), the deadline comparison planning/deadline.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from skyspot.errors import SkyspotError
+
+
+@dataclass
+class RunReport:
+    """One run's report: the figures, the events they were computed from, and the row shown (JSON, table)."""
+
+    cost: Any
+    """pricing.cost.RunCost"""
+    log: Any
+    """events.EventLog"""
+    data: dict
+
+
+@dataclass
+class Reports:
+    runs: list[RunReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """For stderr, in order: the executors' notes, runs that got no estimate, damaged ledger rows."""
+    malformed: int = 0
+    """Event lines skipped over every run."""
+
+
+def cost_reports(run_name: Optional[str] = None) -> Reports:
+    """Every run's report (or RUN's). A named run that cannot be estimated raises its error; in the listing
+    of all runs, that run is a note and the others are still reported."""
+    from skyspot.executors import refresh
+    from skyspot.ledger import Ledger
+
+    with Ledger() as ledger:
+        runs = [ledger.get(run_name)] if run_name else ledger.runs()
+        damaged_rows = ledger.skipped_rows
+    records, notes = refresh(runs)  # one question to each executor for every run, not one per run
+    reports = Reports(notes=list(notes))
+    for run in runs:
+        try:
+            reports.runs.append(run_report(run, records.get(run.name)))
+        except SkyspotError as error:  # e.g. an instance the price data does not know, a store out of reach
+            if run_name:
+                raise
+            reports.notes.append(f"{run.name}: no estimate ({error})")
+    if damaged_rows:
+        reports.notes.append(f"skipped {damaged_rows} damaged ledger row(s)")
+    reports.malformed = sum(r.log.malformed for r in reports.runs)
+    return reports
+
+
+def run_report(run, queue_record=None) -> RunReport:
+    """One run's figures from its events, its plan's candidates (the baseline) and the executor's record."""
+    from skyspot.app.status import run_events
+    from skyspot.pricing.cost import run_cost
+
+    log = run_events(run)
+    candidates = run.info.get("candidates") or None
+    if not (isinstance(candidates, list) and all(isinstance(c, dict) for c in candidates)):
+        candidates = None  # a hand-edited or damaged ledger row: fall back to the attempts' own instances
+    elif not any(c.get("instance_type") for c in candidates):
+        candidates = None  # CPU candidates (tiny) have no price: the baseline is the attempts' own instances
+    try:
+        report = run_cost(log, name=run.name, candidates=candidates, queue_record=queue_record, store=run.store)
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as error:
+        # Events passed the reader's checks yet still do not add up: say so for this run only.
+        raise SkyspotError(f"the events of run '{run.name}' do not add up ({type(error).__name__}: {error})") from None
+    data = report.to_dict()
+    data.update(recipe=run.recipe, executor=run.executor, status=run.status)
+    if log.malformed:
+        data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
+    if run.info.get("deadline"):
+        data["deadline"] = deadline_report(run, log, report)
+    return RunReport(report, log, data)
+
+
+def deadline_report(run, log, report) -> Optional[dict]:
+    """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
+    and greedy on the same trace (skyspot/planning/deadline.py `compare`), the trace as the run's executor
+    knows it (executors/__init__.py `DeadlineInputs`: a local run replays its own spot trace, a
+    SkyPilot run the spot it observed)."""
+    from skyspot.planning import deadline as dl
+    from skyspot.pricing import prices as pricing
+    from skyspot.errors import UsageError
+    from skyspot.executors import executor_for
+
+    plan = run.info.get("deadline")
+    if not isinstance(plan, dict) or not report.attempts:
+        return None
+    first = report.attempts[0]
+    nodes = report.nodes or 1
+    try:
+        prices = [pricing.hourly_price(first.cloud or "", instance_type=first.instance_type, region=first.region,
+                                       zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
+    except UsageError as error:
+        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
+    events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
+    try:
+        given = executor_for(run).deadline_inputs(run, plan, log.events)
+    except UsageError as error:
+        return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
+    result = dl.compare(plan, events, given.trace, t0=given.t0, total_steps=run.total_steps or 1,
+                        spot_usd_per_hour=prices[0], on_demand_usd_per_hour=prices[1],
+                        provision_seconds=given.provision_seconds, restart_prior=given.restart_prior,
+                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd,
+                        notice_seconds=given.notice_seconds)
+    result["trace"] = given.source
+    return result
