@@ -517,7 +517,10 @@ def build_eval_split(recipe, tokenizer, source: Optional[str] = None) -> Samples
     if data.source.startswith(HUB_PREFIX):
         name, _ = hub_name_and_split(data.source, data.split)
         return _samples_from(recipe, tokenizer, HUB_PREFIX + name, data.eval_split, label)
-    return _samples_from(recipe, tokenizer, source or data.eval_split, data.split, label)
+    path = source or data.eval_split
+    if not Path(os.path.expanduser(path)).is_file():
+        raise UsageError(f"{label} is not an existing file (a second file of data.source's format)")
+    return _samples_from(recipe, tokenizer, path, data.split, label)
 
 
 def hold_out(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
