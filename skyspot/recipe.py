@@ -508,7 +508,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _held_out_set(self) -> "Recipe":
         if self.data.eval_split is not None and self.eval.fraction is not None:
-            raise ValueError("set one of data.eval_split and eval.fraction: both name the held-out set")
+            raise ValueError("set one of data.eval_split and eval.fraction: both name the held-out set "
+                             "(eval.fraction=null unsets a recipe's fraction)")
         if (self.eval.every_steps or self.eval.every_seconds) and not self.has_eval:
             raise ValueError("eval.every_steps/every_seconds need a held-out set: data.eval_split or eval.fraction")
         return self

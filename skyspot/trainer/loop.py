@@ -843,13 +843,13 @@ def _held_out(run: Run, samples: Samples, history) -> tuple[Samples, Optional[Ev
         raise UsageError("the held-out set has no token to evaluate (every label is a prompt or padding)")
     earlier = None
     if p.is_global_zero and not run.args.fresh:
-        earlier = [e for e in read_events_dir(run.run_dir / "events").events if e.get("attempt") != run.attempt]
-        if not earlier and run.tier is not None:
+        earlier = read_events_dir(run.run_dir / "events").events  # this attempt's too (a restart in place)
+        if run.tier is not None and all(e.get("attempt") == run.attempt for e in earlier):  # a new machine
             try:
-                earlier = history()
+                earlier = history() + earlier
             except Exception as err:  # noqa: BLE001 - without it a step may be evaluated once more
                 say(f"the store's event history is unreadable ({err}); evaluations already done may run again")
-        earlier = [e for e in earlier or [] if e.get("type") in ("start", "eval")]
+        earlier = [e for e in earlier if e.get("type") in ("start", "eval")]
         earlier.sort(key=lambda e: (e.get("attempt") or 0, e.get("ts") or 0))
     earlier = run.comm.io_gather(earlier)[0] or []
     evaluator = build_evaluator(recipe, held_out, device=run.device, dp_rank=p.rank, dp_size=p.world_size,
@@ -873,10 +873,13 @@ def _evaluate(run: Run, state, vote: Optional[Vote]) -> None:
     if evaluator is None or run.notice is not None or not evaluator.due(
             state.step, now, final=state.step == run.recipe.train.steps):
         return
-    if evaluator.evaluate(run.engine, state.step, lambda: any_rank(run.watch.emergency, run.device), now) is not None:
+    if evaluator.evaluate(run.engine, state.step, lambda: any_rank(run.watch.poll(), run.device), now) is not None:
         return
     after = _boundary(run)
     if after.emergency and not _train_through(run, state, after):
+        if run.resumed is not None and run.resumed.state.step == state.step:  # nothing trained since the resume
+            raise Preempted(state.step, f"preempted during the evaluation of step {state.step}, the step this start "
+                                        "resumed from: nothing new to save")
         _emergency(run, state, after)
     if vote is not None:
         vote.checkpoint = vote.checkpoint or after.checkpoint  # a warning during the eval still checkpoints
