@@ -141,7 +141,7 @@ class Evaluator:
         start = time.perf_counter()
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        engine.eval()
+        engine.train(False)  # eval mode (DeepSpeed's eval() is exactly this): no dropout
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         tokens = torch.zeros((), dtype=torch.int64, device=self.device)
         try:

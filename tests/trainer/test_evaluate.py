@@ -166,7 +166,7 @@ def _gloo_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 class _Engine:
-    """Stands in for the DeepSpeed engine at its narrowest seam (eval(), train(), forward -> logits): a
+    """Stands in for the DeepSpeed engine at its narrowest seam (train(mode), forward -> logits): a
     fixed linear model, so the expected figure can be computed without the ranks."""
 
     def __init__(self) -> None:
@@ -174,11 +174,8 @@ class _Engine:
         self.embed = torch.nn.Embedding(20, 20)
         self.modes = []
 
-    def eval(self):
-        self.modes.append("eval")
-
-    def train(self):
-        self.modes.append("train")
+    def train(self, mode=True):
+        self.modes.append("train" if mode else "eval")
 
     def __call__(self, input_ids):
         return SimpleNamespace(logits=self.embed(input_ids))
