@@ -871,7 +871,7 @@ def _evaluate(run: Run, state, vote: Optional[Vote]) -> None:
     evaluator = run.evaluator
     now = vote.now if vote is not None else None
     if evaluator is None or run.notice is not None or not evaluator.due(
-            state.step, now, final=state.step == run.recipe.train.steps):
+            state.step, now, final=state.step >= run.recipe.train.steps):
         return
     if evaluator.evaluate(run.engine, state.step, lambda: any_rank(run.watch.poll(), run.device), now) is not None:
         return
