@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from skyspot.errors import RecipeError, UsageError
 
@@ -189,6 +190,30 @@ class DataSection(_Section):
         except UsageError as err:
             raise ValueError(str(err).replace("store", "data source", 1)
                              + " (or synthetic, or hf://ORG/NAME)") from None
+
+    @field_validator("eval_split")
+    @classmethod
+    def _valid_eval_split(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        # Validated like `source` (after it, since its meaning follows the source's kind): a split name
+        # for a hub source, else a file in the same spelling `source` gets (the task mounts a bucket one).
+        source = info.data.get("source")
+        if value is None or source is None:  # no source: its own error says why
+            return value
+        if source == "synthetic":
+            raise ValueError("data.eval_split names a split of a hub dataset or a second data file; the synthetic "
+                             "set has neither: use eval.fraction")
+        if source.startswith("hf://"):
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", value):
+                raise ValueError(f"data.eval_split {value!r} is not a dataset split name (e.g. validation)")
+            return value
+        if value.startswith("hf://"):
+            raise ValueError("data.eval_split of a file source is a second file of the same format, not a hub dataset")
+        from skyspot.storage import canonical
+
+        try:
+            return canonical(value)
+        except UsageError as err:
+            raise ValueError("data.eval_split: " + str(err).replace("store", "data file", 1)) from None
 
 
 # The linear layers of a Llama-style decoder (attention and MLP): LoRA's default targets.
@@ -483,7 +508,8 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _held_out_set(self) -> "Recipe":
         if self.data.eval_split is not None and self.eval.fraction is not None:
-            raise ValueError("set one of data.eval_split and eval.fraction: both name the held-out set")
+            raise ValueError("set one of data.eval_split and eval.fraction: both name the held-out set "
+                             "(eval.fraction=null unsets a recipe's fraction)")
         if (self.eval.every_steps or self.eval.every_seconds) and not self.has_eval:
             raise ValueError("eval.every_steps/every_seconds need a held-out set: data.eval_split or eval.fraction")
         return self

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from skyspot.errors import RecipeError, UsageError
@@ -175,6 +177,27 @@ def test_formats_and_sources(tmp_path):
     with pytest.raises(RecipeError, match="the byte tokenizer has none"):
         load_recipe("tiny", ["data.format=chat", "data.source=/x.jsonl"], environ={})
     assert load_recipe(path, ["train.lr=0"], environ={}).train.lr == 0
+
+
+def test_the_held_out_set_is_validated_like_the_source(tmp_path):
+    path = write(tmp_path, GOOD)
+    hub = ["data.source=hf://yahma/alpaca-cleaned", "data.format=alpaca"]
+    assert load_recipe(path, [*hub, "data.eval_split=validation"], environ={}).data.eval_split == "validation"
+    with pytest.raises(RecipeError, match="data.eval_split 'a b' is not a dataset split name"):
+        load_recipe(path, [*hub, "data.eval_split=a b"], environ={})
+    files = ["data.source=/data/train.jsonl", "data.format=alpaca"]
+    home = os.path.expanduser("~")
+    assert load_recipe(path, [*files, "data.eval_split=~/held.jsonl"], environ={}).data.eval_split == f"{home}/held.jsonl"
+    assert load_recipe(path, [*files, "data.eval_split=S3://my-data/held.jsonl"], environ={}).data.eval_split == \
+        "s3://my-data/held.jsonl"
+    with pytest.raises(RecipeError, match="data.eval_split: unsupported data file scheme 'ftp://'"):
+        load_recipe(path, [*files, "data.eval_split=ftp://host/held.jsonl"], environ={})
+    with pytest.raises(RecipeError, match="not a hub dataset"):
+        load_recipe(path, [*files, "data.eval_split=hf://org/other"], environ={})
+    with pytest.raises(RecipeError, match="the synthetic set has neither: use eval.fraction"):
+        load_recipe(path, ["data.eval_split=validation"], environ={})
+    with pytest.raises(RecipeError, match="set one of data.eval_split and eval.fraction"):
+        load_recipe(path, [*files, "data.eval_split=/data/held.jsonl", "eval.fraction=0.1"], environ={})
 
 
 def test_the_llama_recipes_train_on_alpaca_formatting():

@@ -53,22 +53,37 @@ def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = Non
 def _check_data(recipe, *, local: bool, environ: Mapping[str, str]) -> None:
     from skyspot import hub
     from skyspot.storage import is_bucket_uri
-    from skyspot.trainer.data import HUB_PREFIX, SYNTHETIC, check_record, first_record
+    from skyspot.trainer.data import HUB_PREFIX, SYNTHETIC
 
     data = recipe.data
     source = data.source
-    if source == SYNTHETIC or is_bucket_uri(source):  # storage/uri.py decides what is a bucket
-        return  # a bucket file is mounted on the node; the trainer checks its records there
+    if source == SYNTHETIC:
+        return
     if source.startswith(HUB_PREFIX):
         name, _, _ = source[len(HUB_PREFIX):].partition(":")
         hub.check_dataset(name, environ=environ)
         return
+    # A bucket file (storage/uri.py decides what is one) is mounted on the node; the trainer checks its
+    # records there. A file source's held-out file (data.eval_split) is checked as the source is.
+    for key, path in (("data.source", source), ("data.eval_split", data.eval_split)):
+        if path and not is_bucket_uri(path):
+            _check_file(data, path, key, local=local)
+
+
+def _check_file(data, path: str, key: str, *, local: bool) -> None:
+    """A local data file (data.source, or its held-out file): on this machine, and its first record fits
+    data.format."""
+    from skyspot.trainer.data import check_record, first_record
+
     if not local:
-        raise UsageError(f"data.source {source} is a file on this machine, which a cloud node does not have: put it "
-                         "in a bucket (data.source=s3://BUCKET/PATH, mounted on the node) or on the hub (hf://ORG/NAME)")
-    where, record = first_record(source, data.split)
-    if os.path.splitext(source)[1] in (".jsonl", ".json", ".parquet"):
+        raise UsageError(f"{key} {path} is a file on this machine, which a cloud node does not have: put it "
+                         f"in a bucket ({key}=s3://BUCKET/PATH, mounted on the node)"
+                         + (" or on the hub (hf://ORG/NAME)" if key == "data.source" else ""))
+    if key != "data.source" and not os.path.isfile(path):
+        raise UsageError(f"{key} '{path}' is not an existing file (a second file of data.source's format)")
+    where, record = first_record(path, data.split)
+    if os.path.splitext(path)[1] in (".jsonl", ".json", ".parquet"):
         check_record(data, record, where)
     elif data.format != "text":
-        raise UsageError(f"data.source '{source}' is plain text; data.format={data.format} needs records "
+        raise UsageError(f"{key} '{path}' is plain text; data.format={data.format} needs records "
                          "(.jsonl, .json, .parquet or hf://)")

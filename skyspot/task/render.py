@@ -103,8 +103,9 @@ def _store_mount(uri: str) -> tuple[str, dict[str, Any], str]:
     return mount_point, {"source": mount_source(parsed), "mode": "MOUNT"}, root
 
 
-def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool) -> list[str]:
-    """The data.source override the node's trainer needs, adding a bucket source's mount on a cloud.
+def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool, key: str = "data.source") -> list[str]:
+    """The data.source override the node's trainer needs, adding a bucket source's mount on a cloud
+    (`key` data.eval_split: the same for the held-out file of a file source).
 
     A bucket source is mounted on a cloud node and read there; the local executor has no bucket
     mounts, so a local run gets the URI itself and the trainer downloads it into the run directory
@@ -118,8 +119,8 @@ def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool) -> li
             return []  # the recipe's own value, which the trainer resolves the same way
         mount_point, mount, node_path = _data_mount(source)
         file_mounts[mount_point] = mount
-        return [f"data.source={node_path}"]
-    return [f"data.source={source}"]
+        return [f"{key}={node_path}"]
+    return [f"{key}={source}"]
 
 
 # The secret an Azure Blob store needs on a node: SkyPilot's Azure VMs carry no identity that
@@ -196,6 +197,8 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
     if recipe_file:
         file_mounts[recipe_arg] = recipe_file
     trainer_overrides += _data_source(recipe.data.source, file_mounts, local=local)
+    if recipe.data.eval_split and not recipe.data.source.startswith("hf://"):
+        trainer_overrides += _data_source(recipe.data.eval_split, file_mounts, local=local, key="data.eval_split")
 
     envs = {
         **({"SKYSPOT_RUN_NAME": run_name} if run_name else {}),

@@ -13,6 +13,11 @@ Sources (recipe `data.source`):
     s3://, gs://, az://  such a file in a bucket: the task mounts it and hands the trainer the path
                          there; a trainer given the URI itself downloads it into DIR/data/ first
 
+Held out for evaluation (the eval section; trainer/evaluate.py reads it): data.eval_split, a hub
+split or a second file of the same format, built exactly as the training set is (same format, masks,
+packing or padding); or eval.fraction of the training set's samples, drawn from train.seed alone
+(`hold_out`) and removed before the order below is formed, so no rank ever trains on them.
+
 Formats (recipe `data.format`) turn a record into token ids and labels (-100: no loss):
     text     data.text_field                         [BOS] text [EOS], loss on every token
     alpaca   instruction, input (optional), output    [BOS] prompt output [EOS], the prompt being
@@ -226,9 +231,9 @@ def _text(record: Any, field: str, where: str) -> str:
     return text
 
 
-def resolve_source(source: str, cache: Path) -> str:
+def resolve_source(source: str, cache: Path, key: str = "data.source") -> str:
     """A local path for a bucket URI (downloaded into `cache` once, verified by size); other sources
-    as they are. Called by node leaders before the ranks read the data."""
+    as they are. Called by node leaders before the ranks read the data; `key` names it in errors."""
     if not source.startswith(REMOTE_SCHEMES):
         return source
     from skyspot.errors import StoreError
@@ -236,7 +241,7 @@ def resolve_source(source: str, cache: Path) -> str:
 
     uri = parse_store_uri(source)
     if not uri.prefix:
-        raise UsageError(f"data.source '{source}' names a bucket, not a file in it")
+        raise UsageError(f"{key} '{source}' names a bucket, not a file in it")
     parent, _, name = uri.prefix.rpartition("/")
     root = f"{uri.scheme}://{uri.account + '/' if uri.account else ''}{uri.bucket}" + (f"/{parent}" if parent else "")
     target = Path(cache) / uri.bucket / uri.prefix
@@ -245,9 +250,9 @@ def resolve_source(source: str, cache: Path) -> str:
         try:
             open_store(root).get_file(name, target)
         except FileNotFoundError:
-            raise UsageError(f"data.source '{source}' does not exist") from None
+            raise UsageError(f"{key} '{source}' does not exist") from None
         except StoreError as err:
-            raise UsageError(f"data.source '{source}': {err}") from None
+            raise UsageError(f"{key} '{source}': {err}") from None
     return str(target)
 
 
@@ -470,17 +475,26 @@ def pad_id(tokenizer) -> int:
 
 
 def build_dataset(recipe, tokenizer, source: Optional[str] = None) -> Samples:
-    """The recipe's training set: token ids and labels, [num_samples, seq_len] each. `source` is
-    where to read data.source from (a bucket file's local copy); default data.source itself."""
+    """The recipe's data set, held-out part included: token ids and labels, [num_samples, seq_len]
+    each. `source` is where to read data.source from (a bucket file's local copy); default
+    data.source itself. `training_and_held_out` splits it."""
     data, train = recipe.data, recipe.train
     if data.source == SYNTHETIC:
         ids = synthetic_samples(data.num_samples, train.seq_len, train.seed, tokenizer.bos_token_id)
         return Samples(ids, ids)
-    path = source or data.source
-    records = iter_records(path, data.split)
+    return _samples_from(recipe, tokenizer, source or data.source, data.split,
+                         f"data.source '{data.source}'")
+
+
+def _samples_from(recipe, tokenizer, path: str, split: str, label: str) -> Samples:
+    """Samples of one source (a local file or hub dataset), tokenised, masked and packed or padded as
+    the recipe says: the training set and an eval_split set go through exactly the same steps.
+    `label` names the source in errors (`data.source 'x.jsonl'`)."""
+    data, train = recipe.data, recipe.train
+    records = iter_records(path, split)
     is_txt = not path.startswith(HUB_PREFIX) and Path(path).suffix not in RECORD_SUFFIXES
     if is_txt and data.format != "text":
-        raise UsageError(f"data.source '{data.source}' is plain text; data.format={data.format} needs records "
+        raise UsageError(f"{label} is plain text; data.format={data.format} needs records "
                          "(.jsonl, .json, .parquet or hf://)")
     if is_txt:
         records = ((where, {data.text_field: r["text"]}) for where, r in records)
@@ -489,10 +503,55 @@ def build_dataset(recipe, tokenizer, source: Optional[str] = None) -> Samples:
                else pad_examples(items, train.seq_len, pad_id(tokenizer)))
     if len(samples) == 0:
         if data.packing:
-            raise UsageError(f"data.source '{data.source}' holds fewer than seq_len={train.seq_len} tokens")
-        raise UsageError(f"data.source '{data.source}': no example has anything to train on within "
+            raise UsageError(f"{label} holds fewer than seq_len={train.seq_len} tokens")
+        raise UsageError(f"{label}: no example has anything to train on within "
                          f"seq_len={train.seq_len}")
     return samples
+
+
+def build_eval_split(recipe, tokenizer, source: Optional[str] = None) -> Samples:
+    """The data.eval_split set: the hub dataset's split of that name, or the second file (`source`:
+    a bucket file's local copy), read, masked and packed or padded as the training set is."""
+    data = recipe.data
+    label = f"data.eval_split '{data.eval_split}'"
+    if data.source.startswith(HUB_PREFIX):
+        name, _ = hub_name_and_split(data.source, data.split)
+        return _samples_from(recipe, tokenizer, HUB_PREFIX + name, data.eval_split, label)
+    path = source or data.eval_split
+    if not Path(os.path.expanduser(path)).is_file():
+        raise UsageError(f"{label} is not an existing file (a second file of data.source's format)")
+    return _samples_from(recipe, tokenizer, path, data.split, label)
+
+
+def hold_out(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training indices, held-out indices) for eval.fraction: a pure function of the set's size, the
+    fraction and train.seed, so every rank, every start and every world size holds out the same
+    samples. At least one sample on each side; training keeps its samples in their original order."""
+    if num_samples < 2:
+        raise UsageError(f"eval.fraction needs at least 2 samples to hold some out; the data set has {num_samples}")
+    count = min(num_samples - 1, max(1, round(fraction * num_samples)))
+    held = np.random.default_rng([seed, 0xE7A1]).permutation(num_samples)[:count]
+    mask = np.ones(num_samples, dtype=bool)
+    mask[held] = False
+    return np.flatnonzero(mask), np.sort(held)
+
+
+def subset(samples: Samples, indices: np.ndarray) -> Samples:
+    return Samples(samples.ids[indices], samples.labels[indices], samples.examples, samples.dropped)
+
+
+def training_and_held_out(recipe, samples: Samples, eval_split: Optional[Samples] = None
+                          ) -> tuple[Samples, Optional[Samples]]:
+    """The training set and the held-out set the eval section names: data.eval_split's own set
+    (built by build_eval_split), or eval.fraction of `samples`, removed from training (so the
+    training order, DataOrder, never reaches them); no held-out set without either."""
+    if eval_split is not None:
+        return samples, eval_split
+    fraction = recipe.eval.fraction
+    if fraction is None:
+        return samples, None
+    train_idx, held_idx = hold_out(len(samples), fraction, recipe.train.seed)
+    return subset(samples, train_idx), subset(samples, held_idx)
 
 
 def build_samples(recipe, tokenizer) -> np.ndarray:

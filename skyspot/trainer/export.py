@@ -11,6 +11,9 @@ LoRA:            final/ = adapter_config.json + adapter_model.safetensors + the 
     model = AutoModelForCausalLM.from_pretrained("DIR/final")          # base (from adapter_config.json) + adapter, with peft
     model = AutoModelForCausalLM.from_pretrained("DIR/final/merged")   # no peft needed
 
+Both: final/skyspot.json = {"step": the step trained to, "eval": the run's last evaluation
+(step, loss, perplexity, tokens, batches: evaluate.py) or null when the recipe evaluates nothing}.
+
 ZeRO-3 parameters are gathered onto global rank 0 (every rank must call `export_final`): the adapters
 alone for a LoRA run, the whole model otherwise or for the merge (rank 0's host memory then holds
 one 16-bit copy of the model). Rank 0 writes into a temporary sibling directory and renames it
@@ -19,10 +22,12 @@ into place, so a kill during the export never leaves a half-written final/.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 
@@ -30,6 +35,7 @@ from skyspot.trainer.files import fsync_dir
 from skyspot.trainer.rundir import FINAL
 
 MERGED = "merged"
+METADATA = "skyspot.json"
 PEFT_PREFIX = "base_model.model."
 
 
@@ -65,8 +71,9 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: s
     return out
 
 
-def export_final(engine, tokenizer, run_dir: Path, *, is_writer: bool, merge: bool = False) -> Path | None:
-    """Write final/ (collective: every rank calls it; global rank 0 writes)."""
+def export_final(engine, tokenizer, run_dir: Path, *, is_writer: bool, merge: bool = False, step: Optional[int] = None,
+                 evaluation: Optional[dict[str, Any]] = None) -> Path | None:
+    """Write final/ (collective: every rank calls it; global rank 0 writes); `evaluation`: the last eval."""
     module = engine.module
     is_peft = hasattr(module, "peft_config")
     if is_peft:
@@ -94,6 +101,7 @@ def export_final(engine, tokenizer, run_dir: Path, *, is_writer: bool, merge: bo
         module.save_pretrained(tmp, state_dict=full, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
+    (tmp / METADATA).write_text(json.dumps({"step": step, "eval": evaluation}, indent=2) + "\n")
     for path in tmp.rglob("*"):
         if path.is_file():
             with open(path, "rb") as f:

@@ -9,7 +9,8 @@ Inert unless SKYSPOT_FAULT is set (comma-separated specs, `point[@step][/rank][:
     SKYSPOT_FAULT_DIR=/tmp/x                  each firing creates `<point>@<step>.rank<R>` there,
                                               holding the pid, so a test knows when to act
 
-Points: `step_end` (the loop, before the ranks vote), and in the checkpoint writer `write_begin`
+Points: `step_end` (the loop, before the ranks vote), `eval_batch` (evaluate.py, before each eval
+micro-batch; the step is the one evaluated), and in the checkpoint writer `write_begin`
 (nothing written yet), `mid_file` (part of the first file on disk), `before_manifest`,
 `before_marker` (files and manifest on disk, no marker) and `after_marker`.
 The default action is `kill` (SIGKILL: no handler, no flush, like a VM taken away). `hold` needs

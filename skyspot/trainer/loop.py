@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
     from skyspot.trainer.checkpoint import CheckpointManager, Restored
     from skyspot.trainer.comm import Comm
     from skyspot.trainer.data import DataOrder, Samples
+    from skyspot.trainer.evaluate import Evaluator
     from skyspot.trainer.durable import StoreTier
     from skyspot.trainer.model import ByteTokenizer
     from skyspot.trainer.notice import Watcher
@@ -124,6 +125,8 @@ class Run:
     """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
     final: Optional[Path] = None
     """DIR/final/ once global rank 0 wrote it (uploaded on the way out)."""
+    evaluator: Optional[Evaluator] = None
+    """The held-out set's evaluations, when the recipe names one (evaluate.py)."""
 
     @property
     def run_dir(self) -> Path:
@@ -308,6 +311,11 @@ def _check_local_paths(recipe) -> None:
         from skyspot.errors import UsageError
 
         raise UsageError(f"data.source '{source}' is not 'synthetic', hf://org/name, or an existing file")
+    held_out = recipe.data.eval_split
+    if held_out and not source.startswith("hf://") and "://" not in held_out and not Path(held_out).is_file():
+        from skyspot.errors import UsageError
+
+        raise UsageError(f"data.eval_split '{held_out}' is not an existing file (a second file of data.source's format)")
 
 
 def _start_notice_watcher(watch: PreemptionWatch):
@@ -383,17 +391,18 @@ def keep_global_batch(recipe, manifest: dict[str, Any], world_size: int):
     return recipe, (f"world size {manifest.get('world_size')} -> {world_size}: {note}" if note else None)
 
 
-def _data_source(run: Run) -> str:
-    """Where the ranks read data.source: a bucket URI is downloaded into DIR/data/ by each node
-    leader first (the task mounts bucket data on cloud nodes, so this is for a URI given directly)."""
+def _data_source(run: Run, key: str = "source") -> str:
+    """Where the ranks read data.source (or data.eval_split, a file source's held-out file): a bucket URI
+    is downloaded into DIR/data/ by each node leader first (the task mounts bucket data on cloud nodes,
+    so this is for a URI given directly)."""
     from skyspot.errors import UsageError
     from skyspot.trainer.data import local_source_path, resolve_source
 
-    source, cache = run.recipe.data.source, run.run_dir / "data"
+    source, cache = getattr(run.recipe.data, key), run.run_dir / "data"
     error = None
     if run.placement.is_node_leader:
         try:
-            resolve_source(source, cache)
+            resolve_source(source, cache, key=f"data.{key}")
         except UsageError as err:
             error = str(err)
     errors = [e for e in run.comm.io_gather(error) if e]  # a node leader's download
@@ -453,6 +462,7 @@ def build(run: Run) -> None:
         dropped = f"; {run.samples.dropped} left out (nothing to train on within seq_len)" if run.samples.dropped else ""
         say(f"data: {run.samples.examples} examples ({recipe.data.format}) -> {len(run.samples)} sequences of "
             f"{recipe.train.seq_len} tokens ({'packed' if recipe.data.packing else 'padded'}){dropped}")
+    run.samples, run.evaluator = _held_out(run, run.samples, history)
     run.order = DataOrder(len(run.samples), recipe.train.seed, recipe.data.shuffle, p.rank, p.world_size,
                           recipe.train.micro_batch_size, recipe.train.grad_accum)
     weights = recipe.model.hub_id is not None and (point is None or recipe.train.lora is not None)
@@ -681,6 +691,8 @@ def train(run: Run) -> int:
     vote = _boundary(run)  # a signal during setup still gets its (trivial) emergency exit
     if vote.emergency and not _train_through(run, state, vote):
         _emergency(run, state, vote)
+    if state.step < total:
+        _evaluate(run, state, vote)  # resumed at a step whose eval is missing (it was interrupted)
     step_seconds = 0.0
 
     while state.step < total:
@@ -714,6 +726,7 @@ def train(run: Run) -> int:
 
         if vote.emergency and not _train_through(run, state, vote):
             _emergency(run, state, vote)
+        _evaluate(run, state, vote)
         if state.step == total:
             break
         early = run.notice is not None and run.notice.pop("checkpoint_now", False)  # a notice, nothing measured
@@ -792,6 +805,7 @@ def _finish(run: Run, state) -> None:
     """Training complete: a final checkpoint (so a restart knows), then final/."""
     from skyspot.trainer.export import export_final
 
+    _evaluate(run, state, None)  # resumed at the last step with its eval missing
     if run.ckpt.last_committed != state.step:
         result = run.ckpt.save(state.step, state, kind="final", blocking=True)
         if result is None or not result.committed:
@@ -801,10 +815,74 @@ def _finish(run: Run, state) -> None:
                                f"({result.error if result else 'no result'}); the next start resumes from "
                                f"step_{run.ckpt.last_committed} once {run.run_dir} has room")
     target = export_final(run.engine, run.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero,
-                          merge=run.recipe.export.merge)
+                          merge=run.recipe.export.merge, step=state.step,
+                          evaluation=run.evaluator.last if run.evaluator is not None else None)
     if target is not None:
         say(f"training complete at step {state.step}; model written to {target}")
         run.final = target  # uploaded in cleanup, after the ranks' barrier: no rank waits in a collective for it
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _held_out(run: Run, samples: Samples, history) -> tuple[Samples, Optional[Evaluator]]:
+    """The training set without the held-out part, and the evaluator (None without an eval section).
+    Global rank 0 reads which steps this run has already evaluated (its event history: the run
+    directory's, else the store's) so no step is evaluated twice; every rank gets its answer."""
+    from skyspot.errors import UsageError
+    from skyspot.events import read_events_dir
+    from skyspot.trainer.data import build_eval_split, training_and_held_out
+    from skyspot.trainer.evaluate import build_evaluator, has_tokens
+
+    recipe, p = run.recipe, run.placement
+    split = build_eval_split(recipe, run.tokenizer, _data_source(run, "eval_split")) if recipe.data.eval_split else None
+    samples, held_out = training_and_held_out(recipe, samples, split)
+    if held_out is None:
+        return samples, None
+    if not has_tokens(held_out):
+        raise UsageError("the held-out set has no token to evaluate (every label is a prompt or padding)")
+    earlier = None
+    if p.is_global_zero and not run.args.fresh:
+        earlier = read_events_dir(run.run_dir / "events").events  # this attempt's too (a restart in place)
+        if run.tier is not None and all(e.get("attempt") == run.attempt for e in earlier):  # a new machine
+            try:
+                earlier = history() + earlier
+            except Exception as err:  # noqa: BLE001 - without it a step may be evaluated once more
+                say(f"the store's event history is unreadable ({err}); evaluations already done may run again")
+        earlier = [e for e in earlier if e.get("type") in ("start", "eval")]
+        earlier.sort(key=lambda e: (e.get("attempt") or 0, e.get("ts") or 0))
+    earlier = run.comm.io_gather(earlier)[0] or []
+    evaluator = build_evaluator(recipe, held_out, device=run.device, dp_rank=p.rank, dp_size=p.world_size,
+                                emit=run.emit, is_writer=p.is_global_zero, history=earlier)
+    if p.is_global_zero:
+        say(f"eval: {len(held_out)} held-out sequences ({'data.eval_split' if split is not None else 'eval.fraction'}), "
+            f"{evaluator.batches} micro-batch{'es' if evaluator.batches != 1 else ''} per rank"
+            + (f"; {len(evaluator.done)} steps already evaluated, the last {max(evaluator.done)}" if evaluator.done else ""))
+    return samples, evaluator
+
+
+def _evaluate(run: Run, state, vote: Optional[Vote]) -> None:
+    """Every rank: the evaluation due at this step boundary, if any (every_steps, every_seconds, the last
+    step). Not while training through a notice window: that time is for steps and the save. A signal
+    or notice during it abandons it, and this start ends here as at any step boundary; the next start,
+    resumed from this step, evaluates it again (nothing of the abandoned one is recorded)."""
+    from skyspot.trainer.evaluate import any_rank
+
+    evaluator = run.evaluator
+    now = vote.now if vote is not None else None
+    if evaluator is None or run.notice is not None or not evaluator.due(
+            state.step, now, final=state.step >= run.recipe.train.steps):
+        return
+    if evaluator.evaluate(run.engine, state.step, lambda: any_rank(run.watch.poll(), run.device), now) is not None:
+        return
+    after = _boundary(run)
+    if after.emergency and not _train_through(run, state, after):
+        if run.resumed is not None and run.resumed.state.step == state.step:  # nothing trained since the resume
+            raise Preempted(state.step, f"preempted during the evaluation of step {state.step}, the step this start "
+                                        "resumed from: nothing new to save")
+        _emergency(run, state, after)
+    if vote is not None:
+        vote.checkpoint = vote.checkpoint or after.checkpoint  # a warning during the eval still checkpoints
 
 
 # --------------------------------------------------------------------------- cleanup

@@ -125,14 +125,20 @@ class PreemptionWatch:
         """Take the supervisor's notices from this file at every take() (the node leader, main thread)."""
         self._followed = notices
 
-    def take(self) -> Pending:
-        """This process's flags and what it saw since the last take(). The emergency flag stays set."""
+    def poll(self) -> bool:
+        """Fold in the supervisor's new notices, taking nothing; whether an emergency is pending. For a
+        check inside work between two step boundaries (an evaluation, evaluate.py)."""
         if self._followed is not None:
             for entry in self._followed.poll():
                 if entry["kind"] == "emergency":
                     self.request_emergency(entry["deadline"], entry["source"], entry["action"], entry["received"])
                 else:
                     self.request_checkpoint(entry["source"], entry["action"], entry["deadline"], entry["received"])
+        return self._emergency
+
+    def take(self) -> Pending:
+        """This process's flags and what it saw since the last take(). The emergency flag stays set."""
+        self.poll()
         with self._lock:
             pending = Pending(self._emergency, self._checkpoint, self._first_seen, self._deadline,
                               list(self._signals), list(self._notices), self._signaled)

@@ -119,6 +119,20 @@ def test_local_directories_and_files(tmp_path, model_dir):
         preflight(load_recipe(str(path), environ={}), local=False)
 
 
+def test_a_held_out_file_is_checked_as_the_source_is(tmp_path, model_dir):
+    data, held = tmp_path / "alpaca.jsonl", tmp_path / "held.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in alpaca_records(3)))
+    held.write_text(json.dumps({"prompt": "x"}) + "\n")
+    path = recipe_file(tmp_path / "r.yaml", model_dir, data, held_out=held)
+    with pytest.raises(UsageError) as error:
+        preflight(load_recipe(str(path), environ={}), local=True)
+    assert f"{held}:1: data.format=alpaca needs string fields" in line_of(error)
+    with pytest.raises(UsageError, match=f"data.eval_split '{tmp_path}/gone.jsonl' is not an existing file"):
+        preflight(load_recipe(str(path), [f"data.eval_split={tmp_path}/gone.jsonl"], environ={}), local=True)
+    held.write_text(json.dumps(alpaca_records(1)[0]) + "\n")
+    preflight(load_recipe(str(path), environ={}), local=True)
+
+
 @pytest.mark.parametrize("records, overrides, message", [
     ([{"prompt": "x", "completion": "y"}], ["data.format=alpaca"],
      "data.format=alpaca needs string fields instruction and output (and optionally input); this record has: "

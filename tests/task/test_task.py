@@ -112,6 +112,16 @@ def test_a_bucket_data_source_is_mounted_in_mount_mode_and_read_there(sky):
     assert "data.source=/skyspot/data/my-data/sets/train.jsonl" in built.task["run"]
 
 
+def test_a_bucket_eval_file_is_mounted_like_the_source_and_a_hub_split_goes_as_it_is(sky):
+    built = build("llama8b", ["data.source=s3://my-data/sets/train.jsonl", "data.eval_split=gs://held-data/v.jsonl",
+                              "eval.fraction=null"], environ={})
+    assert built.task["file_mounts"]["/skyspot/data/held-data"] == {"source": "gs://held-data", "mode": "MOUNT"}
+    assert "data.eval_split=/skyspot/data/held-data/v.jsonl" in built.task["run"]
+    sky.Task.from_yaml_config(copy.deepcopy(built.task))
+    hub = build("llama8b", ["data.eval_split=validation", "eval.fraction=null"], environ={}).task
+    assert not any(m.startswith("/skyspot/data") for m in hub["file_mounts"]) and "data.eval_split" in hub["run"]
+
+
 def test_a_launched_task_names_the_run_and_mounts_the_wheel_it_was_built_with(tmp_path, sky):
     from skyspot.task import package as packaging
 

@@ -18,13 +18,15 @@ def reference(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_model(tmp_path_factory):
-    """A small Llama saved with safetensors, its BPE tokenizer, Alpaca data and a recipe file (real_model.py)."""
+    """A small Llama saved with safetensors, its BPE tokenizer, Alpaca data (and a held-out file it is evaluated
+    on) and a recipe file (real_model.py)."""
     from tests.trainer.real_model import build, recipe_file
 
     root = tmp_path_factory.mktemp("real-model")
     paths = build(root)
-    paths["recipe"] = recipe_file(root / "recipe.yaml", paths["model"], paths["alpaca"])
-    paths["lora_recipe"] = recipe_file(root / "lora.yaml", paths["model"], paths["alpaca"], lora=True)
+    paths["recipe"] = recipe_file(root / "recipe.yaml", paths["model"], paths["alpaca"], held_out=paths["held_out"])
+    paths["lora_recipe"] = recipe_file(root / "lora.yaml", paths["model"], paths["alpaca"], lora=True,
+                                       held_out=paths["held_out"])
     return paths
 
 
@@ -36,7 +38,7 @@ def _trained(run_dir, recipe, overrides):
 
 @pytest.fixture(scope="session")
 def real_reference(real_model, tmp_path_factory):
-    """The real model fine-tuned for the recipe's 12 steps on 2 ranks, uninterrupted."""
+    """The real model fine-tuned for the recipe's 12 steps on 2 ranks, uninterrupted (evaluated at 4, 8, 12)."""
     return _trained(tmp_path_factory.mktemp("real") / "reference", real_model["recipe"], [])
 
 

@@ -81,7 +81,8 @@ def build_model(directory: Path, vocab_size: int, tokenizer, seed: int = 0) -> N
 
 
 def build(root: Path) -> dict[str, Path]:
-    """model/ (config, safetensors, tokenizer), alpaca.jsonl, chat.jsonl; returns their paths."""
+    """model/ (config, safetensors, tokenizer), alpaca.jsonl, held_out.jsonl (other Alpaca records, for
+    data.eval_split), chat.jsonl; returns their paths."""
     root.mkdir(parents=True, exist_ok=True)
     records = alpaca_records()
     corpus = [" ".join(r.values()) for r in records] + ["Below is an instruction that describes a task. "
@@ -91,16 +92,21 @@ def build(root: Path) -> dict[str, Path]:
     build_model(model_dir, len(tokenizer), tokenizer)
     alpaca = root / "alpaca.jsonl"
     alpaca.write_text("".join(json.dumps(r) + "\n" for r in records))
+    held_out = root / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in alpaca_records(24, seed=8)))
     chat = root / "chat.jsonl"
     chat.write_text("".join(json.dumps(r) + "\n" for r in chat_records()))
-    return {"model": model_dir, "alpaca": alpaca, "chat": chat}
+    return {"model": model_dir, "alpaca": alpaca, "held_out": held_out, "chat": chat}
 
 
-def recipe_file(path: Path, model, data: Path, *, lora: bool = False, store: Path | None = None) -> Path:
+def recipe_file(path: Path, model, data: Path, *, lora: bool = False, store: Path | None = None,
+                held_out: Path | None = None) -> Path:
     """A recipe for the local executor: 2 CPU ranks, fp32, ZeRO-3, Alpaca format; `model` a directory or
-    a hub id. With `lora`: rank-4 adapters on every linear layer and a merged export."""
+    a hub id. With `lora`: rank-4 adapters on every linear layer and a merged export. With `held_out`:
+    evaluated on that file (data.eval_split) every 4 steps."""
     lora_block = "  lora: {r: 4, alpha: 8, dropout: 0.1}\n" if lora else ""
     tail = ("export:\n  merge: true\n" if lora else "") + (f"storage:\n  store: {store}\n" if store else "")
+    tail += "eval:\n  every_steps: 4\n" if held_out else ""
     path.write_text(f"""name: real-tiny{'-lora' if lora else ''}
 description: a small Llama from a local directory on Alpaca-format data
 model:
@@ -108,7 +114,7 @@ model:
 data:
   source: {data}
   format: alpaca
-train:
+{f"  eval_split: {held_out}{chr(10)}" if held_out else ""}train:
   steps: 12
   micro_batch_size: 2
   grad_accum: 1

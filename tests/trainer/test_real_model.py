@@ -45,6 +45,11 @@ def steps(run_dir: Path) -> list[tuple]:
     return [seen[s] for s in sorted(seen)]
 
 
+def evals(run_dir: Path) -> list[tuple]:
+    """(step, loss, tokens) of every eval event, in order."""
+    return [(e["step"], e["loss"], e["tokens"]) for e in events(run_dir, "eval")]
+
+
 def tensor_bytes(step_dir: Path) -> tuple[int, int]:
     """(bytes of the tensors DeepSpeed's files hold, of which frozen-parameter fragments)."""
     total = frozen = 0
@@ -152,9 +157,21 @@ def test_a_real_model_preempted_twice_through_the_local_executor_ends_bitwise_eq
     assert len(events(run_dir, "resume")) == 2
     assert_equal_tensors(safetensors_of(run_dir / "final"), safetensors_of(real_reference / "final"))
     assert steps(run_dir) == steps(real_reference)
+    # Each preemption came at an eval step (4, 8) before its eval: the next start evaluated it, bitwise
+    # as the uninterrupted run did, and no step was evaluated twice.
+    assert evals(run_dir) == evals(real_reference)
     # A resumed full fine-tune builds the model from its config and loads the checkpoint: no weights read.
     loads = [(e["attempt"], e["weights"]) for e in events(run_dir, "base_model")]
     assert [w for a, w in loads if a > 1] == [False, False] and (1, True) in loads
+
+
+def test_the_eval_loss_on_the_held_out_file_goes_down_and_final_records_the_last(real_reference):
+    held_out = evals(real_reference)
+    assert [step for step, _, _ in held_out] == [4, 8, 12]
+    losses = [loss for _, loss, _ in held_out]
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.1, losses
+    metadata = json.loads((real_reference / "final" / "skyspot.json").read_text())
+    assert metadata["step"] == 12 and (metadata["eval"]["step"], metadata["eval"]["loss"]) == (12, losses[-1])
 
 
 def test_lora_checkpoints_hold_only_adapters_resume_exactly_and_the_base_comes_from_the_store(
@@ -170,7 +187,8 @@ def test_lora_checkpoints_hold_only_adapters_resume_exactly_and_the_base_comes_f
     result, run_dir = launch_local(recipe, "--preempt-at-steps", "6")
     assert result.exit_code == 0, result.output + log_text(run_dir)
 
-    # exact resume: the adapters and every step's loss and lr equal the uninterrupted run's
+    # exact resume: the adapters and every step's loss and lr equal the uninterrupted run's (which evaluated
+    # every 4 steps with LoRA's dropout in the model, and this run never: evaluating changes no training)
     assert_equal_tensors(safetensors_of(run_dir / "final"), safetensors_of(lora_reference / "final"))
     assert steps(run_dir) == steps(lora_reference)
     # The first attempt fetched the base "from the hub" (the offline cache) and copied it into the store; the
