@@ -274,13 +274,13 @@ def _is_stopped(worker: Worker) -> bool:
 
 def _faulthandler_dump(worker: Worker, run_dir: Path, deadline: float) -> Optional[str]:
     """SIGUSR2 to a rank that registered faulthandler for it (its file exists: stacks.py), and what it
-    wrote. A stopped rank is continued to run its handler: it is killed next anyway."""
+    wrote. A stopped rank is continued to run its handler (it is killed next anyway); SIGCONT goes to
+    every rank, since one being stopped may not show as stopped yet, and a running one ignores it."""
     path = faulthandler_file(run_dir, worker.pid)
     try:
         before = path.stat().st_size
         worker.process.send_signal(DUMP_SIGNAL)
-        if _is_stopped(worker):
-            worker.process.send_signal(signal.SIGCONT)
+        worker.process.send_signal(signal.SIGCONT)
     except Exception:
         return None
     size, end = before, min(deadline, time.monotonic() + 5.0)
