@@ -50,10 +50,23 @@ def allow_stack_dumps(run_dir: Path) -> None:
     try:
         path = faulthandler_file(run_dir, os.getpid())
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _remove_stale(path.parent)
         _handle = open(path, "a", encoding="utf-8")
         faulthandler.register(DUMP_SIGNAL, file=_handle, all_threads=True)
     except (OSError, RuntimeError, ValueError):
         pass
+
+
+def _remove_stale(directory: Path) -> None:
+    """Files of earlier workers (every start leaves one; a hang's dump was copied into its hang's
+    directory already): those whose process is gone."""
+    for path in directory.glob("pid-*.txt"):
+        try:
+            os.kill(int(path.stem.split("-", 1)[1]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, OSError):
+            continue
 
 
 def _parent_of(pid: int) -> Optional[int]:

@@ -163,9 +163,11 @@ def find_workers(launcher_pid: int, cache: Optional[dict] = None) -> list[Worker
     except psutil.Error:
         return []
     ranks: dict[int, tuple[int, int]] = {}
+    alive = set()
     for process in descendants:
         try:
             key = (process.pid, process.create_time())
+            alive.add(key)
             if key not in cache:
                 env = process.environ()
                 cache[key] = ((int(env["RANK"]), int(env["LOCAL_RANK"]))
@@ -174,6 +176,8 @@ def find_workers(launcher_pid: int, cache: Optional[dict] = None) -> list[Worker
             continue
         if cache[key] is not None:
             ranks[process.pid] = cache[key]
+    for gone in set(cache) - alive:
+        del cache[gone]
     workers = []
     for process in descendants:
         if process.pid not in ranks:
@@ -356,7 +360,6 @@ class Watchdog:
             if self._pids:
                 self.progress.arm(now)  # torchrun's agent restarted (or is restarting) the workers
             self._pids = pids
-            self._env_cache = {k: v for k, v in self._env_cache.items() if k[0] in pids}
         if not workers or not any(w.rank == 0 for w in workers):
             return None  # nothing to kill, or global rank 0 (the one that writes steps) is on another node
         overdue = self.progress.overdue(now)

@@ -333,3 +333,14 @@ def test_no_hang_where_global_rank_zero_is_not(launcher, tmp_path, monkeypatch):
     dog = Watchdog(tmp_path, proc.pid, Bounds(10, 0.1, 0.1), say=lambda line: None)
     time.sleep(0.3)
     assert dog.check() is None and psutil.Process(real[0].pid).is_running()
+
+
+def test_a_workers_start_removes_the_files_of_workers_that_are_gone(tmp_path):
+    from skyspot.trainer.stacks import _parent_of, _remove_stale
+
+    stale, live = tmp_path / "pid-999999999.txt", tmp_path / f"pid-{os.getpid()}.txt"
+    stale.write_text("")
+    live.write_text("")
+    _remove_stale(tmp_path)
+    assert not stale.exists() and live.exists()
+    assert _parent_of(os.getpid()) == os.getppid()  # whom a worker names its tracer: torchrun's parent
