@@ -17,8 +17,8 @@ own) and declares a hang when
 
 It does not watch where nothing should step: after a `signal`, `preemption_notice`,
 `emergency_checkpoint` or `exit` event (the trainer is on its way out, under the notice's own
-deadline and torchrun's grace), and after the last step (the final save, export and upload, which
-take what they take). It re-arms, with the first-step bound, whenever the worker processes change
+deadline and torchrun's grace), and after the last step or a resume at it (the final save, export and
+upload, which take what they take). It re-arms, with the first-step bound, whenever the worker processes change
 (torchrun's agent restarted them) or a `start` event follows. Step events come from global rank 0
 only, so only the node that runs it declares hangs; a rank stuck on any node stops global rank 0 at the
 next step's vote, so that node sees every hang (other nodes' stacks are not dumped: their supervisors
@@ -121,10 +121,13 @@ class Progress:
         self.last_event = max(self.last_event, ts)
         if type == "step":
             self.last_step_at, self.step = ts, event.get("step")
-            if self.total_steps is not None and isinstance(self.step, int) and self.step >= self.total_steps:
-                self.stopped = "the last step"  # the final save, export and upload
+        if type in ("step", "resume") and self._at_the_end(event.get("step")):
+            self.stopped = "the last step"  # the final save, export and upload (a resume at the end: only those)
         elif type in SHUTDOWN_EVENTS:
             self.stopped = type
+
+    def _at_the_end(self, step: Any) -> bool:
+        return self.total_steps is not None and isinstance(step, int) and step >= self.total_steps
 
     def bound(self) -> float:
         if self.last_step_at is None:

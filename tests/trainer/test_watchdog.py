@@ -78,6 +78,10 @@ def test_no_hang_on_the_way_out_or_after_the_last_step():
     for n in (1, 2, 3):
         p.feed(step(1.0 + n, n))
     assert p.stopped == "the last step" and p.overdue(10_000.0) is None  # the final save, export, upload
+    p = Progress(BOUNDS, armed_at=0.0)
+    p.feed(event(1.0, "start", total_steps=3))
+    p.feed(event(2.0, "resume", step=3))  # resumed at the end: only the final save and export remain
+    assert p.overdue(10_000.0) is None
 
 
 def test_a_restart_rearms_with_the_first_step_bound_and_keeps_the_step_history():
