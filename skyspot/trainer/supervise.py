@@ -86,13 +86,23 @@ def _watchdog_flags(parser: argparse.ArgumentParser) -> None:
     from skyspot.recipe import ResilienceSection
 
     default = ResilienceSection()
-    parser.add_argument("--hang-factor", type=float, default=default.hang_factor,
+    parser.add_argument("--hang-factor", type=_positive, default=default.hang_factor,
                         help="a hang: no step for longer than this x the median step time (default %(default)s)")
-    parser.add_argument("--hang-floor", type=float, default=default.hang_floor_seconds,
+    parser.add_argument("--hang-floor", type=_positive, default=default.hang_floor_seconds,
                         help="... or than this many seconds, whichever is longer (default %(default)s)")
-    parser.add_argument("--first-step-bound", type=float, default=default.first_step_seconds,
+    parser.add_argument("--first-step-bound", type=_positive, default=default.first_step_seconds,
                         help="seconds allowed from a (re)start to its first step (default %(default)s)")
     parser.add_argument("--no-watchdog", action="store_true", help="do not watch for hangs")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_positive.__name__ = "positive number"  # argparse's error names the type: "invalid positive number value"
 
 
 def watchdog_bounds(args: argparse.Namespace) -> Optional[Bounds]:

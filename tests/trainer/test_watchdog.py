@@ -112,6 +112,9 @@ def test_the_supervisor_flags_carry_the_bounds_and_the_switch():
     assert watchdog_bounds(args) == Bounds(10.0, 300.0, 3600.0)  # the recipe's defaults
     args, _ = parse_args(["--run-dir", "d", "--no-watchdog", "--", "torchrun"])
     assert watchdog_bounds(args) is None
+    with pytest.raises(SystemExit) as usage:
+        parse_args(["--run-dir", "d", "--hang-floor", "-1", "--", "torchrun"])
+    assert usage.value.code == 2
 
 
 def test_the_run_script_passes_the_recipes_resilience_to_the_supervisor():
