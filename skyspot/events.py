@@ -4,6 +4,7 @@ Layout (inside a run root, local or in the store):
 
     events/attempt-<A>.node-<N>.rank-<R>.jsonl   written by one trainer process
     events/attempt-<A>.executor.jsonl            written by the executor (local executor only)
+    events/attempt-<A>.node-<N>.supervisor.jsonl written by node N's supervisor (its watchdog's `hang`)
 
 One writer per file, so no locking is needed and a killed writer can damage at most
 its own last line; readers skip malformed lines and count them.
@@ -63,7 +64,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
 EVENTS_DIR = "events"
 
 
-def event_file_name(attempt: int, node_rank: int, rank: int | None) -> str:
+def event_file_name(attempt: int, node_rank: int, rank: int | None, *, supervisor: bool = False) -> str:
+    if supervisor:  # rank None too, but one writer per file: not the executor's
+        return f"attempt-{attempt}.node-{node_rank}.supervisor.jsonl"
     if rank is None:
         return f"attempt-{attempt}.executor.jsonl"
     return f"attempt-{attempt}.node-{node_rank}.rank-{rank}.jsonl"
@@ -73,14 +76,14 @@ class EventWriter:
     """Appends events for one process. Each line is flushed at once so a kill loses at most that line."""
 
     def __init__(self, run_root: str | os.PathLike, run_id: str, attempt: int,
-                 node_rank: int, rank: int | None):
+                 node_rank: int, rank: int | None, *, supervisor: bool = False):
         self.run_id = run_id
         self.attempt = attempt
         self.node_rank = node_rank
         self.rank = rank
         directory = Path(run_root) / EVENTS_DIR
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = directory / event_file_name(attempt, node_rank, rank)
+        self.path = directory / event_file_name(attempt, node_rank, rank, supervisor=supervisor)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self.dropped = 0
         self._lock = threading.Lock()  # the uploader and watcher threads emit too

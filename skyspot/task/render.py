@@ -128,6 +128,14 @@ def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool, key: 
 AZURE_STORE_SECRET = "AZURE_STORAGE_KEY"
 
 
+def _watchdog_flags(recipe: Recipe) -> str:
+    """The supervisor's hang watchdog bounds (trainer/watchdog.py), from the recipe's `resilience`."""
+    r = recipe.resilience
+    if not r.watchdog:
+        return " --no-watchdog"
+    return f" --hang-factor {r.hang_factor:g} --hang-floor {r.hang_floor_seconds:g} --first-step-bound {r.first_step_seconds:g}"
+
+
 def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]) -> str:
     """The `run` command every node executes (SkyPilot's and the local executor's)."""
     quoted = " ".join(shlex.quote(o) for o in trainer_overrides)
@@ -139,7 +147,7 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
         'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
         'NPROC="${SKYPILOT_NUM_GPUS_PER_NODE:-0}"',
         f'if [ "$NPROC" -lt 1 ]; then NPROC={cpu_ranks}; fi',
-        'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR" -- \\',
+        f'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR"{_watchdog_flags(recipe)} -- \\',
         '  torchrun --nnodes "$SKYPILOT_NUM_NODES" --node_rank "$SKYPILOT_NODE_RANK" \\',
         '  --nproc_per_node "$NPROC" --master_addr "$MASTER_ADDR" --master_port "${SKYSPOT_MASTER_PORT:-29500}" \\',
         f'  -m skyspot.trainer {shlex.quote(recipe_arg)} --run-dir "$RUN_DIR"' + (f" {quoted}" if quoted else ""),

@@ -187,8 +187,10 @@ def _quiet_libraries() -> None:
 def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     from skyspot.recipe import load_recipe
     from skyspot.trainer.gpu import require_cuda
+    from skyspot.trainer.stacks import allow_stack_dumps
 
     _die_with_parent()
+    allow_stack_dumps(args.run_dir)  # the supervisor's watchdog may read this rank's stacks (stacks.py)
     _standalone_env()
     placement = cluster.from_environment()
     # Before anything else, DeepSpeed's import included (it would pick its CPU accelerator): a node

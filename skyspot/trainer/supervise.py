@@ -1,6 +1,8 @@
 """Run the trainer's launcher and exit with the code the trainer recorded for this start.
 
-    python -m skyspot.trainer.supervise --run-dir DIR [--grace SECONDS] -- torchrun ... -m skyspot.trainer ...
+    python -m skyspot.trainer.supervise --run-dir DIR [--grace SECONDS]
+        [--hang-factor X --hang-floor SECONDS --first-step-bound SECONDS | --no-watchdog]
+        -- torchrun ... -m skyspot.trainer ...
 
 Why: torchrun exits 1 whenever a worker fails, whatever code the worker used, so SkyPilot's
 `recover_on_exit_codes: [75]` and the local executor would never see "preempted, recover me".
@@ -30,6 +32,11 @@ exit 75), a warning an early checkpoint. On the way out, after the command has e
 stops and approves on Azure the events acted on (StartRequests). Without a cloud in
 SKYPILOT_CLUSTER_INFO nothing is watched.
 
+Hangs: once the command runs, this process runs the hang watchdog (watchdog.py), a thread that follows
+the ranks' events in DIR/events/ and, when no step comes within its bound, dumps every rank's stacks,
+records a `hang` event and DIR/hang.json, and SIGKILLs the workers so torchrun's agent restarts them in
+place. The run script passes the recipe's `resilience` values as the flags above.
+
 The CLI is stable: the rendered SkyPilot task and the local executor call it.
 """
 
@@ -50,6 +57,7 @@ from typing import Optional
 from skyspot.clouds import NOTICE_WINDOWS_S
 from skyspot.trainer.exit_codes import TOKEN_ENV, USAGE, describe, read_exit_record
 from skyspot.trainer.preemption import NOTICE_FILE_ENV, NOTICE_FILE_NAME, NoticeFile
+from skyspot.trainer.watchdog import Bounds, start_watchdog
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 DEFAULT_GRACE_S = max(NOTICE_WINDOWS_S.values())  # the longest notice window (AWS's); GCP and Azure give 30 s
@@ -61,6 +69,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--run-dir", required=True, type=Path, help="the trainer's --run-dir")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
                         help="seconds torchrun gives workers after a signal before SIGKILL (default %(default)s)")
+    _watchdog_flags(parser)
     if "--" not in argv:
         parser.error("give the command after --, e.g. -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir DIR")
     split = argv.index("--")
@@ -69,6 +78,37 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not command:
         parser.error("no command after --")
     return args, command
+
+
+def _watchdog_flags(parser: argparse.ArgumentParser) -> None:
+    """The hang watchdog's bounds (watchdog.py), which the run script fills from the recipe's
+    `resilience` section; the defaults are that section's."""
+    from skyspot.recipe import ResilienceSection
+
+    default = ResilienceSection()
+    parser.add_argument("--hang-factor", type=_positive, default=default.hang_factor,
+                        help="a hang: no step for longer than this x the median step time (default %(default)s)")
+    parser.add_argument("--hang-floor", type=_positive, default=default.hang_floor_seconds,
+                        help="... or than this many seconds, whichever is longer (default %(default)s)")
+    parser.add_argument("--first-step-bound", type=_positive, default=default.first_step_seconds,
+                        help="seconds allowed from a (re)start to its first step (default %(default)s)")
+    parser.add_argument("--no-watchdog", action="store_true", help="do not watch for hangs")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_positive.__name__ = "positive number"  # argparse's error names the type: "invalid positive number value"
+
+
+def watchdog_bounds(args: argparse.Namespace) -> Optional[Bounds]:
+    if args.no_watchdog:
+        return None
+    return Bounds(factor=args.hang_factor, floor_seconds=args.hang_floor, first_step_seconds=args.first_step_bound)
 
 
 def _child_setup(supervisor: int) -> None:
@@ -85,7 +125,8 @@ def _child_setup(supervisor: int) -> None:
 
 
 def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
-        say=lambda line: print(f"[skyspot.supervise] {line}", file=sys.stderr, flush=True)) -> int:
+        say=lambda line: print(f"[skyspot.supervise] {line}", file=sys.stderr, flush=True),
+        hang_bounds: Optional[Bounds] = None) -> int:
     token = uuid.uuid4().hex
     env = dict(os.environ)
     env[TOKEN_ENV] = token
@@ -96,6 +137,7 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
     watcher = _watch(notices, say)
     started = time.time()
     child: Optional[subprocess.Popen] = None
+    watchdog = None
     pending: list[int] = []
 
     def forward(signum, frame):
@@ -117,6 +159,7 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
             return 127
         for signum in pending:
             forward(signum, None)
+        watchdog = start_watchdog(run_dir, child.pid, hang_bounds, say)
         while True:
             try:
                 returncode = child.wait()
@@ -124,6 +167,8 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
             except InterruptedError:
                 continue
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
         if watcher is not None:
@@ -160,7 +205,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as exit:
         return exit.code if isinstance(exit.code, int) else USAGE
     logging.basicConfig(level=logging.WARNING, format="[skyspot.supervise] %(message)s")  # the watcher's lines
-    return run(args.run_dir, command, args.grace)
+    return run(args.run_dir, command, args.grace, hang_bounds=watchdog_bounds(args))
 
 
 if __name__ == "__main__":
