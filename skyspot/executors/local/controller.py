@@ -15,7 +15,8 @@ terminal) and does, per attempt:
    environment a SkyPilot node sees (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES,
    SKYPILOT_NUM_GPUS_PER_NODE, a SKYPILOT_TASK_ID stable across recoveries, SKYPILOT_CLUSTER_INFO
    naming the simulated cloud) and the metadata endpoints pointed at a loopback server;
-3. inject preemptions on the simulated cloud's own timeline (`Timeline`, docs/local.md): a notice
+3. inject rank faults (`--crash-at-steps`, `--hang-at-steps`: executors/local/rank_faults.py), which the
+   node recovers from in place, and preemptions on the simulated cloud's own timeline (`Timeline`, docs/local.md): a notice
    through that metadata server, then SIGTERM and SIGKILL when that cloud sends them (AWS: SIGTERM
    at the notice's `time`, two minutes on, then a short shutdown; GCP: SIGTERM with the notice, hard
    off 30 s later; Azure: no SIGTERM, the VM gone at the Preempt's NotBefore), all scaled by `--notice`;
@@ -164,6 +165,8 @@ class Spec:
     """The trace's spot outages [start, end), seconds after launch."""
     deadline: Optional[dict] = None
     """launch --deadline: {at, start, policy, step_seconds_hint, period} (executors/local/deadline.py)."""
+    rank_faults: list[dict] = field(default_factory=list)
+    """--crash-at-steps / --hang-at-steps: {action, step, node, local_rank} in step order (rank_faults.py)."""
 
 
 class Controller:
@@ -182,6 +185,7 @@ class Controller:
         self.log: IO[str] = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
+        self.pending_faults = list(spec.rank_faults)
         # An outage starts with a notice to the spot instance running then, like a preemption.
         self.trace = SpotTrace.from_spec(spec)
         self.pending_trace = self.trace.losses()
@@ -400,6 +404,8 @@ class Controller:
                 steps_tail = FileTail(steps_file) if steps_file is not None else None
             if steps_tail is not None:
                 step = _latest_step(steps_tail, step)
+            if self.pending_faults and step >= self.pending_faults[0]["step"] and not cancelled:
+                self._inject_fault(events, step, nodes)
             if any(c not in (None, 0) for c in codes) and first_failure is None:
                 first_failure = now  # a node died; the others must fail fast on their own
             if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
@@ -500,6 +506,19 @@ class Controller:
             if number >= attempt:
                 found.append((number, path))
         return max(found)[1] if found else None
+
+    def _inject_fault(self, events: EventWriter, step: int, nodes: int) -> None:
+        """The next rank fault, now that rank 0 logged its step: the ranks are in the step after it."""
+        from skyspot.executors.local import rank_faults
+
+        fault = self.pending_faults[0]
+        done = rank_faults.inject(fault, self.spec.name, nodes)
+        if done is None:
+            return  # no live worker there now (restarting): the next poll tries again
+        self.pending_faults.pop(0)
+        events.emit(rank_faults.EVENT_TYPES[fault["action"]], step=step, at_step=fault["step"], **done)
+        self.say(f"{fault['action']} injected at step {step}: {done['signal']} to node {done['node']} local rank "
+                 f"{done['local_rank']} (pid {done['pid']})")
 
     def _should_preempt(self, step: int, attempt_started: float, now: float) -> bool:
         spec = self.spec
