@@ -307,7 +307,6 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         record_event(args.run_dir, events)  # the node's local NVMe as setup measured it (local_disk.py)
         fabric.record(nccl_log, backend=backend, num_nodes=placement.num_nodes, events=events, say=say)
     run.notice_watcher = notice_watcher
-    restart.settle(generation)  # the backoff; or end at once: preempted before, or the budget spent
     return run
 
 
@@ -845,6 +844,8 @@ def process_main(argv: Optional[list[str]] = None) -> int:
 
 
 def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
+    from skyspot.trainer.restart import settle
+
     args = parse_args(argv)
     watch = PreemptionWatch()
     watch.install()  # first: a SIGTERM during setup must not kill the process
@@ -853,6 +854,7 @@ def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
     try:
         args.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # checkpoints are the user's alone
         run = setup(args, watch)
+        settle(run.generation)  # restart.py: the backoff, or end at once (preempted before, the budget spent)
         build(run)
         step = train(run)
         code, reason, final = COMPLETE, "training complete", True

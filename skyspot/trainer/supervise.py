@@ -165,11 +165,12 @@ def _watch_workers(launcher: int, run_dir: Path, token: str) -> threading.Event:
             parent = psutil.Process(launcher)
         except psutil.Error:
             return
-        while not stop.wait(WORKER_POLL_S):
+        while True:
+            stopping = stop.wait(WORKER_POLL_S)
             try:
                 children = parent.children()
             except psutil.Error:
-                return
+                children, stopping = [], True  # torchrun is gone, and its workers with it
             now, alive = time.time(), set()
             for proc in children:
                 try:
@@ -185,6 +186,8 @@ def _watch_workers(launcher: int, run_dir: Path, token: str) -> threading.Event:
                 alive.add(proc.pid)
             for pid in [p for p in known if p not in alive]:
                 note_worker_exit(run_dir, token, {"pid": pid, "ts": now, **known.pop(pid)})
+            if stopping:
+                return
 
     threading.Thread(target=loop, name="skyspot-workers", daemon=True).start()
     return stop

@@ -186,6 +186,7 @@ class Controller:
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
         self.pending_faults = list(spec.rank_faults)
+        self.fault_due = False  # the next rank fault's step was logged; it fires once its rank is found
         # An outage starts with a notice to the spot instance running then, like a preemption.
         self.trace = SpotTrace.from_spec(spec)
         self.pending_trace = self.trace.losses()
@@ -402,9 +403,13 @@ class Controller:
             if steps_tail is None:
                 steps_file = self._trainer_events_file(attempt)
                 steps_tail = FileTail(steps_file) if steps_file is not None else None
+            logged: list[int] = []
             if steps_tail is not None:
-                step = _latest_step(steps_tail, step)
-            if self.pending_faults and step >= self.pending_faults[0]["step"] and not cancelled:
+                step = _latest_step(steps_tail, step, logged)
+            # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
+            # restart in place the ranks redo steps, and the next fault is for a step in progress again.
+            self.fault_due = self.fault_due or any(s >= f["step"] for s in logged for f in self.pending_faults[:1])
+            if self.fault_due and not cancelled:
                 self._inject_fault(events, step, nodes)
             if any(c not in (None, 0) for c in codes) and first_failure is None:
                 first_failure = now  # a node died; the others must fail fast on their own
@@ -516,6 +521,7 @@ class Controller:
         if done is None:
             return  # no live worker there now (restarting): the next poll tries again
         self.pending_faults.pop(0)
+        self.fault_due = False
         events.emit(rank_faults.EVENT_TYPES[fault["action"]], step=step, at_step=fault["step"], **done)
         self.say(f"{fault['action']} injected at step {step}: {done['signal']} to node {done['node']} local rank "
                  f"{done['local_rank']} (pid {done['pid']})")
@@ -664,8 +670,9 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _latest_step(tail: FileTail, step: int) -> int:
-    """The newest step in rank 0's events file, reading only what was appended since the last call."""
+def _latest_step(tail: FileTail, step: int, logged: Optional[list[int]] = None) -> int:
+    """The newest step in rank 0's events file, reading only what was appended since the last call;
+    `logged` gets the steps of the step events appended since."""
     for line in tail.read().splitlines():
         try:
             event = json.loads(line)
@@ -673,6 +680,8 @@ def _latest_step(tail: FileTail, step: int) -> int:
             continue
         if event.get("type") in ("step", "resume") and isinstance(event.get("step"), int):
             step = max(step, event["step"])
+            if logged is not None and event["type"] == "step":
+                logged.append(event["step"])
     return step
 
 
