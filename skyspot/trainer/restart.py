@@ -123,7 +123,7 @@ def diagnose(views: list[dict[str, Any]], fallback: float) -> tuple[str, float]:
     first_error = min((f["ts"] for f in failures), default=None)
     first_silent = min(silent, default=None)
     if first_silent is not None and (first_error is None or first_silent <= first_error + TOLERANCE_S):
-        return "crash", min(first_silent, first_error if first_error is not None else first_silent)
+        return "crash", min(t for t in (first_silent, first_error) if t is not None)
     if first_error is not None:
         return "error", first_error
     return "crash", fallback
@@ -184,6 +184,8 @@ def begin(run_dir: Path, placement, comm, resilience, say) -> Generation:
 
 
 def _restarted(record: dict, views: list[dict], since: float, now: float, resilience, run_dir: Path) -> Generation:
+    from skyspot.trainer.exit_codes import PREEMPTED
+
     earlier = [r.get("at", 0.0) for r in record.get("restarts", [])]
     cause, failed_at = diagnose(views, fallback=since)
     decision = decide(earlier, now, resilience.restarts_in_place, resilience.restart_backoff_seconds)
@@ -191,7 +193,7 @@ def _restarted(record: dict, views: list[dict], since: float, now: float, resili
                      last_step=_last_step(Path(run_dir), record.get("attempt"), since),
                      wait_seconds=decision.wait_seconds if decision.allowed else 0.0,
                      within_hour=decision.within_hour, allowed=decision.allowed,
-                     preempted=any(v.get("code") == 75 for v in views))
+                     preempted=any(v.get("code") == PREEMPTED for v in views))
     if decision.allowed and not gen.preempted:
         record.setdefault("restarts", []).append({"restart": gen.restart, "at": now, "cause": cause,
                                                   "failed_at": failed_at, "last_step": gen.last_step})

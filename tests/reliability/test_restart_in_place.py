@@ -128,3 +128,48 @@ def test_a_configuration_error_is_never_restarted_in_place(tmp_path):
     exits = json.loads((run_dir / "worker_exits.json").read_text())["exits"]
     assert len(exits) == 1  # one worker, started once: torchrun saw it succeed
     assert json.loads((run_dir / "exit.json").read_text())["code"] == 2
+
+
+def test_a_failure_on_one_node_restarts_the_healthy_nodes_workers_too(tmp_path):
+    """The rendered run script on 2 simulated nodes, with a stand-in worker: node 1's worker crashes
+    while node 0's waits outside any collective; node 0's agent restarts it as soon as node 1's agent
+    waits at the rendezvous (a membership change, which torchrun does not count as a restart)."""
+    import os
+    import time
+
+    from skyspot.ports import free_port
+    from skyspot.recipe import load_recipe
+    from skyspot.task.render import run_script
+
+    script = run_script(load_recipe("tiny", ["resources.cpu_ranks=1"]), "tiny", [])
+    assert script.count("-m skyspot.trainer tiny ") == 1
+    script = script.replace("-m skyspot.trainer tiny ", "-m tests.reliability._membership_worker ")
+    port, repo = str(free_port()), str(Path(__file__).resolve().parents[2])
+    nodes = []
+    for node in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "SKYSPOT_"))}
+        env.update(SKYPILOT_NODE_RANK=str(node), SKYPILOT_NODE_IPS="127.0.0.1\n127.0.0.1", SKYPILOT_NUM_NODES="2",
+                   SKYPILOT_NUM_GPUS_PER_NODE="0", SKYSPOT_RUN_NAME="membership", SKYSPOT_MASTER_PORT=port,
+                   SKYSPOT_RUN_DIR=str(tmp_path / f"node-{node}"), PYTHONPATH=repo,
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
+        nodes.append(subprocess.Popen(["bash", "-c", script], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    started = time.monotonic()
+    try:
+        codes = [p.wait(timeout=100) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    took = time.monotonic() - started
+    output = "".join(p.stdout.read().decode(errors="replace") for p in nodes)
+    assert codes == [0, 0] and took < 90, output[-3000:]  # node 0 never sat out its 120 s
+
+    def generations(node):
+        return sorted((json.loads(p.read_text()) for p in (tmp_path / f"node-{node}" / "generations").glob("*.json")),
+                      key=lambda g: g["generation"])
+
+    node0, node1 = generations(0), generations(1)
+    assert [g["restart_count"] for g in node1] == [0, 1]  # its own failure: counted
+    assert [g["restart_count"] for g in node0] == [0, 0]  # the rendezvous restarted it: a membership change
+    assert node0[1]["ts"] - node1[0]["ts"] < 60
