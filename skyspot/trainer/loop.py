@@ -3,7 +3,8 @@
 Launch, one line per node (the task's `run` and the local executor do exactly this):
 
     python -m skyspot.trainer.supervise --run-dir DIR -- \\
-        torchrun --nnodes N --node_rank R --master_addr A --nproc_per_node P \\
+        torchrun --nnodes N --nproc_per_node P --max-restarts R --rdzv_backend c10d \\
+        --rdzv_endpoint HEAD:PORT --rdzv_id RUN --rdzv_conf is_host=1|0 --local_addr NODE_IP \\
         -m skyspot.trainer RECIPE --run-dir DIR [--run-name NAME] [--fresh] [key=value ...]
 
 On this machine (2 CPU ranks, gloo):
