@@ -12,9 +12,9 @@ module is what the restarted trainer does about it, once the ranks have a proces
   worker of its torchrun end, however it ends), the ranks that ended by an exception
   (DIR/failures/rank-R.json, written by the rank as it ends), and a hang the watchdog recorded
   (DIR/hang.json, at least {"ts", "step"}). Global rank 0 names the cause: "hang" if the watchdog
-  recorded one; "crash" if a worker died without a word (SIGKILL, a segfault, the OOM killer) before
-  or with the first exception (TOLERANCE_S: the supervisor sees a death within its poll period, a peer's
-  exception follows it by milliseconds); "error" otherwise. failed_at is the earliest evidence.
+  recorded one; "crash" if a worker died without a word (SIGKILL, a segfault, the OOM killer) no later
+  than TOLERANCE_S after the first exception (the supervisor sees a death within its poll period, a
+  peer's exception follows it by milliseconds); "error" otherwise. failed_at is the earliest evidence.
 - the budget: at most `resilience.restarts_in_place` restarts within any hour of the attempt, the k-th
   of them after `restart_backoff_seconds * 2**(k-1)` (at most BACKOFF_CAP_S). Past it, every rank ends
   with the error as a final ending (the exit record says 1, the process exits 0 so torchrun does not

@@ -42,28 +42,23 @@ def log_tail(run_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def crashed_run(tmp_path_factory):
-    """One 2-node run whose node-1 rank is SIGKILLed mid-step once (module-scoped: read by several tests)."""
+    """One 2-node run whose node-1 rank is SIGKILLed mid-step once (module-scoped: read by several tests),
+    in an environment isolated as tests/conftest.py's `_isolated_env` isolates each test's."""
     import os
 
-    home = tmp_path_factory.mktemp("inplace-home")
-    saved = os.environ.get("SKYSPOT_HOME")
-    os.environ["SKYSPOT_HOME"] = str(home)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        for name in [n for n in os.environ if n.startswith(("SKYSPOT_", "SKYPILOT_"))]:
+            env.delenv(name)
+        env.setenv("SKYSPOT_HOME", str(tmp_path_factory.mktemp("inplace-home")))
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
         run_dir = launch("crash-node-1", "--crash-at-steps", f"{CRASH_AT}:1", f"train.steps={STEPS}",
                          "checkpoint.every_steps=2", *TWO_NODES)
-        status = finished("crash-node-1")
-        run = Ledger().get("crash-node-1")
-    finally:
-        if saved is None:
-            os.environ.pop("SKYSPOT_HOME", None)
-        else:
-            os.environ["SKYSPOT_HOME"] = saved
-    return run_dir, status, run
+        return run_dir, finished("crash-node-1")
 
 
 @pytest.mark.slow
 def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_equal(crashed_run, reference):
-    run_dir, status, _ = crashed_run
+    run_dir, status = crashed_run
     assert status == "SUCCEEDED", log_tail(run_dir)
     log = read_events_dir(run_dir / "events")
     assert [e["reason"] for e in log.of_type("attempt_end")] == ["complete"]  # one attempt: nothing re-provisioned
@@ -74,13 +69,17 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_equal(crashed_run, re
     event = restarts[0]
     assert event["rank"] == 0 and event["cause"] == "crash" and event["restart"] == 1
     # Resumed from the newest checkpoint committed before the crash, on the local disk (no store).
-    committed = [e["step"] for e in log.of_type("checkpoint_end") if e["ts"] < injected[0]["ts"]]
     resumes = [e for e in log.of_type("resume") if e.get("rank") == 0]
-    assert resumes and resumes[-1]["step"] == event["step"] == max(committed) and resumes[-1]["source"] == "local"
-    reached = max(e["step"] for e in log.of_type("step") if e["ts"] < injected[0]["ts"])
+    assert len(resumes) == 1 and resumes[0]["step"] == event["step"] and resumes[0]["source"] == "local"
+    # The generations split at the restarted one's resume: every event before it is the first one's.
+    restarted_at = resumes[0]["ts"]
+    committed = [e["step"] for e in log.of_type("checkpoint_end") if e["ts"] < restarted_at]
+    before_crash = [e["step"] for e in log.of_type("checkpoint_end") if e["ts"] < injected[0]["ts"]]
+    assert event["step"] in committed and event["step"] >= max(before_crash)
+    reached = max(e["step"] for e in log.of_type("step") if e["ts"] < restarted_at)
     assert event["steps_redone"] == reached - event["step"] >= 0
     assert injected[0]["ts"] - 1 <= event["failed_at"] <= injected[0]["ts"] + 2
-    first_after = min(e["ts"] for e in log.of_type("step") if e["ts"] > injected[0]["ts"])
+    first_after = min(e["ts"] for e in log.of_type("step") if e["ts"] > restarted_at)
     assert event["seconds_to_next_step"] == pytest.approx(first_after - event["failed_at"], abs=0.5)
     assert not same_params(run_dir, reference)
 
