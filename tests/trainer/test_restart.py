@@ -116,3 +116,39 @@ def test_the_task_hands_torchrun_the_budget_as_its_ceiling_and_zero_as_none():
     assert "--max-restarts 72 " in run_script(load_recipe("tiny", []), "tiny", [])
     off = run_script(load_recipe("tiny", ["resilience.restarts_in_place=0"]), "tiny", [])
     assert "--max-restarts 0 " in off and "--rdzv_backend c10d" in off
+
+
+def test_an_injected_fault_signals_the_nodes_worker_by_local_rank(tmp_path):
+    """Stand-ins for two workers of node 1 (a node's SkyPilot environment and torchrun's): a hang stops the
+    last local rank by default, a crash aimed at local rank 0 kills that one; node 0 has none."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    procs = []
+    for local_rank in (0, 1):
+        env = {**os.environ, "SKYSPOT_RUN_NAME": "faulty", "SKYPILOT_NODE_RANK": "1", "TORCHELASTIC_RUN_ID": "faulty",
+               "LOCAL_RANK": str(local_rank)}
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env))
+    try:
+        deadline = time.monotonic() + 10
+        while len(rank_faults.workers("faulty", 1)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rank_faults.inject(rank_faults.parse("3:0", "hang")[0], "faulty", 2) is None  # node 0: nobody
+        hung = rank_faults.inject(rank_faults.parse("3", "hang")[0], "faulty", 2)
+        assert hung == {"node": 1, "local_rank": 1, "pid": procs[1].pid, "signal": "SIGSTOP"}
+        deadline = time.monotonic() + 10
+        while psutil.Process(procs[1].pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert psutil.Process(procs[1].pid).status() == psutil.STATUS_STOPPED
+        crashed = rank_faults.inject(rank_faults.parse("5:1.0", "crash")[0], "faulty", 2)
+        assert crashed["pid"] == procs[0].pid and crashed["signal"] == "SIGKILL"
+        assert procs[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
