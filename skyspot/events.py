@@ -56,6 +56,8 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "preempt_notice_sent": ("deadline",),
     "preempt_sigterm": (),
     "preempt_sigkill": (),
+    "rank_crash_injected": ("step", "at_step", "node", "local_rank", "pid", "signal"),
+    "rank_hang_injected": ("step", "at_step", "node", "local_rank", "pid", "signal"),
     "attempt_end": ("code", "reason"),
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     "deadline_decision": ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),

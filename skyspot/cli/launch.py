@@ -30,6 +30,8 @@ def launch_command(
     local: Optional[bool] = typer.Option(None, "--local/--cloud", help=LOCAL_HELP),
     preempt_every: Optional[float] = typer.Option(None, "--preempt-every", help="Local: inject a preemption every N seconds of running."),
     preempt_at_steps: Optional[str] = typer.Option(None, "--preempt-at-steps", help="Local: inject a preemption notice when the run reaches these steps, e.g. 15,40."),
+    crash_at_steps: Optional[str] = typer.Option(None, "--crash-at-steps", help="Local: SIGKILL one rank mid-step once the run reaches these steps, STEP[:NODE[.LOCAL_RANK]] (default the last rank of the last node), e.g. 15,40:0.1; recovered in place (docs/local.md)."),
+    hang_at_steps: Optional[str] = typer.Option(None, "--hang-at-steps", help="Local: SIGSTOP one rank mid-step (a hang), STEP[:NODE[.LOCAL_RANK]] as --crash-at-steps."),
     spot_trace: Optional[str] = typer.Option(None, "--spot-trace", help="Local: replay a spot trace file (docs/local.md)."),
     notice: Optional[float] = typer.Option(None, "--notice", min=0, help="Local: the simulated cloud's notice window in seconds, its timeline scaled to fit (default the cloud's: aws 120, gcp 30, azure 30; docs/local.md)."),
     grace: Optional[float] = typer.Option(None, "--grace", min=0, help="Local: seconds from SIGTERM to SIGKILL on aws's timeline and on cancel (default: aws's shutdown, scaled; 30 on cancel)."),
@@ -58,9 +60,10 @@ def launch_command(
         raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
     local_only = [flag for flag, value in (("--preempt-every", preempt_every), ("--preempt-at-steps", preempt_at_steps),
                                            ("--spot-trace", spot_trace), ("--fallback-after", fallback_after),
-                                           ("--spot-nodes", spot_nodes)) if value is not None]
+                                           ("--spot-nodes", spot_nodes), ("--crash-at-steps", crash_at_steps),
+                                           ("--hang-at-steps", hang_at_steps)) if value is not None]
     if local_only and not run_local:
-        raise UsageError(f"{', '.join(local_only)} inject(s) preemptions into a local run: add --local, "
+        raise UsageError(f"{', '.join(local_only)} inject(s) faults into a local run: add --local, "
                          "or leave it out for a cloud run")
     if not (dry_run or run_local or yes) and not sys.stdin.isatty():
         raise UsageError(f"launching '{probe.name}' on the cloud needs confirmation: pass -y/--yes "
@@ -73,12 +76,15 @@ def launch_command(
 
     options = None
     if run_local:  # checked before anything is printed, and before a dry run too, as a launch checks them
+        from skyspot.executors.local import rank_faults
         from skyspot.executors.local.executor import LocalOptions, check_options
 
         options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
                                spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
                                fallback_after=fallback_after, cloud=simulate,
-                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node)
+                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node,
+                               rank_faults=sorted(rank_faults.parse(crash_at_steps, "crash")
+                                                  + rank_faults.parse(hang_at_steps, "hang"), key=lambda f: f["step"]))
         check_options(options, probe, deadline=bool(probe.resources.deadline))
 
     from skyspot.app.launch import plan_deadline

@@ -63,7 +63,22 @@ DIST_ENV = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # abort the communicator on a failed collective
     "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "300",  # watchdog kills a rank stuck in NCCL
     "TORCH_NCCL_ENABLE_MONITORING": "1",
+    # How long torchrun's agents wait for every node at a rendezvous (the start, and each restart in place):
+    # past it, the nodes that came exit with the error and SkyPilot recovers the cluster (a node that never
+    # rejoins is lost).
+    "SKYSPOT_RDZV_JOIN_TIMEOUT_SECONDS": "300",
 }
+
+# torchrun counts restarts over its whole life and knows no hour: its --max-restarts is the recipe's hourly
+# budget (resilience.restarts_in_place) for a day, a ceiling for failures the trainer never gets to count
+# (a crash before the ranks meet); the trainer keeps the budget itself (trainer/restart.py).
+DAY_AT_FULL_RATE = 24
+
+
+def torchrun_max_restarts(per_hour: int) -> int:
+    """torchrun's --max-restarts for a budget of `per_hour` restarts in place (0: none, as before they existed)."""
+    return per_hour * DAY_AT_FULL_RATE
+
 
 JOB_RECOVERY = {
     # On preemption, try the next region first: the current one just ran out of spot capacity.
@@ -137,19 +152,35 @@ def _watchdog_flags(recipe: Recipe) -> str:
 
 
 def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]) -> str:
-    """The `run` command every node executes (SkyPilot's and the local executor's)."""
+    """The `run` command every node executes (SkyPilot's and the local executor's).
+
+    torchrun's c10d rendezvous, hosted by node 0's agent (`is_host`: on the local executor every node is
+    127.0.0.1, and a guess from the address would let any node host it), restarts the workers of every
+    node in place after a failure: the failed node's agent rejoins the rendezvous and the others see it
+    waiting (`num_nodes_waiting`) and restart theirs. `--max-restarts` is only a ceiling: the trainer
+    keeps the hourly budget and the backoff (trainer/restart.py); 0 restarts in place: none, as before.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each generation of workers gets a store of its own (the agent's
+    shared one keeps the last generation's keys and a restarted group hangs, pytorch issue 135712).
+    `--local_addr` is the node's own address, which the workers of the node torchrun numbers 0 reach;
+    the trainer numbers the ranks by SKYPILOT_NODE_RANK itself (trainer/cluster.py pin_rank)."""
     quoted = " ".join(shlex.quote(o) for o in trainer_overrides)
     cpu_ranks = recipe.resources.cpu_ranks or 1
+    restarts = torchrun_max_restarts(recipe.resilience.restarts_in_place)
     lines = [
         "set -eo pipefail",
         'export SKYSPOT_RUN_NAME="${SKYSPOT_RUN_NAME:-$SKYPILOT_TASK_ID}"',
         f'RUN_DIR="${{SKYSPOT_RUN_DIR:-{NODE_RUNS_DIR}/$SKYSPOT_RUN_NAME}}"',
         'MASTER_ADDR="$(echo "$SKYPILOT_NODE_IPS" | head -n1)"',
+        'NODE_ADDR="$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK + 1))p")"',
+        'IS_HOST=0; if [ "$SKYPILOT_NODE_RANK" = 0 ]; then IS_HOST=1; fi',
         'NPROC="${SKYPILOT_NUM_GPUS_PER_NODE:-0}"',
         f'if [ "$NPROC" -lt 1 ]; then NPROC={cpu_ranks}; fi',
+        "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
         f'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR"{_watchdog_flags(recipe)} -- \\',
-        '  torchrun --nnodes "$SKYPILOT_NUM_NODES" --node_rank "$SKYPILOT_NODE_RANK" \\',
-        '  --nproc_per_node "$NPROC" --master_addr "$MASTER_ADDR" --master_port "${SKYSPOT_MASTER_PORT:-29500}" \\',
+        f'  torchrun --nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node "$NPROC" --max-restarts {restarts} \\',
+        '  --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:${SKYSPOT_MASTER_PORT:-29500}" --rdzv_id "$SKYSPOT_RUN_NAME" \\',
+        '  --rdzv_conf "is_host=$IS_HOST,join_timeout=${SKYSPOT_RDZV_JOIN_TIMEOUT_SECONDS:-300}" \\',
+        '  --local_addr "${NODE_ADDR:-$MASTER_ADDR}" \\',
         f'  -m skyspot.trainer {shlex.quote(recipe_arg)} --run-dir "$RUN_DIR"' + (f" {quoted}" if quoted else ""),
     ]
     return "\n".join(lines) + "\n"

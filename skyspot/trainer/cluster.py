@@ -97,3 +97,49 @@ def run_id(run_name: Optional[str], run_dir: str | os.PathLike, environ: Mapping
         if candidate and candidate.strip():
             return candidate.strip()
     return Path(run_dir).resolve().name
+
+
+LAUNCHER_RANK_ENV = "SKYSPOT_LAUNCHER_RANK"
+"""torchrun's own global rank for this worker, kept when pin_rank replaces RANK."""
+
+
+def pin_rank(environ=os.environ) -> bool:
+    """Make the global rank follow SkyPilot's node rank: RANK = node rank x local world size + local rank.
+
+    Why: torchrun's c10d rendezvous (the one that restarts workers in place, task/render.py) numbers the
+    nodes by sorting their descriptors (address, agent pid), not by --node_rank, which only the static
+    rendezvous honours. A node's local checkpoint holds its own ranks' ZeRO shards and its events are
+    named by its node rank, so the ranks must stay with the node: across restarts in place (the order
+    holds while the agents live) and across attempts (new agents, a new order). torchrun's rank is kept
+    in SKYSPOT_LAUNCHER_RANK: its rank 0 is the one torchrun told to host the workers' store
+    (init_process_group below). True when RANK was changed."""
+    if "GROUP_RANK" not in environ or "SKYPILOT_NODE_RANK" not in environ or LAUNCHER_RANK_ENV in environ:
+        return False
+    local_world = max(1, _int(environ, "LOCAL_WORLD_SIZE", 1))
+    nodes = max(1, _int(environ, "SKYPILOT_NUM_NODES", 1))
+    if nodes * local_world != _int(environ, "WORLD_SIZE", 1):
+        return False  # not SkyPilot's shape (equal nodes): leave torchrun's numbering
+    pinned = _int(environ, "SKYPILOT_NODE_RANK", 0) * local_world + _int(environ, "LOCAL_RANK", 0)
+    environ[LAUNCHER_RANK_ENV] = environ.get("RANK", "0")
+    environ["RANK"] = str(pinned)
+    return True
+
+
+def init_process_group(backend: str, timeout, environ=os.environ) -> None:
+    """The default process group with the pinned ranks, on the store of this generation of workers.
+
+    With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (the rendered task sets it: torchrun's shared store keeps
+    the previous generation's keys and a restarted group hangs in its first collective, pytorch issue
+    135712) the worker torchrun numbered 0 hosts a new store at MASTER_ADDR:MASTER_PORT, which torchrun
+    picked on that worker's node; env:// would have the pinned rank 0 host it, on another node maybe.
+    Without pinning, DeepSpeed's own init (env://) is used."""
+    import torch.distributed as dist
+
+    launcher = environ.get(LAUNCHER_RANK_ENV)
+    if launcher is None or dist.is_initialized():
+        return
+    shared = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent hosts it: every worker a client
+    world = _int(environ, "WORLD_SIZE", 1)
+    store = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world,
+                          is_master=not shared and launcher == "0", timeout=timeout, multi_tenant=True)
+    dist.init_process_group(backend, store=store, rank=_int(environ, "RANK", 0), world_size=world, timeout=timeout)

@@ -100,8 +100,9 @@ class StoreTier:
         self.remote_steps: Optional[list[int]] = None
 
     # ------------------------------------------------------------------ start (global rank 0)
-    def probe(self, *, fresh: bool = False, retries: Optional[dict] = None) -> Probe:
-        """Ask the store what a start needs: is the run there, which checkpoints are durable, which attempt this is."""
+    def probe(self, *, fresh: bool = False, retries: Optional[dict] = None, count: bool = True) -> Probe:
+        """Ask the store what a start needs: is the run there, which checkpoints are durable, which attempt this is
+        (`count`: False for a restart in place, which continues its attempt: restart.py)."""
         from skyspot.trainer.rundir import RUN_JSON, next_attempt_in_store
         from skyspot.trainer.remote import remote_checkpoints
 
@@ -115,7 +116,7 @@ class StoreTier:
                     f"(steps {', '.join(map(str, steps))}), and the store's are never deleted; use another "
                     "--run-name, or delete that prefix yourself"))
             run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON)), **retries)
-            attempt = next_attempt_in_store(self.store, self.run_id, **retries)
+            attempt = next_attempt_in_store(self.store, self.run_id, **retries) if count else None
         except TransientStoreError as err:
             return Probe(warning=(f"cannot reach the store {where} ({err}); resuming from local checkpoints if "
                                   "there are any; uploads retry in the background"))

@@ -10,6 +10,13 @@
                               EX_TEMPFAIL from sysexits.h, "try again later". Never 137.
     130  INTERRUPTED          SIGINT (Ctrl-C): stopped without a checkpoint
 
+Final endings (FINAL: complete, usage, no valid checkpoint, preempted, interrupted; and an error past
+the in-place restart budget) must not be restarted in place: torchrun's agent restarts every failed
+worker group whatever the code, so a worker that ends finally exits its process with 0 once its code
+is in the exit record (`process_code`), and torchrun, seeing every worker succeed, exits 0 after its
+exit barrier; the supervisor then exits with the recorded code. Only under torchrun with restarts on
+(TORCHELASTIC_MAX_RESTARTS > 0): otherwise the process exits with the code itself, as before.
+
 `torchrun` exits 1 whenever a worker fails, whatever code the worker used, so the trainer also
 records its code in DIR/exit.json (local rank 0 of each node, just before exiting) and
 `python -m skyspot.trainer.supervise` exits with it. The supervisor trusts a record only when it
@@ -42,6 +49,9 @@ MEANING = {
     INTERRUPTED: "interrupted",
 }
 
+FINAL = frozenset({COMPLETE, USAGE, NO_VALID_CHECKPOINT, PREEMPTED, INTERRUPTED})
+"""Endings a restart in place cannot help: done, the same error again, or new machines needed."""
+
 EXIT_RECORD = "exit.json"
 TOKEN_ENV = "SKYSPOT_SUPERVISOR_TOKEN"
 
@@ -67,6 +77,16 @@ def code_for(error: BaseException) -> int:
     if isinstance(error, SystemExit):
         return error.code if isinstance(error.code, int) else ERROR
     return ERROR
+
+
+def process_code(code: int, final: bool, environ=os.environ) -> int:
+    """The worker process's own exit status for trainer code `code`: 0 for a final ending when torchrun
+    would otherwise restart the workers (the exit record carries the code to the supervisor)."""
+    try:
+        restarts = int(environ.get("TORCHELASTIC_MAX_RESTARTS") or 0)
+    except ValueError:
+        restarts = 0
+    return 0 if final and restarts > 0 else code
 
 
 def describe(code: int) -> str:

@@ -3,7 +3,8 @@
 Launch, one line per node (the task's `run` and the local executor do exactly this):
 
     python -m skyspot.trainer.supervise --run-dir DIR -- \\
-        torchrun --nnodes N --node_rank R --master_addr A --nproc_per_node P \\
+        torchrun --nnodes N --nproc_per_node P --max-restarts R --rdzv_backend c10d \\
+        --rdzv_endpoint HEAD:PORT --rdzv_id RUN --rdzv_conf is_host=1|0 --local_addr NODE_IP \\
         -m skyspot.trainer RECIPE --run-dir DIR [--run-name NAME] [--fresh] [key=value ...]
 
 On this machine (2 CPU ranks, gloo):
@@ -40,8 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from skyspot.trainer import cluster
-from skyspot.trainer.exit_codes import (COMPLETE, ERROR, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
-                                        describe, write_exit_record)
+from skyspot.trainer.exit_codes import (COMPLETE, ERROR, FINAL, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
+                                        describe, process_code, write_exit_record)
 from skyspot.trainer.preemption import Pending, PreemptionWatch
 
 if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
     from skyspot.trainer.model import ByteTokenizer
     from skyspot.trainer.notice import Watcher
     from skyspot.trainer.preemption import SavePredictor
+    from skyspot.trainer.restart import Generation
     from skyspot.trainer.rundir import RunLock
     from skyspot.trainer.uploader import Uploader
 
@@ -127,6 +129,8 @@ class Run:
     """DIR/final/ once global rank 0 wrote it (uploaded on the way out)."""
     evaluator: Optional[Evaluator] = None
     """The held-out set's evaluations, when the recipe names one (evaluate.py)."""
+    generation: Optional[Generation] = None
+    """Which start of the workers within this node's start this is (restart.py: restarts in place)."""
 
     @property
     def run_dir(self) -> Path:
@@ -191,6 +195,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
 
     _die_with_parent()
     allow_stack_dumps(args.run_dir)  # the supervisor's watchdog may read this rank's stacks (stacks.py)
+    cluster.pin_rank()  # before anything reads RANK: the ranks stay with their node (cluster.py)
     _standalone_env()
     placement = cluster.from_environment()
     # Before anything else, DeepSpeed's import included (it would pick its CPU accelerator): a node
@@ -227,6 +232,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     backend = accelerator.communication_backend_name()
     # Before NCCL starts: the node leader's NCCL says which transport it chose (the `fabric` event).
     nccl_log = fabric.prepare(args.run_dir, backend=backend, node_leader=placement.is_node_leader)
+    cluster.init_process_group(backend, timeout)  # the pinned ranks; else DeepSpeed's env:// below
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
     comm = Comm()
     device = torch.device(accelerator.current_device_name())
@@ -239,6 +245,13 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     if holders:
         raise UsageError(f"{args.run_dir} is in use by another trainer ({holders[0]}); one trainer per run directory")
 
+    # A restart in place (torchrun restarted the workers) continues the attempt: same number, no --fresh.
+    from skyspot.trainer import restart
+
+    generation = restart.begin(args.run_dir, placement, comm, recipe.resilience, say)
+    if generation.in_place:
+        args.fresh = False
+
     # The store, asked once by global rank 0 (attempt counter, durable checkpoints, run.json).
     store_uri = recipe.storage.store
     tier, probe = None, None
@@ -248,7 +261,7 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         except StoreError as err:  # a backend that cannot be opened
             raise UsageError(str(err)) from None
         if placement.rank == 0:
-            probe = tier.probe(fresh=bool(args.fresh))
+            probe = tier.probe(fresh=bool(args.fresh), count=not generation.in_place)
         probe = comm.io_gather(probe)[0] or Probe()  # the probe retries a slow store for ~30 s
         if probe.usage_error:
             raise UsageError(probe.usage_error)
@@ -264,14 +277,18 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
 
     attempt = 0
     if placement.rank == 0:
-        if probe is not None and probe.attempt is not None:
+        if generation.in_place and generation.attempt is not None:
+            attempt = generation.attempt
+        elif probe is not None and probe.attempt is not None:
             attempt = probe.attempt  # the store counts starts across machines; mirrored locally
             record_attempt(args.run_dir, attempt)
         else:
             attempt = next_attempt(args.run_dir)
+        restart.record_attempt(args.run_dir, attempt)
     attempt = comm.broadcast_int(attempt, device)
     events = EventWriter(args.run_dir, run_id, attempt, placement.node_rank, placement.rank)
-    run = Run(args, recipe, placement, run_id, attempt, events, comm, watch, device=device, lock=lock, tier=tier)
+    run = Run(args, recipe, placement, run_id, attempt, events, comm, watch, device=device, lock=lock, tier=tier,
+              generation=generation)
     if placement.is_node_leader:
         if probe is not None:
             restore_run_json(args.run_dir, probe, bool(args.fresh))
@@ -496,6 +513,10 @@ def build(run: Run) -> None:
         if p.is_global_zero:
             s = run.resumed.state
             say(f"resumed from {point.path} (step {s.step}, {s.samples} samples) in {run.resumed.load_seconds:.2f} s")
+    if p.is_global_zero and run.generation is not None:
+        from skyspot.trainer.restart import resumed
+
+        resumed(run.generation, run.resumed.state.step if run.resumed else 0)
 
 
 def _store_history(run: Run):
@@ -684,6 +705,7 @@ def train(run: Run) -> int:
     """The loop. Returns the final step when training is complete; raises Preempted after an emergency save."""
     from skyspot.trainer.checkpoint import TrainState
     from skyspot.trainer.faults import fault_point
+    from skyspot.trainer.restart import first_step
 
     recipe, engine, order = run.recipe, run.engine, run.order
     total = recipe.train.steps
@@ -722,6 +744,7 @@ def train(run: Run) -> int:
         run.ckpt.poll()
         run.emit("step", step=state.step, loss=vote.loss, lr=lr, step_seconds=round(step_seconds, 6),
                  samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6))
+        first_step(run.generation, run.emit, say)  # after a restart in place: its event (restart.py)
         if run.placement.is_global_zero and (state.step % recipe.train.log_every == 0 or state.step == total):
             print(f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
                   f"{step_seconds * 1000:.0f} ms/step | {vote.tokens / step_seconds:.0f} tok/s", flush=True)
@@ -891,21 +914,38 @@ def _evaluate(run: Run, state, vote: Optional[Vote]) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """One start of the trainer; returns its exit code (exit_codes.py)."""
+    return _main(argv)[0]
+
+
+def process_main(argv: Optional[list[str]] = None) -> int:
+    """`python -m skyspot.trainer`: the process's exit status, 0 for a final ending under a torchrun that
+    would restart it (exit_codes.process_code); the exit record carries the code to the supervisor."""
+    return process_code(*_main(argv))
+
+
+def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
+    from skyspot.trainer.restart import settle
+
     args = parse_args(argv)
     watch = PreemptionWatch()
     watch.install()  # first: a SIGTERM during setup must not kill the process
     run: Optional[Run] = None
-    code, reason, step = ERROR, "error", None
+    code, reason, step, final = ERROR, "error", None, False
     try:
         args.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # checkpoints are the user's alone
         run = setup(args, watch)
+        settle(run.generation)  # restart.py: the backoff, or end at once (preempted before, the budget spent)
         build(run)
         step = train(run)
-        code, reason = COMPLETE, "training complete"
+        code, reason, final = COMPLETE, "training complete", True
     except BaseException as err:  # noqa: BLE001 - every ending gets its exit code and record
         from skyspot.errors import SkyspotError
+        from skyspot.trainer.restart import RestartBudgetSpent, record_failure
 
+        failed_at = time.time()
         code = code_for(err)
+        final = code in FINAL or isinstance(err, RestartBudgetSpent)
         step = err.step if isinstance(err, Preempted) else (run.step if run else None)
         known = isinstance(err, SkyspotError)  # one line that says what to do; a bug gets its traceback
         reason = str(err) if code != ERROR or known else f"{type(err).__name__}: {err}"
@@ -913,10 +953,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             traceback.print_exc()
         elif code != PREEMPTED and (run.placement.is_global_zero if run else os.environ.get("RANK", "0") == "0"):
             say(str(err))
+        if not final:  # what the restarted generation reads to say what failed when (restart.py)
+            record_failure(args.run_dir, run.placement.rank if run else int(os.environ.get("RANK") or 0), reason,
+                           failed_at)
     finally:
         code = cleanup(run, args, code, reason, step)
         watch.uninstall()
-    return code
+    return code, final
 
 
 def _close_uploader(run: Run, code: int) -> None:

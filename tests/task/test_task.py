@@ -54,7 +54,8 @@ def test_golden_task_parses_with_skypilot(sky, name):
     for r in resources:
         assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
                                   "recover_on_exit_codes": [75]}
-    assert "torchrun --nnodes \"$SKYPILOT_NUM_NODES\" --node_rank \"$SKYPILOT_NODE_RANK\"" in task.run
+    assert "torchrun --nnodes \"$SKYPILOT_NUM_NODES\" --nproc_per_node \"$NPROC\" --max-restarts 72" in task.run
+    assert "--rdzv_backend c10d" in task.run and "is_host=$IS_HOST" in task.run
     assert "python -m skyspot.trainer.supervise" in task.run
 
 

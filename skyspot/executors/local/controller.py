@@ -15,7 +15,8 @@ terminal) and does, per attempt:
    environment a SkyPilot node sees (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, SKYPILOT_NUM_NODES,
    SKYPILOT_NUM_GPUS_PER_NODE, a SKYPILOT_TASK_ID stable across recoveries, SKYPILOT_CLUSTER_INFO
    naming the simulated cloud) and the metadata endpoints pointed at a loopback server;
-3. inject preemptions on the simulated cloud's own timeline (`Timeline`, docs/local.md): a notice
+3. inject rank faults (`--crash-at-steps`, `--hang-at-steps`: executors/local/rank_faults.py), which the
+   node recovers from in place, and preemptions on the simulated cloud's own timeline (`Timeline`, docs/local.md): a notice
    through that metadata server, then SIGTERM and SIGKILL when that cloud sends them (AWS: SIGTERM
    at the notice's `time`, two minutes on, then a short shutdown; GCP: SIGTERM with the notice, hard
    off 30 s later; Azure: no SIGTERM, the VM gone at the Preempt's NotBefore), all scaled by `--notice`;
@@ -164,6 +165,8 @@ class Spec:
     """The trace's spot outages [start, end), seconds after launch."""
     deadline: Optional[dict] = None
     """launch --deadline: {at, start, policy, step_seconds_hint, period} (executors/local/deadline.py)."""
+    rank_faults: list[dict] = field(default_factory=list)
+    """--crash-at-steps / --hang-at-steps: {action, step, node, local_rank} in step order (rank_faults.py)."""
 
 
 class Controller:
@@ -182,6 +185,8 @@ class Controller:
         self.log: IO[str] = os.fdopen(fd, "a", buffering=1, encoding="utf-8")
         self._log_lock = threading.Lock()
         self.pending_steps = list(spec.preempt_at_steps)
+        self.pending_faults = list(spec.rank_faults)
+        self.fault_due = False  # the next rank fault's step was logged; it fires once its rank is found
         # An outage starts with a notice to the spot instance running then, like a preemption.
         self.trace = SpotTrace.from_spec(spec)
         self.pending_trace = self.trace.losses()
@@ -398,8 +403,14 @@ class Controller:
             if steps_tail is None:
                 steps_file = self._trainer_events_file(attempt)
                 steps_tail = FileTail(steps_file) if steps_file is not None else None
+            logged: list[int] = []
             if steps_tail is not None:
-                step = _latest_step(steps_tail, step)
+                step = _latest_step(steps_tail, step, logged)
+            # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
+            # restart in place the ranks redo steps, and the next fault is for a step in progress again.
+            self.fault_due = self.fault_due or any(s >= f["step"] for s in logged for f in self.pending_faults[:1])
+            if self.fault_due and not cancelled:
+                self._inject_fault(events, step, nodes)
             if any(c not in (None, 0) for c in codes) and first_failure is None:
                 first_failure = now  # a node died; the others must fail fast on their own
             if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
@@ -500,6 +511,20 @@ class Controller:
             if number >= attempt:
                 found.append((number, path))
         return max(found)[1] if found else None
+
+    def _inject_fault(self, events: EventWriter, step: int, nodes: int) -> None:
+        """The next rank fault, now that rank 0 logged its step: the ranks are in the step after it."""
+        from skyspot.executors.local import rank_faults
+
+        fault = self.pending_faults[0]
+        done = rank_faults.inject(fault, self.spec.name, nodes)
+        if done is None:
+            return  # no live worker there now (restarting): the next poll tries again
+        self.pending_faults.pop(0)
+        self.fault_due = False
+        events.emit(rank_faults.EVENT_TYPES[fault["action"]], step=step, at_step=fault["step"], **done)
+        self.say(f"{fault['action']} injected at step {step}: {done['signal']} to node {done['node']} local rank "
+                 f"{done['local_rank']} (pid {done['pid']})")
 
     def _should_preempt(self, step: int, attempt_started: float, now: float) -> bool:
         spec = self.spec
@@ -645,8 +670,9 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _latest_step(tail: FileTail, step: int) -> int:
-    """The newest step in rank 0's events file, reading only what was appended since the last call."""
+def _latest_step(tail: FileTail, step: int, logged: Optional[list[int]] = None) -> int:
+    """The newest step in rank 0's events file, reading only what was appended since the last call;
+    `logged` gets the steps of the step events appended since."""
     for line in tail.read().splitlines():
         try:
             event = json.loads(line)
@@ -654,6 +680,8 @@ def _latest_step(tail: FileTail, step: int) -> int:
             continue
         if event.get("type") in ("step", "resume") and isinstance(event.get("step"), int):
             step = max(step, event["step"])
+            if logged is not None and event["type"] == "step":
+                logged.append(event["step"])
     return step
 
 

@@ -50,6 +50,8 @@ class LocalOptions:
     fresh_node: bool = False
     deadline: Optional[dict] = None
     """launch --deadline: {at, start, policy, step_seconds_hint} (skyspot/app/launch.py plan_deadline)."""
+    rank_faults: list[dict] = field(default_factory=list)
+    """--crash-at-steps / --hang-at-steps (executors/local/rank_faults.py parse)."""
 
 
 def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
@@ -82,6 +84,9 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
         if value is not None and value < 0:
             raise UsageError(f"{flag} takes seconds >= 0")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
+    from skyspot.executors.local.rank_faults import check as check_faults
+
+    check_faults(options.rank_faults, recipe.resources.num_nodes, recipe.resources.cpu_ranks or 1)
     if deadline and options.fallback_after is not None:
         raise UsageError("--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
                          "(the deadline's policy switches when the run falls behind)")
@@ -121,6 +126,7 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         provision_delay=options.provision_delay, fallback_after=options.fallback_after,
         unavailable=[[start, end] for start, end in trace.unavailable], deadline=options.deadline,
         fresh_node=options.fresh_node, setup_script=built.task.get("setup", "") if options.fresh_node else "",
+        rank_faults=list(options.rank_faults),
         file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
 
