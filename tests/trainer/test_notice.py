@@ -768,7 +768,7 @@ def test_azure_events_flow_only_after_the_first_request_so_it_goes_out_first(wat
             w.stop()
 
 
-def test_trainer_starts_the_watcher_before_setup_and_model_load(server, monkeypatch):
+def test_trainer_starts_the_watcher_before_setup_and_model_load(server, monkeypatch, tmp_path):
     """loop.setup: the node leader's first Azure request goes out before the recipe is even loaded."""
     from skyspot import recipe
     from skyspot.trainer import cluster, loop
@@ -794,7 +794,7 @@ def test_trainer_starts_the_watcher_before_setup_and_model_load(server, monkeypa
     watch_ = PreemptionWatch()
     try:
         with pytest.raises(SetupGoesOn):
-            loop.setup(SimpleNamespace(recipe="tiny", overrides=[], store=None), watch_)
+            loop.setup(SimpleNamespace(recipe="tiny", overrides=[], store=None, run_dir=tmp_path), watch_)
         assert asked_before_recipe == [True]
         server.announce_preemption(time.time() + 30)
         assert wait_until(lambda: watch_.emergency)  # and its notices reach the flag the loop votes on
