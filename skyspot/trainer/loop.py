@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
     from skyspot.trainer.comm import Comm
     from skyspot.trainer.data import DataOrder, Samples
     from skyspot.trainer.durable import StoreTier
+    from skyspot.trainer.metrics import MetricsSink
     from skyspot.trainer.model import ByteTokenizer
     from skyspot.trainer.notice import Watcher
     from skyspot.trainer.preemption import SavePredictor
@@ -124,6 +125,8 @@ class Run:
     """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
     final: Optional[Path] = None
     """DIR/final/ once global rank 0 wrote it (uploaded on the way out)."""
+    metrics: Optional[MetricsSink] = None
+    """Global rank 0's dashboards (metrics.backends), fed from its own events (trainer/metrics/)."""
 
     @property
     def run_dir(self) -> Path:
@@ -278,6 +281,10 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
             run.uploader = tier.uploader(events, args.run_dir, recipe.checkpoint.keep)
             if placement.is_global_zero and probe.attempt is not None and (args.fresh or probe.run_json is None):
                 run.uploader.sync_small(args.run_dir / "run.json", "run.json")
+    if placement.is_global_zero and recipe.metrics.backends:  # from here on its events reach the dashboards
+        from skyspot.trainer.metrics import attach
+
+        run.metrics = attach(run, say)
     # The node leader asks its cloud's metadata what it runs on (SkyPilot does not say instance or spot).
     from skyspot.trainer import instance as node_instance
 
@@ -706,8 +713,10 @@ def train(run: Run) -> int:
         state.data = order.state(state.samples)
         step_seconds = time.perf_counter() - start
         run.ckpt.poll()
+        norm = engine.get_global_grad_norm()  # rank 0's copy of the global norm (DeepSpeed), for the dashboards
         run.emit("step", step=state.step, loss=vote.loss, lr=lr, step_seconds=round(step_seconds, 6),
-                 samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6))
+                 samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6),
+                 grad_norm=None if norm is None else float(norm))
         if run.placement.is_global_zero and (state.step % recipe.train.log_every == 0 or state.step == total):
             print(f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
                   f"{step_seconds * 1000:.0f} ms/step | {vote.tokens / step_seconds:.0f} tok/s", flush=True)
@@ -893,6 +902,8 @@ def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str
                 run.comm.io_barrier()
             except Exception:
                 pass
+        if run.metrics is not None:
+            run.metrics.close(code)  # before the uploader's last sync, which takes the dashboards' files along
         if run.uploader is not None:
             _close_uploader(run, code)  # after the barrier: every local rank's exit event is on disk
         run.events.close()
