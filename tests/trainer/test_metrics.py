@@ -20,6 +20,7 @@ from skyspot.events import EventWriter
 from skyspot.recipe import load_recipe
 from skyspot.trainer.metrics import attach
 from skyspot.trainer.metrics.spot import PRICES_ENV, hourly_price, story, where_text
+from skyspot.trainer.uploader import _regular_files
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
@@ -162,6 +163,12 @@ def test_mlflow_resumes_its_run_from_run_json_and_skips_the_points_it_holds(dash
     assert json.loads((dashboards / "run.json").read_text())["mlflow_run_id"] == runs[0].info.run_id
     assert_drawn_once(series)
     assert runs[0].data.tags["skyspot.where.attempt-1"] == "aws us-east-1 (us-east-1a) g5.48xlarge spot (simulated)"
+    # The store's copy holds files only (an object store keeps no empty folder), and reads the same.
+    copy = dashboards.parent / "copy"
+    for path, rel in _regular_files(dashboards / "mlruns"):
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        (copy / rel).write_bytes(path.read_bytes())
+    assert mlflow_series(copy.as_uri())[1] == series
     assert not [line for line in said if "unavailable" in line or "could not" in line]
 
 

@@ -68,9 +68,23 @@ class MLflow:
         if self.run_id is None:
             self.run_id = client.create_run(experiment_id, run_name=ctx.run_id, tags={
                 TAG: ctx.run_id, "skyspot.recipe": ctx.recipe.name, "skyspot.fingerprint": ctx.recipe.fingerprint()}).info.run_id
+            self._describe_run(ctx)
         else:
             client.update_run(self.run_id, status="RUNNING")
         ctx.remember(RUN_ID_KEY, self.run_id)
+
+    def _describe_run(self, ctx) -> None:
+        """The training parameters, and the recipe as an artifact (a recipe holds no secret). They also
+        put a file in the run's params/ and artifacts/, which a file store needs to find the run again,
+        and an object store keeps no empty folder (the copy in `<run>/mlruns/`)."""
+        from mlflow.entities import Param
+
+        train = ctx.recipe.train
+        params = {"recipe": ctx.recipe.name, "model": ctx.recipe.model.hub_id or "config", "steps": train.steps,
+                  "lr": train.lr, "seq_len": train.seq_len, "micro_batch_size": train.micro_batch_size,
+                  "grad_accum": train.grad_accum, "seed": train.seed}
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        self.client.log_dict(self.run_id, ctx.recipe.model_dump(mode="json"), "skyspot/recipe.json")
 
     def _find(self, ctx, experiment_id: str) -> Optional[str]:
         kept = ctx.recall(RUN_ID_KEY)
