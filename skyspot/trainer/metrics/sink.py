@@ -148,16 +148,32 @@ class MetricsSink:
             return
         if self._backends is None:
             self._open()
+        self._point(event)
+
+    def _point(self, event: dict, live: bool = True) -> None:
         step = int(event.get("step") or 0)
-        if kind == "step":
-            scalars = self._train_scalars(event, step)
+        if event["type"] == "step":
+            scalars = self._train_scalars(event, step, live)
         else:
             scalars = {"eval/loss": event.get("loss"), "eval/perplexity": event.get("perplexity")}
         scalars = {k: float(v) for k, v in scalars.items() if isinstance(v, (int, float)) and math.isfinite(v)}
         if scalars:
             self._write(step, scalars)
 
-    def _train_scalars(self, event: dict, step: int) -> dict[str, Any]:
+    def _backfill(self, earlier: list[dict]) -> None:
+        """Send again, from the events, the points up to the resume point that a backend lost: what an
+        attempt killed with its node had not yet made durable there (W&B's process buffers its records
+        and dies with the node; an outage drops a batch). Events are written line by line, and `has`
+        keeps every point the backend still holds out, so this only fills holes."""
+        points: dict[tuple[int, int], dict] = {}
+        for e in earlier:
+            if e.get("rank") == 0 and e.get("type") in ("step", "eval") and isinstance(e.get("step"), int) \
+                    and 0 < e["step"] <= self._resumed_from:
+                points[(e["step"], 0 if e["type"] == "step" else 1)] = e  # a redone step: the same values
+        for key in sorted(points):
+            self._point(points[key], live=False)
+
+    def _train_scalars(self, event: dict, step: int, live: bool = True) -> dict[str, Any]:
         tokens = event.get("tokens")
         previous, self._last_tokens = self._last_tokens, (step, tokens) if isinstance(tokens, int) else None
         every = self.recipe.metrics.every_steps
@@ -168,7 +184,7 @@ class MetricsSink:
         seconds = event.get("step_seconds")
         if previous and previous[0] == step - 1 and isinstance(tokens, int) and seconds:
             scalars["train/tokens_per_second"] = (tokens - previous[1]) / seconds
-        if self._story is not None:
+        if self._story is not None and live:  # a backfilled point's story is not this attempt's
             scalars.update(self._story.scalars(float(event.get("ts") or time.time())))
         return scalars
 
@@ -189,8 +205,10 @@ class MetricsSink:
 
         self._backends = []
         start = self._start or {"attempt": self.attempt, "ts": time.time(), "where": {}}
+        earlier: list[dict] = []
         try:
-            self._story = story(start, self.earlier_events(), self.prices)
+            earlier = self.earlier_events()
+            self._story = story(start, earlier, self.prices)
         except Exception as err:  # noqa: BLE001 - the story is advice; the curves go on without it
             self.say(f"metrics: the run's earlier attempts are unreadable ({_one_line(err)}); no cost or preemption curve")
         ctx = Context(run_id=self.run_id, attempt=self.attempt, run_dir=self.run_dir, resumed_from=self._resumed_from,
@@ -218,6 +236,7 @@ class MetricsSink:
             self._backends.append(_Backend(impl))
         if self._backends:
             self.say(f"metrics: logging to {', '.join(b.impl.describe() for b in self._backends)}")
+            self._backfill(earlier)
 
     def _pull(self, local: Path, key: str) -> None:
         """A fresh node: the backend's files the store holds and this node lacks (an earlier attempt's)."""
