@@ -133,7 +133,7 @@ def mlflow_series(uri: str) -> tuple[list, dict[str, list[tuple[int, float]]]]:
 def wandb_series(directory: Path) -> tuple[set, dict[str, list[tuple[int, float]]]]:
     from skyspot.trainer.metrics.to_wandb import read_history
 
-    ids = {p.name.split("-", 3)[3] for p in directory.glob("offline-run-*")}  # offline-run-DATE_TIME-ID
+    ids = {p.name[len("run-"):-len(".wandb")] for p in directory.glob("offline-run-*/run-*.wandb")}
     series: dict[str, list[tuple[int, float]]] = {}
     for run_id in ids:
         for row in read_history(directory, run_id):

@@ -95,7 +95,8 @@ def read_history(directory: Path, run_id: str) -> list[dict[str, Any]]:
     from wandb.sdk.internal.datastore import DataStore
 
     rows: list[dict[str, Any]] = []
-    for path in sorted(Path(directory).glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+    # offline-run-<time>-<id>[-N]/ (wandb adds -N when two starts share a second): the file names the run.
+    for path in sorted(Path(directory).glob(f"offline-run-*/run-{run_id}.wandb")):
         store = DataStore()
         try:
             store.open_for_scan(str(path))
