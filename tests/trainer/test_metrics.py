@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,6 +50,10 @@ def dashboards(tmp_path, monkeypatch):
 
 
 def start(run_dir: Path, attempt: int, backends: str, *, said: list, extra=()):
+    if attempt > 1:
+        # Readers order a run's files by name, which carries the second a start opened them in (TensorBoard's
+        # event files, W&B's offline-run folders): real attempts are never a second apart, these would be.
+        time.sleep(1.0 - time.time() % 1.0 + 0.01)
     recipe = load_recipe("tiny", [f"metrics.backends=[{backends}]", "train.steps=20", *extra])
     events = EventWriter(run_dir, RUN, attempt, 0, 0)
     run = SimpleNamespace(run_dir=run_dir, run_id=RUN, attempt=attempt, recipe=recipe, tier=None, uploader=None,
@@ -88,8 +93,6 @@ def two_attempts_with_a_rollback(run_dir: Path, backends: str) -> list[str]:
 
 
 def _drain(sink, timeout=30.0):
-    import time
-
     deadline = time.monotonic() + timeout
     while not sink._queue.empty() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -235,6 +238,17 @@ def test_the_spot_story_counts_preemptions_and_prices_each_attempt(dashboards):
     cost = [v for _, v in series["spot/cost_usd"]]
     assert cost == sorted(cost) and cost[0] > 0  # money only accrues, across attempts too
     assert dict(series["spot/attempt"])[20] == 3.0
+
+
+def test_training_scalars_every_n_steps_and_the_last_evaluations_whenever_they_come(dashboards):
+    said: list[str] = []
+    sink, events = start(dashboards, 1, "tensorboard", said=said, extra=["metrics.every_steps=6"])
+    train(events, range(1, 21), evals=(5, 10))
+    sink.close(0)
+    series = tensorboard_series(dashboards / "tensorboard")
+    assert [s for s, _ in series["train/loss"]] == [6, 12, 18, 20]  # and the last step
+    assert [s for s, _ in series["eval/loss"]] == [5, 10]
+    assert [v for _, v in series["train/tokens_per_second"]] == pytest.approx([64 / 0.5] * 4)
 
 
 def test_prices_match_the_placement_and_where_reads_as_text():
