@@ -87,11 +87,11 @@ class MetricsSink:
     """The node's uploader: the backends' local files are synced with the event files."""
     run_json: Callable[[], Any] = lambda: None
     """run.json updated: upload it (the store's copy is what a fresh node restores)."""
-    names: Optional[list[str]] = None
 
     def __post_init__(self) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_MAX)
         self._dropped = 0
+        self._warned = False
         self._backends: Optional[list[_Backend]] = None
         self._start: Optional[dict] = None
         self._resumed_from = 0
@@ -134,7 +134,9 @@ class MetricsSink:
             try:
                 self._handle(item)
             except Exception as err:  # noqa: BLE001 - a dashboard never ends the run
-                self.say(f"metrics: {type(err).__name__}: {err}; the dashboards may miss points")
+                if not self._warned:
+                    self._warned = True
+                    self.say(f"metrics: {type(err).__name__}: {_one_line(err)}; the dashboards may miss points")
             if self._queue.empty():
                 self._each("flush")
 
@@ -214,7 +216,7 @@ class MetricsSink:
         ctx = Context(run_id=self.run_id, attempt=self.attempt, run_dir=self.run_dir, resumed_from=self._resumed_from,
                       settings=self.recipe.metrics, recipe=self.recipe, remember=self._remember, recall=self._recall)
         where = where_text(start.get("where") or {})
-        for name in self.names or self.recipe.metrics.backends:
+        for name in self.recipe.metrics.backends:
             try:
                 impl = backend_for(name, self.run_dir, self.recipe.metrics)
                 kept = impl.kept_dir()  # the backend's files to keep in the store, before it opens them
