@@ -49,14 +49,21 @@ def dashboards(tmp_path, monkeypatch):
     return tmp_path / "run"
 
 
-def start(run_dir: Path, attempt: int, backends: str, *, said: list, extra=()):
+def start(run_dir: Path, attempt: int, backends: str, *, said: list, extra=(), store=None):
     if attempt > 1:
         # Readers order a run's files by name, which carries the second a start opened them in (TensorBoard's
         # event files, W&B's offline-run folders): real attempts are never a second apart, these would be.
         time.sleep(1.0 - time.time() % 1.0 + 0.01)
     recipe = load_recipe("tiny", [f"metrics.backends=[{backends}]", "train.steps=20", *extra])
     events = EventWriter(run_dir, RUN, attempt, 0, 0)
-    run = SimpleNamespace(run_dir=run_dir, run_id=RUN, attempt=attempt, recipe=recipe, tier=None, uploader=None,
+    tier = uploader = None
+    if store is not None:  # the trainer's view of the run's store (durable.StoreTier's two members used here)
+        from skyspot.events import read_events_store
+        from skyspot.trainer.uploader import Uploader
+
+        tier = SimpleNamespace(store=store, read_events=lambda: read_events_store(store, RUN).events)
+        uploader = Uploader(store, RUN, events, events_dir=run_dir / "events", events_every=0.2)
+    run = SimpleNamespace(run_dir=run_dir, run_id=RUN, attempt=attempt, recipe=recipe, tier=tier, uploader=uploader,
                           events=events)
     sink = attach(run, said.append, environ={PRICES_ENV: json.dumps(PRICES)})
     events.emit("start", where=dict(WHERE, spot=attempt != 3), world_size=2, total_steps=20, recipe="tiny", pid=1)
@@ -164,6 +171,34 @@ def test_tensorboard_keeps_one_run_and_purges_what_a_rollback_redoes(dashboards)
     assert_drawn_once(series)
     assert len(list((dashboards / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one file per start, one run
     assert dict(series["spot/preemptions"])[20] == 1.0 and dict(series["spot/preemptions"])[8] == 0.0
+    assert not [line for line in said if "unavailable" in line or "could not" in line]
+
+
+def test_a_fresh_node_pulls_the_run_from_the_store_and_the_store_shows_it_whole(dashboards, tmp_path):
+    import shutil
+
+    from skyspot.storage import open_store
+
+    store = open_store(str(tmp_path / "store"))
+    said: list[str] = []
+    first, events = start(dashboards, 1, "tensorboard,mlflow", said=said, store=store)
+    train(events, range(1, 11), evals=(5, 10))
+    first.close(75)
+    first_uploader = first.uploader
+    first_uploader.close(timeout=10)
+    shutil.rmtree(dashboards)  # the next attempt runs on another machine: only the store has the run
+    dashboards.mkdir()
+    (dashboards / "run.json").write_bytes(store.get_bytes(f"{RUN}/run.json"))  # what restore_run_json does
+    second, events = start(dashboards, 2, "tensorboard,mlflow", said=said, store=store)
+    train(events, range(11, 21), resumed_from=10, evals=(15, 20))
+    second.close(0)
+    second.uploader.close(timeout=10)
+    kept = tmp_path / "store" / RUN
+    for series in (tensorboard_series(kept / "tensorboard"), tensorboard_series(dashboards / "tensorboard"),
+                   mlflow_series((kept / "mlruns").as_uri())[1]):
+        assert_drawn_once(series)
+    assert len(mlflow_series((kept / "mlruns").as_uri())[0]) == 1
+    assert dict(tensorboard_series(kept / "tensorboard")["spot/preemptions"])[20] == 1.0
     assert not [line for line in said if "unavailable" in line or "could not" in line]
 
 

@@ -55,8 +55,11 @@ class MLflow:
 
     def open(self, ctx) -> None:
         self.attempt = ctx.attempt
-        if _file_store(self.uri) is not None:
+        root = _file_store(self.uri)
+        if root is not None:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            # A store pulled from an object store lacks its empty folders, and MLflow's file store wants this one.
+            (root / ".trash").mkdir(parents=True, exist_ok=True)
         for key, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         from mlflow import MlflowClient
