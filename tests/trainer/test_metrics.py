@@ -316,6 +316,21 @@ def test_an_unreachable_mlflow_server_costs_one_warning_and_the_others_go_on(das
     assert [s for s, _ in tensorboard_series(dashboards / "tensorboard")["train/loss"]] == list(range(1, 21))
 
 
+def test_a_wandb_server_that_does_not_answer_costs_one_warning(dashboards, monkeypatch):
+    from skyspot.ports import free_port
+
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    said: list[str] = []
+    sink, events = start(dashboards, 1, "wandb,tensorboard", said=said)
+    train(events, range(1, 11))
+    sink.close(0)
+    lines = [line for line in said if line.startswith("metrics: wandb")]
+    assert len(lines) == 1 and "does not answer" in lines[0] and not sink._thread.is_alive()
+    assert [s for s, _ in tensorboard_series(dashboards / "tensorboard")["train/loss"]] == list(range(1, 11))
+
+
 def test_a_backend_not_installed_costs_one_warning(dashboards, monkeypatch):
     import sys
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -121,6 +122,10 @@ class MetricsSink:
         self._thread.join(CLOSE_SECONDS[kind])
         if self._thread.is_alive():
             self.say(f"metrics: the dashboards did not finish within {CLOSE_SECONDS[kind]:g} s; the last points may be missing there")
+            if "wandb" in self.recipe.metrics.backends and "wandb" in sys.modules:
+                from skyspot.trainer.metrics.to_wandb import abandon
+
+                abandon()  # else wandb's exit hook holds the process until its server answers
         if self._dropped:
             self.say(f"metrics: {self._dropped} events were not sent to the dashboards (the queue was full)")
 

@@ -47,6 +47,8 @@ class WandB:
     def open(self, ctx) -> None:
         import wandb
 
+        if not offline():
+            _check_reachable(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
         cfg = ctx.settings
         run_id = wandb_id(ctx.run_id)
         (self.root / DIR).mkdir(parents=True, exist_ok=True)
@@ -86,6 +88,40 @@ class WandB:
         if kind == "preempted":
             self.run.mark_preempting()  # W&B shows it as preempted, to be resumed, not as crashed
         self.run.finish(exit_code=0 if kind == "complete" else 1)
+
+
+def _check_reachable(base_url: str, timeout: float = 10.0) -> None:
+    """One request to the W&B server: wandb.init against a server that is down retries for as long as the
+    process lives (its own init_timeout does not end it), so a dead address is refused here, in one line."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(base_url, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError) as err:
+        raise ConnectionError(f"{base_url} does not answer ({getattr(err, 'reason', err)})") from None
+
+
+def abandon() -> None:
+    """End wandb's service process, so that the trainer can exit: wandb's exit hook waits for it, and it
+    waits for its server (for ever, if the server went away). What it had not sent is lost there; the
+    next attempt sends it again from the events (sink.py)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "wandb" in child.name():
+                child.kill()
+        except psutil.Error:
+            pass
+    import wandb
+
+    try:
+        wandb.teardown(1)  # unregisters the exit hook; its message to the dead process fails, as expected
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def read_history(directory: Path, run_id: str) -> list[dict[str, Any]]:
