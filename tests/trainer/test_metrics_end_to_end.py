@@ -12,7 +12,6 @@ and the two lines marked below.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

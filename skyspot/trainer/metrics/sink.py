@@ -233,9 +233,7 @@ class MetricsSink:
                 impl.where(self._resumed_from, where, start.get("where") or {})
             except ImportError as err:
                 self.say(f"metrics: {name} is not installed on this node ({_one_line(err)}; pip install "
-                         f"'skyspot[{'wandb' if name == 'wandb' else 'mlflow'}]'); training goes on without it"
-                         if name != "tensorboard" else
-                         f"metrics: tensorboard is not installed on this node ({_one_line(err)}); training goes on without it")
+                         f"'skyspot[{name}]'); training goes on without it")
                 continue
             except Exception as err:  # noqa: BLE001 - down, unauthorised, misconfigured: one line
                 self.say(f"metrics: {name} is unavailable ({_one_line(err)}); training goes on without it")
