@@ -141,12 +141,23 @@ def requirements_for(requirements: Sequence[str], line: CudaLine) -> list[str]:
     return out
 
 
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The Requires-Dist lines of a wheel's METADATA."""
+def wheel_requirements(wheel: Path, extras: Sequence[str] = ()) -> list[str]:
+    """The Requires-Dist lines of a wheel's METADATA: its own, and those of the `extras` asked for
+    (`; extra == "wandb"` dropped, so they install like the rest); other extras' lines are left out."""
     with zipfile.ZipFile(wheel) as archive:
         name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         text = archive.read(name).decode()
-    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement, _, marker = line.split(":", 1)[1].strip().partition(";")
+        extra = re.fullmatch(r"\s*extra\s*==\s*['\"]([^'\"]+)['\"]\s*", marker)
+        if not marker or (extra and extra.group(1) in extras):
+            out.append(requirement.strip())
+        elif not extra:
+            out.append(f"{requirement.strip()}; {marker.strip()}")
+    return out
 
 
 def interpreter_tag() -> str:
@@ -327,13 +338,14 @@ def _say(text: str) -> None:
 
 
 def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.environ,
-          python: str = sys.executable) -> str:
-    """Install skyspot and its stack into this interpreter's environment; returns where it came from
-    ('installed', 'wheelhouse' or 'index')."""
+          python: str = sys.executable, extras: Sequence[str] = ()) -> str:
+    """Install skyspot and its stack into this interpreter's environment, with the wheel's `extras`
+    the recipe needs (wandb, mlflow: they are in the requirement set, so in the wheelhouse key);
+    returns where it came from ('installed', 'wheelhouse' or 'index')."""
     started = time.monotonic()
     driver = driver_version()
     line = cuda_line(driver)
-    requirements = requirements_for(wheel_requirements(wheel), line)
+    requirements = requirements_for(wheel_requirements(wheel, extras), line)
     key = wheelhouse_key(interpreter_tag(), line, requirements)
     _say(f"Python {platform.python_version()} ({interpreter_tag()}), NVIDIA driver {driver or 'none'}: torch from "
          f"{line.index_url or 'PyPI'} ({line.name}); wheelhouse {key}")
@@ -412,6 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     one = sub.add_parser("setup", help="install skyspot and its stack (the task's setup runs this)")
     one.add_argument("--wheel", required=True, type=Path)
     one.add_argument("--store", default=None)
+    one.add_argument("--extras", default="", help="the wheel's extras to install too, comma-separated (wandb,mlflow)")
     keep = sub.add_parser("save", help="keep a wheelhouse in the run's store (setup runs this after an index install)")
     keep.add_argument("--store", required=True)
     keep.add_argument("--run", required=True)
@@ -423,7 +436,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "setup":
-            setup(args.wheel, args.store)
+            setup(args.wheel, args.store, extras=[e.strip() for e in args.extras.split(",") if e.strip()])
         else:
             line = next(line for line in CUDA_LINES if line.name == args.cuda_line)
             save(args.store, args.run, args.key, args.local, line, args.requirement, args.replace)

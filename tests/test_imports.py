@@ -32,6 +32,7 @@ TRAINER_CONTRACTS = {
     "skyspot.trainer.files": "reading the run directory's JSON files as the trainer wrote them (local controller)",
     "skyspot.trainer.data": "which data sources a run can read, checked by preflight before anything is paid for",
     "skyspot.trainer.interval": "initial_plan: the interval the trainer starts with, which the plan's egress counts",
+    "skyspot.trainer.metrics.spot": "the node's price table (SKYSPOT_PRICES), which the task and the local executor fill",
 }
 
 # Leaves: both sides import them, so they import (almost) nothing of skyspot themselves.

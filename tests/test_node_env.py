@@ -68,6 +68,25 @@ def test_the_wheelhouse_key_names_interpreter_platform_line_and_requirements():
     assert key not in others and len(others) == 3
 
 
+def test_a_recipes_dashboards_join_the_node_requirements_and_the_wheelhouse_key(tmp_path):
+    import zipfile
+
+    shipped = packaging.node_requirements()
+    assert {r.split(";")[1].strip() for r in shipped if "extra ==" in r} == {
+        f"extra == '{name}'" for name in ("tensorboard", "wandb", "mlflow")}  # pyproject's extras, as extras
+    wheel = tmp_path / "skyspot-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("skyspot-0.1.0.dist-info/METADATA", "Name: skyspot\nRequires-Dist: numpy>=1.26\n"
+                         "Requires-Dist: wandb<0.27,>=0.22; extra == 'wandb'\n"
+                         'Requires-Dist: mlflow-skinny<4,>=3; extra == "mlflow"\n'
+                         "Requires-Dist: pytest>=8; extra == 'test'\n")
+    assert node_env.wheel_requirements(wheel) == ["numpy>=1.26"]
+    wanted = node_env.wheel_requirements(wheel, ["wandb", "mlflow"])
+    assert wanted == ["numpy>=1.26", "wandb<0.27,>=0.22", "mlflow-skinny<4,>=3"]
+    pypi = node_env.cuda_line(None)
+    assert node_env.wheelhouse_key("cp310", pypi, wanted) != node_env.wheelhouse_key("cp310", pypi, ["numpy>=1.26"])
+
+
 @pytest.mark.slow  # asks PyPI
 def test_the_node_stack_resolves_on_the_images_pythons_from_the_wheel_it_ships(tmp_path):
     """Every requirement the wheel ships has a build for Python 3.10 and 3.12 on x86_64 Linux (PyPI)."""

@@ -38,6 +38,8 @@ CANARIES = {
     "AZURE_STORAGE_KEY": "CANARYazureStorageKey0123456789==",
     "AZURE_STORAGE_CONNECTION_STRING": "AccountName=x;AccountKey=CANARYazureConnKey==",
     "AZURE_STORAGE_SAS_TOKEN": "sv=2024&sig=CANARYazureSas",
+    "WANDB_API_KEY": "CANARYwandbApiKey0123456789abcdef01234567",
+    "MLFLOW_TRACKING_TOKEN": "CANARYmlflowTrackingToken",
 }
 MARK = "CANARY"
 
@@ -128,6 +130,20 @@ def test_a_local_launch_records_no_secret_and_keeps_its_run_dir_private(canary_e
         assert _mode(path) & 0o077 == 0, path
         assert_no_canary(path.read_bytes())
     assert_no_canary(result.stdout, result.stderr)
+
+
+def test_the_dashboards_secrets_are_named_in_the_task_never_valued(canary_env):
+    """metrics.backends: the keys reach SkyPilot as secrets (values added in memory at submission, as
+    HF_TOKEN's); the dashboards' own files are checked for them in tests/trainer/test_metrics.py."""
+    from skyspot.executors.sky.sdk import secrets_for
+
+    dry = invoke("launch", "tiny", "--dry-run", "--store", "s3://my-bucket/runs", "metrics.backends=[wandb,mlflow]")
+    assert dry.exit_code == 0, dry.stderr
+    assert_no_canary(dry.stdout, dry.stderr)
+    task = yaml.safe_load(dry.stdout)
+    assert task["secrets"] == {"WANDB_API_KEY": None, "MLFLOW_TRACKING_TOKEN": None}
+    assert secrets_for(task, "tiny") == {k: CANARIES[k] for k in task["secrets"]}
+    assert secrets_for(task, "tiny", {"WANDB_API_KEY": "k"}) == {"WANDB_API_KEY": "k"}  # a server without a token
 
 
 def test_an_error_does_not_echo_the_environment(canary_env):

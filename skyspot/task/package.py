@@ -52,6 +52,9 @@ PLACEHOLDER = "<skyspot wheel folder, built by `skyspot launch`>"
 # launches jobs), plotting (cost-report runs where the user is) and uv (SkyPilot puts it on every node).
 NOT_ON_NODES = {"skypilot", "matplotlib", "uv"}
 
+# The extras a recipe may need on its nodes (the dashboards' libraries, metrics.backends): in the wheel's
+# metadata as extras, installed by node_env only for a recipe that names them (task/render.py).
+NODE_EXTRAS = ("tensorboard", "wandb", "mlflow")
 TRAINING_STACK = {"torch", "deepspeed", "transformers", "peft", "accelerate", "safetensors"}
 """Pinned to this machine's versions on every node: what decides the numerics and the checkpoint format."""
 
@@ -104,7 +107,9 @@ def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ..
     pinned = []
     for requirement in declared:
         if ";" in requirement and "extra ==" in requirement:
-            continue  # optional extras (test, clouds) are not the node's stack
+            if _extra_of(requirement) in NODE_EXTRAS:
+                pinned.append(requirement.strip())  # installed on a node only when its recipe asks (node_env --extras)
+            continue  # the other extras (test, clouds) are not the node's stack
         match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
         if not match:
             continue
@@ -123,6 +128,11 @@ def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ..
     return tuple(sorted(pinned, key=str.lower))
 
 
+def _extra_of(requirement: str) -> Optional[str]:
+    match = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", requirement)
+    return match.group(1) if match else None
+
+
 def _checkout_dependencies() -> Optional[list[str]]:
     pyproject = Path(skyspot.__file__).resolve().parent.parent / "pyproject.toml"
     try:
@@ -131,12 +141,17 @@ def _checkout_dependencies() -> Optional[list[str]]:
         project = tomllib.loads(pyproject.read_text()).get("project", {})
     except (ImportError, OSError, ValueError):
         return None
-    return list(project.get("dependencies") or []) if project.get("name") == "skyspot" else None
+    if project.get("name") != "skyspot":
+        return None
+    extras = project.get("optional-dependencies") or {}
+    return list(project.get("dependencies") or []) + [f"{r}; extra == '{name}'" for name in NODE_EXTRAS
+                                                      for r in extras.get(name, [])]
 
 
 def _metadata_files(version: str, requirements: tuple[str, ...]) -> dict[str, bytes]:
     dist_info = f"skyspot-{version}.dist-info"
     meta = ["Metadata-Version: 2.1", "Name: skyspot", f"Version: {version}", "Requires-Python: >=3.10",
+            *(f"Provides-Extra: {e}" for e in NODE_EXTRAS if any(_extra_of(r) == e for r in requirements)),
             *(f"Requires-Dist: {r}" for r in requirements)]
     wheel = ["Wheel-Version: 1.0", f"Generator: skyspot {skyspot.__version__}", "Root-Is-Purelib: true",
              "Tag: py3-none-any"]

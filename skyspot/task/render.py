@@ -28,7 +28,8 @@ it on clouds, the local executor runs the same `run` script on this machine. It:
   executor runs it as is, the trainer parses overrides exactly as the CLI does (recipe.py), and
   `key=value` words need no second encoding; each is shell-quoted, so a value is one inert word.
   No secret enters them: a recipe holds none;
-- passes HF_TOKEN through `secrets:` with no value in the file;
+- passes HF_TOKEN (and the dashboards' WANDB_API_KEY, MLFLOW_TRACKING_TOKEN) through `secrets:` with no
+  value in the file;
 - starts the trainer on every node under torchrun through skyspot's supervisor,
   which forwards SIGTERM and passes the trainer's exit code through torchrun.
 
@@ -37,6 +38,7 @@ No secret value is ever written here; launch adds them to the in-memory sky.Task
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -44,12 +46,13 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from skyspot import __version__
-from skyspot.task.package import PACKAGE_MOUNT, PLACEHOLDER, Package
+from skyspot.task.package import NODE_EXTRAS, PACKAGE_MOUNT, PLACEHOLDER, Package
 from skyspot.planning.candidates import Candidate
 from skyspot.recipe import Recipe
 from skyspot.storage import is_bucket_uri, mount_source, parse_store_uri
 
 from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE  # one definition; import-light (errors only)
+from skyspot.trainer.metrics.spot import PRICES_ENV  # the node's side of the price table
 
 # Where a node keeps the fast checkpoint tier and where a bucket data source is mounted.
 NODE_RUNS_DIR = "$HOME/skyspot/runs"
@@ -149,6 +152,28 @@ def _watchdog_flags(recipe: Recipe) -> str:
     if not r.watchdog:
         return " --no-watchdog"
     return f" --hang-factor {r.hang_factor:g} --hang-floor {r.hang_floor_seconds:g} --first-step-bound {r.first_step_seconds:g}"
+# The dashboards' credentials (trainer/metrics/): W&B always needs its key; an MLflow server may need a
+# token (passed when the launching environment has one: executors/sky/sdk.py OPTIONAL_SECRETS).
+WANDB_SECRET = "WANDB_API_KEY"
+MLFLOW_SECRET = "MLFLOW_TRACKING_TOKEN"
+
+
+def metrics_secrets(recipe: Recipe) -> list[str]:
+    """The secrets the recipe's metrics.backends need on the node."""
+    backends = recipe.metrics.backends
+    return ([WANDB_SECRET] if "wandb" in backends else []) + ([MLFLOW_SECRET] if "mlflow" in backends else [])
+
+
+def node_extras(recipe: Recipe) -> list[str]:
+    """The wheel's extras the node installs for the recipe's dashboards (package.NODE_EXTRAS, one per backend)."""
+    return [name for name in NODE_EXTRAS if name in recipe.metrics.backends]
+
+
+def candidate_prices(candidates: Sequence[Candidate]) -> str:
+    """SKYSPOT_PRICES: each priced candidate's hourly price per node, compact JSON (trainer/metrics/spot.py)."""
+    rows = [{"cloud": c.cloud, "region": c.region, "instance_type": c.instance_type, "accelerators": c.accelerators,
+             "spot": c.spot, "usd_per_hour": c.usd_per_hour} for c in candidates if c.usd_per_hour is not None]
+    return json.dumps(rows, separators=(",", ":"))
 
 
 def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]) -> str:
@@ -192,7 +217,8 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
 # picks the torch build the node's driver runs and installs the stack with uv, from the run's
 # wheelhouse in the store (read through the bucket mount) when an earlier start left one, else
 # from the index, leaving the wheelhouse for the next start (node_env.py).
-def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_overrides: Sequence[str] = ()) -> str:
+def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_overrides: Sequence[str] = (),
+                 extras: Sequence[str] = ()) -> str:
     """The task's `setup`; `store` is the run's store, where the node keeps and finds its wheelhouse.
 
     `prepare` is given the trainer's own recipe and overrides (the words `run` passes after
@@ -200,6 +226,7 @@ def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_over
     `offload_optimizer: cpu`) and refuses a GPU node torch cannot use before any training starts.
     """
     store_arg = f" --store {shlex.quote(store)}" if store else ""
+    store_arg += f" --extras {','.join(extras)}" if extras else ""  # the dashboards' libraries (metrics.backends)
     prepare_args = "".join(f" {shlex.quote(w)}" for w in ([recipe_arg] if recipe_arg else []) + list(trainer_overrides))
     return "\n".join([
         "set -e",
@@ -259,15 +286,18 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
         },
         "envs": envs,
     }
+    if recipe.metrics.backends:  # the node prices its own curve (trainer/metrics/spot.py; no pricing import there)
+        envs[PRICES_ENV] = candidate_prices(candidates)
     secrets = {}
     if recipe.model.gated:
         secrets["HF_TOKEN"] = None
     if store and parse_store_uri(store).scheme == "az":
         secrets[AZURE_STORE_SECRET] = None
+    secrets.update(dict.fromkeys(metrics_secrets(recipe)))
     if secrets:
         task["secrets"] = secrets
     task["file_mounts"] = file_mounts
-    task["setup"] = setup_script(store, recipe_arg, trainer_overrides)
+    task["setup"] = setup_script(store, recipe_arg, trainer_overrides, node_extras(recipe))
     task["run"] = run_script(recipe, recipe_arg, trainer_overrides)
     return task
 

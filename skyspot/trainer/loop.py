@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
     from skyspot.trainer.data import DataOrder, Samples
     from skyspot.trainer.evaluate import Evaluator
     from skyspot.trainer.durable import StoreTier
+    from skyspot.trainer.metrics import MetricsSink
     from skyspot.trainer.model import ByteTokenizer
     from skyspot.trainer.notice import Watcher
     from skyspot.trainer.preemption import SavePredictor
@@ -131,6 +132,8 @@ class Run:
     """The held-out set's evaluations, when the recipe names one (evaluate.py)."""
     generation: Optional[Generation] = None
     """Which start of the workers within this node's start this is (restart.py: restarts in place)."""
+    metrics: Optional[MetricsSink] = None
+    """Global rank 0's dashboards (metrics.backends), fed from its own events (trainer/metrics/)."""
 
     @property
     def run_dir(self) -> Path:
@@ -300,6 +303,10 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
             run.uploader = tier.uploader(events, args.run_dir, recipe.checkpoint.keep)
             if placement.is_global_zero and probe.attempt is not None and (args.fresh or probe.run_json is None):
                 run.uploader.sync_small(args.run_dir / "run.json", "run.json")
+    if placement.is_global_zero and recipe.metrics.backends:  # from here on its events reach the dashboards
+        from skyspot.trainer.metrics import attach
+
+        run.metrics = attach(run, say)
     # The node leader asks its cloud's metadata what it runs on (SkyPilot does not say instance or spot).
     from skyspot.trainer import instance as node_instance
 
@@ -742,8 +749,10 @@ def train(run: Run) -> int:
         state.data = order.state(state.samples)
         step_seconds = time.perf_counter() - start
         run.ckpt.poll()
+        norm = engine.get_global_grad_norm()  # rank 0's copy of the global norm (DeepSpeed), for the dashboards
         run.emit("step", step=state.step, loss=vote.loss, lr=lr, step_seconds=round(step_seconds, 6),
-                 samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6))
+                 samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6),
+                 grad_norm=None if norm is None else float(norm))
         first_step(run.generation, run.emit, say)  # after a restart in place: its event (restart.py)
         if run.placement.is_global_zero and (state.step % recipe.train.log_every == 0 or state.step == total):
             print(f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
@@ -1016,6 +1025,8 @@ def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str
                 run.comm.io_barrier()
             except Exception:
                 pass
+        if run.metrics is not None:
+            run.metrics.close(code)  # before the uploader's last sync, which takes the dashboards' files along
         if run.uploader is not None:
             _close_uploader(run, code)  # after the barrier: every local rank's exit event is on disk
         run.events.close()

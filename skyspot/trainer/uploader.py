@@ -15,8 +15,9 @@ on the network:
 Local checkpoint contract (written by the checkpoint module): `step_<N>/` holds the files
 this node's ranks wrote, `manifest.json` with `"files": {relpath: {"size", "sha256"}}`,
 and the `COMMITTED` marker written last (manifest.py). Remote layout: remote.py, which also
-lists and downloads; beside the checkpoints this worker syncs `events/*.jsonl` (sync_events)
-and `run.json`, `final/...` (sync_small, put_tree).
+lists and downloads; beside the checkpoints this worker syncs `events/*.jsonl` (sync_events), with
+them the dashboards' local files (`sync_also`: tensorboard/, trainer/metrics/), and `run.json`,
+`final/...` (sync_small, put_tree).
 
 Each node uploads its own files, then its manifest, then its marker. A remote checkpoint
 is *durable* only when the markers of all NODES nodes exist (the marker's name carries
@@ -152,6 +153,7 @@ class Uploader:
 
         self._sync_lock = threading.Lock()
         self._synced: dict[str, tuple[int, int]] = {}
+        self._also: list[tuple[Path, str]] = []  # (local dir, key prefix) synced with the event files
         self.on_uploaded: list[Callable[[int, float], None]] = []
         """Called with (step, wall time) once this node's part of a step, marker included, is in the
         store (from the uploader's thread; keep it quick): the trainer's save-time predictor."""
@@ -339,25 +341,34 @@ class Uploader:
         """
         uploaded = 0
         with self._sync_lock:
-            for path in sorted(Path(local_events_dir).glob("*.jsonl")):
+            files = [(path, join_key(EVENTS_DIR, path.name)) for path in sorted(Path(local_events_dir).glob("*.jsonl"))]
+            files += [(path, join_key(prefix, rel)) for directory, prefix in self._also
+                      for path, rel in _regular_files(directory)]
+            for path, key in files:
                 try:
                     stat = path.stat()
                     signature = (stat.st_size, stat.st_mtime_ns)
-                    if self._synced.get(path.name) == signature:
+                    if self._synced.get(key) == signature:
                         continue
                     data = path.read_bytes()
                 except OSError:
                     continue
                 try:
-                    self.store.put_bytes(join_key(self.run_prefix, EVENTS_DIR, path.name), data)
+                    self.store.put_bytes(join_key(self.run_prefix, key), data)
                 except StoreError as error:
                     self._warn_outage(error)
                     return uploaded
-                self._synced[path.name] = signature
+                self._synced[key] = signature
                 uploaded += 1
         if uploaded:
             self._note_success()
         return uploaded
+
+    def sync_also(self, local_dir: str | os.PathLike, key_prefix: str) -> None:
+        """Sync every regular file under `local_dir` to `<run_prefix>/<key_prefix>/` whenever the event
+        files are (a dashboard's own files: trainer/metrics/). Links are never followed."""
+        with self._sync_lock:
+            self._also.append((Path(local_dir), key_prefix))
 
     def refresh_durable(self) -> list[int]:
         """List the store and update which checkpoints are durable (every node's marker there)."""
@@ -680,6 +691,18 @@ class Uploader:
                 self._warn_outage(error)
             except Exception:
                 log.exception("events sync failed")
+
+
+def _regular_files(directory: Path) -> list[tuple[Path, str]]:
+    """(path, relative posix path) of every regular file under `directory`, no link followed (W&B keeps
+    a `latest-run` link among its files)."""
+    found = []
+    for root, dirs, names in os.walk(directory):  # os.walk follows no directory link by default
+        for name in sorted(names):
+            path = Path(root) / name
+            if not path.is_symlink() and path.is_file():
+                found.append((path, path.relative_to(directory).as_posix()))
+    return sorted(found, key=lambda item: item[1])
 
 
 def _local_files(local_dir: Path) -> dict[str, int]:

@@ -319,6 +319,25 @@ def test_outage_is_retried_and_caught_up_with_one_warning(backend, tmp_path, eve
     assert [e["durable"] for e in upload_ends(tmp_path)] == [True, True]
 
 
+def test_a_dashboards_folder_is_synced_with_the_events_links_left_out(store_uri, tmp_path, events):
+    store = open_store(store_uri)
+    uploader = Uploader(store, RUN, **FAST)
+    board = tmp_path / "run" / "wandb"
+    (board / "offline-run-1").mkdir(parents=True)
+    (board / "offline-run-1" / "run-x.wandb").write_bytes(b"records")
+    (board / "latest-run").symlink_to(board / "offline-run-1")  # as wandb leaves it
+    uploader.sync_also(board, "wandb")
+    events_dir = tmp_path / "run" / "events"
+    events.emit("step", step=1, loss=2.5, lr=1e-4, step_seconds=0.1, samples=8, tokens=1024)
+    assert uploader.sync_events(events_dir) == 2
+    assert store.list(f"{RUN}/wandb/") == [f"{RUN}/wandb/offline-run-1/run-x.wandb"]
+    assert uploader.sync_events(events_dir) == 0  # unchanged: nothing sent again
+    (board / "offline-run-1" / "run-x.wandb").write_bytes(b"records and more")
+    assert uploader.sync_events(events_dir) == 1
+    assert store.get_bytes(f"{RUN}/wandb/offline-run-1/run-x.wandb") == b"records and more"
+    uploader.close(timeout=10)
+
+
 def test_event_files_are_synced_when_they_change(store_uri, tmp_path, events):
     store = open_store(store_uri)
     uploader = Uploader(store, RUN, **FAST)

@@ -26,6 +26,7 @@ from skyspot.events import FileTail
 from skyspot.executors.local import controller_lock
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.ledger import new_run_name, record_launch
+from skyspot.trainer.metrics.spot import PRICES_ENV
 
 # The controller (and the metadata stand-in it imports) loads only to start or resume a run: not for
 # `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
@@ -114,9 +115,12 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
     trace, spot_nodes = check_options(options, built.recipe, deadline=bool(options.deadline))
     instance_type, accelerators = _instance_for(built, options.cloud)
     recovery = built.task["resources"]["job_recovery"]
+    envs = {k: str(v) for k, v in built.task.get("envs", {}).items()}
+    if PRICES_ENV in envs:  # the dashboards' cost curve: priced as the simulated placement, as cost-report does
+        envs[PRICES_ENV] = _simulated_prices(options.cloud, instance_type)
     return Spec(
         name=name, recipe=built.recipe.name, run_script=built.task["run"],
-        task_envs={k: str(v) for k, v in built.task.get("envs", {}).items()},
+        task_envs=envs,
         num_nodes=built.recipe.resources.num_nodes, total_steps=built.recipe.train.steps,
         cloud=options.cloud, instance_type=instance_type, accelerators=accelerators,
         max_restarts_on_errors=int(recovery.get("max_restarts_on_errors", 0)),
@@ -129,6 +133,23 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         rank_faults=list(options.rank_faults),
         file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
+
+
+def _simulated_prices(cloud: str, instance_type: str) -> str:
+    """SKYSPOT_PRICES for the simulated placement: its instance at spot and on-demand list prices."""
+    from skyspot.executors.local.controller import SIMULATED_PLACES
+    from skyspot.pricing.prices import hourly_price
+
+    region = SIMULATED_PLACES[cloud]["region"]
+    rows = []
+    for spot in (True, False):
+        try:
+            price = hourly_price(cloud, instance_type=instance_type, region=region, spot=spot)
+        except UsageError:  # no such price (MissingPrice is one): no cost curve for that capacity
+            continue
+        rows.append({"cloud": cloud, "region": region, "instance_type": instance_type, "spot": spot,
+                     "usd_per_hour": price.usd_per_hour})
+    return json.dumps(rows, separators=(",", ":"))
 
 
 def _local_mounts(built) -> dict[str, str]:

@@ -70,7 +70,10 @@ def stop_api_server_we_started() -> bool:
 
 
 _SECRET_REASONS = {"HF_TOKEN": "the model is gated",
-                   "AZURE_STORAGE_KEY": "the az:// store's account key, for the nodes to write checkpoints"}
+                   "AZURE_STORAGE_KEY": "the az:// store's account key, for the nodes to write checkpoints",
+                   "WANDB_API_KEY": "metrics.backends has wandb (or drop wandb from it)"}
+# Declared by the task, sent only when set here: an MLflow server without authentication takes no token.
+OPTIONAL_SECRETS = ("MLFLOW_TRACKING_TOKEN",)
 
 
 def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> dict[str, str]:
@@ -79,6 +82,8 @@ def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> d
     values = {}
     for name in declared:
         value = environ.get(name)
+        if not value and name in OPTIONAL_SECRETS:
+            continue
         if not value:
             why = _SECRET_REASONS.get(name, "the task declares it")
             raise UsageError(f"recipe '{recipe_name}' needs the secret {name} ({why}): "
@@ -100,7 +105,13 @@ def to_sky_task(task: dict[str, Any], secrets: Optional[dict[str, str]] = None):
 
     overrides = sorted(secrets.items()) if secrets else None
     # SkyPilot consumes the dict it is given.
-    return sky.Task.from_yaml_config(copy.deepcopy(task), secrets_overrides=overrides)
+    task = copy.deepcopy(task)
+    for name in OPTIONAL_SECRETS:  # a null left behind would be a managed secret reference (above)
+        if name in (task.get("secrets") or {}) and not (secrets or {}).get(name):
+            del task["secrets"][name]
+    if "secrets" in task and not task["secrets"]:
+        del task["secrets"]
+    return sky.Task.from_yaml_config(task, secrets_overrides=overrides)
 
 
 def check_launchable(task: dict[str, Any], *, recipe_name: str, clouds: list[str], store: Optional[str],

@@ -70,6 +70,23 @@ def test_launch_submits_the_rendered_task_with_the_secret_and_records_the_job(mo
     assert "hf_canary_value" not in result.output
 
 
+def test_the_dashboards_keys_go_as_secrets_and_a_missing_mlflow_token_leaves_no_reference(monkeypatch):
+    fake = FakeSkyJobs(monkeypatch)
+    monkeypatch.delenv("MLFLOW_TRACKING_TOKEN", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    args = ["launch", "smollm2-360m", "-y", "--store", "s3://my-ckpts/runs", "metrics.backends=[wandb,mlflow]"]
+    refused = runner.invoke(app, [*args, "-n", "no-key"])
+    assert refused.exit_code == 2 and "WANDB_API_KEY" in refused.output and "Traceback" not in refused.output
+    monkeypatch.setenv("WANDB_API_KEY", "wandb_canary_value")
+    result = runner.invoke(app, [*args, "-n", "dash-run"])
+    assert result.exit_code == 0, result.output
+    (_, task, _), = [c for c in fake.calls if c[0] == "launch"]
+    # An MLflow server without authentication: no token, and no null left behind (an unresolvable reference).
+    assert set(task.secrets) == {"WANDB_API_KEY"} and task.secrets["WANDB_API_KEY"].get_secret_value() == "wandb_canary_value"
+    assert "--extras wandb,mlflow" in task.setup and "SKYSPOT_PRICES" in task.envs
+    assert "wandb_canary_value" not in result.output and "wandb_canary_value" not in json.dumps(Ledger().get("dash-run").info)
+
+
 def _sky_run(store, name="cloud-run", job_id=7):
     Ledger().add(name, "llama8b", "sky", status="PENDING", store=store, job_id=job_id, total_steps=100, num_nodes=1)
 
