@@ -113,16 +113,37 @@ def pin_rank(environ=os.environ) -> bool:
     holds while the agents live) and across attempts (new agents, a new order). torchrun's rank is kept
     in SKYSPOT_LAUNCHER_RANK: its rank 0 is the one torchrun told to host the workers' store
     (init_process_group below). True when RANK was changed."""
-    if "GROUP_RANK" not in environ or "SKYPILOT_NODE_RANK" not in environ or LAUNCHER_RANK_ENV in environ:
+    if LAUNCHER_RANK_ENV in environ:
         return False
-    local_world = max(1, _int(environ, "LOCAL_WORLD_SIZE", 1))
-    nodes = max(1, _int(environ, "SKYPILOT_NUM_NODES", 1))
-    if nodes * local_world != _int(environ, "WORLD_SIZE", 1):
-        return False  # not SkyPilot's shape (equal nodes): leave torchrun's numbering
-    pinned = _int(environ, "SKYPILOT_NODE_RANK", 0) * local_world + _int(environ, "LOCAL_RANK", 0)
+    pinned = _node_ordered_rank(environ)
+    if pinned is None:
+        return False
     environ[LAUNCHER_RANK_ENV] = environ.get("RANK", "0")
     environ["RANK"] = str(pinned)
     return True
+
+
+def pinned_rank(environ: Mapping[str, str]) -> Optional[int]:
+    """The global rank a worker started with `environ` (torchrun's) trains as: the node rank x local world
+    size + local rank where pin_rank applies, else torchrun's RANK (None: not a worker). The node
+    supervisor's watchdog numbers the workers it watches by this too, so that "global rank 0" is the
+    rank that writes the steps, not whichever rank torchrun's rendezvous numbered 0."""
+    pinned = None if LAUNCHER_RANK_ENV in environ else _node_ordered_rank(environ)
+    if pinned is not None:
+        return pinned
+    return _int(environ, "RANK", 0) if "RANK" in environ else None
+
+
+def _node_ordered_rank(environ: Mapping[str, str]) -> Optional[int]:
+    """SkyPilot's node rank x local world size + local rank; None where torchrun's numbering stays (not
+    under torchrun's agent, not on a SkyPilot node, or not SkyPilot's shape of equal nodes)."""
+    if "GROUP_RANK" not in environ or "SKYPILOT_NODE_RANK" not in environ:
+        return None
+    local_world = max(1, _int(environ, "LOCAL_WORLD_SIZE", 1))
+    nodes = max(1, _int(environ, "SKYPILOT_NUM_NODES", 1))
+    if nodes * local_world != _int(environ, "WORLD_SIZE", 1):
+        return None
+    return _int(environ, "SKYPILOT_NODE_RANK", 0) * local_world + _int(environ, "LOCAL_RANK", 0)
 
 
 def init_process_group(backend: str, timeout, environ=os.environ) -> None:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from skyspot.events import EVENTS_DIR, EventTail, EventWriter
+from skyspot.trainer.cluster import pinned_rank
 from skyspot.trainer.files import atomic_write_json, read_json
 from skyspot.trainer.rundir import ATTEMPTS, RUN_JSON
 from skyspot.trainer.stacks import DUMP_SIGNAL, HANGS_DIR, faulthandler_file
@@ -173,7 +174,9 @@ def find_workers(launcher_pid: int, cache: Optional[dict] = None) -> list[Worker
             alive.add(key)
             if key not in cache:
                 env = process.environ()
-                cache[key] = ((int(env["RANK"]), int(env["LOCAL_RANK"]))
+                # The rank the trainer trains as (cluster.pinned_rank), not torchrun's: the c10d rendezvous
+                # may number another node's worker 0, and global rank 0 is the one that writes the steps.
+                cache[key] = ((pinned_rank(env), int(env["LOCAL_RANK"]))
                               if "RANK" in env and "LOCAL_RANK" in env else None)
         except (psutil.Error, ValueError, OSError):
             continue

@@ -1,9 +1,10 @@
 """Restarts in place: a rank that crashes is restarted by torchrun's agents on the same machines.
 
 `skyspot launch tiny --local` on 2 nodes x 1 CPU rank with `--crash-at-steps` (the local executor
-SIGKILLs the rank of node 1 while a step runs). Every rank on both nodes restarts in place, resumes
-from the newest local checkpoint and the run ends in its first attempt, bitwise equal to the
-uninterrupted `reference` run. A rank that keeps crashing spends the budget
+SIGKILLs the rank of node 1 while a step runs) and `--hang-at-steps` (later, it SIGSTOPs the rank of
+node 0; the node supervisor's watchdog finds the hang, dumps the stacks and kills the ranks). Every
+rank on both nodes restarts in place each time, resumes from the newest local checkpoint and the run
+ends in its first attempt, bitwise equal to the uninterrupted `reference` run. A rank that keeps crashing spends the budget
 (resilience.restarts_in_place) and the run falls back to a new attempt; a preemption (75) and a
 configuration error (2) are never restarted in place.
 """
@@ -40,10 +41,15 @@ def log_tail(run_dir: Path) -> str:
     return (run_dir / "logs" / "run.log").read_text(errors="replace")[-4000:]
 
 
+HANG_AT = 15  # rank 0 logged step 15: the rank of node 0 is SIGSTOPped in step 16 (after the crash's restart)
+HANG_FLOOR_S = 4.0  # the watchdog's bound once steps are measured (a tiny step is ~0.1 s: the floor rules)
+
+
 @pytest.fixture(scope="module")
 def crashed_run(tmp_path_factory):
-    """One 2-node run whose node-1 rank is SIGKILLed mid-step once (module-scoped: read by several tests),
-    in an environment isolated as tests/conftest.py's `_isolated_env` isolates each test's."""
+    """One 2-node run (module-scoped: read by several tests) in which the rank of node 1 is SIGKILLed
+    mid-step and, later, the rank of node 0 is SIGSTOPped (a hang the watchdog must find), in an
+    environment isolated as tests/conftest.py's `_isolated_env` isolates each test's."""
     import os
 
     with pytest.MonkeyPatch.context() as env:
@@ -51,27 +57,34 @@ def crashed_run(tmp_path_factory):
             env.delenv(name)
         env.setenv("SKYSPOT_HOME", str(tmp_path_factory.mktemp("inplace-home")))
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        run_dir = launch("crash-node-1", "--crash-at-steps", f"{CRASH_AT}:1", f"train.steps={STEPS}",
-                         "checkpoint.every_steps=2", *TWO_NODES)
+        run_dir = launch("crash-node-1", "--crash-at-steps", f"{CRASH_AT}:1", "--hang-at-steps", f"{HANG_AT}:0",
+                         f"train.steps={STEPS}", "checkpoint.every_steps=2", *TWO_NODES,
+                         f"resilience.hang_floor_seconds={HANG_FLOOR_S}", "resilience.first_step_seconds=300",
+                         "resilience.restart_backoff_seconds=1")
         return run_dir, finished("crash-node-1")
 
 
 @pytest.mark.slow
-def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_equal(crashed_run, reference):
+def test_a_crash_and_a_hang_restart_in_place_and_the_run_ends_bitwise_equal(crashed_run, reference):
+    """Issue 26's end-to-end: a SIGKILLed rank on node 1, later a SIGSTOPped rank on node 0; the run
+    ends SUCCEEDED in its one attempt (nothing re-provisioned) after 2 restarts in place, one of them a
+    hang with every rank's stacks on disk, found within its bound; final weights bitwise equal."""
     run_dir, status = crashed_run
     assert status == "SUCCEEDED", log_tail(run_dir)
     log = read_events_dir(run_dir / "events")
     assert [e["reason"] for e in log.of_type("attempt_end")] == ["complete"]  # one attempt: nothing re-provisioned
     injected = log.of_type("rank_crash_injected")
     assert len(injected) == 1 and injected[0]["node"] == 1 and injected[0]["signal"] == "SIGKILL"
+    stopped = log.of_type("rank_hang_injected")
+    assert len(stopped) == 1 and stopped[0]["node"] == 0
     restarts = log.of_type("restart_in_place")
-    assert len(restarts) == 1, restarts
+    assert [(e["cause"], e["restart"]) for e in restarts] == [("crash", 1), ("hang", 2)], restarts
     event = restarts[0]
-    assert event["rank"] == 0 and event["cause"] == "crash" and event["restart"] == 1
-    # Resumed from the newest checkpoint committed before the crash, on the local disk (no store).
+    assert event["rank"] == 0
+    # Each restart resumed from the newest checkpoint committed before its failure, on the local disk.
     resumes = [e for e in log.of_type("resume") if e.get("rank") == 0]
-    assert len(resumes) == 1 and resumes[0]["step"] == event["step"] and resumes[0]["source"] == "local"
-    # The generations split at the restarted one's resume: every event before it is the first one's.
+    assert [r["step"] for r in resumes] == [e["step"] for e in restarts]
+    assert all(r["source"] == "local" for r in resumes), resumes
     restarted_at = resumes[0]["ts"]
     committed = [e["step"] for e in log.of_type("checkpoint_end") if e["ts"] < restarted_at]
     before_crash = [e["step"] for e in log.of_type("checkpoint_end") if e["ts"] < injected[0]["ts"]]
@@ -81,6 +94,16 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_equal(crashed_run, re
     assert injected[0]["ts"] - 1 <= event["failed_at"] <= injected[0]["ts"] + 2
     first_after = min(e["ts"] for e in log.of_type("step") if e["ts"] > restarted_at)
     assert event["seconds_to_next_step"] == pytest.approx(first_after - event["failed_at"], abs=0.5)
+    # The hang: found within its bound of the SIGSTOP, with every rank's stacks in the run directory.
+    hang, = log.of_type("hang")
+    assert hang["bound_seconds"] == pytest.approx(HANG_FLOOR_S, abs=0.01)
+    found_after = hang["ts"] - stopped[0]["ts"]
+    assert HANG_FLOOR_S - 1.5 <= found_after <= HANG_FLOOR_S + 3.0, (found_after, hang)
+    stacks = Path(hang["stacks"])
+    assert stacks.is_dir() and sorted(p.name for p in stacks.glob("rank-*.txt")) == ["rank-0.txt"], stacks
+    assert "skyspot" in (stacks / "rank-0.txt").read_text()  # the stopped rank's own frames
+    assert [r["rank"] for r in hang["ranks"]] == [0] and hang["ranks"][0]["top"]
+    assert restarts[1]["failed_at"] >= stopped[0]["ts"] and restarts[1]["step"] <= HANG_AT
     assert not same_params(run_dir, reference)
 
 

@@ -152,3 +152,18 @@ def test_an_injected_fault_signals_the_nodes_worker_by_local_rank(tmp_path):
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_the_watchdog_numbers_a_worker_as_the_trainer_will_not_as_the_rendezvous_did():
+    """cluster.pinned_rank: node 1's worker that torchrun's c10d rendezvous numbered 0 trains as rank 1, so
+    the watchdog on node 1 does not take it for global rank 0 (the one that writes the steps); off a
+    SkyPilot node, or once pinned, torchrun's RANK is the rank."""
+    from skyspot.trainer.cluster import LAUNCHER_RANK_ENV, pinned_rank
+
+    node1 = {"GROUP_RANK": "0", "SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2", "RANK": "0",
+             "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2"}
+    assert pinned_rank(node1) == 1
+    assert pinned_rank({**node1, "SKYPILOT_NODE_RANK": "0", "RANK": "1"}) == 0
+    assert pinned_rank({"RANK": "3", "LOCAL_RANK": "1"}) == 3
+    assert pinned_rank({**node1, LAUNCHER_RANK_ENV: "0", "RANK": "1"}) == 1
+    assert pinned_rank({"LOCAL_RANK": "0"}) is None
