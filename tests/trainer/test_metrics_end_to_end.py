@@ -5,13 +5,14 @@ back past logged steps, read back with TensorBoard's, MLflow's and W&B's own rea
 step 6 ends in an emergency checkpoint. At step 15 rank 0 is held for 8 s at the end of step 16, past
 the simulated VM's hard off (notice + 3 s): SIGKILL, no emergency checkpoint, and the next attempt
 resumes from step 12, redoing 13-16, which the dashboards already hold. Each backend must show one run
-whose train-loss steps run 1..24 once each, with an uninterrupted run's values (the module fixture:
-the same launch without preemptions). To compare evaluations too, add the eval overrides to OVERRIDES
-and the two lines marked below.
+whose train-loss steps run 1..24 once each, and whose evaluations (every 4 steps on a held-out 5 %)
+are each drawn once, all with an uninterrupted run's values (the module fixture: the same launch
+without preemptions); the cost report gives the final eval loss beside the cost.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,8 @@ runner = CliRunner()
 
 STEPS = 24
 OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=4", "train.log_every=8",
-             "checkpoint.train_through_notice=false", "metrics.backends=[tensorboard,mlflow,wandb]"]
+             "checkpoint.train_through_notice=false", "metrics.backends=[tensorboard,mlflow,wandb]",
+             "eval.fraction=0.05", "eval.every_steps=4", "eval.batches=2"]
 SIGKILL_AT = 15  # the notice read at step 15; rank 0 held at the end of step 16 until the hard off
 DASHBOARD_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false",
                  "MLFLOW_ALLOW_FILE_STORE": "true"}
@@ -57,8 +59,10 @@ def uninterrupted(tmp_path_factory):
         launch("calm", home / "store")
         run_dir = Path(Ledger().get("calm").run_dir)
         losses = train_losses(run_dir)
+        evals = {e["step"]: e["loss"] for e in read_events_dir(run_dir / "events").of_type("eval")}
     assert sorted(losses) == list(range(1, STEPS + 1))
-    return {"train/loss": losses}  # add: "eval/loss": {e["step"]: e["loss"] for e in ...of_type("eval")}
+    assert sorted(evals) == list(range(4, STEPS + 1, 4))
+    return {"train/loss": losses, "eval/loss": evals}
 
 
 def test_two_preemptions_one_a_sigkill_leave_one_run_per_dashboard_drawn_once(uninterrupted, tmp_path, monkeypatch):
@@ -91,3 +95,9 @@ def test_two_preemptions_one_a_sigkill_leave_one_run_per_dashboard_drawn_once(un
         assert dict(series["spot/preemptions"])[STEPS] == 2.0, name
         cost = [v for _, v in series["spot/cost_usd"]]
         assert cost == sorted(cost) and cost[-1] > 0, name
+    evals = [e for e in log.of_type("eval")]
+    assert sorted({e["step"] for e in evals}) == sorted(uninterrupted["eval/loss"])
+    report = runner.invoke(app, ["cost-report", "stormy", "--json"], catch_exceptions=False)
+    assert report.exit_code == 0, report.output
+    row, = json.loads(report.stdout)
+    assert row["final_eval_step"] == STEPS and row["final_eval_loss"] == uninterrupted["eval/loss"][STEPS]
