@@ -59,12 +59,14 @@ def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
           run_name: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-          local: bool = False, package: Optional[Package] = None) -> RenderedTask:
+          local: bool = False, package: Optional[Package] = None, loaded: Optional[Recipe] = None) -> RenderedTask:
     """Load and render. A registry name travels to the node as is; a recipe file is mounted
     on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is.
-    `package` is the skyspot wheel the nodes install (package.build())."""
+    `package` is the skyspot wheel the nodes install (package.build()). `loaded`: the recipe as
+    load_recipe already gave it for these same arguments (the CLI loads it first, for its errors and
+    its choices), so it is not loaded twice."""
     environ = os.environ if environ is None else environ
-    recipe = load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
+    recipe = loaded if loaded is not None else load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
     trainer_overrides = _trainer_overrides(recipe, overrides, environ, flags)
     planned = candidates(recipe)
     if recipe_arg in REGISTRY:

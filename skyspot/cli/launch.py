@@ -54,7 +54,7 @@ def launch_command(
         check_run_name(name)
     from skyspot.recipe import load_recipe
 
-    probe = load_recipe(recipe, overrides or [], flags=flags)  # the recipe's errors come first; built once below
+    probe = load_recipe(recipe, overrides or [], flags=flags)  # the recipe's errors come first; loaded once
     run_local = probe.resources.local_only if local is None else local
     if fresh_node and not run_local:
         raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
@@ -96,7 +96,8 @@ def launch_command(
     if options is not None:
         options.deadline = deadline_plan
     if dry_run:
-        built = build(recipe, overrides or [], flags=flags, run_name=name, local=run_local, package=package)
+        built = build(recipe, overrides or [], flags=flags, run_name=name, local=run_local, package=package,
+                      loaded=probe)
         _show_plan(built)
         show_window_check(built.recipe, warn_only=False)
         _show_package(built)
@@ -104,7 +105,8 @@ def launch_command(
         return
 
     run_name = check_new_run_name(name) if name is not None else new_run_name(probe.name)
-    built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package)
+    built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package,
+                  loaded=probe)
     from skyspot.executors import executor_for
     from skyspot.app.launch import launch
 

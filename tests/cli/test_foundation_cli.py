@@ -184,3 +184,24 @@ def test_the_usage_line_names_the_arguments():
     assert "-n, --name TEXT" in result.stdout and "--notice NUMBER" in result.stdout
     assert "--name <str>" not in result.stdout
     assert invoke("logs", "--help").stdout.splitlines()[0] == "Usage: skyspot logs [OPTIONS] [RUN]"
+
+
+def test_launch_loads_the_recipe_once(monkeypatch):
+    """The CLI loads the recipe first (its errors, --local, the deadline) and `build` renders that very
+    recipe: one load, so what was checked is what is rendered and submitted."""
+    import skyspot.app.launch as app_launch
+    import skyspot.recipe as recipe_module
+
+    calls = []
+    real = recipe_module.load_recipe
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recipe_module, "load_recipe", counted)
+    monkeypatch.setattr(app_launch, "load_recipe", counted)
+    result = invoke("launch", "tiny", "--dry-run", "train.steps=7")
+    assert result.exit_code == 0, result.output
+    assert calls == ["tiny"]
+    assert "train.steps=7" in result.stdout
