@@ -135,6 +135,14 @@ def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0
             "check": check.text}
 
 
+def executor_for_launch(local: bool, options: Any = None):
+    """The executor a new run goes to: the embedded local one (`options`: its LocalOptions) or SkyPilot's.
+    The one place a launch picks; every later command asks `executor_for(run)` of the run's record."""
+    from skyspot.executors import executor_for
+
+    return executor_for("local" if local else "sky", options)
+
+
 def launch(built: RenderedTask, executor, *, detach: bool, deadline: Optional[dict[str, Any]] = None,
            environ: Optional[Mapping[str, str]] = None) -> int:
     """Start a built run on `executor` (executors.executor_for): what the executor refuses, then the

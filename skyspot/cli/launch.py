@@ -107,10 +107,9 @@ def launch_command(
     run_name = check_new_run_name(name) if name is not None else new_run_name(probe.name)
     built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package,
                   loaded=probe)
-    from skyspot.executors import executor_for
-    from skyspot.app.launch import launch
+    from skyspot.app.launch import executor_for_launch, launch
 
-    executor = executor_for("local" if run_local else "sky", options)
+    executor = executor_for_launch(run_local, options)
     question = executor.launch_question(built)
     if question:  # it costs money: the plan first, then the question
         _show_plan(built)
