@@ -19,6 +19,9 @@ def _isolated_env(tmp_path, monkeypatch):
         if name.startswith("SKYSPOT_") or name.startswith("SKYPILOT_"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SKYSPOT_HOME", str(tmp_path / "skyspot-home"))
+    # An in-process W&B run (tests/trainer/test_metrics.py) leaves its service's address in WANDB_SERVICE;
+    # restored at teardown, so no later test's trainers inherit that service.
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     # Code with no cloud configured stays quiet; these make sure SDKs never reach metadata addresses.
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("NO_COLOR", "1")

@@ -52,6 +52,10 @@ class WandB:
         cfg = ctx.settings
         run_id = wandb_id(ctx.run_id)
         (self.root / DIR).mkdir(parents=True, exist_ok=True)
+        # A service of our own: WANDB_SERVICE inherited from whatever launched the trainer (a process with
+        # a W&B run of its own) would be shared across attempts, and when an attempt is SIGKILLed that
+        # service lives on holding this run's id ("run ID ... is in use"), refusing every later attempt.
+        os.environ.pop("WANDB_SERVICE", None)
         self.run = wandb.init(
             id=run_id, name=ctx.run_id, resume="allow", project=cfg.wandb_project, entity=cfg.wandb_entity,
             dir=str(self.root), config={"skyspot": {"recipe": ctx.recipe.name, "fingerprint": ctx.recipe.fingerprint()}},
