@@ -157,8 +157,9 @@ class Worker:
 
 
 def find_workers(launcher_pid: int, cache: Optional[dict] = None) -> list[Worker]:
-    """The launcher's worker processes: its descendants whose environment has RANK and LOCAL_RANK and
-    whose parent's does not (a worker's own children, data loaders, compilers, inherit both)."""
+    """The launcher's worker processes, numbered by the rank they train as: its descendants whose
+    environment has RANK and LOCAL_RANK and whose parent's does not (a worker's own children, data
+    loaders, compilers, inherit both)."""
     import psutil
 
     cache = {} if cache is None else cache
