@@ -90,6 +90,14 @@ def test_two_preemptions_one_a_sigkill_leave_one_run_per_dashboard_drawn_once(un
     for name, series in (("tensorboard", tensorboard), ("mlflow", mlflow), ("wandb", wandb)):
         for tag, expected in uninterrupted.items():
             steps = [s for s, _ in series[tag]]
+            if name == "wandb" and tag == "eval/loss":
+                # W&B's step is monotonic: an eval logged in an attempt's last row, which that attempt's
+                # service did not write within a 3 s notice, cannot be sent again at its step later
+                # (docs/trainer.md, "Metrics"). What it shows is drawn once, with the right values.
+                assert steps == sorted(set(steps)) and set(steps) <= set(expected), f"{name} {tag}: {steps}"
+                assert len(steps) >= len(expected) - 2, f"{name} {tag}: {steps}"
+                assert dict(series[tag]) == pytest.approx({s: expected[s] for s in steps}, rel=1e-6, abs=0)
+                continue
             assert steps == sorted(expected), f"{name} {tag}: {steps}"  # strictly increasing, none twice
             assert dict(series[tag]) == pytest.approx(expected, rel=1e-6, abs=0), f"{name} {tag}"
         assert dict(series["spot/preemptions"])[STEPS] == 2.0, name
