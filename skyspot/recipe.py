@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from skyspot import yaml12
 from skyspot.errors import RecipeError, UsageError
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -76,6 +78,24 @@ def _one_line(value: str) -> str:
 Text = Annotated[str, AfterValidator(_one_line)]
 
 
+def _finite_tree(value: Any) -> Any:
+    """A free-form mapping (model.config, deepspeed.extra) holds no infinity or NaN at any depth: the
+    typed sections refuse them (allow_inf_nan=False), and these reach the trainer's config as they are."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ValueError(f"{where.lstrip('.') or 'the value'} is {node!r}; only finite numbers")
+        if isinstance(node, dict):
+            stack.extend((f"{where}.{key}", child) for key, child in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(node))
+    return value
+
+
+FreeForm = Annotated[dict[str, Any], AfterValidator(_finite_tree)]
+
+
 def _hub_id(value: Optional[str]) -> Optional[str]:
     if value is not None and (not _HUB_ID.fullmatch(value) or ".." in value):
         # repr: the message crosses into pydantic-core, which cannot carry lone surrogates.
@@ -118,7 +138,7 @@ class ModelSection(_Section):
     (an absolute path) holding config.json and *.safetensors, as save_pretrained writes them."""
     revision: Annotated[Optional[str], AfterValidator(_revision)] = None
     """Hub models only: the branch, tag or commit to load (default: main). A commit sha pins the weights."""
-    config: Optional[dict[str, Any]] = None
+    config: Optional[FreeForm] = None
     """An inline transformers config (LlamaConfig fields) for a model built from scratch, no download."""
     gated: bool = False
     """The hub model needs an access token: HF_TOKEN is passed to the task as a secret."""
@@ -272,7 +292,7 @@ class DeepSpeedSection(_Section):
     """ZeRO-Offload of optimizer state."""
     offload_params: Literal["none", "cpu"] = "none"
     """ZeRO-Infinity offload of parameters."""
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: FreeForm = Field(default_factory=dict)
     """Merged last into the generated DeepSpeed config (expert escape hatch)."""
 
 
@@ -580,7 +600,7 @@ def _key_lines(text: str) -> dict[str, int]:
                 walk(value_node, path)
 
     try:
-        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+        walk(yaml12.compose(text), "")
     except yaml.YAMLError:
         pass
     return lines
@@ -602,47 +622,11 @@ def _too_big(data: Any, budget: int = MAX_RECIPE_NODES) -> bool:
     return False
 
 
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    """A mapping that gives one key twice: an error in a file and in an override's value alike."""
-
-
-class _Loader(yaml.SafeLoader):
-    """The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's).
-
-    Three departures from PyYAML's SafeLoader, all toward YAML 1.2: `3e-4` is a float (YAML 1.1
-    wants a dot, so PyYAML reads it as a string, which the strict schema would then refuse), a
-    date is text, and a key given twice in one mapping is an error with its line, not the last
-    value in silence."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[str, int] = {}
-            for key_node, _ in node.value:
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # a merge key (`<<: *base`) may be overridden by the keys beside it
-                if key_node.value in seen:
-                    raise _DuplicateKey(
-                        None, None, f"duplicate key '{key_node.value}' (first at line {seen[key_node.value]})",
-                        key_node.start_mark)
-                seen[key_node.value] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
-# YAML 1.2's core schema has no timestamps either: `deadline: 2026-05-01T17:00+02:00` stays the text
-# the deadline parser reads (YAML 1.1 made it a datetime, which the string field then refused).
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                              re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
-
-
-def _load_yaml(text: str) -> Any:
-    loader = _Loader(text)  # what yaml.safe_load does, with this SafeLoader
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
+# The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's):
+# YAML 1.2's core schema (skyspot/yaml12.py), so `010` is 10, `yes` a string, `1:30` no number,
+# `3e-4` a float, a date text, and a key (or the merge key `<<`) given twice an error with its line.
+_DuplicateKey = yaml12.DuplicateKey
+_load_yaml = yaml12.load
 
 
 def _parse_value(raw: str, where: str = "") -> Any:
@@ -721,7 +705,7 @@ def value_text(value: Any) -> str:
     (`[aws, gcp]`, `false`, a string as is when it reads back as itself)."""
     if isinstance(value, str) and _parse_value(value) == value:
         return value
-    return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("...").strip()
+    return yaml12.dump_flow(value)
 
 
 def _apply(data: dict, key: str, value: Any, source: str, problems: list[str]) -> None:

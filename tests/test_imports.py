@@ -125,7 +125,8 @@ LAYERS = [
     ("node", ("skyspot.trainer", "skyspot.node_env")),
     ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
                    "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.lora", "skyspot.ledger",
-                   "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text", "skyspot")),
+                   "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text", "skyspot.yaml12",
+                   "skyspot")),
 ]
 
 # Arrows that point up, each with why; none may be added without one.
