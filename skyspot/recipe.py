@@ -505,7 +505,8 @@ class ResilienceSection(_Section):
     hang_floor_seconds: float = Field(300.0, gt=0, le=BIG)
     """The shortest time without a step that counts as a hang, once steps have been measured."""
     first_step_seconds: float = Field(3600.0, gt=0, le=BIG)
-    """The bound for the first step after a start (model download and load, resume, compile)."""
+    """The bound for the first step after a start (model download and load, resume, compile); raised for a
+    model whose download at the planned bandwidth could outlast it (skyspot/start_bounds.py)."""
 
 
 class Recipe(_Section):

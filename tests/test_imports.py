@@ -22,6 +22,7 @@ TRAINER_MAY_IMPORT = {
     "skyspot.clouds": "cloud facts: notice windows, poll periods, bandwidths, preemption priors",
     "skyspot.hub": "the Hugging Face hub, where a node fetches the base model and its tokenizer",
     "skyspot.sizing": "a recipe's state size, which the first interval plan (initial_plan) divides by bandwidth",
+    "skyspot.start_bounds": "the I/O group's timeout, from the same plan as the watchdog's first-step bound",
     "skyspot.ports": "a free loopback port for the standalone trainer's rendezvous (no torchrun)",
 }
 
@@ -124,9 +125,9 @@ LAYERS = [
     ("pricing", ("skyspot.pricing",)),
     ("node", ("skyspot.trainer", "skyspot.node_env")),
     ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
-                   "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.lora", "skyspot.ledger",
-                   "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text", "skyspot.yaml12",
-                   "skyspot")),
+                   "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.start_bounds", "skyspot.lora",
+                   "skyspot.ledger", "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text",
+                   "skyspot.yaml12", "skyspot")),
 ]
 
 # Arrows that point up, each with why; none may be added without one.

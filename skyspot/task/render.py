@@ -148,10 +148,14 @@ AZURE_STORE_SECRET = "AZURE_STORAGE_KEY"
 
 def _watchdog_flags(recipe: Recipe) -> str:
     """The supervisor's hang watchdog bounds (trainer/watchdog.py), from the recipe's `resilience`."""
+    from skyspot.start_bounds import start_bounds
+
     r = recipe.resilience
     if not r.watchdog:
         return " --no-watchdog"
-    return f" --hang-factor {r.hang_factor:g} --hang-floor {r.hang_floor_seconds:g} --first-step-bound {r.first_step_seconds:g}"
+    # At least what the I/O plan allows this recipe's first download (start_bounds.py): a slow start is not a hang.
+    first_step = start_bounds(recipe).first_step_seconds
+    return f" --hang-factor {r.hang_factor:g} --hang-floor {r.hang_floor_seconds:g} --first-step-bound {first_step:g}"
 # The dashboards' credentials (trainer/metrics/): W&B always needs its key; an MLflow server may need a
 # token (passed when the launching environment has one: executors/sky/sdk.py OPTIONAL_SECRETS).
 WANDB_SECRET = "WANDB_API_KEY"

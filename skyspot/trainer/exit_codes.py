@@ -14,8 +14,9 @@ Final endings (FINAL: complete, usage, no valid checkpoint, preempted, interrupt
 the in-place restart budget) must not be restarted in place: torchrun's agent restarts every failed
 worker group whatever the code, so a worker that ends finally exits its process with 0 once its code
 is in the exit record (`process_code`), and torchrun, seeing every worker succeed, exits 0 after its
-exit barrier; the supervisor then exits with the recorded code. Only under torchrun with restarts on
-(TORCHELASTIC_MAX_RESTARTS > 0): otherwise the process exits with the code itself, as before.
+exit barrier, quietly; the supervisor then exits with the recorded code. Only under torchrun with
+restarts on (TORCHELASTIC_MAX_RESTARTS > 0), or under torchrun run by the supervisor (its token in the
+environment), whose exit record carries the code: otherwise the process exits with the code itself.
 
 `torchrun` exits 1 whenever a worker fails, whatever code the worker used, so the trainer also
 records its code in DIR/exit.json (local rank 0 of each node, just before exiting) and
@@ -81,12 +82,15 @@ def code_for(error: BaseException) -> int:
 
 def process_code(code: int, final: bool, environ=os.environ) -> int:
     """The worker process's own exit status for trainer code `code`: 0 for a final ending when torchrun
-    would otherwise restart the workers (the exit record carries the code to the supervisor)."""
+    would otherwise restart the workers, or when the supervisor that reads the exit record runs this
+    torchrun (the record carries the code; a failed worker would make torchrun print its ChildFailedError
+    traceback after the trainer's one line, torch/distributed/run.py `main` under `@record`)."""
     try:
         restarts = int(environ.get("TORCHELASTIC_MAX_RESTARTS") or 0)
     except ValueError:
         restarts = 0
-    return 0 if final and restarts > 0 else code
+    supervised = bool(environ.get(TOKEN_ENV)) and bool(environ.get("TORCHELASTIC_RUN_ID"))
+    return 0 if final and (restarts > 0 or supervised) else code
 
 
 def describe(code: int) -> str:

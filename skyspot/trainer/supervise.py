@@ -40,7 +40,10 @@ Restarts in place: torchrun's agent restarts its workers after a failure (task/r
 stays, and watches its torchrun's workers (WORKER_POLL_S): each one's end, however it ends, goes to
 DIR/worker_exits.json, from which the restarted generation learns when the failure was (trainer/restart.py).
 A worker whose ending is final (complete, preempted, a configuration error, the budget spent) exits 0
-so torchrun does not restart it, and its exit record carries the code this process exits with.
+so torchrun does not restart it (nor, with restarts off, print a ChildFailedError traceback), and its
+exit record carries the code this process exits with. A configuration refusal (2) is then passed on
+without a word of ours: the node's log ends with the trainer's one line, and SkyPilot and the local
+executor see 2, not torchrun's 1.
 
 The CLI is stable: the rendered SkyPilot task and the local executor call it.
 """
@@ -190,6 +193,8 @@ def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
         say(f"no exit record from the trainer; exiting with the command's code {command_code}")
         return command_code
     code = record["code"]
+    if code == USAGE and command_code == 0:
+        return code  # a configuration refusal, handed over quietly: the trainer's one line ends the log
     if code != command_code:
         say(f"trainer exit {code} ({describe(code)}: {record.get('reason')}); {command[0]} exited {command_code}")
     return code

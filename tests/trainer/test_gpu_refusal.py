@@ -78,3 +78,26 @@ def test_the_supervisor_passes_the_refusal_through_torchrun(tmp_path):
     assert code == USAGE, log_text(run_dir)  # not 1 (torchrun's), and not 75: SkyPilot does not recover it
     assert log_text(run_dir).count("[skyspot] this node has GPUs for 1 rank") == 1
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "events").exists()
+
+
+@pytest.mark.parametrize("restarts", [0, 3])
+def test_a_refusal_under_the_supervisor_and_torchrun_ends_the_log_with_its_line_and_exits_2(tmp_path, restarts):
+    """The rendered run: supervise -- torchrun --max-restarts N -m skyspot.trainer. Before, with restarts off,
+    torchrun's ChildFailedError traceback followed the line and torchrun exited 1; with restarts on, the
+    supervisor's own line repeated it. Now the line is the log's last, the exit 2 (configuration), and the
+    worker ran once: a refusal is not restarted in place."""
+    from tests.trainer.launch import torchrun_command
+
+    run_dir = tmp_path / "run"
+    command = torchrun_command(run_dir, TINY, 1)
+    command[1:1] = ["--max-restarts", str(restarts)]
+    done = subprocess.run([sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
+                           *command], cwd=REPO, env=trainer_env(SKYPILOT_NUM_GPUS_PER_NODE="1", CUDA_VISIBLE_DEVICES=""),
+                          capture_output=True, text=True, timeout=120)
+    log = done.stdout + done.stderr
+    assert done.returncode == USAGE, log
+    assert "Traceback" not in log and "ChildFailedError" not in log, log
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert lines[-1].startswith("[skyspot] this node has GPUs for 1 rank"), log
+    assert log.count("this node has GPUs for 1 rank") == 1, log  # one start: not restarted in place
+    assert json.loads((run_dir / "exit.json").read_text())["code"] == USAGE

@@ -70,6 +70,14 @@ def test_a_final_ending_exits_0_under_a_torchrun_that_would_restart_it(code):
     assert process_code(code, True, {}) == code  # not under torchrun
 
 
+@pytest.mark.parametrize("code", [USAGE, PREEMPTED])
+def test_a_final_ending_exits_0_under_the_supervisors_torchrun_even_with_restarts_off(code):
+    supervised = {"TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "r", "SKYSPOT_SUPERVISOR_TOKEN": "t"}
+    assert process_code(code, True, supervised) == 0  # the record carries the code; torchrun stays quiet
+    assert process_code(code, True, {**supervised, "SKYSPOT_SUPERVISOR_TOKEN": ""}) == code  # bare torchrun
+    assert process_code(ERROR, False, supervised) == ERROR  # a crash stays a crash
+
+
 def test_an_error_keeps_its_code_so_torchrun_restarts_it():
     assert process_code(ERROR, False, {"TORCHELASTIC_MAX_RESTARTS": "72"}) == ERROR
     assert process_code(ERROR, True, {"TORCHELASTIC_MAX_RESTARTS": "72"}) == 0  # the budget spent: final
