@@ -285,8 +285,11 @@ def test_a_value_of_the_wrong_type_is_refused_not_coerced(override, read):
 
 
 def test_numbers_in_yaml_1_2_form_stay_numbers():
-    recipe = load_recipe("tiny", ["train.lr=3e-4", "train.steps=1_000"], environ={})
+    recipe = load_recipe("tiny", ["train.lr=3e-4", "train.steps=1000"], environ={})
     assert (recipe.train.lr, recipe.train.steps) == (3e-4, 1000)
+    # YAML 1.2's core schema has no digit separators: `1_000` is a string, which an integer key refuses.
+    with pytest.raises(RecipeError):
+        load_recipe("tiny", ["train.steps=1_000"], environ={})
 
 
 def test_a_key_given_twice_in_a_recipe_file_is_an_error_with_its_line(tmp_path):
