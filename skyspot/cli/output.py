@@ -8,6 +8,8 @@
 - never over an existing file without `--force`: without it the temp file is *linked* to the name,
   which fails if anything (a file, a link, even a dangling one) is there, so there is no check-then-
   write window;
+- never over anything but a regular file or a link, even with `--force`: a device node, a FIFO or a
+  socket at the name is refused (a rename over `/dev/null` run as root would make it a plain file);
 - the mode is what a new file gets under the umask, or the replaced file's own, never wider than `cap`.
 """
 
@@ -51,6 +53,7 @@ def write_output(path: Path, data: bytes, *, force: bool, flag: str, cap: int = 
             handle.write(data)
         os.chmod(tmp, mode & cap)
         if force:
+            check_output(path, force=True, flag=flag, forceable=forceable)  # again: whatever is there now
             os.replace(tmp, path)  # replaces a link itself, never what it points to
             tmp = None
         else:
@@ -82,11 +85,24 @@ def check_output(path: Path, *, force: bool, flag: str, forceable: bool = True) 
         raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
     if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise UsageError(f"{flag} {path} is a directory; name a file")
+    if existing is not None and not (stat.S_ISREG(existing.st_mode) or stat.S_ISLNK(existing.st_mode)):
+        raise UsageError(f"{flag} {path} is a {_kind(existing.st_mode)}, not a regular file; nothing was "
+                         "written. Name a regular file")
     if existing is not None and not force:
         raise UsageError(_taken(path, forceable))
     if not path.parent.is_dir():
         raise UsageError(f"cannot write {path}: directory {path.parent} does not exist")
     return existing
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
 
 
 def _taken(path: Path, forceable: bool) -> str:

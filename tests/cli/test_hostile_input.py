@@ -226,6 +226,43 @@ def test_a_dangling_link_at_the_output_name_is_refused_too(tmp_path):
     assert not (tmp_path / "elsewhere.yaml").exists()
 
 
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _char_device(path: Path) -> Path:
+    """A character device node of our own (the major/minor of /dev/null), never /dev/null itself."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod of a device node needs root")
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+def _socket(path: Path) -> Path:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.close()  # the socket file stays at the name
+    return path
+
+
+@pytest.mark.parametrize("make, kind", [(_fifo, "FIFO"), (_char_device, "device"), (_socket, "socket")])
+@pytest.mark.parametrize("command", [("render", "tiny", "-o"), ("cost-report", "run-1", "--plot")])
+def test_force_replaces_only_a_regular_file_or_a_link(tmp_path, make, kind, command):
+    """Issue 31 item 2: `--force` over a device node, a FIFO or a socket is one line and leaves it as it
+    was (the old code renamed a plain file over it; as root that turned /dev/null into a file)."""
+    make_run()
+    tmp_path = tmp_path / "out"
+    tmp_path.mkdir()
+    target = make(tmp_path / ("chart.png" if command[0] == "cost-report" else "task.yaml"))
+    before = os.lstat(target)
+    line = one_line_error(invoke(*command, str(target), "--force"))
+    assert f"is a {kind}, not a regular file; nothing was written" in line
+    after = os.lstat(target)
+    assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]  # no temp file left
+
+
 # --------------------------------------------------------------------------- item 13: terminal escapes
 
 ESCAPES = "\x1b]0;owned\x07\x1b[2J\x1b[H\x9b31m\r"
