@@ -175,7 +175,7 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
     targets = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned) for t in sources]  # as BufferPool
 
     def copy_all() -> None:
-        for dst, src in zip(targets, sources):
+        for dst, src in zip(targets, sources):  # noqa: F821 - both are deleted (line 234) only after the last call
             dst.copy_(src, non_blocking=pinned)
         if pinned:
             torch.cuda.synchronize()

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from bench._launch import BIN, REPO, bench_env, ensure_shm_op
 from bench.common import Figure, Results
@@ -181,7 +180,7 @@ def _random(results: Results, per_cell: int) -> str:
         lines.append(f"| {restart_h:g} h | {n} | {cells} | {misses} |")
         results.add(Figure("deadline", f"random traces (sim), {restart_h:g} h changeover: {dl.DEFAULT_POLICY} / "
                            "on-demand", "x", ratios[dl.DEFAULT_POLICY], goal="0 misses", met=misses == 0,
-                           note=f"mean: " + ", ".join(f"{p} {statistics.fmean(ratios[p]):.3f}" for p in dl.POLICIES)))
+                           note="mean: " + ", ".join(f"{p} {statistics.fmean(ratios[p]):.3f}" for p in dl.POLICIES)))
     header = ("| changeover d | traces | " + " | ".join(f"{p} / on-demand (mean)" for p in dl.POLICIES)
               + " | misses |\n|---|---|" + "---|" * (len(dl.POLICIES) + 1) + "\n")
     return header + "\n".join(lines)
@@ -194,7 +193,7 @@ def _write(sections: list[str], quick: bool) -> None:
     from bench.common import machine
 
     m = machine()
-    paper = "\n".join(f"| {w} | {t} | {l} |" for w, t, l in PAPER)
+    paper = "\n".join(f"| {w} | {t} | {lesson} |" for w, t, lesson in PAPER)
     block = (f"{START}\n\nLatest: `python -m bench --only deadline{' --quick' if quick else ''}`, {m['date']}, "
              f"{m['cores']} cores, {m['cpu']}.\n\n**1. Shipped traces on the local executor** (`tiny`, 300 steps, "
              f"deadline 260 s, policy `{dl.DEFAULT_POLICY}`; prices: g5.48xlarge in us-east-1 as the local run "

@@ -88,7 +88,7 @@ def run(results: Results, quick: bool) -> None:
           f"{plain['ended'] if plain['ended'] is None else round(plain['ended'], 1)}s, fired: {fired}",
           file=sys.stderr, flush=True)
     results.add(Figure("hang", f"SIGSTOP of a rank -> killed by the watchdog (floor {FLOOR_S:.0f} s)", "s",
-                       [dog["killed"]], goal=f"<= bound + 3 s", met=dog["killed"] <= bound + 3,
+                       [dog["killed"]], goal="<= bound + 3 s", met=dog["killed"] <= bound + 3,
                        note=f"bound {bound:.0f} s; the node exits {dog['ended']:.1f} s after the stop "
                             "(torchrun here has no in-place restarts)" if dog["ended"] is not None else
                             f"bound {bound:.0f} s; the node had not exited"))

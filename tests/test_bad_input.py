@@ -488,7 +488,7 @@ def test_a_name_is_the_registry_or_a_path_never_a_guess(tmp_path, monkeypatch, n
 # local executor's `_start_controller` is replaced by one that records the run as SUCCEEDED (a
 # controller that ended at once), and a cloud submission fails the test.
 
-from tests.bounds import OverBudget, bounded  # noqa: E402
+from tests.bounds import bounded  # noqa: E402
 
 COMMANDS = ["render", "launch", "recipes", "ls", "keys", "cp", "status", "logs", "cancel", "resume",
             "cost-report", "prices"]

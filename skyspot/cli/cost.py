@@ -13,7 +13,7 @@ from skyspot.cli.common import Column, display, handle_errors, in_place_text, on
 from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out
-from skyspot.errors import SkyspotError, UsageError
+from skyspot.errors import UsageError
 
 # Stable field names of the one-row-per-run report (JSON and CSV).
 SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",

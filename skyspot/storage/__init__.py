@@ -34,7 +34,8 @@ from skyspot.errors import StoreError
 from skyspot.storage.azure import AzureStore
 from skyspot.storage.gcs import GCSStore
 from skyspot.storage.local import LocalStore
-from skyspot.storage.s3 import S3Store, _crt_transfer_manager
+from skyspot.storage.s3 import S3Store
+from skyspot.storage.s3 import _crt_transfer_manager as _crt_transfer_manager  # re-exported for bench/emergency.py
 from skyspot.storage.store import DEFAULT_WORKERS, Store, TransientStoreError, backoff_delay, with_retries
 from skyspot.storage.stream import STREAM_CONCURRENCY, STREAM_PART_BYTES, StreamAborted, StreamUpload
 from skyspot.storage.uri import (EXPECTED_FORMS, FORMS, StoreURI, canonical, is_bucket_uri, join_key, mount_source,

@@ -172,7 +172,7 @@ def test_a_bad_recipe_file_is_still_blamed_on_its_line(tmp_path):
     text = (REPO / "skyspot" / "recipes" / "tiny.yaml").read_text().replace("steps: 200", "steps: many")
     assert "steps: many" in text
     recipe.write_text(text)
-    number = text.splitlines().index(next(l for l in text.splitlines() if "steps: many" in l)) + 1
+    number = text.splitlines().index(next(s for s in text.splitlines() if "steps: many" in s)) + 1
     line = _error_line(invoke("render", str(recipe), "train.lr=0.001"))
     assert line.startswith(f"error: {recipe}: train.steps (line {number}): Input should be a valid integer")
 

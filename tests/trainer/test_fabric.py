@@ -6,10 +6,8 @@ lines are from published NCCL logs: NVIDIA/nccl#226, #229). No GPU here: real NC
 
 from __future__ import annotations
 
-import os
 
 import pytest
-from typer.testing import CliRunner
 
 from skyspot.pricing import cost
 from skyspot.events import EventLog, EventWriter, read_events_dir

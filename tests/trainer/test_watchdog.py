@@ -123,7 +123,7 @@ def test_the_run_script_passes_the_recipes_resilience_to_the_supervisor():
 
     recipe = load_recipe("tiny", ["resilience.hang_factor=4", "resilience.hang_floor_seconds=30",
                                   "resilience.first_step_seconds=900"])
-    line = next(l for l in run_script(recipe, "tiny", []).splitlines() if "skyspot.trainer.supervise" in l)
+    line = next(s for s in run_script(recipe, "tiny", []).splitlines() if "skyspot.trainer.supervise" in s)
     assert "--hang-factor 4 --hang-floor 30 --first-step-bound 900 --" in line
     off = load_recipe("tiny", ["resilience.watchdog=false"])
     assert "--no-watchdog --" in run_script(off, "tiny", [])

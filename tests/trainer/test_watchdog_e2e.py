@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from skyspot.trainer.watchdog import HANG_JSON, find_workers
-from tests.trainer.launch import REPO, events, log_text, torchrun_command, trainer_env
+from tests.trainer.launch import REPO, events, torchrun_command, trainer_env
 
 pytestmark = pytest.mark.slow
 
