@@ -30,6 +30,7 @@ from typing import Optional
 
 import yaml
 
+from skyspot import yaml12
 from skyspot.errors import UsageError
 
 
@@ -65,7 +66,7 @@ class SpotTrace:
     def load(cls, path: str | Path) -> "SpotTrace":
         path = Path(path)
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = yaml12.load(path.read_text(encoding="utf-8"))  # the recipes' number grammar
         except OSError as error:
             raise UsageError(f"cannot read spot trace '{path}': {error.strerror}") from None
         except yaml.YAMLError as error:

@@ -23,6 +23,14 @@ def test_a_trace_is_read_with_every_key(tmp_path):
                                                                                          [4, 2, 3])
 
 
+
+def test_a_trace_reads_numbers_as_recipes_do(tmp_path):
+    """YAML 1.2's core schema, as for recipes (skyspot/yaml12.py): PyYAML's 1.1 read `010` as 8 and `1:30` as 90."""
+    trace = SpotTrace.load(_trace(tmp_path, "preemptions: [010, 0x10]\nnotice: 30\n"))
+    assert trace.preemptions == [10.0, 16.0]
+    with pytest.raises(UsageError, match="preemptions"):
+        SpotTrace.load(_trace(tmp_path, "preemptions: [1:30]\n"))  # a string, not 90 seconds
+
 @pytest.mark.parametrize("text, message", [
     ("preemptions: [10]\nwhen: 3\n", "unknown spot trace key(s) when"),
     ("preemptions: [-1]\n", "'preemptions' must be a list of seconds >= 0"),
