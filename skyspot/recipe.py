@@ -623,18 +623,16 @@ def _too_big(data: Any, budget: int = MAX_RECIPE_NODES) -> bool:
     return False
 
 
-# The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's):
-# YAML 1.2's core schema (skyspot/yaml12.py), so `010` is 10, `yes` a string, `1:30` no number,
-# `3e-4` a float, a date text, and a key (or the merge key `<<`) given twice an error with its line.
-_DuplicateKey = yaml12.DuplicateKey
-_load_yaml = yaml12.load
+# The one YAML reading of a recipe file and of an override's value (the CLI's and the trainer's) is
+# yaml12.load: YAML 1.2's core schema, so `010` is 10, `yes` a string, `1:30` no number, `3e-4` a
+# float, a date text, and a key (or the merge key `<<`) given twice an error with its line.
 
 
 def _parse_value(raw: str, where: str = "") -> Any:
     """An override's value as YAML reads it; text that is no YAML stays the text it is."""
     try:
-        value = _load_yaml(raw) if raw != "" else ""
-    except _DuplicateKey as err:
+        value = yaml12.load(raw) if raw != "" else ""
+    except yaml12.DuplicateKey as err:
         raise UsageError(f"{where or repr(raw)}: {err.problem}") from None
     except (yaml.YAMLError, RecursionError):
         return raw
@@ -774,7 +772,7 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     except UnicodeDecodeError as err:
         raise RecipeError(source, [f"not UTF-8 text (byte {err.start})"]) from None
     try:
-        data = _load_yaml(text)
+        data = yaml12.load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source

@@ -24,6 +24,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional
 
+from skyspot.errors import UsageError
+from skyspot.sizing import model_params
+
 if TYPE_CHECKING:
     from skyspot.recipe import Recipe
 
@@ -47,14 +50,12 @@ class StartBounds:
 
 def download_bytes(recipe: "Recipe", environ: Optional[Mapping[str, str]] = None) -> int:
     """Bytes a first start of `recipe` fetches (the base model's weights, a local data file's size)."""
-    from skyspot.sizing import model_params
-
     total = 0
     model = recipe.model
     if model.hub_id and not model.is_local:
         try:
             params, _ = model_params(recipe, environ)
-        except Exception:  # a nonsense SKYSPOT_MODEL_PARAMS is the sizing's error to report, not ours
+        except UsageError:  # a nonsense SKYSPOT_MODEL_PARAMS is the sizing's error to report (at launch), not ours
             params = None
         total += WEIGHT_BYTES_PER_PARAM * (params or 0)
     source = recipe.data.source

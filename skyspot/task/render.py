@@ -49,6 +49,7 @@ from skyspot import __version__
 from skyspot.task.package import NODE_EXTRAS, PACKAGE_MOUNT, PLACEHOLDER, Package
 from skyspot.planning.candidates import Candidate
 from skyspot.recipe import Recipe
+from skyspot.start_bounds import start_bounds
 from skyspot.storage import is_bucket_uri, mount_source, parse_store_uri
 
 from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE  # one definition; import-light (errors only)
@@ -148,8 +149,6 @@ AZURE_STORE_SECRET = "AZURE_STORAGE_KEY"
 
 def _watchdog_flags(recipe: Recipe) -> str:
     """The supervisor's hang watchdog bounds (trainer/watchdog.py), from the recipe's `resilience`."""
-    from skyspot.start_bounds import start_bounds
-
     r = recipe.resilience
     if not r.watchdog:
         return " --no-watchdog"

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from skyspot.start_bounds import start_bounds
 from skyspot.trainer import cluster
 from skyspot.trainer.exit_codes import (COMPLETE, ERROR, FINAL, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
                                         describe, process_code, write_exit_record)
@@ -237,8 +238,6 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     nccl_log = fabric.prepare(args.run_dir, backend=backend, node_leader=placement.is_node_leader)
     cluster.init_process_group(backend, timeout)  # the pinned ranks; else DeepSpeed's env:// below
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timeout)
-    from skyspot.start_bounds import start_bounds
-
     comm = Comm(start_bounds(recipe).io_seconds)  # the I/O group waits as long as this recipe's download may take
     device = torch.device(accelerator.current_device_name())
     run_id = cluster.run_id(args.run_name, args.run_dir)
