@@ -52,9 +52,9 @@ import subprocess
 import sys
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 MARKER = "WHEELHOUSE.json"
 """Written last into a wheelhouse: without it (or with a file it does not vouch for) the wheelhouse does not exist."""
@@ -72,7 +72,7 @@ class NodeEnvError(Exception):
 class CudaLine:
     name: str
     """`pypi` (PyPI's own torch build) or PyTorch's index name for a CUDA line (`cu128`)."""
-    min_driver: tuple[int, ...]
+    min_driver: Tuple[int, ...]
     """The oldest NVIDIA driver the build runs on."""
     index_url: Optional[str]
     """The index the build comes from; None for PyPI."""
@@ -82,40 +82,71 @@ class CudaLine:
         return "" if self.index_url is None else f"+{self.name}"
 
 
-# Newest first. Driver minimums from NVIDIA's CUDA release notes (Table 3, "CUDA Toolkit and Minimum
-# Required Driver Version"): 13.0 needs 580.65.06; 12.8 GA shipped with 570.26; every CUDA 12.x build
-# runs on >= 525.60.13 under CUDA minor version compatibility (PyTorch's wheels carry their kernels
-# as SASS for the GPUs they support, so nothing needs the driver's newer PTX JIT). The lines are the
-# ones PyTorch publishes beside PyPI's CUDA 13 build (cu126, cu128, cu130 since 2.9; its
-# .github/scripts/generate_binary_build_matrix.py, CUDA_ARCHES); move this table with the torch pin.
+# Driver minimums from NVIDIA's CUDA release notes (Table 3, "CUDA Toolkit and Minimum Required Driver
+# Version"): 13.0 needs 580.65.06; 12.8 GA shipped with 570.26; every CUDA 12.x build runs on >= 525.60.13
+# under CUDA minor version compatibility (PyTorch's wheels carry their kernels as SASS for the GPUs they
+# support, so nothing needs the driver's newer PTX JIT).
 PYPI = CudaLine("pypi", (580, 65, 6), None)
 CUDA_LINES = (
     PYPI,
+    CudaLine("cu130", (580, 65, 6), f"{PYTORCH_INDEX}/cu130"),
     CudaLine("cu128", (570, 26), f"{PYTORCH_INDEX}/cu128"),
-    # cu126 rather than cu128 below 570: the 12.6 builds still carry kernels for Volta (sm_70), the
-    # oldest GPUs on 535-era images, and are the nearest line to those drivers.
     CudaLine("cu126", (525, 60, 13), f"{PYTORCH_INDEX}/cu126"),
 )
+"""Every line skyspot knows, by its minimum driver; which of them exist depends on torch's version."""
+
+TORCH_LINES = {
+    # torch minor -> (the CUDA line of PyPI's own build, the lines PyTorch's index publishes besides it),
+    # each newest first. 2.13: PyPI's build is CUDA 13.0 (it depends on cuda-toolkit 13.0.x and
+    # nvidia-nccl-cu13); cu128 was dropped from the binary matrix in 2.12 (pytorch/pytorch RFC #178665,
+    # PR #182849), so 2.13 is on cu126 and cu130 only (pytorch/FBGEMM PR #5976: "torch-2.13 has cu126=108
+    # and cu130=108 wheels but cu128=0"). cu126 also keeps kernels for Volta (sm_70), the oldest GPUs on
+    # 535-era images. Move this table with the torch pin (task/package.py).
+    "2.13": ("cu130", ("cu126",)),
+}
+DEFAULT_TORCH = "2.13"
 
 
-def parse_driver(text: Optional[str]) -> Optional[tuple[int, ...]]:
+def torch_version(requirements: Sequence[str]) -> str:
+    """The torch release the requirement set pins (`torch==2.13.0` -> '2.13.0'); DEFAULT_TORCH without a pin."""
+    for requirement in requirements:
+        match = re.fullmatch(r"\s*torch\s*==\s*([0-9][0-9a-zA-Z.]*)\s*", requirement)
+        if match:
+            return match.group(1)
+    return DEFAULT_TORCH
+
+
+def parse_driver(text: Optional[str]) -> Optional[Tuple[int, ...]]:
     """'535.183.01' -> (535, 183, 1); None or anything unparsable -> None."""
     match = re.match(r"\s*(\d+(?:\.\d+)*)", text or "")
     return tuple(int(p) for p in match.group(1).split(".")) if match else None
 
 
-def cuda_line(driver: Optional[str]) -> CudaLine:
-    """Which torch build a node with this NVIDIA driver version installs (None: no driver, PyPI's default)."""
+def _line(name: str, index_base: str) -> CudaLine:
+    known = next(line for line in CUDA_LINES if line.name == name)
+    return known if known.index_url is None else replace(known, index_url=f"{index_base.rstrip('/')}/{name}")
+
+
+def cuda_lines(driver: Optional[str], torch: str = DEFAULT_TORCH, index_base: str = PYTORCH_INDEX) -> List[CudaLine]:
+    """The torch builds this driver runs, in the order setup tries them: PyPI's own build first where the
+    driver runs it, then PyTorch's lines for this torch release, newest first (None: no driver, PyPI's)."""
     version = parse_driver(driver)
     if version is None:
-        return PYPI
-    for line in CUDA_LINES:
-        if version >= line.min_driver:
-            return line
-    oldest = ".".join(map(str, CUDA_LINES[-1].min_driver))
-    raise NodeEnvError(f"the NVIDIA driver {driver.strip()} is older than any CUDA build of torch skyspot installs "
-                       f"(the oldest, {CUDA_LINES[-1].name}, needs >= {oldest}): use an image with a newer driver "
-                       "(SkyPilot's default GPU images; docs/clouds.md)")
+        return [PYPI]
+    pypi_cuda, published = TORCH_LINES.get(".".join(torch.split("+")[0].split(".")[:2]), TORCH_LINES[DEFAULT_TORCH])
+    candidates = [PYPI] + [_line(name, index_base) for name in published if name != pypi_cuda]
+    fits = [line for line in candidates if version >= line.min_driver]
+    if fits:
+        return fits
+    oldest = min(candidates, key=lambda line: line.min_driver)
+    raise NodeEnvError(f"the NVIDIA driver {driver.strip()} is older than any CUDA build of torch {torch} "
+                       f"(the oldest, {oldest.name}, needs >= {'.'.join(map(str, oldest.min_driver))}): use an image "
+                       "with a newer driver (SkyPilot's default GPU images; docs/clouds.md)")
+
+
+def cuda_line(driver: Optional[str], torch: str = DEFAULT_TORCH) -> CudaLine:
+    """The torch build a node with this NVIDIA driver tries first (None: no driver, PyPI's default)."""
+    return cuda_lines(driver, torch)[0]
 
 
 def driver_version() -> Optional[str]:
@@ -336,57 +367,197 @@ def _say(text: str) -> None:
     print(f"skyspot node env: {text}", flush=True)
 
 
-def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.environ,
-          python: str = sys.executable, extras: Sequence[str] = ()) -> str:
-    """Install skyspot and its stack into this interpreter's environment, with the wheel's `extras`
-    the recipe needs (wandb, mlflow: they are in the requirement set, so in the wheelhouse key);
-    returns where it came from ('installed', 'wheelhouse' or 'index')."""
-    started = time.monotonic()
-    driver = driver_version()
-    line = cuda_line(driver)
-    requirements = requirements_for(wheel_requirements(wheel, extras), line)
-    key = wheelhouse_key(interpreter_tag(), line, requirements)
-    _say(f"Python {platform.python_version()} ({interpreter_tag()}), NVIDIA driver {driver or 'none'}: torch from "
-         f"{line.index_url or 'PyPI'} ({line.name}); wheelhouse {key}")
-    installed = Path(sys.prefix) / INSTALLED
-    record = {"key": key, "wheel": wheel.name}
+# ------------------------------------------------------------------ skyspot's own Python and venv
+
+MIN_PYTHON = (3, 10)
+"""torch 2.13 and the stack's pins are built for 3.10 on."""
+MANAGED_PYTHON = "3.12"
+"""What uv installs where the image has no Python >= 3.10 (uv's python-build-standalone build)."""
+VENV_ENV = "SKYSPOT_VENV"
+
+
+def venv_path(environ: Mapping[str, str]) -> Path:
+    """Where skyspot's own venv lives: SKYSPOT_VENV, else ~/.skyspot/venv (task/render.py runs its python by path)."""
+    chosen = environ.get(VENV_ENV)
+    return Path(chosen).expanduser() if chosen else Path(environ.get("HOME", "~")).expanduser() / ".skyspot" / "venv"
+
+
+def _probe(python: str, environ: Mapping[str, str]) -> Optional[dict]:
+    """The interpreter's version, tag and prefix, asked of it (None if it does not run)."""
+    code = ("import json, platform, sys; libc, v = platform.libc_ver(); "
+            "impl = 'cp' if sys.implementation.name == 'cpython' else sys.implementation.name; "
+            "print(json.dumps({'version': platform.python_version(), 'info': list(sys.version_info[:2]), "
+            "'tag': '%s%d%d-%s-%s%s' % (impl, sys.version_info[0], sys.version_info[1], "
+            "platform.machine() or 'unknown', libc or 'libc', v), 'prefix': sys.prefix}))")
     try:
-        if json.loads(installed.read_text()) == record:
+        done = subprocess.run([python, "-c", code], env=_tool_env(environ), capture_output=True, text=True, timeout=60)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def find_python(uv: str, environ: Mapping[str, str]) -> Tuple[str, str]:
+    """(an interpreter >= 3.10, where it came from): the image's own (`uv python find`, which looks on PATH
+    and in uv's own installs), else uv's managed Python, installed now (on a cloud node uv downloads it
+    from python-build-standalone; UV_PYTHON_INSTALL_MIRROR / UV_PYTHON_DOWNLOADS_JSON_URL point it elsewhere)."""
+    wanted = ">=%d.%d" % MIN_PYTHON
+    env = _tool_env(environ)
+    env.pop("VIRTUAL_ENV", None)  # SkyPilot's or conda's env is not a request for that interpreter
+    env.pop("CONDA_PREFIX", None)
+    found = subprocess.run([uv, "python", "find", "--no-project", "--system", wanted], env=env,
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if found.returncode == 0 and found.stdout.strip():
+        return found.stdout.strip().splitlines()[-1], "the image's"
+    _say(f"no Python {wanted} on this image: installing uv's managed Python {MANAGED_PYTHON}")
+    _run([uv, "python", "install", MANAGED_PYTHON], environ, f"installing Python {MANAGED_PYTHON} with uv")
+    found = subprocess.run([uv, "python", "find", "--no-project", "--managed-python", MANAGED_PYTHON], env=env,
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if found.returncode != 0 or not found.stdout.strip():
+        raise NodeEnvError(f"uv installed Python {MANAGED_PYTHON} but cannot find it: {found.stderr.strip()[-300:]}")
+    return found.stdout.strip().splitlines()[-1], "uv's managed"
+
+
+def make_venv(uv: str, venv: Path, environ: Mapping[str, str]) -> dict:
+    """skyspot's own venv at `venv` (made again when it is missing or on a Python below 3.10), with pip
+    (setup's `pip wheel`) and none of the image's packages: conda's base or the image's site-packages
+    are neither read nor written. Returns the venv's interpreter facts."""
+    python = str(venv / "bin" / "python")
+    facts = _probe(python, environ) if (venv / "bin" / "python").exists() else None
+    if facts and tuple(facts["info"]) >= MIN_PYTHON:
+        return facts
+    base, origin = find_python(uv, environ)
+    _run([uv, "venv", "--quiet", "--seed", "--clear", "--no-project", "--python", base, str(venv)], environ,
+         f"making skyspot's venv at {venv}")
+    facts = _probe(python, environ)
+    if not facts:
+        raise NodeEnvError(f"skyspot's venv at {venv} (from {base}) has no working python")
+    _say(f"made skyspot's venv {venv} on {origin} Python {facts['version']} ({base})")
+    return facts
+
+
+# ------------------------------------------------------------------ a setup that cannot mend the node
+
+
+def node_facts(environ: Mapping[str, str], driver: Optional[str] = None) -> dict:
+    """What a failure line names: the driver, the bootstrap Python, the image (SkyPilot's cluster info)."""
+    image = None
+    try:
+        info = json.loads(environ.get("SKYPILOT_CLUSTER_INFO") or "{}")
+        image = info.get("image_id") or info.get("instance_type")
+    except ValueError:
+        pass
+    return {"driver": driver or "none", "python": f"{platform.python_version()} ({sys.executable})",
+            "image": environ.get("SKYSPOT_IMAGE") or image or "unknown"}
+
+
+def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]) -> str:
+    """The one line a setup that cannot mend its node ends with; also kept as
+    `<SKYSPOT_STORE_MOUNT>/<run>/setup/node-<rank>.json` where the store is mounted, so `status` can say why."""
+    facts = node_facts(environ, driver)
+    line = (f"{error.splitlines()[0]} [node: driver {facts['driver']}, python {facts['python']}, "
+            f"image {facts['image']}]")
+    context = node_context(None, environ)
+    if environ.get("SKYSPOT_STORE_MOUNT") and context.run:
+        target = Path(environ["SKYSPOT_STORE_MOUNT"]) / context.run / "setup" / f"node-{context.node_rank}.json"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps({"type": "setup_failed", "error": error, "driver": facts["driver"],
+                                          "python": facts["python"], "image": facts["image"],
+                                          "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+        except OSError:
+            pass  # a read-only mount: the line in the log still says it
+    return line
+
+
+# ------------------------------------------------------------------ the setup step
+
+
+def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.environ,
+          python: Optional[str] = None, extras: Sequence[str] = ()) -> str:
+    """Install skyspot and its stack into skyspot's own venv (`python`: an interpreter whose environment
+    to use instead, for tests and the GPU check), with the wheel's `extras` the recipe needs (wandb,
+    mlflow: they are in the requirement set, so in the wheelhouse key); returns where it came from
+    ('installed', 'wheelhouse' or 'index')."""
+    from skyspot.libpath import clean_environ
+
+    started = time.monotonic()
+    environ = {**environ, "LD_LIBRARY_PATH": clean_environ(environ)}  # the tools and the venv see torch's own libs
+    uv = find_uv(environ)
+    if python is None:
+        facts = make_venv(uv, venv_path(environ), environ)
+        python = str(venv_path(environ) / "bin" / "python")
+    else:
+        facts = _probe(python, environ)
+        if not facts:
+            raise NodeEnvError(f"{python} does not run")
+    tag = facts["tag"]
+    driver = driver_version()
+    declared = wheel_requirements(wheel, extras)
+    torch = torch_version(declared)
+    lines = cuda_lines(driver, torch, environ.get("SKYSPOT_TORCH_INDEX") or PYTORCH_INDEX)
+    plans = [(line, requirements_for(declared, line)) for line in lines]
+    plans = [(line, reqs, wheelhouse_key(tag, line, reqs)) for line, reqs in plans]
+    _say(f"Python {facts['version']} ({tag}) in {facts['prefix']}, NVIDIA driver {driver or 'none'}: torch {torch} "
+         f"from {' then '.join('%s (%s)' % (l.index_url or 'PyPI', l.name) for l, _, _ in plans)}")
+    installed = Path(facts["prefix"]) / INSTALLED
+    try:
+        done = json.loads(installed.read_text())
+        if any(done == {"key": key, "wheel": wheel.name} for _, _, key in plans):
             _say("already installed here")
             return "installed"
     except (OSError, ValueError):
         pass
-    uv = find_uv(environ)
     context = node_context(store, environ)
-    local = Path(environ.get("HOME", "~")).expanduser() / ".cache" / "skyspot" / "wheelhouse" / key
-    source, problem = "index", None
+    cache = Path(environ.get("HOME", "~")).expanduser() / ".cache" / "skyspot" / "wheelhouse"
+    source, problem, chosen = "index", None, plans[0]
     # A store root with nothing in it yet has no folder in a bucket mount either: "no wheelhouse" is
-    # every first start's case and goes unsaid.
+    # every first start's case and goes unsaid. Any line's whole wheelhouse will do (a first start that
+    # fell back to the next line kept its own).
     if context.wheelhouses is not None:
-        try:
-            _, problem = fetch(context.wheelhouses / key, local)
-        except OSError as error:  # a read through the mount that fails half-way: the index can still serve
-            problem = f"it could not be read ({error})"
-        if problem is None:
+        for plan in plans:
+            line, requirements, key = plan
             try:
-                install_offline(python, uv, local, wheel, environ)
-                source = "wheelhouse"
-            except NodeEnvError as error:
-                problem = f"it did not install ({str(error).splitlines()[0]})"
-        if problem == "no wheelhouse":
-            problem = None
-        elif problem is not None:
-            _say(f"the run's wheelhouse is ignored: {problem}; installing from the index")
+                _, problem = fetch(context.wheelhouses / key, cache / key)
+            except OSError as error:  # a read through the mount that fails half-way: the index can still serve
+                problem = f"it could not be read ({error})"
+            if problem is None:
+                try:
+                    install_offline(python, uv, cache / key, wheel, environ)
+                    source, chosen = "wheelhouse", plan
+                    break
+                except NodeEnvError as error:
+                    problem = f"it did not install ({str(error).splitlines()[0]})"
+            if problem == "no wheelhouse":
+                problem = None
+            elif problem is not None:
+                _say(f"the run's wheelhouse {key} is ignored: {problem}; installing from the index")
+                break
     if source == "index":
-        build_from_index(python, uv, requirements, line, local, environ)
-        install_offline(python, uv, local, wheel, environ)
-    installed.write_text(json.dumps(record))
+        for at, plan in enumerate(plans):
+            line, requirements, key = plan
+            try:
+                build_from_index(python, uv, requirements, line, cache / key, environ)
+            except NodeEnvError as error:
+                if at + 1 == len(plans):
+                    raise
+                following = plans[at + 1][0]
+                _say(f"torch {torch} for {line.name} did not resolve from {line.index_url or 'PyPI'} "
+                     f"({str(error).splitlines()[-1].strip()[:160]}); trying {following.name}, the next line "
+                     f"driver {driver} runs")
+                continue
+            chosen = plan
+            install_offline(python, uv, cache / key, wheel, environ)
+            break
+    line, requirements, key = chosen
+    installed.write_text(json.dumps({"key": key, "wheel": wheel.name}))
     origin = "the run's wheelhouse" if source == "wheelhouse" else "the index"
-    _say(f"installed from {origin} in {time.monotonic() - started:.1f}s")
+    _say(f"installed from {origin} in {time.monotonic() - started:.1f}s: torch {torch} ({line.name}), "
+         f"wheelhouse {key}")
     if source == "index" and context.wheelhouses is not None and context.node_rank == 0 and store:
         # The installed skyspot writes it, through the store's SDK (durability explicit, as for checkpoints).
         proc = subprocess.run([python, "-m", "skyspot.node_env", "save", "--store", store, "--run", context.run,
-                               "--key", key, "--local", str(local), "--cuda-line", line.name,
+                               "--key", key, "--local", str(cache / key), "--cuda-line", line.name,
+                               *(["--index-url", line.index_url] if line.index_url else []),
                                *(["--replace"] if problem else []),
                                *[a for r in requirements for a in ("--requirement", r)]],
                               env=_tool_env(environ), stdin=subprocess.DEVNULL)
@@ -424,24 +595,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     one.add_argument("--wheel", required=True, type=Path)
     one.add_argument("--store", default=None)
     one.add_argument("--extras", default="", help="the wheel's extras to install too, comma-separated (wandb,mlflow)")
+    one.add_argument("--python", default=None, help="install into this interpreter's environment instead of "
+                     "skyspot's own venv ($SKYSPOT_VENV, else ~/.skyspot/venv)")
     keep = sub.add_parser("save", help="keep a wheelhouse in the run's store (setup runs this after an index install)")
     keep.add_argument("--store", required=True)
     keep.add_argument("--run", required=True)
     keep.add_argument("--key", required=True)
     keep.add_argument("--local", required=True, type=Path)
-    keep.add_argument("--cuda-line", required=True, choices=[line.name for line in CUDA_LINES])
+    keep.add_argument("--cuda-line", required=True, choices=[l.name for l in CUDA_LINES])
     keep.add_argument("--requirement", action="append", default=[])
+    keep.add_argument("--index-url", default=None, help="the line's index (a mirror's, where SKYSPOT_TORCH_INDEX set one)")
     keep.add_argument("--replace", action="store_true", help="the wheelhouse there was found broken: replace it")
     args = parser.parse_args(argv)
     try:
         if args.command == "setup":
-            setup(args.wheel, args.store, extras=[e.strip() for e in args.extras.split(",") if e.strip()])
+            setup(args.wheel, args.store, python=args.python,
+                  extras=[e.strip() for e in args.extras.split(",") if e.strip()])
         else:
             line = next(line for line in CUDA_LINES if line.name == args.cuda_line)
+            line = replace(line, index_url=args.index_url) if args.index_url and line.index_url else line
             save(args.store, args.run, args.key, args.local, line, args.requirement, args.replace)
     except NodeEnvError as error:
+        if args.command == "setup":  # what setup cannot mend: one line naming the node, kept where status reads it
+            if "\n" in str(error):
+                print(str(error).split("\n", 1)[1], file=sys.stderr)  # the tool's own tail, above the line
+            print(f"skyspot node env: {record_failure(str(error), os.environ, driver_version())}", file=sys.stderr)
+            return 2
         print(f"skyspot node env: {error}", file=sys.stderr)
-        return 2 if args.command == "setup" else 1
+        return 1
     except Exception as error:  # noqa: BLE001 - keeping the wheelhouse is an optimisation, never fatal
         if args.command == "setup":
             raise

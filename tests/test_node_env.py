@@ -22,20 +22,27 @@ from skyspot.task import package as packaging
 from skyspot.ports import free_port
 
 
-@pytest.mark.parametrize("driver, line, index", [
-    ("535.183.01", "cu126", "https://download.pytorch.org/whl/cu126"),  # Azure's ubuntu-hpc:2204 fallback
-    ("550.90.07", "cu126", "https://download.pytorch.org/whl/cu126"),
-    ("570.133.20", "cu128", "https://download.pytorch.org/whl/cu128"),
-    ("575.57.08", "cu128", "https://download.pytorch.org/whl/cu128"),
-    ("580.65.06", "pypi", None),  # CUDA 13.0's minimum: PyPI's torch 2.13.0 is a CUDA 13 build
-    ("580.95.05", "pypi", None),  # SkyPilot's -cuda13 images on AWS and GCP
-    ("590.44.01", "pypi", None),
-    (None, "pypi", None),  # no GPU, or no nvidia-smi: PyPI's default
-    ("", "pypi", None),
+@pytest.mark.parametrize("driver, lines", [
+    ("525.60.13", ["cu126"]),  # CUDA 12's minimum under minor version compatibility
+    ("535.230.02", ["cu126"]),  # Azure's ubuntu-hpc:2204 fallback, SkyPilot's 535 images
+    ("550.90.07", ["cu126"]),
+    ("570.172.08", ["cu126"]),  # the AWS DLAMI of August 2025: torch 2.13 has no cu128 build
+    ("575.57.08", ["cu126"]),
+    ("580.00", ["cu126"]),  # a 580 below CUDA 13's minimum
+    ("580.65.06", ["pypi", "cu126"]),  # CUDA 13.0's minimum: PyPI's torch 2.13.0 is a CUDA 13 build
+    ("580.95.05", ["pypi", "cu126"]),  # SkyPilot's -cuda13 images on AWS and GCP
+    ("590.44.01", ["pypi", "cu126"]),
+    (None, ["pypi"]),  # no GPU, or no nvidia-smi: PyPI's default
+    ("", ["pypi"]),
 ])
-def test_each_driver_gets_the_torch_build_it_runs(driver, line, index):
-    chosen = node_env.cuda_line(driver)
-    assert (chosen.name, chosen.index_url) == (line, index)
+def test_each_driver_gets_torch_213_lines_that_exist_in_the_order_setup_tries_them(driver, lines):
+    chosen = node_env.cuda_lines(driver, "2.13.0")
+    assert [line.name for line in chosen] == lines
+    published = {"pypi", *node_env.TORCH_LINES["2.13"][1]}
+    assert {line.name for line in chosen} <= published and "cu128" not in published
+    assert all(line.index_url == (None if line.name == "pypi" else f"https://download.pytorch.org/whl/{line.name}")
+               for line in chosen)
+    assert node_env.cuda_line(driver).name == lines[0]
 
 
 def test_a_driver_below_every_cuda_line_is_refused_in_one_line():
@@ -45,14 +52,11 @@ def test_a_driver_below_every_cuda_line_is_refused_in_one_line():
     assert "\n" not in message and "470.256.02" in message and ">= 525.60.13" in message
 
 
-def test_a_580_driver_below_cuda_13s_minimum_gets_cuda_12():
-    assert node_env.cuda_line("580.00").name == "cu128"
-
-
 def test_torch_moves_to_the_lines_build_and_nothing_else_changes():
     requirements = ["deepspeed==0.19.8", "numpy>=1.26", "torch==2.13.0"]
-    assert node_env.requirements_for(requirements, node_env.cuda_line("570.133.20")) == [
-        "deepspeed==0.19.8", "numpy>=1.26", "torch==2.13.0+cu128"]
+    assert node_env.torch_version(requirements) == "2.13.0"
+    assert node_env.requirements_for(requirements, node_env.cuda_line("570.172.08")) == [
+        "deepspeed==0.19.8", "numpy>=1.26", "torch==2.13.0+cu126"]
     assert node_env.requirements_for(requirements, node_env.cuda_line(None)) == requirements
     assert node_env.requirements_for(["torch>=2.4"], node_env.cuda_line("535.1")) == ["torch>=2.4"]  # no exact pin
 
@@ -142,7 +146,9 @@ def _node(root: Path, name: str) -> Path:
 
 
 def _setup(venv: Path, wheel: Path, store: Path, index: str, home: Path, **extra: str):
+    """setup with `venv` as skyspot's venv (SKYSPOT_VENV; it is there, on a Python >= 3.10, so setup keeps it)."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "SKYSPOT_RUN_NAME": "r1", "SKYPILOT_SETUP_NODE_RANK": "0",
+           "SKYSPOT_VENV": str(venv),
            "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": index, "UV_INDEX_URL": index, "UV_NO_CACHE": "1",
            "PYTHONPATH": str(wheel), **extra}
     return subprocess.run([str(venv / "bin" / "python"), "-m", "skyspot.node_env", "setup", "--wheel", str(wheel),
