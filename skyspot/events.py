@@ -42,6 +42,7 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
     "emergency_checkpoint": ("step", "signal_to_commit_seconds", "durable_before_deadline"),
     "notice_window": ("step", "deadline", "upload_deadline", "predicted_seconds", "margin_seconds"),
     "local_disk": ("write_gbps", "mountpoint", "devices"),
+    "node": ("kind", "image", "instance_type", "python", "driver", "torch", "nccl", "gpus", "fabric", "nvme", "setup"),
     "fabric": ("backend", "transport", "network", "gdr", "source", "num_nodes"),
     "interval_plan": ("every_seconds", "inputs"),
     "base_model": ("repo", "source", "weights", "seconds"),

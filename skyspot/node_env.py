@@ -1,22 +1,29 @@
 """The node's Python environment: what `setup` installs on a fresh VM, from where, and for which CUDA.
 
-    PYTHONPATH="$WHEEL" python -m skyspot.node_env setup --wheel "$WHEEL" [--store URI]
+    PYTHONPATH="$WHEEL" "$BOOT" -m skyspot.node_env setup --wheel "$WHEEL" [--store URI]
 
-Run by the task's `setup` (task/render.py) with the node's own interpreter, from inside the skyspot wheel
-(a wheel is a zip, which Python imports from): skyspot is not installed yet, so everything before
-the install is the standard library, and it runs on every Python a cloud image has (3.10 on the
-Ubuntu 22.04 images SkyPilot boots, 3.12 on 24.04).
+Run by the task's `setup` (task/render.py) with whatever `python3` the image has, from inside the
+skyspot wheel (a wheel is a zip, which Python imports from): skyspot is not installed yet, so
+everything before the install is the standard library, and it runs on any Python from 3.8 (GCP's
+TCPX container and older images bring one that old).
 
-**Why the node resolves for itself.** SkyPilot runs setup in a venv it makes from the image's
-`python3` (`uv venv --seed --relocatable --system-site-packages --python "$(command -v python3)"`,
-sky/skylet/constants.py), so the node's interpreter is whatever the image has, not the launching
-machine's. The wheel's requirements (task/package.py) pin the training stack exactly (torch, DeepSpeed,
-transformers, peft, accelerate, safetensors: what decides the numerics and the checkpoint format,
-all built for every Python from 3.10 on) and give everything else its declared range, so uv, on
-the node, picks the newest build of each that exists for that interpreter and platform (numpy
-2.2.6 on 3.10, where the launching machine's 2.4.6 has no build). Resolving locks per interpreter
-at launch (`uv pip compile --python-version ...`) was the other way: it needs the index at every
-launch and render, a lock per Python x CUDA line, and still cannot know the image's interpreter.
+**skyspot's own venv.** The environment setup is handed depends on the image: conda's base on
+SkyPilot's images (it makes ~/sky-user-env only when no conda env is active, sky/skylet/constants.py),
+SkyPilot's venv over /usr/bin/python3.10 on the DLAMI, whatever a custom Docker image has (SkyPilot
+makes none there, sky/backends/backend_utils.py). None of them is trained in: setup makes a venv of
+skyspot's own (`$SKYSPOT_VENV`, else ~/.skyspot/venv; `uv venv`, no packages of the image's) on the
+interpreter it runs on when that is >= 3.10, else one `uv python find` finds, else uv's managed
+Python (`uv python install`), and `run` uses that venv's python by path. docs/clouds.md has the
+table per image kind.
+
+**Why the node resolves for itself.** The wheel's requirements (task/package.py) pin the training
+stack exactly (torch, DeepSpeed, transformers, peft, accelerate, safetensors: what decides the
+numerics and the checkpoint format, all built for every Python from 3.10 on) and give everything
+else its declared range, so uv, on the node, picks the newest build of each that exists for that
+interpreter and platform (numpy 2.2.6 on 3.10, where the launching machine's 2.4.6 has no build).
+Resolving locks per interpreter at launch (`uv pip compile --python-version ...`) was the other
+way: it needs the index at every launch and render, a lock per Python x CUDA line, and still
+cannot know the image's interpreter.
 
 **Why a wheelhouse.** Every recovery is a new VM and SkyPilot runs setup again from scratch. The
 first start of a run resolves (uv pip compile, for this exact interpreter), downloads and builds
@@ -32,11 +39,17 @@ ignored with one line and the node installs from the index: it never fails a set
 could have served. The resolution is frozen for the run's life this way: a recovery a week later
 trains with exactly the versions of its first start.
 
-**CUDA that matches the driver** (`cuda_line`): torch's PyPI wheels for Linux are CUDA builds;
-torch 2.13.0's is CUDA 13 (it depends on cuda-toolkit 13.0.x and nvidia-nccl-cu13), which needs a
-driver >= 580.65.06. Older drivers get a CUDA 12 build from PyTorch's own index, with the local
-version label (`torch==2.13.0+cu128`), so the release stays the one tested. No driver (a CPU node,
-or nvidia-smi missing): PyPI's default.
+**CUDA that matches the driver, on a build that exists** (`cuda_lines`): torch's PyPI wheels for
+Linux are CUDA builds; torch 2.13.0's is CUDA 13 (it depends on cuda-toolkit 13.0.x and
+nvidia-nccl-cu13), which needs a driver >= 580.65.06. PyTorch's own index publishes other lines
+per release (TORCH_LINES: 2.13 has cu126 and cu130, no cu128), with the local version label
+(`torch==2.13.0+cu126`), so the release stays the one tested. Setup tries the lines the driver runs,
+newest first, and falls back to the next when one does not resolve. No driver (a CPU node, or
+nvidia-smi missing): PyPI's default. SKYSPOT_TORCH_INDEX names a mirror of PyTorch's index.
+
+**A setup that cannot mend its node** ends with one line naming the driver, Python, image and
+instance, exits 2 (never 75: SkyPilot retries a failed setup on a new cluster, the same image), and
+leaves the record `status` shows (`<SKYSPOT_STORE_MOUNT>/<run>/setup/node-<rank>.json`).
 """
 
 from __future__ import annotations
@@ -318,6 +331,9 @@ def build_from_index(python: str, uv: str, requirements: Sequence[str], line: Cu
           *_index_args(line), str(wanted), "-o", str(local / LOCK)], environ, "resolving the node's requirements")
     wanted.unlink()
     pip_index = [] if line.index_url is None else ["--extra-index-url", line.index_url]
+    if subprocess.run([python, "-m", "pip", "--version"], env=_tool_env(environ), capture_output=True,
+                      stdin=subprocess.DEVNULL).returncode != 0:  # skyspot's venv is made without pip
+        _run([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "pip"], environ, "installing pip")
     # pip, not uv, fetches: uv has no `pip download`/`pip wheel`, and the wheelhouse needs the files
     # themselves (DeepSpeed built from its sdist once). The lock's hashes check every download.
     _run([python, "-m", "pip", "wheel", "--quiet", "--progress-bar", "off", "--disable-pip-version-check",
@@ -397,57 +413,87 @@ def _probe(python: str, environ: Mapping[str, str]) -> Optional[dict]:
 
 
 def find_python(uv: str, environ: Mapping[str, str]) -> Tuple[str, str]:
-    """(an interpreter >= 3.10, where it came from): the image's own (`uv python find`, which looks on PATH
-    and in uv's own installs), else uv's managed Python, installed now (on a cloud node uv downloads it
-    from python-build-standalone; UV_PYTHON_INSTALL_MIRROR / UV_PYTHON_DOWNLOADS_JSON_URL point it elsewhere)."""
+    """(an interpreter >= 3.10, where it came from: 'image' or 'uv-managed'): the one setup runs on where it is new enough, else
+    the image's own (`uv python find`, which looks on PATH and in uv's own installs), else uv's managed
+    Python, installed now (on a cloud node uv downloads it from python-build-standalone;
+    UV_PYTHON_INSTALL_MIRROR / UV_PYTHON_DOWNLOADS_JSON_URL point it elsewhere)."""
     wanted = ">=%d.%d" % MIN_PYTHON
+    if sys.version_info[:2] >= MIN_PYTHON:
+        # The interpreter setup runs on: the image's python3 through SkyPilot's venv or conda's base, which
+        # the venv only borrows the interpreter of (uv venv takes a venv's base; no site-packages of theirs).
+        return sys.executable, "image"
     env = _tool_env(environ)
     env.pop("VIRTUAL_ENV", None)  # SkyPilot's or conda's env is not a request for that interpreter
     env.pop("CONDA_PREFIX", None)
     found = subprocess.run([uv, "python", "find", "--no-project", "--system", wanted], env=env,
                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if found.returncode == 0 and found.stdout.strip():
-        return found.stdout.strip().splitlines()[-1], "the image's"
+        return found.stdout.strip().splitlines()[-1], "image"
     _say(f"no Python {wanted} on this image: installing uv's managed Python {MANAGED_PYTHON}")
-    _run([uv, "python", "install", MANAGED_PYTHON], environ, f"installing Python {MANAGED_PYTHON} with uv")
+    _run([uv, "python", "install", "--no-bin", MANAGED_PYTHON], environ, f"installing Python {MANAGED_PYTHON} with uv")
     found = subprocess.run([uv, "python", "find", "--no-project", "--managed-python", MANAGED_PYTHON], env=env,
                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if found.returncode != 0 or not found.stdout.strip():
         raise NodeEnvError(f"uv installed Python {MANAGED_PYTHON} but cannot find it: {found.stderr.strip()[-300:]}")
-    return found.stdout.strip().splitlines()[-1], "uv's managed"
+    return found.stdout.strip().splitlines()[-1], "uv-managed"
 
 
 def make_venv(uv: str, venv: Path, environ: Mapping[str, str]) -> dict:
-    """skyspot's own venv at `venv` (made again when it is missing or on a Python below 3.10), with pip
-    (setup's `pip wheel`) and none of the image's packages: conda's base or the image's site-packages
+    """skyspot's own venv at `venv` (made again when it is missing or on a Python below 3.10), with none
+    of the image's packages: conda's base or the image's site-packages
     are neither read nor written. Returns the venv's interpreter facts."""
     python = str(venv / "bin" / "python")
     facts = _probe(python, environ) if (venv / "bin" / "python").exists() else None
     if facts and tuple(facts["info"]) >= MIN_PYTHON:
         return facts
     base, origin = find_python(uv, environ)
-    _run([uv, "venv", "--quiet", "--seed", "--clear", "--no-project", "--python", base, str(venv)], environ,
+    # No --seed: seeding pip needs the index, and a recovery installs from the wheelhouse with none
+    # (build_from_index adds pip when it needs it).
+    _run([uv, "venv", "--quiet", "--clear", "--no-project", "--python", base, str(venv)], environ,
          f"making skyspot's venv at {venv}")
     facts = _probe(python, environ)
     if not facts:
         raise NodeEnvError(f"skyspot's venv at {venv} (from {base}) has no working python")
-    _say(f"made skyspot's venv {venv} on {origin} Python {facts['version']} ({base})")
-    return facts
+    said = {"image": "the image's", "uv-managed": "uv's managed"}[origin]
+    _say(f"made skyspot's venv {venv} on {said} Python {facts['version']} ({base})")
+    return {**facts, "origin": origin}
+
+
+def _previous_origin(installed: Path) -> Optional[str]:
+    """How an earlier setup got the venv's interpreter (a venv kept from then does not say it again)."""
+    try:
+        return json.loads(installed.read_text()).get("python_origin")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # ------------------------------------------------------------------ a setup that cannot mend the node
 
 
+def _os_name(path: Path = Path("/etc/os-release")) -> Optional[str]:
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.partition("=")[2].strip().strip('"') or None
+    except OSError:
+        pass
+    return None
+
+
 def node_facts(environ: Mapping[str, str], driver: Optional[str] = None) -> dict:
-    """What a failure line names: the driver, the bootstrap Python, the image (SkyPilot's cluster info)."""
-    image = None
+    """What a failure line names: the driver, the bootstrap Python, the image (SKYSPOT_IMAGE where the
+    task says it, else the OS the image is: setup reads no metadata service) and the instance (SkyPilot's
+    cluster info)."""
+    instance = None
     try:
         info = json.loads(environ.get("SKYPILOT_CLUSTER_INFO") or "{}")
-        image = info.get("image_id") or info.get("instance_type")
+        if isinstance(info, dict) and info.get("instance_type"):
+            instance = "%s %s" % (info.get("cloud") or "", info["instance_type"])
     except ValueError:
         pass
     return {"driver": driver or "none", "python": f"{platform.python_version()} ({sys.executable})",
-            "image": environ.get("SKYSPOT_IMAGE") or image or "unknown"}
+            "image": environ.get("SKYSPOT_IMAGE") or _os_name() or "unknown",
+            "instance": (instance or "unknown").strip()}
 
 
 def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]) -> str:
@@ -455,7 +501,7 @@ def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]
     `<SKYSPOT_STORE_MOUNT>/<run>/setup/node-<rank>.json` where the store is mounted, so `status` can say why."""
     facts = node_facts(environ, driver)
     line = (f"{error.splitlines()[0]} [node: driver {facts['driver']}, python {facts['python']}, "
-            f"image {facts['image']}]")
+            f"image {facts['image']}, instance {facts['instance']}]")
     context = node_context(None, environ)
     if environ.get("SKYSPOT_STORE_MOUNT") and context.run:
         target = Path(environ["SKYSPOT_STORE_MOUNT"]) / context.run / "setup" / f"node-{context.node_rank}.json"
@@ -463,6 +509,7 @@ def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(json.dumps({"type": "setup_failed", "error": error, "driver": facts["driver"],
                                           "python": facts["python"], "image": facts["image"],
+                                          "instance": facts["instance"],
                                           "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
         except OSError:
             pass  # a read-only mount: the line in the log still says it
@@ -498,11 +545,11 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
     plans = [(line, requirements_for(declared, line)) for line in lines]
     plans = [(line, reqs, wheelhouse_key(tag, line, reqs)) for line, reqs in plans]
     _say(f"Python {facts['version']} ({tag}) in {facts['prefix']}, NVIDIA driver {driver or 'none'}: torch {torch} "
-         f"from {' then '.join('%s (%s)' % (l.index_url or 'PyPI', l.name) for l, _, _ in plans)}")
+         f"from {' then '.join('%s (%s)' % (ln.index_url or 'PyPI', ln.name) for ln, _, _ in plans)}")
     installed = Path(facts["prefix"]) / INSTALLED
     try:
         done = json.loads(installed.read_text())
-        if any(done == {"key": key, "wheel": wheel.name} for _, _, key in plans):
+        if any((done.get("key"), done.get("wheel")) == (key, wheel.name) for _, _, key in plans):
             _say("already installed here")
             return "installed"
     except (OSError, ValueError):
@@ -530,7 +577,7 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
             if problem == "no wheelhouse":
                 problem = None
             elif problem is not None:
-                _say(f"the run's wheelhouse {key} is ignored: {problem}; installing from the index")
+                _say(f"the run's wheelhouse is ignored: {problem}; installing from the index ({key})")
                 break
     if source == "index":
         for at, plan in enumerate(plans):
@@ -549,7 +596,9 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
             install_offline(python, uv, cache / key, wheel, environ)
             break
     line, requirements, key = chosen
-    installed.write_text(json.dumps({"key": key, "wheel": wheel.name}))
+    # Read back by the node's facts (trainer/node_facts.py): where the stack and the interpreter came from.
+    installed.write_text(json.dumps({"key": key, "wheel": wheel.name, "source": source, "cuda_line": line.name,
+                                     "python_origin": facts.get("origin") or _previous_origin(installed)}))
     origin = "the run's wheelhouse" if source == "wheelhouse" else "the index"
     _say(f"installed from {origin} in {time.monotonic() - started:.1f}s: torch {torch} ({line.name}), "
          f"wheelhouse {key}")
@@ -602,7 +651,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     keep.add_argument("--run", required=True)
     keep.add_argument("--key", required=True)
     keep.add_argument("--local", required=True, type=Path)
-    keep.add_argument("--cuda-line", required=True, choices=[l.name for l in CUDA_LINES])
+    keep.add_argument("--cuda-line", required=True, choices=[line.name for line in CUDA_LINES])
     keep.add_argument("--requirement", action="append", default=[])
     keep.add_argument("--index-url", default=None, help="the line's index (a mirror's, where SKYSPOT_TORCH_INDEX set one)")
     keep.add_argument("--replace", action="store_true", help="the wheelhouse there was found broken: replace it")

@@ -168,7 +168,8 @@ with open(os.environ["ARGV_OUT"], "w") as handle:
 
 
 def run_the_run_script(script: str, envs: dict, tmp_path: Path) -> list[str]:
-    """Run a task's `run` script under bash with stub `python` and `torchrun` that record their argv."""
+    """Run a task's `run` script under bash with a stub `python` (skyspot's venv's, SKYSPOT_PYTHON) that
+    records its argv: the last call is the supervisor's, torchrun's command after it."""
     check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert check.returncode == 0, check.stderr
     bin_dir, work = tmp_path / "bin", tmp_path / "work"
@@ -180,6 +181,7 @@ def run_the_run_script(script: str, envs: dict, tmp_path: Path) -> list[str]:
         stub.chmod(0o755)
     argv_out = tmp_path / "argv.json"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "ARGV_OUT": str(argv_out),
+           "SKYSPOT_PYTHON": str(bin_dir / "python"),  # `run` starts skyspot's venv python by path
            "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
            "SKYPILOT_NUM_GPUS_PER_NODE": "0", "SKYPILOT_TASK_ID": "sky-managed-1",
            **{k: str(v) for k, v in envs.items()}}
@@ -191,7 +193,7 @@ def run_the_run_script(script: str, envs: dict, tmp_path: Path) -> list[str]:
 
 def trainer_args(argv: list[str]) -> list[str]:
     """What follows `torchrun ... -m skyspot.trainer`: recipe, --run-dir DIR, [storage.store=STORE], overrides."""
-    assert argv[:3] == ["python", "-m", "skyspot.trainer.supervise"] and "torchrun" in argv
+    assert argv[:3] == ["python", "-m", "skyspot.trainer.supervise"] and "torch.distributed.run" in argv
     at = argv.index("skyspot.trainer")
     assert argv[at - 1] == "-m"
     return argv[at + 1:]

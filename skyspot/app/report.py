@@ -63,6 +63,7 @@ def cost_reports(run_name: Optional[str] = None) -> Reports:
 def run_report(run, queue_record=None) -> RunReport:
     """One run's figures from its events, its plan's candidates (the baseline) and the executor's record."""
     from skyspot.app.status import run_events
+    from skyspot.node_kinds import node_kinds
     from skyspot.pricing.cost import run_cost
 
     log = run_events(run)
@@ -77,7 +78,7 @@ def run_report(run, queue_record=None) -> RunReport:
         # Events passed the reader's checks yet still do not add up: say so for this run only.
         raise SkyspotError(f"the events of run '{run.name}' do not add up ({type(error).__name__}: {error})") from None
     data = report.to_dict()
-    data.update(recipe=run.recipe, executor=run.executor, status=run.status)
+    data.update(recipe=run.recipe, executor=run.executor, status=run.status, node_kinds=node_kinds(log.events))
     if log.malformed:
         data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
     if run.info.get("deadline"):

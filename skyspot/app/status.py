@@ -33,6 +33,35 @@ def run_events(run, *, store_ok: bool = True):
     return read_events_store(open_store(run.store), run.name)
 
 
+SETUP_RECORD_MAX_BYTES = 64 * 1024  # a setup record is a few hundred bytes; a bigger one is not ours
+
+
+def setup_failure(run) -> Optional[str]:
+    """Why the run's setup could not mend its node, as the newest `<store>/<name>/setup/node-<rank>.json`
+    (node_env.record_failure) says it; None without a store, a record, or a readable one."""
+    import json
+
+    if not run.store:
+        return None
+    from skyspot.storage import join_key, open_store
+
+    store = open_store(run.store)
+    newest = None
+    for key in sorted(store.list(join_key(run.name, "setup") + "/"))[:64]:
+        data = store.get_bytes(key) if key.endswith(".json") else None
+        try:
+            record = json.loads(data[:SETUP_RECORD_MAX_BYTES]) if data else None
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and record.get("type") == "setup_failed" and isinstance(record.get("error"), str):
+            if newest is None or str(record.get("ts")) > str(newest.get("ts")):
+                newest = {**record, "node": key.rsplit("/", 1)[-1].removesuffix(".json")}
+    if newest is None:
+        return None
+    return (f"setup failed on {newest['node']}: {newest['error'].splitlines()[0][:300]} [driver {newest.get('driver')}, "
+            f"python {newest.get('python')}, image {newest.get('image')}, instance {newest.get('instance')}]")
+
+
 def events_signature(run) -> Optional[str]:
     """Names, sizes and modification times of a local run's event files: a cached summary is
     reused only while this is unchanged."""
@@ -55,6 +84,7 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
     """One `status` row: where it runs, progress, recoveries and what interrupted its attempts, durable
     checkpoint, elapsed, cost so far, and for a run that failed, why (`cause`, as the local executor recorded it)."""
     from skyspot.attempts import count_causes, is_simulated, split
+    from skyspot.node_kinds import node_kinds
     from skyspot.pricing.cost import cost_so_far
     from skyspot.executors import executor_for
 
@@ -102,6 +132,7 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
+        "node_kinds": node_kinds(events),  # what it ran on: one entry per distinct kind of node (node_kinds.py)
         **latest_losses(log),
     }
 

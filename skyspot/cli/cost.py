@@ -14,6 +14,7 @@ from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out
 from skyspot.errors import UsageError
+from skyspot.node_kinds import kind_lines
 
 # Stable field names of the one-row-per-run report (JSON and CSV).
 SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",
@@ -154,6 +155,8 @@ def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force
     say(f"goodput {data['goodput_pct']}{_goodput_note(data)}{_goodput_lines(data)}")
     if data.get("interruptions_by_cause"):
         say(f"interrupted by: {data['interruptions']}")
+    for line in kind_lines(data.get("node_kinds") or []):
+        say(line)
     sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
     say(f"prices: {data['source']} (estimates from published list prices, not a bill; docs/cost.md).{sim}")
     if data.get("deadline"):

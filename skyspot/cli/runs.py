@@ -21,7 +21,7 @@ DEADLINE_COLUMN = Column("deadline_text", "DEADLINE", 6)
 # Shown when a listed run was restarted in place (#26): on the same machines, apart from #RECOVERIES.
 IN_PLACE_COLUMN = Column("in_place", "IN PLACE", 4, right=True)
 # A finished run's status row is cached in the ledger; a new version here recomputes rows cached by an older one.
-SUMMARY_VERSION = 5
+SUMMARY_VERSION = 6
 SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
 
 
@@ -33,7 +33,7 @@ def status_command(
     """Every run: status, where, spot or on-demand, step, #RECOVERIES, last checkpoint, elapsed, cost so far."""
     from skyspot.executors import executor_for, refresh
     from skyspot.ledger import Ledger
-    from skyspot.app.status import events_signature, run_events, summarize
+    from skyspot.app.status import events_signature, run_events, setup_failure, summarize
 
     with Ledger() as ledger:
         runs = ledger.runs(include_finished=True)
@@ -61,6 +61,11 @@ def status_command(
 
                 log = EventLog()
             row = summarize(run, log, records.get(run.name))
+            if row["status"] == "FAILED_SETUP" and not row.get("cause") and not executor.local_events:
+                try:  # what setup said about the node it could not mend (node_env.record_failure)
+                    row["cause"] = setup_failure(run)
+                except Exception:  # an unreachable store: the status alone
+                    pass
             skipped += log.malformed
             rows.append(row)
             if cacheable:

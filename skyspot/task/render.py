@@ -204,8 +204,9 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
         'NPROC="${SKYPILOT_NUM_GPUS_PER_NODE:-0}"',
         f'if [ "$NPROC" -lt 1 ]; then NPROC={cpu_ranks}; fi',
         "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-        f'exec python -m skyspot.trainer.supervise --run-dir "$RUN_DIR"{_watchdog_flags(recipe)} -- \\',
-        f'  torchrun --nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node "$NPROC" --max-restarts {restarts} \\',
+        *NODE_PYTHON,
+        f'exec "$PY" -m skyspot.trainer.supervise --run-dir "$RUN_DIR"{_watchdog_flags(recipe)} -- \\',
+        f'  "$PY" -m torch.distributed.run --nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node "$NPROC" --max-restarts {restarts} \\',
         '  --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:${SKYSPOT_MASTER_PORT:-29500}" --rdzv_id "$SKYSPOT_RUN_NAME" \\',
         '  --rdzv_conf "is_host=$IS_HOST,join_timeout=${SKYSPOT_RDZV_JOIN_TIMEOUT_SECONDS:-300}" \\',
         '  --local_addr "${NODE_ADDR:-$MASTER_ADDR}" \\',
@@ -214,8 +215,64 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
     return "\n".join(lines) + "\n"
 
 
-# Runs once on every newly provisioned node (SkyPilot reruns it after each recovery onto a new VM), in
-# the venv SkyPilot makes from the image's python3. The package folder holds exactly one wheel: the
+# The interpreter node_env runs on before skyspot is installed: any Python 3.8 on (node_env.py and
+# libpath.py are standard library only), the image's `python3` first. SkyPilot activates its own venv
+# or conda's base before setup and run (sky/skylet/constants.py), and a custom Docker image such as
+# GCP's TCPX container gets neither (sky/backends/backend_utils.py): whichever it is, it only bootstraps.
+BOOTSTRAP_PYTHON = (
+    'BOOT="$(command -v python3 || command -v python || true)"',
+    'if [ -z "$BOOT" ]; then echo "skyspot node env: this image has no python3 or python to start setup with: '
+    'use an image with one (docs/clouds.md)" >&2; exit 2; fi',
+)
+# GCP's GPUDirect-TCPX container (`network_tier: best` on a3-highgpu-8g; clouds.py FAST_FABRIC): the host's
+# boot script installs the driver and the TCPX NCCL plugin into folders the container mounts at
+# /usr/local/nvidia/lib64 and /usr/local/tcpx/lib64, possibly after setup starts, and mounts them noexec.
+# As SkyPilot's own example does (examples/gcp_gpu_direct_tcpx/nccl_tcpx_gcpvm_h100.yaml): wait for
+# /usr/local/tcpx/lib64/libnccl.so.2 (bounded here: SKYSPOT_TCPX_WAIT_SECONDS, one line and exit 2 on
+# timeout, never 75: a retry lands on the same broken image) and remount the folders exec. Unlike the
+# example, torch's own libnccl serves (the installer's is older than the NCCL 2.29 torch 2.13 is built
+# against): a folder of links to the plugin's files but its libnccl.so* goes first on LD_LIBRARY_PATH,
+# and NCCL dlopens libnccl-net.so from there (NCCL's net plugin search: NCCL_NET_PLUGIN, else
+# libnccl-net.so on the library path). The TCPX folder itself is then dropped (libpath.py).
+# SKYSPOT_TCPX_ROOT (default /usr/local) exists for tests.
+TCPX_SHIM = "$HOME/.skyspot/tcpx-lib"
+TCPX_SETUP = (
+    'TCPX="${SKYSPOT_TCPX_ROOT:-/usr/local}"',
+    'if [ -d "$TCPX/tcpx/lib64" ]; then',
+    '  waited=0; bound="${SKYSPOT_TCPX_WAIT_SECONDS:-900}"',
+    '  while [ ! -f "$TCPX/tcpx/lib64/libnccl.so.2" ]; do',
+    '    if [ "$waited" -ge "$bound" ]; then echo "skyspot node env: GPUDirect-TCPX is not installed on this node '
+    'after ${bound}s ($TCPX/tcpx/lib64/libnccl.so.2 missing: the boot script of the host did not finish); '
+    'docs/clouds.md" >&2; exit 2; fi',
+    '    sleep 5; waited=$((waited + 5))',
+    '  done',
+    '  for d in "$TCPX/tcpx/lib64" "$TCPX/nvidia/lib64" "$TCPX/nvidia/bin"; do',
+    '    if [ -d "$d" ]; then mount -o remount,exec "$d" 2>/dev/null || sudo -n mount -o remount,exec "$d" '
+    '2>/dev/null || echo "skyspot node env: could not remount $d exec"; fi',
+    '  done',
+    f'  rm -rf "{TCPX_SHIM}"; mkdir -p "{TCPX_SHIM}"',
+    '  for f in "$TCPX"/tcpx/lib64/*; do case "${f##*/}" in libnccl.so*) ;; *) ln -s "$f" '
+    f'"{TCPX_SHIM}/";; esac; done',
+    '  echo "skyspot node env: GPUDirect-TCPX plugin ready after ${waited}s; NCCL is the one torch ships, the plugin '
+    f'is loaded from {TCPX_SHIM}"',
+    f'else rm -rf "{TCPX_SHIM}"',
+    'fi',
+)
+
+
+# skyspot's own venv, which node_env made and installed into (node_env.venv_path: $SKYSPOT_VENV, else
+# ~/.skyspot/venv), by path: never conda's base or whatever `python` is first on PATH. SKYSPOT_PYTHON
+# is the local executor's, which runs the trainer from its own environment unless the node is fresh.
+# LD_LIBRARY_PATH loses its CUDA and NCCL folders: torch loads its own (libpath.py).
+NODE_PYTHON = (
+    'PY="${SKYSPOT_PYTHON:-${SKYSPOT_VENV:-$HOME/.skyspot/venv}/bin/python}"',
+    f'if [ -d "{TCPX_SHIM}" ]; then LD_LIBRARY_PATH="{TCPX_SHIM}:${{LD_LIBRARY_PATH:-}}"; '
+    f'export SKYSPOT_LIBPATH_KEEP="{TCPX_SHIM}"; fi',
+    'LD_LIBRARY_PATH="$("$PY" -m skyspot.libpath)"; export LD_LIBRARY_PATH',
+)
+
+
+# Runs once on every newly provisioned node (SkyPilot reruns it after each recovery onto a new VM). The package folder holds exactly one wheel: the
 # build `launch` mounted. node_env runs from inside that wheel (skyspot is not installed yet): it
 # picks the torch build the node's driver runs and installs the stack with uv, from the run's
 # wheelhouse in the store (read through the bucket mount) when an earlier start left one, else
@@ -234,11 +291,14 @@ def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_over
     return "\n".join([
         "set -e",
         'WHEEL="$(ls "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl)"',
-        f'PYTHONPATH="$WHEEL" python -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
-        f"python -m skyspot.trainer.prepare{prepare_args}",
+        *TCPX_SETUP,
+        *BOOTSTRAP_PYTHON,
+        f'PYTHONPATH="$WHEEL" "$BOOT" -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
+        *NODE_PYTHON,
+        f'"$PY" -m skyspot.trainer.prepare{prepare_args}',
         # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
         # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
-        f'python -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
+        f'"$PY" -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
     ]) + "\n"
 
 

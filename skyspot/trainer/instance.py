@@ -6,10 +6,11 @@ leader asks once, at start, and the trainer's `start` event carries the answer (
 metadata as read in `instance`):
 
     AWS    IMDSv2  /latest/meta-data/instance-type, instance-life-cycle (spot | on-demand | scheduled),
-                   placement/availability-zone, placement/availability-zone-id, placement/region
-    GCP            /computeMetadata/v1/instance/machine-type, scheduling/preemptible (TRUE | FALSE), zone
+                   placement/availability-zone, placement/availability-zone-id, placement/region, ami-id
+    GCP            /computeMetadata/v1/instance/machine-type, scheduling/preemptible (TRUE | FALSE), zone,
+                   image (optional)
     Azure  IMDS    /metadata/instance/compute?api-version=2021-02-01: vmSize, priority (Spot | Low | Regular),
-                   zone, location
+                   zone, location, storageProfile.imageReference (id, or publisher:offer:sku:version)
 
 Where to ask is the notice watchers' decision, made once (notice.watch_target): only on a node whose
 SKYPILOT_CLUSTER_INFO names one of the three clouds, at the address that cloud's SDKs use or the
@@ -39,12 +40,14 @@ AWS_PATHS = {  # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedat
     "zone": "/latest/meta-data/placement/availability-zone",
     "zone_id": "/latest/meta-data/placement/availability-zone-id",
     "region": "/latest/meta-data/placement/region",
+    "image": "/latest/meta-data/ami-id",  # the node's facts (trainer/node_facts.py); optional
 }
 GCP_PATHS = {  # https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys
     "machine_type": "/computeMetadata/v1/instance/machine-type",
     "preemptible": "/computeMetadata/v1/instance/scheduling/preemptible",
     "zone": "/computeMetadata/v1/instance/zone",
 }
+GCP_IMAGE_PATH = "/computeMetadata/v1/instance/image"  # optional: projects/P/global/images/NAME
 AZURE_COMPUTE_PATH = "/metadata/instance/compute"  # https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
 
 
@@ -103,7 +106,8 @@ def _aws(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any
             raise ValueError(f"{path} answered {status}")
     lifecycle = values.get("lifecycle", "")
     return {"instance_type": values.get("instance_type"), "capacity": lifecycle, "spot": lifecycle == "spot",
-            "zone": values.get("zone"), "zone_id": values.get("zone_id"), "region": values.get("region")}
+            "zone": values.get("zone"), "zone_id": values.get("zone_id"), "region": values.get("region"),
+            "image": values.get("image")}
 
 
 def _gcp(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any]:
@@ -114,10 +118,18 @@ def _gcp(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any
         if status != 200:
             raise ValueError(f"{path} answered {status}")
         values[key] = body.decode().strip()
+    image = None
+    try:  # optional: what it cannot say costs nothing of the rest
+        _left(start)
+        status, _, body = http.request("GET", GCP_IMAGE_PATH, {"Metadata-Flavor": "Google"}, TIMEOUT_S)
+        if status == 200:
+            image = body.decode().strip().rsplit("/", 1)[-1] or None
+    except (OSError, ValueError, TimeoutError):
+        pass
     zone = values["zone"].rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
     preemptible = values["preemptible"].upper()  # TRUE for Spot and preemptible VMs alike
     return {"instance_type": values["machine_type"].rsplit("/", 1)[-1], "capacity": preemptible,
-            "spot": preemptible == "TRUE", "zone": zone, "region": zone.rsplit("-", 1)[0]}
+            "spot": preemptible == "TRUE", "zone": zone, "region": zone.rsplit("-", 1)[0], "image": image}
 
 
 def _azure(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any]:
@@ -127,6 +139,9 @@ def _azure(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, A
         raise ValueError(f"{AZURE_COMPUTE_PATH} answered {status}")
     compute = json.loads(body)
     priority = str(compute.get("priority") or "")
+    reference = (compute.get("storageProfile") or {}).get("imageReference") or {}
+    image = reference.get("id") or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version")
+                                            if reference.get(k)) or None
     return {"instance_type": compute.get("vmSize"), "capacity": priority,
             "spot": priority.lower() in ("spot", "low"), "zone": compute.get("zone") or None,
-            "region": compute.get("location") or None}
+            "region": compute.get("location") or None, "image": image}

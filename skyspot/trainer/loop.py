@@ -319,6 +319,12 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         from skyspot.trainer.local_disk import record_event
 
         record_event(args.run_dir, events)  # the node's local NVMe as setup measured it (local_disk.py)
+        from skyspot.trainer.node_facts import collect
+
+        try:  # what this node is: image, Python, driver, torch, NCCL file, GPUs, fabric (node_facts.py)
+            events.emit("node", **collect(os.environ, instance=found, run_dir=args.run_dir))
+        except Exception as error:  # noqa: BLE001 - a fact that cannot be read never fails a start
+            say(f"node facts not read: {error}")
         fabric.record(nccl_log, backend=backend, num_nodes=placement.num_nodes, events=events, say=say)
     run.notice_watcher = notice_watcher
     return run

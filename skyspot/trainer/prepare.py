@@ -15,6 +15,8 @@ first one and each recovery on the same node) loads them in milliseconds. The op
 the trainer would build on this node's accelerator; nothing is built twice. The recipe is the one
 the trainer gets (a registry name or the mounted file, and the same overrides); without one, only
 the ops every recipe needs.
+
+Last, one line of the node's facts (node_facts.py): Python, driver, torch, the NCCL file loaded, GPUs.
 """
 
 from __future__ import annotations
@@ -86,10 +88,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as error:  # a failed build is not fatal: the trainer builds it again at start
         print(f"skyspot prepare: DeepSpeed op build failed ({error}); the trainer will build it on first start",
               file=sys.stderr)
+        _say_node()
         return 0
     names = ", ".join(built) or "none needed on this accelerator"
     print(f"skyspot prepare: DeepSpeed ops ready ({names}) in {time.monotonic() - started:.1f}s", flush=True)
+    _say_node()
     return 0
+
+
+def _say_node() -> None:
+    """The node's facts in one line, as the trainer's `node` event will carry them (node_facts.py): the
+    setup log says which Python, torch, NCCL file and GPUs the node ended with."""
+    from skyspot.trainer.node_facts import collect, summary_line
+
+    try:
+        print(f"skyspot prepare: {summary_line(collect())}", flush=True)
+    except Exception as error:  # noqa: BLE001 - a fact that cannot be read never fails setup
+        print(f"skyspot prepare: node facts not read ({error})", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -756,3 +756,19 @@ def test_logs_end_with_the_latest_train_and_eval_loss():
     (skyspot_home() / "runs" / "no-eval" / "logs" / "run.log").write_text("x\n")
     result = invoke("logs", "no-eval")
     assert "latest: train loss 1.7000 (step 40)" in result.stderr and "eval loss" not in result.stderr
+
+
+def test_status_and_cost_report_say_what_the_run_ran_on_one_line_per_kind_of_node():
+    files = preempted_once_events()
+    kind = "g5.48xlarge, image ami-0abc, python 3.10.12 (skyspot venv), driver 580.65.06, torch 2.13.0+cu130"
+    files[event_file_name(0, 0, 0)].insert(1, _ev(T0 + 5.5, "node", 0, kind=kind, image="ami-0abc",
+                                                  driver="580.65.06", python={"version": "3.10.12"}))
+    files[event_file_name(1, 0, 0)].insert(1, _ev(T0 + 405.5, "node", 1, kind=kind, image="ami-0abc",
+                                                  driver="580.65.06", python={"version": "3.10.12"}))
+    make_run(files=files)
+    row, = status_rows()
+    entry, = json.loads(invoke("cost-report", "run-1", "--json").stdout)
+    assert row["node_kinds"] == entry["node_kinds"] and len(row["node_kinds"]) == 1
+    assert row["node_kinds"][0]["starts"] == 2 and row["node_kinds"][0]["facts"]["image"] == "ami-0abc"
+    text = runner.invoke(app, ["cost-report", "run-1"], terminal_width=400).stdout
+    assert f"nodes: {kind} (2 node starts, attempts 0, 1)" in text

@@ -172,7 +172,7 @@ def test_a_failure_on_one_node_restarts_the_healthy_nodes_workers_too(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "SKYSPOT_"))}
         env.update(SKYPILOT_NODE_RANK=str(node), SKYPILOT_NODE_IPS="127.0.0.1\n127.0.0.1", SKYPILOT_NUM_NODES="2",
                    SKYPILOT_NUM_GPUS_PER_NODE="0", SKYSPOT_RUN_NAME="membership", SKYSPOT_MASTER_PORT=port,
-                   SKYSPOT_RUN_DIR=str(tmp_path / f"node-{node}"), PYTHONPATH=repo,
+                   SKYSPOT_RUN_DIR=str(tmp_path / f"node-{node}"), PYTHONPATH=repo, SKYSPOT_PYTHON=sys.executable,
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
         nodes.append(subprocess.Popen(["bash", "-c", script], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, start_new_session=True))

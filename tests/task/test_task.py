@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import shlex
+import sys
 
 import pytest
 
@@ -54,9 +55,9 @@ def test_golden_task_parses_with_skypilot(sky, name):
     for r in resources:
         assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
                                   "recover_on_exit_codes": [75]}
-    assert "torchrun --nnodes \"$SKYPILOT_NUM_NODES\" --nproc_per_node \"$NPROC\" --max-restarts 72" in task.run
+    assert "-m torch.distributed.run --nnodes \"$SKYPILOT_NUM_NODES\" --nproc_per_node \"$NPROC\" --max-restarts 72" in task.run
     assert "--rdzv_backend c10d" in task.run and "is_host=$IS_HOST" in task.run
-    assert "python -m skyspot.trainer.supervise" in task.run
+    assert "exec \"$PY\" -m skyspot.trainer.supervise" in task.run
 
 
 def test_a_multi_node_recipe_asks_skypilot_for_the_fast_fabric_where_its_cloud_has_one(sky):
@@ -96,7 +97,7 @@ def test_a_bucket_store_is_mounted_for_the_wheelhouse_and_setup_is_told_the_stor
     built = build("tiny", flags={"storage.store": "s3://my-ckpts/team"}, environ={})
     assert list(built.task["file_mounts"]) == ["/skyspot/package", "/skyspot/store/my-ckpts"]
     assert built.task["envs"]["SKYSPOT_STORE_MOUNT"] == "/skyspot/store/my-ckpts/team"  # setup reads it there
-    assert "python -m skyspot.node_env setup --wheel \"$WHEEL\" --store s3://my-ckpts/team\n" in built.task["setup"]
+    assert "\"$BOOT\" -m skyspot.node_env setup --wheel \"$WHEEL\" --store s3://my-ckpts/team\n" in built.task["setup"]
 
 
 def test_a_local_store_mounts_nothing():
@@ -153,7 +154,7 @@ def test_setup_puts_the_run_directories_on_local_nvme_where_the_run_keeps_them(t
     runs_dir = shlex.split(line.replace("|| true", ""))[-1]
     assert f'RUN_DIR="${{SKYSPOT_RUN_DIR:-{runs_dir}/$SKYSPOT_RUN_NAME}}"' in task["run"]
     # Off a SkyPilot node (this machine) it changes nothing and says so.
-    env = {**os.environ, "HOME": str(tmp_path)}
+    env = {**os.environ, "HOME": str(tmp_path), "PY": sys.executable}  # $PY: what setup's lines before it set
     env.pop("SKYPILOT_CLUSTER_INFO", None)
     done = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "nothing changed" in done.stdout + done.stderr
@@ -227,3 +228,44 @@ def test_a_build_plans_once_and_a_launch_builds_once(monkeypatch):
     result = CliRunner().invoke(app, ["launch", "llama70b", "--dry-run", "--store", "s3://my-ckpts/team"])
     assert result.exit_code == 0, result.output
     assert calls == {"candidates": 1, "build": 1}
+
+
+def _tcpx_lines(script: str) -> str:
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('TCPX="'))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == "fi")
+    return "\n".join(lines[start:end + 1])
+
+
+def test_setup_waits_for_tcpx_in_a_bound_and_loads_the_plugin_beside_torchs_own_nccl(tmp_path):
+    """The TCPX container's folders, under a root the test makes (SKYSPOT_TCPX_ROOT): a plugin install that
+    never finishes fails setup in one line with exit 2; a finished one gives `run` an LD_LIBRARY_PATH with
+    the plugin's files but not the installer's libnccl.so.2, and the driver's folder kept."""
+    import subprocess
+
+    task = build("llama70b", environ={}).task
+    block = _tcpx_lines(task["setup"])
+    root, home = tmp_path / "usr-local", tmp_path / "home"
+    (root / "tcpx" / "lib64").mkdir(parents=True)
+    (root / "nvidia" / "lib64").mkdir(parents=True)
+    (root / "nvidia" / "lib64" / "libcuda.so.1").write_bytes(b"")  # the host's driver, mounted in
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SKYSPOT_TCPX_ROOT": str(root),
+           "SKYSPOT_TCPX_WAIT_SECONDS": "0"}
+    stuck = subprocess.run(["bash", "-ec", block], env=env, capture_output=True, text=True, timeout=60)
+    assert stuck.returncode == 2 and stuck.stderr.count("\n") == 1, stuck.stderr
+    assert "GPUDirect-TCPX is not installed on this node after 0s" in stuck.stderr
+
+    for name in ("libnccl.so.2", "libnccl.so.2.18.5", "libnccl-net.so"):
+        (root / "tcpx" / "lib64" / name).write_bytes(b"")
+    ready = subprocess.run(["bash", "-ec", block], env=env, capture_output=True, text=True, timeout=60)
+    assert ready.returncode == 0, ready.stderr
+    shim = home / ".skyspot" / "tcpx-lib"
+    assert sorted(p.name for p in shim.iterdir()) == ["libnccl-net.so"]
+    # what `run` exports: the container's LD_LIBRARY_PATH, cleaned, with the shim first
+    lines = task["run"].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("PY="))
+    exported = "\n".join(lines[start:start + 3]) + '\necho "$LD_LIBRARY_PATH"'
+    container = {**env, "SKYSPOT_PYTHON": sys.executable,
+                 "LD_LIBRARY_PATH": f"{root}/nvidia/lib64:{root}/tcpx/lib64"}
+    done = subprocess.run(["bash", "-ec", exported], env=container, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == f"{shim}:{root}/nvidia/lib64", done.stdout + done.stderr

@@ -45,6 +45,22 @@ def test_the_node_reads_instance_type_capacity_and_zone_from_its_clouds_metadata
         assert found["zone_id"] == "use1-az6" and server.count("aws.token", 200) == 1  # IMDSv2, one token
 
 
+@pytest.mark.parametrize("cloud,image,said", [
+    ("aws", "ami-0a1b2c3d4e5f", "ami-0a1b2c3d4e5f"),
+    ("gcp", "skypilot-gcp-gpu-ubuntu-241030", "skypilot-gcp-gpu-ubuntu-241030"),  # projects/0/global/images/NAME
+    ("azure", "/Subscriptions/s/Providers/Microsoft.Compute/Locations/eastus/Publishers/microsoft-dsvm/x",
+     "/Subscriptions/s/Providers/Microsoft.Compute/Locations/eastus/Publishers/microsoft-dsvm/x"),
+])
+def test_the_node_reads_its_image_where_the_cloud_says_it_and_nothing_breaks_where_it_does_not(server, cloud,
+                                                                                               image, said):
+    instance_type, zone, region, zone_id = INSTANCES[cloud]
+    server.set_instance(instance_type, spot=True, zone=zone, region=region, zone_id=zone_id, image=image)
+    assert instance.read(env_for(server, cloud))["image"] == said
+    server.set_instance(instance_type, spot=True, zone=zone, region=region, zone_id=zone_id)  # no image path
+    found = instance.read(env_for(server, cloud))
+    assert found["image"] is None and found["instance_type"] == instance_type
+
+
 def test_off_a_cloud_node_nothing_is_asked_even_with_the_endpoints_set(server):
     server.set_instance("p4de.24xlarge", spot=True, zone="us-east-1a", region="us-east-1")
     assert instance.read(server.env_for()) is None  # no SKYPILOT_CLUSTER_INFO: not a cloud node

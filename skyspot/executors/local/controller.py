@@ -270,6 +270,7 @@ class Controller:
         else:
             env.update(spec.task_envs)
             env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+            env["SKYSPOT_PYTHON"] = sys.executable  # no setup ran: `run` uses this environment's (task/render.py)
         env.update(metadata_env)
         env.update({
             "SKYPILOT_NODE_RANK": str(node_rank),

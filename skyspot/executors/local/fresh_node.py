@@ -41,6 +41,11 @@ class FreshNode:
     """Each file-mount target (a local copy, or an emulated bucket mount) -> its path under the node's root."""
 
     @property
+    def skyspot_venv(self) -> Path:
+        """skyspot's own venv, which setup makes (node_env.py; ~/.skyspot/venv on a cloud node, here under the root)."""
+        return self.root / "skyspot-venv"
+
+    @property
     def bin(self) -> Path:
         """What SkyPilot puts on a node besides the image: uv."""
         return self.root / "bin"
@@ -60,6 +65,8 @@ class FreshNode:
         env["PIP_CONFIG_FILE"] = os.devnull  # pip reads no /etc/pip.conf or ~/.config/pip: a VM has none of ours
         env.update({k: self.path_on_node(v) for k, v in task_envs.items()})
         env["VIRTUAL_ENV"] = str(self.venv)
+        env.pop("SKYSPOT_PYTHON", None)
+        env["SKYSPOT_VENV"] = str(self.skyspot_venv)
         env["PATH"] = os.pathsep.join([str(self.venv / "bin"), str(self.bin), _without_venvs(base.get("PATH", ""))])
         return env
 

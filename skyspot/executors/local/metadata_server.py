@@ -21,10 +21,11 @@ and, once `set_instance` has said what the VM is, the instance's identity (what 
 404 before, as on a stand-in that has not said):
 
     AWS    GET /latest/meta-data/instance-type, instance-life-cycle, placement/availability-zone,
-               placement/availability-zone-id, placement/region
+               placement/availability-zone-id, placement/region, ami-id
     GCP    GET /computeMetadata/v1/instance/machine-type (projects/0/machineTypes/T),
-               instance/scheduling/preemptible (TRUE/FALSE), instance/zone (projects/0/zones/Z)
-    Azure  GET /metadata/instance/compute?api-version=...   {"vmSize", "priority", "zone", "location", "name"}
+               instance/scheduling/preemptible (TRUE/FALSE), instance/zone (projects/0/zones/Z), instance/image
+    Azure  GET /metadata/instance/compute?api-version=...   {"vmSize", "priority", "zone", "location", "name",
+                                                             "storageProfile": {"imageReference": {"id"}}}
 
     with MetadataServer() as server:
         env = {**os.environ, **server.env_for(),
@@ -105,9 +106,11 @@ ROUTES = {
     ("GET", "/latest/meta-data/placement/availability-zone"): "aws.availability_zone",
     ("GET", "/latest/meta-data/placement/availability-zone-id"): "aws.availability_zone_id",
     ("GET", "/latest/meta-data/placement/region"): "aws.region",
+    ("GET", "/latest/meta-data/ami-id"): "aws.ami_id",
     ("GET", "/computeMetadata/v1/instance/machine-type"): "gcp.machine_type",
     ("GET", "/computeMetadata/v1/instance/scheduling/preemptible"): "gcp.preemptible",
     ("GET", "/computeMetadata/v1/instance/zone"): "gcp.zone",
+    ("GET", "/computeMetadata/v1/instance/image"): "gcp.image",
     ("GET", "/metadata/instance/compute"): "azure.compute",
 }
 
@@ -293,12 +296,14 @@ class MetadataServer:
         return event["EventId"]
 
     def set_instance(self, instance_type: str, *, spot: bool, zone: str, region: str,
-                     zone_id: str | None = None) -> None:
+                     zone_id: str | None = None, image: str | None = None) -> None:
         """Say what the VM is, for the identity paths of all three clouds (each in its own spelling:
-        AWS life cycle `spot`/`on-demand`, GCP preemptible `TRUE`/`FALSE`, Azure priority `Spot`/`Regular`)."""
+        AWS life cycle `spot`/`on-demand`, GCP preemptible `TRUE`/`FALSE`, Azure priority `Spot`/`Regular`).
+        `image`: the image id (AWS ami-id; GCP instance/image as projects/0/global/images/IMAGE; Azure
+        storageProfile.imageReference.id); None: those paths answer 404 (Azure: no storageProfile)."""
         with self._cond:
             self._instance = {"instance_type": instance_type, "spot": spot, "zone": zone, "region": region,
-                              "zone_id": zone_id}
+                              "zone_id": zone_id, "image": image}
 
     def recommend_rebalance(self, notice_ts: float | None = None) -> None:
         """AWS only: a rebalance recommendation appears (the other clouds have no equivalent)."""
@@ -577,7 +582,7 @@ class _Handler(BaseHTTPRequestHandler):
             value = {"aws.instance_type": instance["instance_type"],
                      "aws.instance_life_cycle": "spot" if instance["spot"] else "on-demand",
                      "aws.availability_zone": instance["zone"], "aws.availability_zone_id": instance["zone_id"],
-                     "aws.region": instance["region"]}[endpoint]
+                     "aws.region": instance["region"], "aws.ami_id": instance.get("image")}[endpoint]
         self._aws_document(endpoint, value)
 
     _aws_instance_type = _aws_identity
@@ -585,6 +590,7 @@ class _Handler(BaseHTTPRequestHandler):
     _aws_availability_zone = _aws_identity
     _aws_availability_zone_id = _aws_identity
     _aws_region = _aws_identity
+    _aws_ami_id = _aws_identity
 
     # -- GCP ----------------------------------------------------------------------------------
 
@@ -595,7 +601,11 @@ class _Handler(BaseHTTPRequestHandler):
         if instance is None:
             self._send(endpoint, 404, b"Not Found", "text/html", {"Metadata-Flavor": "Google"})
             return
-        value = {"gcp.machine_type": f"projects/0/machineTypes/{instance['instance_type']}",
+        if endpoint == "gcp.image" and not instance.get("image"):
+            self._send(endpoint, 404, b"Not Found", "text/html", {"Metadata-Flavor": "Google"})
+            return
+        value = {"gcp.image": f"projects/0/global/images/{instance.get('image')}",
+                 "gcp.machine_type": f"projects/0/machineTypes/{instance['instance_type']}",
                  "gcp.preemptible": "TRUE" if instance["spot"] else "FALSE",
                  "gcp.zone": f"projects/0/zones/{instance['zone']}"}[endpoint]
         self._send(endpoint, 200, value.encode(), "application/text", {"Metadata-Flavor": "Google"})
@@ -603,6 +613,7 @@ class _Handler(BaseHTTPRequestHandler):
     _gcp_machine_type = _gcp_identity
     _gcp_preemptible = _gcp_identity
     _gcp_zone = _gcp_identity
+    _gcp_image = _gcp_identity
 
     def _gcp_flavoured(self, endpoint: str) -> bool:
         if self.headers.get("Metadata-Flavor") != "Google":
@@ -705,6 +716,8 @@ class _Handler(BaseHTTPRequestHandler):
         document = {"name": self.md.vm_name, "vmSize": instance["instance_type"],
                     "priority": "Spot" if instance["spot"] else "Regular", "zone": instance["zone"] or "",
                     "location": instance["region"]}
+        if instance.get("image"):
+            document["storageProfile"] = {"imageReference": {"id": instance["image"]}}
         self._send(endpoint, 200, json.dumps(document).encode(), "application/json; charset=utf-8")
 
     def _azure_error(self, endpoint: str, message: str, extra: dict | None = None) -> None:

@@ -127,19 +127,44 @@ def run(tmp_path_factory, s3_server):
         finally:  # each node holds ~8 GB (venv, wheels, the mount's copy); pytest keeps its last 3 temp roots
             for node_root in root.glob("node-*/"):
                 shutil.rmtree(node_root, ignore_errors=True)
-            open_store(store).delete(open_store(store).list(f"{name}/wheelhouse/"))
+            bucket = open_store(store)
+            for prefix in (f"{name}/wheelhouse/", f"{name}-conda/", f"{name}-py38/"):
+                bucket.delete(bucket.list(prefix))
+
+
+def _imports(python: Path, module: str) -> bool:
+    return subprocess.run([str(python), "-c", f"import {module}"], capture_output=True,
+                          env={"PATH": "/usr/bin:/bin"}, cwd="/").returncode == 0
+
+
+def _a_system_library() -> str:
+    """A real shared library that is not NCCL (zlib): loaded as libnccl.so.2 it lacks every nccl* symbol."""
+    for candidate in ("/lib/x86_64-linux-gnu/libz.so.1", "/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib64/libz.so.1"):
+        if os.path.exists(candidate):
+            return candidate
+    pytest.skip("no libz.so.1 to make a decoy libnccl.so.2 from")
+
+
+def _events(run) -> list[dict]:
+    from skyspot.events import read_events_store
+
+    return read_events_store(open_store(run.store), run.name).events
 
 
 def test_a_cloud_launch_sets_up_on_a_python_310_node_trains_into_the_bucket_and_is_reported(run, monkeypatch):
     monkeypatch.setenv("SKYSPOT_HOME", str(run.home))  # the module's launch, not this test's empty home
     node, env = run.first
-    where = subprocess.run(["python", "-c", "import sys, skyspot, numpy, torch, importlib.metadata as m; "
+    where = subprocess.run([str(node.skyspot_venv / "bin" / "python"), "-c",
+                            "import sys, skyspot, numpy, torch, importlib.metadata as m; "
                             "print(sys.version_info[:2] == (3, 10), skyspot.__file__, m.version('skyspot'), "
                             "numpy.__version__, torch.__version__)"],
                            env=env, cwd=node.root, capture_output=True, text=True)
     is_310, path, version, numpy_version, torch_version = where.stdout.split()
     assert is_310 == "True", where.stdout + where.stderr
-    assert path.startswith(str(node.venv)) and version.startswith("0.1.0+")  # the wheel, not this checkout
+    # skyspot's own venv, on the image's 3.10, not SkyPilot's (which setup leaves as it found it)
+    assert path.startswith(str(node.skyspot_venv)) and version.startswith("0.1.0+")  # the wheel, not this checkout
+    assert not _imports(node.venv / "bin" / "python", "skyspot")
+    assert "made skyspot's venv" in run.first_log and "on the image's Python 3.10" in run.first_log
     assert numpy_version.startswith("2.2.")  # the newest numpy built for 3.10, not this machine's 2.4
     assert torch_version == "2.13.0+cu130"  # PyPI's build (CUDA 13): this node has no NVIDIA driver
     assert "installed from the index" in run.first_log and "kept the wheelhouse" in run.first_log
@@ -159,6 +184,18 @@ def test_a_cloud_launch_sets_up_on_a_python_310_node_trains_into_the_bucket_and_
     assert report.exit_code == 0, report.output
     entry, = json.loads(report.stdout)
     assert entry["name"] == "fresh-run" and entry["status"] == "SUCCEEDED"
+    # What it ran on, from the node event: skyspot's venv on 3.10, PyPI's torch, torch's own NCCL.
+    kind, = row["node_kinds"]
+    assert entry["node_kinds"] == row["node_kinds"]
+    facts = kind["facts"]
+    assert facts["python"]["venv"] == "skyspot" and facts["python"]["version"].startswith("3.10.")
+    assert facts["python"]["origin"] == "image" and facts["setup"]["source"] == "index"
+    assert facts["torch"]["version"] == "2.13.0+cu130" and facts["torch"]["line"] == "cu130"  # PyPI's: CUDA 13
+    assert facts["nccl"]["library"].startswith(str(node.skyspot_venv)), facts["nccl"]
+    assert "/site-packages/nvidia/nccl" in facts["nccl"]["library"] and facts["nccl"]["version"]
+    assert facts["driver"] is None and facts["gpus"]["count"] == 0
+    text = runner.invoke(app, ["cost-report", "fresh-run"], terminal_width=400)
+    assert f"nodes: {kind['kind']}" in text.stdout, text.stdout  # one line per kind of node
 
 
 def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreachable(run):
@@ -168,16 +205,136 @@ def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreach
     assert Path(node.path_on_node(env["SKYSPOT_STORE_MOUNT"]), run.name, "wheelhouse").is_dir()  # the emulated mount
     log = run.setup("node-2", node, env, network=not _can_cut_the_network())
     assert "installed from the run's wheelhouse" in log and "ignored" not in log and "kept" not in log
-    versions = subprocess.run(["python", "-c", "import torch, deepspeed, numpy, skyspot.trainer.loop; "
+    versions = subprocess.run([str(node.skyspot_venv / "bin" / "python"), "-c",
+                               "import torch, deepspeed, numpy, skyspot.trainer.loop; "
                                "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],
                               env=env, cwd=node.root, capture_output=True, text=True)
-    first = subprocess.run(["python", "-c", "import torch, deepspeed, numpy; "
+    first = subprocess.run([str(run.first[0].skyspot_venv / "bin" / "python"), "-c", "import torch, deepspeed, numpy; "
                             "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],
                            env=run.first[1], cwd=run.first[0].root, capture_output=True, text=True)
     assert versions.returncode == 0, versions.stderr[-2000:]
     # the recovery trains with exactly the first start's stack (the last line: DeepSpeed logs above it)
     assert versions.stdout.splitlines()[-1] == first.stdout.splitlines()[-1]
+    # The image's LD_LIBRARY_PATH names a folder with another libnccl.so.2 (as the DLAMI's and the TCPX
+    # container's do): a decoy that is a valid library but not NCCL, which breaks torch if it is loaded.
+    decoy = run.root / "decoy-lib"
+    decoy.mkdir(exist_ok=True)
+    shutil.copy(_a_system_library(), decoy / "libnccl.so.2")
+    env["LD_LIBRARY_PATH"] = f"{decoy}:{env.get('LD_LIBRARY_PATH', '')}".rstrip(":")
     done = run.train(node, env)  # the recovery's run: the finished run's newest checkpoint is step 8
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    node_event = [e for e in _events(run) if e["type"] == "node"][-1]
+    assert node_event["nccl"]["library"].startswith(str(node.skyspot_venv)), node_event["nccl"]
+    assert str(decoy) not in json.dumps(node_event) and node_event["setup"]["source"] == "wheelhouse"
     print(f"\nsetup seconds: first start {run.setup_seconds['node-1']:.0f}, "
           f"recovery from the wheelhouse {run.setup_seconds['node-2']:.0f}")
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `root` with its size and mtime: a listing two snapshots of an untouched tree share."""
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def _train_as(run, node, env, name: str) -> list[dict]:
+    """The task's `run` on this node as a run of its own (SKYSPOT_RUN_NAME), trained into the bucket; its events."""
+    from skyspot.events import read_events_store
+
+    done = run.train(node, {**env, "SKYSPOT_RUN_NAME": name})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return read_events_store(open_store(run.store), name).events
+
+
+def test_a_conda_like_base_is_left_as_it_was_and_skyspot_trains_from_its_own_venv(run):
+    """SkyPilot's own images auto-activate Miniconda's base and then make no venv of their own
+    (sky/skylet/constants.py: ~/sky-user-env only when no conda env is active): `python3` is conda's.
+    Here a 3.10 environment marked as conda's base (conda-meta/) stands for it; setup must install
+    nothing into it, and the recovery installs from the run's wheelhouse with no index."""
+    node, env = run.node("node-3")
+    base = node.root / "miniconda3"
+    subprocess.run([NODE_PYTHON, "-m", "venv", "--without-pip", str(base)], check=True)
+    (base / "conda-meta").mkdir()
+    (base / "conda-meta" / "history").write_text("==> 2025-08-01 00:00:00 <==\n# cmd: conda create\n")
+    before = _tree(base)
+    env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
+    env.update({"CONDA_PREFIX": str(base), "CONDA_DEFAULT_ENV": "base", "CONDA_SHLVL": "1",
+                "PATH": os.pathsep.join([str(base / "bin"), str(node.bin), env["PATH"].split(os.pathsep, 1)[1]])})
+    closed = f"http://127.0.0.1:{free_port()}/simple"
+    env.update({"UV_INDEX_URL": closed, "PIP_INDEX_URL": closed, "UV_OFFLINE": "1"})
+    log = run.setup("node-3", node, env, network=not _can_cut_the_network())
+    assert "installed from the run's wheelhouse" in log
+    assert _tree(base) == before and not _imports(base / "bin" / "python", "skyspot")  # conda's base untouched
+    events = _train_as(run, node, env, "fresh-run-conda")
+    assert max(e["step"] for e in events if e["type"] == "step") == 8
+    node_event, = [e for e in events if e["type"] == "node"]
+    assert node_event["python"]["venv"] == "skyspot" and node_event["python"]["prefix"] == str(node.skyspot_venv)
+    assert node_event["python"]["version"].startswith("3.10.")
+
+
+class _Quiet(__import__("http.server").server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def _managed_python_mirror(root: Path):
+    """uv's managed Python served from loopback the way uv fetches python-build-standalone: a release
+    tarball (`python/` inside: here pyenv's 3.12, standing for it) and the download list naming it with
+    its sha256 (UV_PYTHON_DOWNLOADS_JSON_URL; uv checks the hash)."""
+    import functools
+    import hashlib
+    import http.server
+    import tarfile
+    import threading
+
+    source = Path(os.environ.get("SKYSPOT_TEST_MANAGED_PYTHON", "/root/.pyenv/versions/3.12.1"))
+    if not (source / "bin" / "python3.12").exists():
+        pytest.skip(f"no Python 3.12 at {source} to serve as uv's managed Python (SKYSPOT_TEST_MANAGED_PYTHON)")
+    root.mkdir(parents=True, exist_ok=True)
+    archive = root / "cpython-3.12.1+test-x86_64-unknown-linux-gnu-install_only.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        tar.add(source, arcname="python", filter=lambda info: None if "/site-packages/" in info.name
+                or info.name.endswith("/test") or "/test/" in info.name else info)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    (root / "downloads.json").write_text(json.dumps({"cpython-3.12.1-linux-x86_64-gnu": {
+        "name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux", "libc": "gnu",
+        "major": 3, "minor": 12, "patch": 1, "prerelease": "", "url": f"{url}/{archive.name}", "sha256": digest,
+        "variant": None, "build": "test"}}))
+    return server, f"{url}/downloads.json"
+
+
+def test_an_image_whose_python_is_38_gets_uvs_managed_python_and_trains(run):
+    """GCP's TCPX container stands here: SkyPilot makes no user environment in a custom Docker image
+    (sky/backends/backend_utils.py) and the image brings an old Python: `python` and `python3` are pyenv's
+    3.8, and no Python >= 3.10 is on PATH. setup gets uv's managed 3.12 (from a loopback mirror),
+    makes skyspot's venv on it, installs from the index (a 3.12 wheelhouse: none yet) and the run trains."""
+    node, env = run.node("node-4")
+    image_bin = node.root / "image-bin"  # the image's /usr/bin, without any Python but 3.8
+    image_bin.mkdir()
+    for folder in ("/usr/local/bin", "/usr/bin"):
+        for tool in Path(folder).iterdir():
+            if not tool.name.startswith(("python", "pydoc", "pip", "2to3", "idle")) and \
+                    not (image_bin / tool.name).exists():
+                (image_bin / tool.name).symlink_to(tool)
+    old = "/root/.pyenv/versions/3.8.18/bin/python3.8"
+    if not os.access(old, os.X_OK):
+        pytest.skip(f"no Python 3.8 at {old} to stand for the container's python")
+    for name in ("python", "python3"):
+        (image_bin / name).symlink_to(old)
+    server, downloads = _managed_python_mirror(run.root / "python-mirror")
+    try:
+        env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
+        env.update({"PATH": os.pathsep.join([str(node.bin), str(image_bin)]),
+                    "UV_PYTHON_DOWNLOADS_JSON_URL": downloads})
+        log = run.setup("node-4", node, env)
+    finally:
+        server.shutdown()
+    assert "no Python >=3.10 on this image: installing uv's managed Python 3.12" in log
+    assert "on uv's managed Python 3.12.1" in log and "installed from the index" in log
+    assert not (Path(env["HOME"]) / ".local" / "bin" / "python3.12").exists()  # --no-bin: nothing on the image's PATH
+    events = _train_as(run, node, env, "fresh-run-py38")
+    assert max(e["step"] for e in events if e["type"] == "step") == 8
+    node_event, = [e for e in events if e["type"] == "node"]
+    assert node_event["python"]["version"] == "3.12.1" and node_event["python"]["origin"] == "uv-managed"
+    assert node_event["python"]["venv"] == "skyspot" and node_event["setup"]["source"] == "index"
