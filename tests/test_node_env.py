@@ -182,6 +182,67 @@ def test_a_first_start_keeps_a_wheelhouse_and_a_second_installs_from_it_with_no_
     assert "already installed here" in again.stdout  # a rerun of setup on the same machine
 
 
+def _torch_wheel(folder: Path, version: str) -> Path:
+    """A stand-in torch wheel (`torch.__version__` says its build), so no GB moves in a unit test."""
+    folder.mkdir(parents=True, exist_ok=True)
+    public = version.split("+")[0]
+    entries = {"torch/__init__.py": f"__version__ = {version!r}\n".encode(),
+               f"torch-{public}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n".encode(),
+               f"torch-{public}.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    wheel = folder / f"torch-{version}-py3-none-any.whl"
+    wheel.write_bytes(packaging._wheel_bytes(entries))
+    return wheel
+
+
+def test_a_line_that_does_not_resolve_falls_back_to_the_next_line_the_driver_runs(small_stack, tmp_path):
+    """Driver 590: PyPI's CUDA 13 build first, then cu126. The stand-in PyPI has no torch 2.13.0; a
+    PyTorch-style index on loopback (SKYSPOT_TORCH_INDEX) has the cu126 build: setup says the first line
+    did not resolve, installs from the second, and keeps that line's wheelhouse."""
+    import functools
+    import http.server
+    import threading
+
+    root, index, _ = small_stack
+    whl = tmp_path / "whl"
+    torch_wheel = _torch_wheel(tmp_path / "built", "2.13.0+cu126")
+    project = whl / "cu126" / "torch"
+    project.mkdir(parents=True)
+    (project / torch_wheel.name).write_bytes(torch_wheel.read_bytes())
+    href = torch_wheel.name.replace("+", "%2B")
+    (project / "index.html").write_text(f'<a href="{href}">{torch_wheel.name}</a>\n')
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 590.44.01\n")
+    smi.chmod(0o755)
+    wheel = packaging.build(tmp_path / "packages", declared=["tinydep>=1.0", "torch==2.13.0"]).wheel
+    venv = _node(tmp_path, "n1")
+    try:
+        done = _setup(venv, wheel, tmp_path / "store", index, tmp_path / "h1",
+                      PATH=f"{tools}{os.pathsep}{os.environ['PATH']}",
+                      SKYSPOT_TORCH_INDEX=f"http://127.0.0.1:{server.server_address[1]}/whl")
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "NVIDIA driver 590.44.01" in done.stdout
+    assert "torch 2.13.0 for pypi did not resolve from PyPI" in done.stdout
+    assert "trying cu126, the next line driver 590.44.01 runs" in done.stdout
+    assert "installed from the index" in done.stdout and "torch 2.13.0 (cu126)" in done.stdout
+    version = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, cwd="/")
+    assert version.stdout.strip() == "2.13.0+cu126"
+    marker, = (tmp_path / "store" / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
+    assert "-cu126-" in marker.parent.name and json.loads(marker.read_text())["cuda_line"] == "cu126"
+
+
+class _QuietHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
 def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_stack, tmp_path):
     root, index, wheel = small_stack
     store = tmp_path / "store"
