@@ -69,11 +69,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+# What setup and the trainer both read about the node (standard library only, as this module).
+from skyspot.node_host import INSTALLED, VENV_ENV, driver_version, parse_driver, venv_path  # noqa: F401
+
 MARKER = "WHEELHOUSE.json"
 """Written last into a wheelhouse: without it (or with a file it does not vouch for) the wheelhouse does not exist."""
 LOCK = "requirements.lock"
-INSTALLED = "skyspot-node-env.json"
-"""In the venv: the key and wheel it holds, so a rerun of setup on the same machine installs nothing."""
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 
 
@@ -129,11 +130,6 @@ def torch_version(requirements: Sequence[str]) -> str:
     return DEFAULT_TORCH
 
 
-def parse_driver(text: Optional[str]) -> Optional[Tuple[int, ...]]:
-    """'535.183.01' -> (535, 183, 1); None or anything unparsable -> None."""
-    match = re.match(r"\s*(\d+(?:\.\d+)*)", text or "")
-    return tuple(int(p) for p in match.group(1).split(".")) if match else None
-
 
 def _line(name: str, index_base: str) -> CudaLine:
     known = next(line for line in CUDA_LINES if line.name == name)
@@ -161,18 +157,6 @@ def cuda_line(driver: Optional[str], torch: str = DEFAULT_TORCH) -> CudaLine:
     """The torch build a node with this NVIDIA driver tries first (None: no driver, PyPI's default)."""
     return cuda_lines(driver, torch)[0]
 
-
-def driver_version() -> Optional[str]:
-    """The first GPU's driver version as nvidia-smi reports it; None without a GPU or nvidia-smi."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
-    return lines[0] if out.returncode == 0 and lines and parse_driver(lines[0]) else None
 
 
 def requirements_for(requirements: Sequence[str], line: CudaLine) -> list[str]:
@@ -389,14 +373,6 @@ MIN_PYTHON = (3, 10)
 """torch 2.13 and the stack's pins are built for 3.10 on."""
 MANAGED_PYTHON = "3.12"
 """What uv installs where the image has no Python >= 3.10 (uv's python-build-standalone build)."""
-VENV_ENV = "SKYSPOT_VENV"
-
-
-def venv_path(environ: Mapping[str, str]) -> Path:
-    """Where skyspot's own venv lives: SKYSPOT_VENV, else ~/.skyspot/venv (task/render.py runs its python by path)."""
-    chosen = environ.get(VENV_ENV)
-    return Path(chosen).expanduser() if chosen else Path(environ.get("HOME", "~")).expanduser() / ".skyspot" / "venv"
-
 
 def _probe(python: str, environ: Mapping[str, str]) -> Optional[dict]:
     """The interpreter's version, tag and prefix, asked of it (None if it does not run)."""

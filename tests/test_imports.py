@@ -22,6 +22,7 @@ TRAINER_MAY_IMPORT = {
     "skyspot.clouds": "cloud facts: notice windows, poll periods, bandwidths, preemption priors",
     "skyspot.hub": "the Hugging Face hub, where a node fetches the base model and its tokenizer",
     "skyspot.sizing": "a recipe's state size, which the first interval plan (initial_plan) divides by bandwidth",
+    "skyspot.node_host": "the node's driver, skyspot's venv and setup's record in it, which the node event reports",
     "skyspot.start_bounds": "the I/O group's timeout, from the same plan as the watchdog's first-step bound",
     "skyspot.ports": "a free loopback port for the standalone trainer's rendezvous (no torchrun)",
 }
@@ -127,7 +128,7 @@ LAYERS = [
     ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
                    "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.start_bounds", "skyspot.lora",
                    "skyspot.ledger", "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text",
-                   "skyspot.yaml12", "skyspot")),
+                   "skyspot.yaml12", "skyspot.node_host", "skyspot.node_kinds", "skyspot.libpath", "skyspot")),
 ]
 
 # Arrows that point up, each with why; none may be added without one.

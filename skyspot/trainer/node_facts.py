@@ -106,7 +106,7 @@ def _record(path: Path) -> Optional[dict]:
 def collect(environ: Mapping[str, str] = os.environ, *, instance: Optional[Mapping[str, Any]] = None,
             run_dir: Optional[Path] = None) -> dict[str, Any]:
     """The node's facts (see the module's docstring); `instance` is what trainer/instance.py read."""
-    from skyspot.node_env import INSTALLED, driver_version, venv_path
+    from skyspot.node_host import INSTALLED, driver_version, venv_path
     from skyspot.trainer.local_disk import RECORD
 
     setup = _record(Path(sys.prefix) / INSTALLED)
