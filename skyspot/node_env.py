@@ -69,12 +69,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-# What setup and the trainer both read about the node (standard library only, as this module).
+# The wheelhouse's trust (signed marker, hashed lock) and what setup and the trainer both read about the
+# node: standard library only, as this module.
+from skyspot import wheelhouse
 from skyspot.node_host import INSTALLED, VENV_ENV, driver_version, parse_driver, venv_path  # noqa: F401
 
-MARKER = "WHEELHOUSE.json"
-"""Written last into a wheelhouse: without it (or with a file it does not vouch for) the wheelhouse does not exist."""
-LOCK = "requirements.lock"
+MARKER = wheelhouse.MARKER
+LOCK = wheelhouse.LOCK
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 
 
@@ -201,64 +202,12 @@ def wheelhouse_key(tag: str, line: CudaLine, requirements: Sequence[str]) -> str
     return f"{tag}-{line.name}-{digest[:16]}"
 
 
-# ------------------------------------------------------------------ reading a wheelhouse
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def read_marker(folder: Path) -> tuple[Optional[dict], Optional[str]]:
-    """(the marker, None) when the wheelhouse's marker is there and every file it names has its size; else (None, why)."""
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-        files = marker["files"]
-        if not isinstance(files, dict) or LOCK not in files:
-            raise ValueError("no file list")
-    except FileNotFoundError:
-        return None, "no wheelhouse" if not folder.exists() else f"no {MARKER} (a first start that did not finish)"
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        return None, f"{MARKER} unreadable ({error})"
-    for name, entry in files.items():
-        if "/" in name or name.startswith(".") or not isinstance(entry, dict):
-            return None, f"{MARKER} names {name!r} as {entry!r}"
-        try:
-            size = (folder / name).stat().st_size
-        except OSError:
-            return None, f"{name} is missing"
-        if size != entry.get("size"):
-            return None, f"{name} has {size} bytes, {MARKER} says {entry.get('size')}"
-    return marker, None
-
-
-def fetch(folder: Path, local: Path) -> tuple[Optional[dict], Optional[str]]:
-    """Copy a wheelhouse (read through the bucket mount) to `local`, checking every file's sha256 on the way."""
-    marker, problem = read_marker(folder)
-    if marker is None:
-        return None, problem
-    if local.exists():
-        shutil.rmtree(local)
-    local.mkdir(parents=True)
-    for name, entry in sorted(marker["files"].items()):
-        h = hashlib.sha256()
-        with open(folder / name, "rb") as src, open(local / name, "wb") as dst:
-            for chunk in iter(lambda: src.read(8 << 20), b""):
-                h.update(chunk)
-                dst.write(chunk)
-        if h.hexdigest() != entry.get("sha256"):
-            shutil.rmtree(local, ignore_errors=True)
-            return None, f"{name} does not match its sha256 in {MARKER}"
-    return marker, None
+# ------------------------------------------------------------------ a wheelhouse (its trust: wheelhouse.py)
 
 
 def manifest_for(local: Path, key: str, line: CudaLine, requirements: Sequence[str]) -> dict:
-    """The marker for a wheelhouse built in `local` (written into it last, by `save`)."""
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for p in sorted(local.iterdir()) if p.is_file() and not p.name.startswith(".") and p.name != MARKER}
+    """The marker for a wheelhouse built in `local` (signed and written into it last, by `save`)."""
+    files = wheelhouse.files_of(local)
     return {"key": key, "interpreter": interpreter_tag(), "python": platform.python_version(),
             "cuda_line": line.name, "index_url": line.index_url, "requirements": list(requirements),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
@@ -323,15 +272,21 @@ def build_from_index(python: str, uv: str, requirements: Sequence[str], line: Cu
     _run([python, "-m", "pip", "wheel", "--quiet", "--progress-bar", "off", "--disable-pip-version-check",
           "--no-deps", *pip_index, "-r", str(local / LOCK), "-w", str(local)], environ,
          "downloading and building the node's wheels")
+    # The lock the node installs from names the files themselves: DeepSpeed's wheel built here has no
+    # hash in the index's lock (that one is its sdist's), and hashes are required at every install.
+    (local / LOCK).write_text(wheelhouse.hashed_lock(local))
 
 
 def install_offline(python: str, uv: str, local: Path, wheel: Path, environ: Mapping[str, str]) -> None:
-    """Install the lock from the wheelhouse's files only, with skyspot's own wheel."""
-    # Hashes are not verified again here: the lock's are the sdist's for DeepSpeed (built here), and
-    # every file was checked against the wheelhouse's marker on its way to this disk.
-    _run([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "--offline", "--no-index",
-          "--find-links", str(local), "--no-verify-hashes", "-r", str(local / LOCK), str(wheel)], environ,
-         "installing from the wheelhouse")
+    """Install the lock from the wheelhouse's files only, with skyspot's own wheel, every file's hash required."""
+    own = local / ".skyspot.in"
+    own.write_text(wheelhouse.own_wheel_requirement(wheel))
+    try:
+        _run([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "--offline", "--no-index",
+              "--find-links", str(local), "--require-hashes", "-r", str(local / LOCK), "-r", str(own)], environ,
+             "installing from the wheelhouse")
+    finally:
+        own.unlink()
 
 
 # ------------------------------------------------------------------ the setup step
@@ -540,7 +495,8 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
         for plan in plans:
             line, requirements, key = plan
             try:
-                _, problem = fetch(context.wheelhouses / key, cache / key)
+                _, problem = wheelhouse.fetch(context.wheelhouses / key, cache / key, key,
+                                              wheelhouse.node_key(environ))
             except OSError as error:  # a read through the mount that fails half-way: the index can still serve
                 problem = f"it could not be read ({error})"
             if problem is None:
@@ -553,7 +509,8 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
             if problem == "no wheelhouse":
                 problem = None
             elif problem is not None:
-                _say(f"the run's wheelhouse is ignored: {problem}; installing from the index ({key})")
+                _say(f"the run's wheelhouse is refused: {problem}; nothing from it is installed, installing "
+                     f"from the index ({key})")
                 break
     if source == "index":
         for at, plan in enumerate(plans):
@@ -605,7 +562,10 @@ def save(store_uri: str, run: str, key: str, local: Path, line: CudaLine, requir
     elif store.exists(join_key(prefix, MARKER)):
         _say("the run's wheelhouse is already there")
         return
-    manifest = manifest_for(local, key, line, requirements)
+    run_key = wheelhouse.node_key(os.environ)
+    if run_key is None:  # unsigned, no node would take it
+        raise NodeEnvError(f"this node has no wheelhouse key ({wheelhouse.KEY_ENV}): the wheelhouse is not kept")
+    manifest = wheelhouse.sign(manifest_for(local, key, line, requirements), run_key)
     store.upload_dir(local, prefix, sorted(manifest["files"]))
     store.put_bytes(join_key(prefix, MARKER), json.dumps(manifest, indent=1, sort_keys=True).encode())
     size = sum(f["size"] for f in manifest["files"].values())

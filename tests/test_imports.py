@@ -128,7 +128,7 @@ LAYERS = [
     ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
                    "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.start_bounds", "skyspot.lora",
                    "skyspot.ledger", "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text",
-                   "skyspot.yaml12", "skyspot.node_host", "skyspot.node_kinds", "skyspot.libpath", "skyspot")),
+                   "skyspot.yaml12", "skyspot.node_host", "skyspot.node_kinds", "skyspot.libpath", "skyspot.wheelhouse", "skyspot")),
 ]
 
 # Arrows that point up, each with why; none may be added without one.

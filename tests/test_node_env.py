@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from skyspot import node_env
+from skyspot import node_env, wheelhouse
 from skyspot.task import package as packaging
 from skyspot.ports import free_port
 
@@ -145,10 +145,13 @@ def _node(root: Path, name: str) -> Path:
     return venv
 
 
+RUN_KEY = "ab" * 32  # the run's wheelhouse key, as the launch makes it (wheelhouse.py) and SkyPilot passes it
+
+
 def _setup(venv: Path, wheel: Path, store: Path, index: str, home: Path, **extra: str):
     """setup with `venv` as skyspot's venv (SKYSPOT_VENV; it is there, on a Python >= 3.10, so setup keeps it)."""
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "SKYSPOT_RUN_NAME": "r1", "SKYPILOT_SETUP_NODE_RANK": "0",
-           "SKYSPOT_VENV": str(venv),
+           "SKYSPOT_VENV": str(venv), "SKYSPOT_WHEELHOUSE_KEY": RUN_KEY,
            "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": index, "UV_INDEX_URL": index, "UV_NO_CACHE": "1",
            "PYTHONPATH": str(wheel), **extra}
     return subprocess.run([str(venv / "bin" / "python"), "-m", "skyspot.node_env", "setup", "--wheel", str(wheel),
@@ -256,14 +259,14 @@ def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_
     venv = _node(tmp_path, "n2")
     corrupt = _setup(venv, wheel, store, index, tmp_path / "h2")
     assert corrupt.returncode == 0, corrupt.stdout + corrupt.stderr
-    assert "wheelhouse is ignored: tinydep-1.0-py3-none-any.whl does not match its sha256" in corrupt.stdout
+    assert "wheelhouse is refused: tinydep-1.0-py3-none-any.whl does not match its sha256" in corrupt.stdout
     assert "installed from the index" in corrupt.stdout and _imports_tinydep(venv)
     assert "kept the wheelhouse" in corrupt.stdout  # a whole one replaces it
 
     marker.unlink()  # a first start that died before its marker
     partial = _setup(_node(tmp_path, "n3"), wheel, store, index, tmp_path / "h3")
     assert partial.returncode == 0, partial.stdout + partial.stderr
-    assert "ignored: no WHEELHOUSE.json" in partial.stdout and "installed from the index" in partial.stdout
+    assert "refused: no WHEELHOUSE.json" in partial.stdout and "installed from the index" in partial.stdout
     # ...and that start keeps a whole one again
     assert (marker.parent / "WHEELHOUSE.json").is_file()
 
@@ -282,13 +285,19 @@ def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_say
     assert "Traceback" not in failed.stderr
 
 
+def _resign(folder: Path, marker: dict) -> None:
+    """A marker the run's key signed (what only a holder of the key can write)."""
+    (folder / "WHEELHOUSE.json").write_text(json.dumps(wheelhouse.sign(marker, bytes.fromhex(RUN_KEY))))
+
+
 @pytest.mark.parametrize("damage, said", [
     (lambda d, m: (d / "WHEELHOUSE.json").unlink(), "no WHEELHOUSE.json"),
     (lambda d, m: (d / "a.whl").unlink(), "a.whl is missing"),
     (lambda d, m: (d / "a.whl").write_bytes(b"short"), "a.whl has 5 bytes"),
-    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {**m["files"], "../x": m["files"]["a.whl"]}})),
-     "names '../x'"),
-    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {"requirements.lock": 7}})), "names"),
+    (lambda d, m: _resign(d, {**m, "files": {**m["files"], "../x": m["files"]["a.whl"]}}), "names '../x'"),
+    (lambda d, m: _resign(d, {**m, "files": {"requirements.lock": 7}}), "names"),
+    (lambda d, m: (d / "WHEELHOUSE.json").write_text(json.dumps({**m, "files": {**m["files"], "b.whl": m["files"]["a.whl"]}})),
+     "does not match its signature"),
     (lambda d, m: (d / "WHEELHOUSE.json").write_text("[]"), "unreadable"),
 ])
 def test_a_wheelhouse_whose_marker_does_not_vouch_for_its_files_is_not_used(tmp_path, damage, said):
@@ -296,10 +305,11 @@ def test_a_wheelhouse_whose_marker_does_not_vouch_for_its_files_is_not_used(tmp_
     folder.mkdir(parents=True)
     (folder / "a.whl").write_bytes(b"wheel bytes")
     (folder / "requirements.lock").write_text("a==1\n")
-    marker = node_env.manifest_for(folder, "key", node_env.PYPI, ["a==1"])
+    key = bytes.fromhex(RUN_KEY)
+    marker = wheelhouse.sign(node_env.manifest_for(folder, "key", node_env.PYPI, ["a==1"]), key)
     (folder / "WHEELHOUSE.json").write_text(json.dumps(marker))
-    assert node_env.fetch(folder, tmp_path / "local")[1] is None  # whole, it is used
+    assert wheelhouse.fetch(folder, tmp_path / "local", "key", key)[1] is None  # whole, it is used
     damage(folder, marker)
-    found, problem = node_env.fetch(folder, tmp_path / "again")
+    found, problem = wheelhouse.fetch(folder, tmp_path / "again", "key", key)
     assert found is None and said in problem
     assert not (tmp_path / "again").exists()  # nothing copied from a wheelhouse that is not used

@@ -81,7 +81,7 @@ def test_no_secret_reaches_a_rendered_task_or_a_dry_run(canary_env, tmp_path, re
     assert_no_canary(rendered.stdout, rendered.stderr, target.read_text(), written.stderr, dry.stdout, dry.stderr)
     task = yaml.safe_load(dry.stdout)
     if recipe == "llama70b":  # gated: the token is named, its value is added in memory at submission
-        assert task["secrets"] == {"HF_TOKEN": None}
+        assert task["secrets"] == {"HF_TOKEN": None, "SKYSPOT_WHEELHOUSE_KEY": None}
     assert not set(task["envs"]) & (set(CANARIES) | {"GOOGLE_APPLICATION_CREDENTIALS"})
     on_azure = invoke("launch", recipe, "--dry-run", "--store", "az://myacct/ckpts/runs")
     assert on_azure.exit_code == 0, on_azure.stderr
@@ -141,9 +141,40 @@ def test_the_dashboards_secrets_are_named_in_the_task_never_valued(canary_env):
     assert dry.exit_code == 0, dry.stderr
     assert_no_canary(dry.stdout, dry.stderr)
     task = yaml.safe_load(dry.stdout)
-    assert task["secrets"] == {"WANDB_API_KEY": None, "MLFLOW_TRACKING_TOKEN": None}
-    assert secrets_for(task, "tiny") == {k: CANARIES[k] for k in task["secrets"]}
-    assert secrets_for(task, "tiny", {"WANDB_API_KEY": "k"}) == {"WANDB_API_KEY": "k"}  # a server without a token
+    assert task["secrets"] == {"WANDB_API_KEY": None, "MLFLOW_TRACKING_TOKEN": None, "SKYSPOT_WHEELHOUSE_KEY": None}
+    dashboards = {k: CANARIES[k] for k in ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN")}
+    assert {k: v for k, v in secrets_for(task, "tiny").items() if k != "SKYSPOT_WHEELHOUSE_KEY"} == dashboards
+    given = secrets_for(task, "tiny", {"WANDB_API_KEY": "k"})  # a server without a token: none sent
+    assert set(given) == {"WANDB_API_KEY", "SKYSPOT_WHEELHOUSE_KEY"} and given["WANDB_API_KEY"] == "k"
+
+
+def test_the_wheelhouse_key_reaches_the_nodes_as_a_secret_and_nothing_else_keeps_it(canary_env, monkeypatch):
+    """The run's key (wheelhouse.py) is made on the launching machine at the first launch, kept in
+    $SKYSPOT_HOME/keys/<run> (0600), sent to SkyPilot in memory as the task's secret, the same at resume,
+    and found in no rendered task, ledger row, report or local spec."""
+    from tests.executors.sky.test_sky_seam import FakeSkyJobs, launched
+
+    fake = FakeSkyJobs(monkeypatch)
+    result = invoke("launch", "llama70b", "-y", "-d", "-n", "keyed", "--store", "s3://my-bucket/runs")
+    assert result.exit_code == 0, result.stderr
+    (task, name), = launched(fake)
+    key_file = skyspot_home() / "keys" / "keyed"
+    key = key_file.read_text().strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", key) and _mode(key_file) == 0o600 and _mode(key_file.parent) == 0o700
+    assert task.secrets["SKYSPOT_WHEELHOUSE_KEY"].get_secret_value() == key  # SkyPilot puts it in the nodes' env
+    recorded = Ledger().get("keyed").info["task"]
+    assert recorded["secrets"]["SKYSPOT_WHEELHOUSE_KEY"] is None
+    fake.records[:] = [{"job_id": 42, "status": "CANCELLED", "recovery_count": 0}]
+    assert invoke("status", "--json", "-a").exit_code == 0
+    resumed = invoke("resume", "keyed", "-y", "-d")
+    assert resumed.exit_code == 0, resumed.stderr
+    again = launched(fake)[-1][0].secrets["SKYSPOT_WHEELHOUSE_KEY"].get_secret_value()
+    assert again == key  # the same key at resume: the run's wheelhouse still holds
+    for text in [result.stdout, result.stderr, resumed.stdout, resumed.stderr, invoke("status", "--json", "-a").stdout,
+                 invoke("cost-report", "--json").stdout, invoke("render", "llama70b", "--store", "s3://b/r").stdout]:
+        assert key not in text
+    for path in skyspot_home().glob("ledger.db*"):
+        assert key.encode() not in path.read_bytes()
 
 
 def test_an_error_does_not_echo_the_environment(canary_env):

@@ -51,6 +51,7 @@ from skyspot.planning.candidates import Candidate
 from skyspot.recipe import Recipe
 from skyspot.start_bounds import start_bounds
 from skyspot.storage import is_bucket_uri, mount_source, parse_store_uri
+from skyspot.wheelhouse import KEY_ENV as WHEELHOUSE_KEY_SECRET
 
 from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE  # one definition; import-light (errors only)
 from skyspot.trainer.metrics.spot import PRICES_ENV  # the node's side of the price table
@@ -356,6 +357,8 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
         secrets["HF_TOKEN"] = None
     if store and parse_store_uri(store).scheme == "az":
         secrets[AZURE_STORE_SECRET] = None
+    if store:  # the run's key, which vouches for its wheelhouse in the store (wheelhouse.py); filled at submission
+        secrets[WHEELHOUSE_KEY_SECRET] = None
     secrets.update(dict.fromkeys(metrics_secrets(recipe)))
     if secrets:
         task["secrets"] = secrets

@@ -267,6 +267,11 @@ class Controller:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}
         if self.fresh is not None:
             env = self.fresh.env(env, spec.task_envs)
+            # What SkyPilot passes a cloud node as a secret: the key that vouches for the run's wheelhouse.
+            from skyspot.ledger import skyspot_home
+            from skyspot.wheelhouse import KEY_ENV, run_key
+
+            env[KEY_ENV] = run_key(skyspot_home(), spec.name)
         else:
             env.update(spec.task_envs)
             env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
+from skyspot.ledger import skyspot_home
+from skyspot.wheelhouse import KEY_ENV as WHEELHOUSE_KEY, run_key
 
 SKY_CHECK_HINT = "run `sky check` and set up credentials for one of them (docs.skypilot.co, 'Cloud account setup')"
 
@@ -77,11 +79,15 @@ OPTIONAL_SECRETS = ("MLFLOW_TRACKING_TOKEN",)
 
 
 def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> dict[str, str]:
-    """Secret values the task declares, taken from the environment (never written to any file)."""
+    """Secret values the task declares, taken from the environment (never written to any file); the
+    wheelhouse key is the run's own, from $SKYSPOT_HOME/keys/<run> (made there at the first launch),
+    unless the environment has it (a deadline's controller, which got it as its own secret)."""
     declared = task.get("secrets") or {}
     values = {}
     for name in declared:
         value = environ.get(name)
+        if name == WHEELHOUSE_KEY and not value:  # not the user's: the run's own key, kept on this machine
+            value = run_key(skyspot_home(), (task.get("envs") or {}).get("SKYSPOT_RUN_NAME") or task.get("name"))
         if not value and name in OPTIONAL_SECRETS:
             continue
         if not value:

@@ -78,7 +78,9 @@ class Run:
                                bucket_prefixes=[f"{self.store}/{self.name}/wheelhouse/"])
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_"))}
         env = {**node.env({**base, "HOME": str(self.root / label / "home")}, self.task.envs),
-               **skypilot_node_env(self.name)}
+               **skypilot_node_env(self.name),
+               # SkyPilot puts the task's secrets in the node's environment: the run's wheelhouse key among them.
+               **{k: v.get_secret_value() for k, v in self.task.secrets.items()}}
         return node, env
 
     def setup(self, label: str, node, env, *, network: bool = True) -> str:
@@ -204,7 +206,7 @@ def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreach
     env.update({"UV_INDEX_URL": closed, "PIP_INDEX_URL": closed, "UV_OFFLINE": "1"})
     assert Path(node.path_on_node(env["SKYSPOT_STORE_MOUNT"]), run.name, "wheelhouse").is_dir()  # the emulated mount
     log = run.setup("node-2", node, env, network=not _can_cut_the_network())
-    assert "installed from the run's wheelhouse" in log and "ignored" not in log and "kept" not in log
+    assert "installed from the run's wheelhouse" in log and "refused" not in log and "kept" not in log
     versions = subprocess.run([str(node.skyspot_venv / "bin" / "python"), "-c",
                                "import torch, deepspeed, numpy, skyspot.trainer.loop; "
                                "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],

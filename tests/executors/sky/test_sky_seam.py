@@ -82,7 +82,8 @@ def test_the_dashboards_keys_go_as_secrets_and_a_missing_mlflow_token_leaves_no_
     assert result.exit_code == 0, result.output
     (_, task, _), = [c for c in fake.calls if c[0] == "launch"]
     # An MLflow server without authentication: no token, and no null left behind (an unresolvable reference).
-    assert set(task.secrets) == {"WANDB_API_KEY"} and task.secrets["WANDB_API_KEY"].get_secret_value() == "wandb_canary_value"
+    assert set(task.secrets) == {"WANDB_API_KEY", "SKYSPOT_WHEELHOUSE_KEY"}  # the run's own key (wheelhouse.py)
+    assert task.secrets["WANDB_API_KEY"].get_secret_value() == "wandb_canary_value"
     assert "--extras wandb,mlflow" in task.setup and "SKYSPOT_PRICES" in task.envs
     assert "wandb_canary_value" not in result.output and "wandb_canary_value" not in json.dumps(Ledger().get("dash-run").info)
 
