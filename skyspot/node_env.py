@@ -12,8 +12,9 @@ SkyPilot's images (it makes ~/sky-user-env only when no conda env is active, sky
 SkyPilot's venv over /usr/bin/python3.10 on the DLAMI, whatever a custom Docker image has (SkyPilot
 makes none there, sky/backends/backend_utils.py). None of them is trained in: setup makes a venv of
 skyspot's own (`$SKYSPOT_VENV`, else ~/.skyspot/venv; `uv venv`, no packages of the image's) on the
-interpreter it runs on when that is >= 3.10, else one `uv python find` finds, else uv's managed
-Python (`uv python install`), and `run` uses that venv's python by path. docs/clouds.md has the
+interpreter it runs on when that is at least the wheel's Requires-Python (the oldest Python the
+pinned stack supports: task/package.py python_floor; never below 3.10), else one `uv python find`
+finds, else uv's managed Python (`uv python install`), and `run` uses that venv's python by path. docs/clouds.md has the
 table per image kind.
 
 **Why the node resolves for itself.** The wheel's requirements (task/package.py) pin the training
@@ -167,6 +168,17 @@ def requirements_for(requirements: Sequence[str], line: CudaLine) -> list[str]:
         match = re.fullmatch(r"\s*torch\s*==\s*([0-9][0-9a-zA-Z.]*)\s*", requirement)
         out.append(f"torch=={match.group(1)}{line.local_label}" if match and line.local_label else requirement.strip())
     return out
+
+
+def python_floor(wheel: Path) -> Tuple[int, int]:
+    """The oldest Python the wheel's stack runs on: its METADATA's `Requires-Python: >=3.X` (task/package.py
+    takes it from the pinned packages' own), never below MIN_PYTHON."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        text = archive.read(name).decode()
+    match = re.search(r"^Requires-Python:\s*>=\s*(\d+)\.(\d+)", text, re.MULTILINE)
+    found = (int(match.group(1)), int(match.group(2))) if match else MIN_PYTHON
+    return max(found, MIN_PYTHON)
 
 
 def wheel_requirements(wheel: Path, extras: Sequence[str] = ()) -> list[str]:
@@ -327,7 +339,8 @@ def _say(text: str) -> None:
 MIN_PYTHON = (3, 10)
 """torch 2.13 and the stack's pins are built for 3.10 on."""
 MANAGED_PYTHON = "3.12"
-"""What uv installs where the image has no Python >= 3.10 (uv's python-build-standalone build)."""
+"""What uv installs where the image has no Python new enough (uv's python-build-standalone build)."""
+
 
 def _probe(python: str, environ: Mapping[str, str]) -> Optional[dict]:
     """The interpreter's version, tag and prefix, asked of it (None if it does not run)."""
@@ -343,13 +356,14 @@ def _probe(python: str, environ: Mapping[str, str]) -> Optional[dict]:
         return None
 
 
-def find_python(uv: str, environ: Mapping[str, str]) -> Tuple[str, str]:
-    """(an interpreter >= 3.10, where it came from: 'image' or 'uv-managed'): the one setup runs on where it is new enough, else
-    the image's own (`uv python find`, which looks on PATH and in uv's own installs), else uv's managed
+def find_python(uv: str, environ: Mapping[str, str], floor: Tuple[int, int] = MIN_PYTHON) -> Tuple[str, str]:
+    """(an interpreter >= `floor`, the wheel's stack's oldest Python, and where it came from: 'image' or
+    'uv-managed'): the one setup runs on where it is new enough, else the image's own (`uv python find`, which looks on PATH and in uv's own installs), else uv's managed
     Python, installed now (on a cloud node uv downloads it from python-build-standalone;
     UV_PYTHON_INSTALL_MIRROR / UV_PYTHON_DOWNLOADS_JSON_URL point it elsewhere)."""
-    wanted = ">=%d.%d" % MIN_PYTHON
-    if sys.version_info[:2] >= MIN_PYTHON:
+    wanted = ">=%d.%d" % floor
+    managed = max(MANAGED_PYTHON, "%d.%d" % floor, key=lambda v: tuple(map(int, v.split("."))))
+    if sys.version_info[:2] >= floor:
         # The interpreter setup runs on: the image's python3 through SkyPilot's venv or conda's base, which
         # the venv only borrows the interpreter of (uv venv takes a venv's base; no site-packages of theirs).
         return sys.executable, "image"
@@ -360,24 +374,24 @@ def find_python(uv: str, environ: Mapping[str, str]) -> Tuple[str, str]:
                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if found.returncode == 0 and found.stdout.strip():
         return found.stdout.strip().splitlines()[-1], "image"
-    _say(f"no Python {wanted} on this image: installing uv's managed Python {MANAGED_PYTHON}")
-    _run([uv, "python", "install", "--no-bin", MANAGED_PYTHON], environ, f"installing Python {MANAGED_PYTHON} with uv")
-    found = subprocess.run([uv, "python", "find", "--no-project", "--managed-python", MANAGED_PYTHON], env=env,
+    _say(f"no Python {wanted} on this image: installing uv's managed Python {managed}")
+    _run([uv, "python", "install", "--no-bin", managed], environ, f"installing Python {managed} with uv")
+    found = subprocess.run([uv, "python", "find", "--no-project", "--managed-python", managed], env=env,
                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if found.returncode != 0 or not found.stdout.strip():
-        raise NodeEnvError(f"uv installed Python {MANAGED_PYTHON} but cannot find it: {found.stderr.strip()[-300:]}")
+        raise NodeEnvError(f"uv installed Python {managed} but cannot find it: {found.stderr.strip()[-300:]}")
     return found.stdout.strip().splitlines()[-1], "uv-managed"
 
 
-def make_venv(uv: str, venv: Path, environ: Mapping[str, str]) -> dict:
+def make_venv(uv: str, venv: Path, environ: Mapping[str, str], floor: Tuple[int, int] = MIN_PYTHON) -> dict:
     """skyspot's own venv at `venv` (made again when it is missing or on a Python below 3.10), with none
     of the image's packages: conda's base or the image's site-packages
     are neither read nor written. Returns the venv's interpreter facts."""
     python = str(venv / "bin" / "python")
     facts = _probe(python, environ) if (venv / "bin" / "python").exists() else None
-    if facts and tuple(facts["info"]) >= MIN_PYTHON:
+    if facts and tuple(facts["info"]) >= floor:
         return facts
-    base, origin = find_python(uv, environ)
+    base, origin = find_python(uv, environ, floor)
     # No --seed: seeding pip needs the index, and a recovery installs from the wheelhouse with none
     # (build_from_index adds pip when it needs it).
     _run([uv, "venv", "--quiet", "--clear", "--no-project", "--python", base, str(venv)], environ,
@@ -462,7 +476,7 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
     environ = {**environ, "LD_LIBRARY_PATH": clean_environ(environ)}  # the tools and the venv see torch's own libs
     uv = find_uv(environ)
     if python is None:
-        facts = make_venv(uv, venv_path(environ), environ)
+        facts = make_venv(uv, venv_path(environ), environ, python_floor(wheel))
         python = str(venv_path(environ) / "bin" / "python")
     else:
         facts = _probe(python, environ)

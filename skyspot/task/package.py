@@ -128,6 +128,37 @@ def node_requirements(declared: Optional[Iterable[str]] = None) -> tuple[str, ..
     return tuple(sorted(pinned, key=str.lower))
 
 
+NODE_PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+"""The Pythons a node may end on, oldest first (node_env.py makes skyspot's venv on one of them)."""
+
+
+def python_floor(requirements: Iterable[str]) -> str:
+    """The oldest Python every pinned package of `requirements` (`name==version`, installed here) supports,
+    from each one's own Requires-Python: what the node wheel's Requires-Python says, and so the oldest
+    interpreter node_env makes skyspot's venv on. (accelerate 1.16.0 needs 3.11: pinned from a machine
+    that has it, a 3.10 image's own Python cannot install the stack.)"""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    specs = []
+    for requirement in requirements:
+        name, sep, version = requirement.partition("==")
+        if not sep or ";" in requirement:
+            continue
+        try:
+            dist = metadata.distribution(name.strip())
+            if dist.version.split("+", 1)[0] != version.strip():
+                continue  # pinned, but not to what is installed here: nothing to read
+            spec = dist.metadata.get("Requires-Python")
+            if spec:
+                specs.append(SpecifierSet(spec))
+        except (metadata.PackageNotFoundError, InvalidSpecifier):
+            continue
+    for candidate in NODE_PYTHONS:
+        if all(spec.contains(f"{candidate}.0") or spec.contains(f"{candidate}.99") for spec in specs):
+            return candidate
+    return NODE_PYTHONS[-1]
+
+
 def _extra_of(requirement: str) -> Optional[str]:
     match = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", requirement)
     return match.group(1) if match else None
@@ -150,7 +181,8 @@ def _checkout_dependencies() -> Optional[list[str]]:
 
 def _metadata_files(version: str, requirements: tuple[str, ...]) -> dict[str, bytes]:
     dist_info = f"skyspot-{version}.dist-info"
-    meta = ["Metadata-Version: 2.1", "Name: skyspot", f"Version: {version}", "Requires-Python: >=3.10",
+    meta = ["Metadata-Version: 2.1", "Name: skyspot", f"Version: {version}",
+            f"Requires-Python: >={python_floor(requirements)}",
             *(f"Provides-Extra: {e}" for e in NODE_EXTRAS if any(_extra_of(r) == e for r in requirements)),
             *(f"Requires-Dist: {r}" for r in requirements)]
     wheel = ["Wheel-Version: 1.0", f"Generator: skyspot {skyspot.__version__}", "Root-Is-Purelib: true",

@@ -96,9 +96,11 @@ def test_a_crash_and_a_hang_restart_in_place_and_the_run_ends_bitwise_equal(cras
     assert event["seconds_to_next_step"] == pytest.approx(first_after - event["failed_at"], abs=0.5)
     # The hang: found within its bound of the SIGSTOP, with every rank's stacks in the run directory.
     hang, = log.of_type("hang")
-    assert hang["bound_seconds"] == pytest.approx(HANG_FLOOR_S, abs=0.01)
+    # The bound is the floor or hang_factor x the measured step, whichever is longer: on a slow machine the
+    # steps' own figure can pass the floor (CI measured 4.017 s once).
+    assert HANG_FLOOR_S - 0.01 <= hang["bound_seconds"] <= HANG_FLOOR_S * 3, hang
     found_after = hang["ts"] - stopped[0]["ts"]
-    assert HANG_FLOOR_S - 1.5 <= found_after <= HANG_FLOOR_S + 3.0, (found_after, hang)
+    assert HANG_FLOOR_S - 1.5 <= found_after <= hang["bound_seconds"] + 3.0, (found_after, hang)
     stacks = Path(hang["stacks"])
     assert stacks.is_dir() and sorted(p.name for p in stacks.glob("rank-*.txt")) == ["rank-0.txt"], stacks
     assert "skyspot" in (stacks / "rank-0.txt").read_text()  # the stopped rank's own frames

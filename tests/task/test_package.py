@@ -92,3 +92,38 @@ def test_the_wheel_ships_the_allow_list_and_never_a_dotfile_a_swap_file_or_a_lin
                 if p.is_file() and "__pycache__" not in p.parts
                 and (p.suffix == ".py" or p.parent.name in ("recipes", "pricing_data"))}
     assert expected <= shipped and "recipes/llama70b.yaml" in shipped and "pricing/pricing_data/gpu_prices.csv" in shipped
+
+
+class _Dist:
+    def __init__(self, version, requires_python):
+        self.version, self.metadata = version, ({"Requires-Python": requires_python} if requires_python else {})
+
+
+def test_the_node_wheel_asks_for_the_oldest_python_its_pinned_stack_supports(monkeypatch, tmp_path):
+    """accelerate 1.16.0 needs Python >= 3.11: a wheel pinned from a machine that has it says so, and node_env
+    then makes skyspot's venv on a 3.11 or newer, never on a 3.10 image's own interpreter."""
+    from importlib import metadata
+
+    from skyspot import node_env
+
+    installed = {"accelerate": _Dist("1.16.0", ">=3.11.0"), "torch": _Dist("2.13.0+cu130", ">=3.10"),
+                 "deepspeed": _Dist("0.19.8", None)}
+
+    def distribution(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(packaging.metadata, "distribution", distribution)
+    assert packaging.python_floor(["torch==2.13.0", "deepspeed==0.19.8", "numpy>=1.26"]) == "3.10"
+    assert packaging.python_floor(["torch==2.13.0", "accelerate==1.16.0"]) == "3.11"
+    assert packaging.python_floor(["accelerate==1.15.0"]) == "3.10"  # pinned to another version than installed
+    installed["accelerate"] = _Dist("1.16.0", ">=3.13,<3.14")
+    assert packaging.python_floor(["accelerate==1.16.0"]) == "3.13"
+
+    built = packaging.build(tmp_path, declared=["accelerate>=0.26"])  # this machine's accelerate: pinned, its floor
+    assert node_env.python_floor(built.wheel) == tuple(int(p) for p in packaging.python_floor(built.requirements).split("."))
+    installed["accelerate"] = _Dist("1.16.0", ">=3.11.0")
+    monkeypatch.setattr(packaging.metadata, "version", lambda name: installed[name].version)
+    strict = packaging.build(tmp_path / "strict", declared=["accelerate>=0.26"])
+    assert "accelerate==1.16.0" in strict.requirements and node_env.python_floor(strict.wheel) == (3, 11)
