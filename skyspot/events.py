@@ -239,8 +239,9 @@ def read_events_dir(directory: str | os.PathLike) -> EventLog:
     return log
 
 
-def read_regular(path: str | os.PathLike, offset: int = 0) -> Optional[bytes]:
-    """The bytes of `path` from `offset`, or None when it cannot be read or is not a regular file.
+def read_regular(path: str | os.PathLike, offset: int = 0, limit: Optional[int] = None) -> Optional[bytes]:
+    """The bytes of `path` from `offset` (at most `limit` + 1 of them: a caller with a cap sees it passed),
+    or None when it cannot be read or is not a regular file.
 
     Anything can end up in a run's `events/`: a FIFO would block a plain open() until a writer comes,
     forever, and a device reads without end. So what is not a regular file is never opened, and the
@@ -257,7 +258,7 @@ def read_regular(path: str | os.PathLike, offset: int = 0) -> Optional[bytes]:
             return None
         with os.fdopen(fd, "rb", closefd=False) as handle:
             handle.seek(offset)
-            return handle.read()
+            return handle.read() if limit is None else handle.read(limit + 1)
     except OSError:
         return None
     finally:

@@ -77,7 +77,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m skyspot.trainer.supervise",
                                      description="Run the trainer and exit with the code it recorded.")
     parser.add_argument("--run-dir", required=True, type=Path, help="the trainer's --run-dir")
-    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S,
+    parser.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S,
                         help="seconds torchrun gives workers after a signal before SIGKILL (default %(default)s)")
     _watchdog_flags(parser)
     if "--" not in argv:
@@ -113,6 +113,17 @@ def _positive(text: str) -> float:
 
 
 _positive.__name__ = "positive number"  # argparse's error names the type: "invalid positive number value"
+
+
+def _seconds(text: str) -> float:
+    """A grace in seconds: finite, from 0 to a day (torchrun's shutdown timeout is an int of it)."""
+    value = float(text)
+    if not 0 <= value <= 86400:
+        raise ValueError(text)
+    return value
+
+
+_seconds.__name__ = "number of seconds (0 to 86400)"
 
 
 def watchdog_bounds(args: argparse.Namespace) -> Optional[Bounds]:

@@ -360,11 +360,15 @@ def test_cp_refuses_an_empty_destination(tmp_path, monkeypatch, destination):
     (["--simulate", "bogus"], "--simulate 'bogus' is not one of aws, gcp, azure"),
     (["--spot-trace", "/nonexistent"], "cannot read spot trace '/nonexistent'"),
     (["--fallback-after", "-3"], "--fallback-after"),
-    (["--preempt-every", "0"], "--preempt-every takes seconds > 0"),
+    (["--preempt-every", "0"], "--preempt-every takes seconds > 0, at most"),
     (["--preempt-every", "5", "--preempt-at-steps", "3"], "use one of --preempt-every, --preempt-at-steps"),
     (["--spot-nodes", "2"], "above resources.num_nodes"),
     # Found by the bounded property test: the deadline's plan line came before this error (two lines).
     (["--fallback-after", "1", "--deadline", "1h"], "--fallback-after and a deadline both decide"),
+    # Issue 31, item 10: an infinite wait killed the controller at its first recovery (OverflowError).
+    *[([flag, value], f"{flag} takes seconds from 0 to 604800 (a week)")
+      for flag in ("--provision-delay", "--notice", "--grace") for value in ("inf", "1e308")],
+    (["--preempt-every", "1e308"], "--preempt-every takes seconds > 0, at most 604800 (a week)"),
 ])
 def test_a_dry_run_refuses_the_local_options_a_launch_refuses(options, message):
     dry = one_line_error(invoke("launch", "tiny", "--dry-run", *options))
@@ -373,3 +377,15 @@ def test_a_dry_run_refuses_the_local_options_a_launch_refuses(options, message):
     with Ledger() as ledger:
         assert ledger.runs() == []  # the real launch refused before recording anything
     assert not (skyspot_home() / "runs").exists() or list((skyspot_home() / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize("grace", ["inf", "nan", "1e308", "-1"])
+def test_the_supervisor_refuses_a_grace_that_never_ends(grace, tmp_path):
+    """With --grace inf a trainer that ignores SIGTERM was never killed: argparse's one line, exit 2."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path),
+                           "--grace", grace, "--", "true"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "argument --grace: invalid number of seconds (0 to 86400) value" in done.stderr

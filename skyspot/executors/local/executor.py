@@ -28,6 +28,9 @@ from skyspot.ledger import Ledger, skyspot_home
 from skyspot.ledger import new_run_name, record_launch
 from skyspot.trainer.metrics.spot import PRICES_ENV
 
+MAX_SECONDS = 7 * 86400.0
+"""The longest a simulated wait may be (--notice, --grace, --provision-delay, --preempt-every): finite, and a week."""
+
 # The controller (and the metadata stand-in it imports) loads only to start or resume a run: not for
 # `status`, `logs` or `cancel`, which reach this module through the executor surface (about 40 ms).
 if TYPE_CHECKING:
@@ -78,12 +81,14 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
     chosen = [o for o in ("preempt_every", "preempt_at_steps", "spot_trace") if getattr(options, o)]
     if len(chosen) > 1:
         raise UsageError("use one of --preempt-every, --preempt-at-steps and --spot-trace")
-    if options.preempt_every is not None and options.preempt_every <= 0:
-        raise UsageError("--preempt-every takes seconds > 0")
+    if options.preempt_every is not None and not 0 < options.preempt_every <= MAX_SECONDS:
+        raise UsageError(f"--preempt-every takes seconds > 0, at most {MAX_SECONDS:.0f} (a week)")
     for value, flag in ((options.notice, "--notice"), (options.grace, "--grace"),
                         (options.provision_delay, "--provision-delay")):
-        if value is not None and value < 0:
-            raise UsageError(f"{flag} takes seconds >= 0")
+        # `not 0 <= value`: NaN too. The controller waits these out (Event.wait, which an inf or 1e308
+        # overflows) and a grace that never ends never kills a trainer that ignores SIGTERM.
+        if value is not None and not 0 <= value <= MAX_SECONDS:
+            raise UsageError(f"{flag} takes seconds from 0 to {MAX_SECONDS:.0f} (a week)")
     trace = SpotTrace.load(options.spot_trace) if options.spot_trace else SpotTrace()
     from skyspot.executors.local.rank_faults import check as check_faults
 

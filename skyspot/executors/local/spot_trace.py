@@ -24,6 +24,7 @@ simulator (skyspot/planning/deadline.py) alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -64,11 +65,19 @@ class SpotTrace:
 
     @classmethod
     def load(cls, path: str | Path) -> "SpotTrace":
+        from skyspot.events import read_regular
+
         path = Path(path)
+        if not path.exists():
+            raise UsageError(f"cannot read spot trace '{path}': No such file or directory")
+        # A regular file only (a FIFO would hang the read, /dev/zero never end it), and a small one.
+        raw = read_regular(path, limit=MAX_TRACE_BYTES)
+        if raw is None:
+            raise UsageError(f"cannot read spot trace '{path}': not a readable regular file")
+        if len(raw) > MAX_TRACE_BYTES:
+            raise UsageError(f"spot trace '{path}' is larger than {MAX_TRACE_BYTES // 1024} KiB: not a trace")
         try:
-            data = yaml12.load(path.read_text(encoding="utf-8"))  # the recipes' number grammar
-        except OSError as error:
-            raise UsageError(f"cannot read spot trace '{path}': {error.strerror}") from None
+            data = yaml12.load(raw.decode("utf-8", errors="replace"))  # the recipes' number grammar
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -80,11 +89,11 @@ class SpotTrace:
             raise UsageError(f"{path}: unknown spot trace key(s) {', '.join(sorted(unknown))} "
                              "(known: preemptions, notice, capacity_gone_after, nodes, unavailable)")
         times = data.get("preemptions") or []
-        if not isinstance(times, list) or not all(isinstance(t, (int, float)) and t >= 0 for t in times):
-            raise UsageError(f"{path}: 'preemptions' must be a list of seconds >= 0")
+        if not isinstance(times, list) or not all(_seconds(t) for t in times):
+            raise UsageError(f"{path}: 'preemptions' must be a list of finite seconds >= 0")
         notice = data.get("notice")
-        if notice is not None and (not isinstance(notice, (int, float)) or notice < 0):
-            raise UsageError(f"{path}: 'notice' must be seconds >= 0")
+        if notice is not None and not _seconds(notice):
+            raise UsageError(f"{path}: 'notice' must be finite seconds >= 0")
         gone = data.get("capacity_gone_after")
         if gone is not None and (not isinstance(gone, int) or gone < 0):
             raise UsageError(f"{path}: 'capacity_gone_after' must be a whole number >= 0")
@@ -96,9 +105,17 @@ class SpotTrace:
                    _windows(path, data.get("unavailable") or []))
 
 
+MAX_TRACE_BYTES = 1 << 20
+"""A spot trace is a few lines; a bigger file is refused before it is parsed."""
+
+
+def _seconds(v) -> bool:
+    """A time in a trace: a finite number >= 0 (YAML's .inf and .nan are numbers too), never a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
 def _windows(path: Path, raw) -> list[tuple[float, float]]:
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    number = _seconds
 
     if not isinstance(raw, list) or not all(isinstance(w, list) and len(w) == 2 and all(map(number, w))
                                             and w[0] < w[1] for w in raw):

@@ -33,7 +33,12 @@ def test_a_trace_reads_numbers_as_recipes_do(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("preemptions: [10]\nwhen: 3\n", "unknown spot trace key(s) when"),
-    ("preemptions: [-1]\n", "'preemptions' must be a list of seconds >= 0"),
+    ("preemptions: [-1]\n", "'preemptions' must be a list of finite seconds >= 0"),
+    ("preemptions: [.inf]\n", "'preemptions' must be a list of finite seconds >= 0"),  # issue 31, item 9
+    ("preemptions: [.nan]\n", "'preemptions' must be a list of finite seconds >= 0"),
+    ("preemptions: [true]\n", "'preemptions' must be a list of finite seconds >= 0"),
+    ("preemptions: [1]\nnotice: .inf\n", "'notice' must be finite seconds >= 0"),
+    ("preemptions: [1]\nunavailable: [[0, .inf]]\n", "'unavailable' must be a list of"),
     ("preemptions: [1]\nnodes: [2, 0]\n", "'nodes' must be a list of node counts >= 1"),
     ("preemptions: [1]\nnodes: [true]\n", "'nodes' must be a list of node counts >= 1"),
     ("preemptions: [1]\nnodes: 2\n", "'nodes' must be a list"),
@@ -88,3 +93,19 @@ def test_outages_reach_the_controller_and_a_deadline_refuses_fallback_after(tmp_
     assert make_spec(built, "r", LocalOptions(spot_trace=trace)).unavailable == [[30.0, 90.0]]
     with pytest.raises(UsageError, match="drop --fallback-after"):
         make_spec(built, "r", LocalOptions(fallback_after=1, deadline={"at": 1.0, "start": 0.0}))
+
+
+def test_a_trace_that_is_not_a_small_regular_file_is_one_line_and_never_hangs(tmp_path):
+    """Issue 31, item 9: `--spot-trace /dev/zero` was a MemoryError, a FIFO hung the launch."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    big.write_text("preemptions: [1]\n" + "#" * (2 << 20) + "\n")
+    for path, said in ((fifo, "not a readable regular file"), ("/dev/zero", "not a readable regular file"),
+                       (big, "is larger than 1024 KiB"), (tmp_path / "gone.yaml", "No such file or directory"),
+                       (tmp_path, "not a readable regular file")):
+        with pytest.raises(UsageError, match=said) as err:
+            SpotTrace.load(str(path))
+        assert "\n" not in str(err.value)
