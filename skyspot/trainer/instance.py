@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any, Mapping, Optional
@@ -54,7 +56,13 @@ AZURE_COMPUTE_PATH = "/metadata/instance/compute"  # https://learn.microsoft.com
 def read(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
     """This node's instance as its cloud's metadata service reports it; None off a cloud node or when it
     does not answer. Keys: cloud, instance_type, spot (bool), capacity (the cloud's word), zone, region,
-    and on AWS zone_id (what the price data's AWS zones are)."""
+    image, and on AWS zone_id (what the price data's AWS zones are).
+
+    Bounded every way a metadata service (or something squatting its address) can misbehave: the whole
+    reading ends within BUDGET_S however slowly the bytes come (it runs on a thread of its own and the
+    sockets are shut when the budget is spent), no answer is read past MAX_BODY, any exception is a
+    service that did not answer, and a value that is not a short printable string is dropped
+    (`_clean`). A start never fails here."""
     target = watch_target(environ)
     if target is None:
         return None
@@ -62,13 +70,59 @@ def read(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
     start = time.monotonic()
     try:
         http = _Http(endpoint, fallback_target(environ))
-        found = {"aws": _aws, "gcp": _gcp, "azure": _azure}[cloud](http, environ, start)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        log.info("instance metadata: %s at %s did not answer (%s)", cloud, endpoint, error)
+    except Exception as error:  # noqa: BLE001 - an endpoint that is not http://host:port
+        log.info("instance metadata: %s endpoint %s unusable (%s)", cloud, endpoint, error)
         return None
+    box: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            box["found"] = {"aws": _aws, "gcp": _gcp, "azure": _azure}[cloud](_Capped(http), environ, start)
+        except Exception as error:  # noqa: BLE001 - a garbage status line, a 429, a list for a document ...
+            box["error"] = error
+
+    worker = threading.Thread(target=ask, name="skyspot-instance-metadata", daemon=True)
+    worker.start()
+    worker.join(BUDGET_S)
+    if worker.is_alive():
+        http.abort()  # wakes the blocked read; the thread ends on its own
+        log.info("instance metadata: %s at %s took more than %.0fs; not read", cloud, endpoint, BUDGET_S)
+        return None
+    if "error" in box:
+        log.info("instance metadata: %s at %s did not answer (%s)", cloud, endpoint, box["error"])
+        return None
+    found = _clean(box.get("found"))
     if not found or not found.get("instance_type"):
         return None
     return {"cloud": cloud, **found, "source": f"{cloud} metadata", "seconds": round(time.monotonic() - start, 3)}
+
+
+MAX_BODY = 64 * 1024  # ours: every answer read here is a few bytes; Azure's compute document a few KB
+_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]{0,126}[\x21-\x7e])?")  # printable ASCII, 1-128 chars, trimmed
+
+
+def _clean(found: Any) -> Optional[dict[str, Any]]:
+    """What the reader returned, each value kept only if it is what the field holds: `spot` a bool, every
+    other a short printable string (a nested object, a number, NaN or a megabyte of text is dropped)."""
+    if not isinstance(found, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key, value in found.items():
+        if key == "spot":
+            out[key] = value if isinstance(value, bool) else None
+        else:
+            out[key] = value if isinstance(value, str) and _VALUE.fullmatch(value) else None
+    return out
+
+
+class _Capped:
+    """The metadata HTTP client with every answer capped at MAX_BODY (the notice watchers' own is not)."""
+
+    def __init__(self, http: _Http):
+        self._http = http
+
+    def request(self, method: str, path: str, headers: dict, timeout: float, body: Optional[bytes] = None):
+        return self._http.request(method, path, headers, timeout, body, max_bytes=MAX_BODY)
 
 
 def where_with(where: Mapping[str, Any], instance: Optional[Mapping[str, Any]]) -> dict[str, Any]:
@@ -124,7 +178,7 @@ def _gcp(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any
         status, _, body = http.request("GET", GCP_IMAGE_PATH, {"Metadata-Flavor": "Google"}, TIMEOUT_S)
         if status == 200:
             image = body.decode().strip().rsplit("/", 1)[-1] or None
-    except (OSError, ValueError, TimeoutError):
+    except Exception:  # noqa: BLE001 - optional, as above
         pass
     zone = values["zone"].rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
     preemptible = values["preemptible"].upper()  # TRUE for Spot and preemptible VMs alike
@@ -138,10 +192,15 @@ def _azure(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, A
     if status != 200:
         raise ValueError(f"{AZURE_COMPUTE_PATH} answered {status}")
     compute = json.loads(body)
-    priority = str(compute.get("priority") or "")
-    reference = (compute.get("storageProfile") or {}).get("imageReference") or {}
-    image = reference.get("id") or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version")
-                                            if reference.get(k)) or None
+    if not isinstance(compute, dict):
+        raise ValueError(f"{AZURE_COMPUTE_PATH} answered a {type(compute).__name__}, not a document")
+    priority = compute.get("priority") if isinstance(compute.get("priority"), str) else ""
+    image = None
+    profile = compute.get("storageProfile")
+    reference = profile.get("imageReference") if isinstance(profile, dict) else None
+    if isinstance(reference, dict):  # optional: an odd one costs nothing of the rest
+        image = reference.get("id") or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version")
+                                                if reference.get(k)) or None
     return {"instance_type": compute.get("vmSize"), "capacity": priority,
             "spot": priority.lower() in ("spot", "low"), "zone": compute.get("zone") or None,
             "region": compute.get("location") or None, "image": image}

@@ -114,3 +114,103 @@ def test_a_cloud_run_without_a_queue_record_is_priced_from_what_its_node_read(se
     assert run.cost_usd == pytest.approx(8.6505)  # one hour, from the first start to the exit
     without = cost.run_cost(EventLog(events=[{**e, "where": plain} if e["type"] == "start" else e for e in events]))
     assert without.attempts[0].usd_per_hour is None  # what such a run came to before: no price at all
+
+
+# ------------------------------------------------------------------ a metadata address that misbehaves (issue 31.8)
+
+
+class _Raw:
+    """A loopback server answering every request with `reply(request_line)`: raw bytes, sent `drip` seconds apart
+    byte by byte when `drip` is set. Stands for something odd at the metadata address, not for a cloud."""
+
+    def __init__(self, reply, drip: float = 0.0):
+        import socket
+        import threading
+
+        self.reply, self.drip = reply, drip
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        import threading
+
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        import time
+
+        try:
+            request = conn.recv(65536).split(b"\r\n", 1)[0].decode()
+            data = self.reply(request)
+            if self.drip:
+                for i in range(len(data)):
+                    conn.sendall(data[i:i + 1])
+                    time.sleep(self.drip)
+            else:
+                conn.sendall(data)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def _http(status: str, body: bytes, extra: str = "") -> bytes:
+    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def _env(cloud, port):
+    key = {"aws": "AWS_EC2_METADATA_SERVICE_ENDPOINT", "gcp": "GCE_METADATA_HOST",
+           "azure": "SKYSPOT_AZURE_METADATA_ENDPOINT"}[cloud]
+    value = f"127.0.0.1:{port}" if cloud == "gcp" else f"http://127.0.0.1:{port}"
+    return {key: value, "SKYPILOT_CLUSTER_INFO": json.dumps(CLUSTER[cloud])}
+
+
+_AZURE_OK = {"vmSize": "Standard_ND96amsr_A100_v4", "priority": "Spot", "zone": "", "location": "eastus"}
+
+
+@pytest.mark.parametrize("cloud, reply, drip", [
+    ("aws", lambda r: _http("500 Internal Server Error", b"no"), 0.0),  # the token PUT answered 500
+    ("aws", lambda r: _http("429 Too Many Requests", b""), 0.0),
+    ("aws", lambda r: b"GARBAGE\r\n\r\n", 0.0),  # http.client.BadStatusLine
+    ("azure", lambda r: _http("200 OK", json.dumps([1, 2]).encode()), 0.0),  # a list for the document
+    ("azure", lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "vmSize": {"nested": [1]}}).encode()), 0.0),
+    ("azure", lambda r: _http("200 OK", b'{"vmSize": NaN, "priority": "Spot"}'), 0.0),
+    ("azure", lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "vmSize": "x" * (3 << 20)}).encode()),
+     0.0),  # 3 MB: past the cap, never read whole
+    ("gcp", lambda r: _http("200 OK", b"projects/0/machineTypes/a2-ultragpu-8g", "Metadata-Flavor: Google\r\n"), 0.5),
+])
+def test_an_odd_metadata_answer_leaves_the_start_as_it_was_within_the_budget(cloud, reply, drip):
+    """Each of these failed the trainer's start, or held it 21.6 s against its 4 s budget (a byte every 0.5 s)."""
+    import time
+
+    server = _Raw(reply, drip)
+    try:
+        began = time.monotonic()
+        assert instance.read(_env(cloud, server.port)) is None
+        assert time.monotonic() - began < instance.BUDGET_S + 1.0
+    finally:
+        server.close()
+
+
+def test_values_that_are_not_short_printable_strings_are_dropped_and_the_rest_kept():
+    server = _Raw(lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "zone": {"a": 1}, "location": "east\x1bus",
+                                                         "storageProfile": [1]}).encode()))
+    try:
+        found = instance.read(_env("azure", server.port))
+    finally:
+        server.close()
+    assert found["instance_type"] == "Standard_ND96amsr_A100_v4" and found["spot"] is True
+    assert found["zone"] is None and found["region"] is None and found["image"] is None

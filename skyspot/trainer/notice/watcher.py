@@ -247,18 +247,20 @@ class _Http:
         return parts.hostname, parts.port or 80, parts.path.rstrip("/")
 
     def request(self, method: str, path: str, headers: dict[str, str], timeout: float,
-                body: bytes | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+                body: bytes | None = None, max_bytes: int | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """One request; `max_bytes`: a longer answer is a ValueError, never read whole."""
         try:
-            return self._request(self.base, method, path, headers, timeout, body)
+            return self._request(self.base, method, path, headers, timeout, body, max_bytes)
         except socket.gaierror:
             if self.fallback is None or self.base == self.fallback:
                 raise
             log.info("metadata host %s does not resolve; using %s from now on", self.base[0], self.fallback[0])
             self.base = self.fallback
-            return self._request(self.base, method, path, headers, timeout, body)
+            return self._request(self.base, method, path, headers, timeout, body, max_bytes)
 
     def _request(self, base: tuple[str, int, str], method: str, path: str, headers: dict[str, str],
-                 timeout: float, body: bytes | None) -> tuple[int, http.client.HTTPMessage, bytes]:
+                 timeout: float, body: bytes | None,
+                 max_bytes: int | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
         host, port, prefix = base
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
         with self._lock:
@@ -272,7 +274,12 @@ class _Http:
                     raise _Stopped()
             conn.request(method, prefix + path, body=body, headers=headers)
             response = conn.getresponse()
-            return response.status, response.headers, response.read()
+            if max_bytes is None:
+                return response.status, response.headers, response.read()
+            data = response.read(max_bytes + 1)
+            if len(data) > max_bytes:
+                raise ValueError(f"{path} answered more than {max_bytes} bytes")
+            return response.status, response.headers, data
         finally:
             with self._lock:
                 self._conns.discard(conn)
