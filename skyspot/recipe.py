@@ -803,6 +803,10 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     if problems:
         raise RecipeError(source, problems)
 
+    if data and not set(map(str, data)) & set(Recipe.model_fields):
+        # Not a recipe at all (a config, /etc/shadow): said without echoing a line of it.
+        raise RecipeError(source, [f"not a recipe: none of its {len(data)} top-level key(s) is a recipe section "
+                                   f"({', '.join(Recipe.model_fields)})"])
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
@@ -827,11 +831,15 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
                 problems.append(f"{origin}: {message}")
                 continue
             line = lines.get(loc)
-            problems.append(f"{loc or '(top)'}{f' (line {line})' if line else ''}: {message}")
+            # A key is named only when it looks like one: a file's line is never echoed whole.
+            shown = loc if _KEY_PATH.fullmatch(loc or "") else ("a key" if loc else "(top)")
+            problems.append(f"{shown}{f' (line {line})' if line else ''}: {message}")
         if all(p.startswith(("override ", "environment ", "flag ")) for p in problems):
             raise RecipeError(None, [*problems[:-1], f"{problems[-1]} (recipe {source})"]) from None
         raise RecipeError(source, problems) from None
 
+
+_KEY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}(\.[A-Za-z_][A-Za-z0-9_-]{0,63}){0,7}")
 
 _STRICT_TYPES = ("int_type", "float_type", "bool_type", "string_type", "list_type", "dict_type", "model_type")
 

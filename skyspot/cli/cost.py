@@ -12,7 +12,7 @@ import typer
 from skyspot.cli.common import Column, display, handle_errors, in_place_text, one_line, terminal_width, usd
 from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
-from skyspot.console import err, out
+from skyspot.console import err, out, printable
 from skyspot.errors import UsageError
 from skyspot.node_kinds import kind_lines
 
@@ -112,10 +112,12 @@ def _write_csv(rows: list[dict], fields: list[str]) -> None:
 
 
 def _csv_value(value):
-    """A mapping (interruptions_by_cause) as `spot-preemption=2;planned-maintenance=1`: one cell, parseable."""
+    """A mapping (interruptions_by_cause) as `spot-preemption=2;planned-maintenance=1`: one cell, parseable;
+    text with its control characters escaped (console.printable), as every table shows it: a ledger row's
+    or an event's ESC or BEL never reaches the terminal through --csv either."""
     if isinstance(value, dict):
-        return ";".join(f"{key}={count}" for key, count in value.items())
-    return value
+        value = ";".join(f"{key}={count}" for key, count in value.items())
+    return printable(value) if isinstance(value, str) else value
 
 
 def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:

@@ -69,6 +69,10 @@ def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
         raise UsageError(f"empty store location; expected {EXPECTED_FORMS}")
     match = _SCHEME_RE.match(text)
     if match is None:
+        # `s3:/bucket/x` (a slash short) or `gs:bucket`: a bucket meant, never a local folder named `s3:`.
+        typo = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)", text)
+        if typo and typo.group(1).lower() in BUCKET_SCHEMES + ("file",):
+            raise UsageError(f"store {text!r} is missing a slash after '{typo.group(1)}:'; expected {EXPECTED_FORMS}")
         return StoreURI("file", "", os.path.abspath(os.path.expanduser(text)))
     scheme = match.group(1).lower()
     rest = text[match.end():]

@@ -155,7 +155,14 @@ def _watchdog_flags(recipe: Recipe) -> str:
         return " --no-watchdog"
     # At least what the I/O plan allows this recipe's first download (start_bounds.py): a slow start is not a hang.
     first_step = start_bounds(recipe).first_step_seconds
-    return f" --hang-factor {r.hang_factor:g} --hang-floor {r.hang_floor_seconds:g} --first-step-bound {first_step:g}"
+    return (f" --hang-factor {_exact(r.hang_factor)} --hang-floor {_exact(r.hang_floor_seconds)} "
+            f"--first-step-bound {_exact(first_step)}")
+
+
+def _exact(value: float) -> str:
+    """A number as the shell passes it on, exactly: 8100 -> '8100', 1.5 -> '1.5', never `:g`'s 1.23457e+06."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
 # The dashboards' credentials (trainer/metrics/): W&B always needs its key; an MLflow server may need a
 # token (passed when the launching environment has one: executors/sky/sdk.py OPTIONAL_SECRETS).
 WANDB_SECRET = "WANDB_API_KEY"

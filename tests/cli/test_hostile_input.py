@@ -275,12 +275,14 @@ def test_no_escape_sequence_from_a_ledger_row_reaches_the_terminal():
     _raw("UPDATE runs SET recipe = ? WHERE name = 'run-1'", f"tiny{ESCAPES}")
     make_run(f"odd{ESCAPES}", status="FAILED", info={"cause": ESCAPES})
     results = [invoke(*args) for args in (["status"], ["status", "-a"], ["cost-report"], ["cost-report", "run-1"],
+                                          ["cost-report", "--csv"], ["cost-report", "run-1", "--csv"],  # issue 31.13
                                           ["cancel", "--all", "-y"], ["logs", "run-1"], ["status", "--json"])]
     for result in results:
         text = result.stdout + result.stderr
         assert not any(c in text for c in "\x1b\x07\x9b\r"), repr(text)
     status = results[0].stderr
     assert "boom\\x1b]0;owned\\x07\\x1b[2J" in status
+    assert "tiny\\x1b]0;owned\\x07" in results[4].stdout  # the CSV keeps the cell, escaped
 
 
 # --------------------------------------------------------------------------- item 14: odd files in events/
@@ -389,3 +391,17 @@ def test_the_supervisor_refuses_a_grace_that_never_ends(grace, tmp_path):
                            "--grace", grace, "--", "true"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "argument --grace: invalid number of seconds (0 to 86400) value" in done.stderr
+
+
+def test_a_file_that_is_not_a_recipe_is_refused_without_echoing_its_lines(tmp_path):
+    """`skyspot render /etc/shadow` printed each line's password-hash field as an unknown key (issue 31.13)."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$6$CANARYhash:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("name: x\nroot:$6$CANARYhash:1:\n")
+    for args in (["render", shadow], ["launch", shadow, "--dry-run"], ["keys", shadow], ["render", mixed]):
+        line = one_line_error(invoke(*map(str, args)))
+        assert "CANARY" not in line and "$6$" not in line, line
+    assert "not a recipe: none of its 2 top-level key(s) is a recipe section" in one_line_error(
+        invoke("render", str(shadow)))
+    assert "a key (line 2): unknown key" in one_line_error(invoke("render", str(mixed)))

@@ -48,6 +48,10 @@ def test_a_parsed_uri_prints_as_written(uri):
 @pytest.mark.parametrize("uri, message", [
     ("http://host/x", f"unsupported store scheme 'http://' in 'http://host/x'; expected {FORMS}"),
     ("ftp://a/b", f"unsupported store scheme 'ftp://' in 'ftp://a/b'; expected {FORMS}"),
+    # Issue 31, item 13: one slash short made a local folder named `s3:` in the working directory.
+    ("s3:/bucket/x", f"store 's3:/bucket/x' is missing a slash after 's3:'; expected {FORMS}"),
+    ("gs:bucket", f"store 'gs:bucket' is missing a slash after 'gs:'; expected {FORMS}"),
+    ("AZ:/acct/c", f"store 'AZ:/acct/c' is missing a slash after 'AZ:'; expected {FORMS}"),
     ("", f"empty store location; expected {FORMS}"),
     ("s3://", "store 's3://' has no bucket; expected s3://BUCKET/PREFIX"),
     ("s3://My_Bucket/x", "invalid S3 bucket name 'My_Bucket' in 's3://My_Bucket/x': may contain only "

@@ -269,3 +269,13 @@ def test_setup_waits_for_tcpx_in_a_bound_and_loads_the_plugin_beside_torchs_own_
                  "LD_LIBRARY_PATH": f"{root}/nvidia/lib64:{root}/tcpx/lib64"}
     done = subprocess.run(["bash", "-ec", exported], env=container, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == f"{shim}:{root}/nvidia/lib64", done.stdout + done.stderr
+
+
+def test_hang_bounds_reach_the_supervisor_exactly():
+    """`:g` wrote 1234567 as 1.23457e+06 (issue 31, item 13): the supervisor got another bound than the recipe's."""
+    from skyspot.recipe import load_recipe
+    from skyspot.task.render import run_script
+
+    script = run_script(load_recipe("tiny", ["resilience.hang_floor_seconds=1234567", "resilience.hang_factor=2.5"]),
+                        "tiny", [])
+    assert "--hang-factor 2.5 --hang-floor 1234567 " in script and "e+" not in script
