@@ -669,6 +669,11 @@ def _env_key(name: str) -> Optional[str]:
     return key
 
 
+def is_override_variable(name: str) -> bool:
+    """Whether an environment variable is a recipe override (SKYSPOT_<SECTION>__<KEY>), checked or not."""
+    return name.startswith(ENV_PREFIX) and "__" in name
+
+
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
     """SKYSPOT_<SECTION>__<KEY>=value environment variables, as overrides."""
     found = []

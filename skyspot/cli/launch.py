@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import sys
 from typing import Optional
 
@@ -135,6 +137,12 @@ def resume_command(
         run = ledger.get(run_name)
     if run.status == "SUCCEEDED":
         raise UsageError(f"run '{run_name}' finished (SUCCEEDED): nothing to resume")
+    from skyspot.recipe import is_override_variable
+
+    ignored = sorted(name for name in os.environ if is_override_variable(name))
+    if ignored:  # the run's settings are the ones recorded at launch (issue 31, item 6)
+        err.print(f"note: ignoring {', '.join(ignored)} from this shell: a resumed run keeps the settings it "
+                  "was launched with; launch a new run to change them", markup=False, highlight=False)
     executor = executor_for(run)
     question = executor.resume_question(run)
     if question and not confirm(question, yes):

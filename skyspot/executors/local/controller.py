@@ -264,7 +264,11 @@ class Controller:
         cluster_info = {"cluster_name": f"{spec.name}-local", "cloud": where["cloud"].upper() if where["cloud"] != "azure"
                         else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": where["num_nodes"],
                         "instance_type": where["instance_type"], "use_spot": where["spot"], "simulated": True}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_")}
+        # Not the shell's recipe overrides (SKYSPOT_<SECTION>__<KEY>): the launch recorded the ones it
+        # applied as the trainer's explicit overrides, and a resume keeps exactly those (issue 31, item 6).
+        from skyspot.recipe import is_override_variable
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SKYPILOT_") and not is_override_variable(k)}
         if self.fresh is not None:
             env = self.fresh.env(env, spec.task_envs)
             # What SkyPilot passes a cloud node as a secret: the key that vouches for the run's wheelhouse.

@@ -266,3 +266,35 @@ def test_the_live_view_shows_the_latest_train_and_eval_loss_and_each_in_place_re
     view.apply({**event(61, "step", 0, step=20, step_seconds=0.1), "loss": None})
     assert (view.eval_loss, view.loss) == (1.25, 1.0)
     assert follow_module.losses_text(view) == "loss 1.0000  eval loss 1.2500 (step 10)"
+
+
+def test_a_resumed_local_run_trains_with_its_recorded_settings_not_the_shells(tmp_path, monkeypatch):
+    """Issue 31, item 6: `SKYSPOT_TRAIN__LR=0.9 skyspot resume RUN` changed the run's learning rate (its loss
+    went 2.85 -> 19.2). The launch records the overrides it applied in the trainer's own arguments; the
+    nodes get none of the shell's SKYSPOT_<SECTION>__<KEY>, and `resume` says it ignored them."""
+    from typer.testing import CliRunner
+
+    from skyspot.app.launch import build
+    from skyspot.cli.main import app
+    from skyspot.executors.local.controller import Controller
+    from skyspot.executors.local.executor import LocalOptions, make_spec
+    from skyspot.ledger import Ledger
+
+    launched = build("tiny", local=True, environ={"SKYSPOT_TRAIN__LR": "0.003"})
+    assert "train.lr=0.003" in launched.task["run"]  # the launch's own, recorded in the task
+    monkeypatch.setenv("SKYSPOT_TRAIN__LR", "0.9")
+    monkeypatch.setenv("SKYSPOT_HOME_UNRELATED", "kept")  # not an override: stays
+    spec = make_spec(launched, "lr-run", LocalOptions())
+    with Ledger() as ledger:
+        controller = Controller(tmp_path / "run", spec, ledger)
+        where = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "num_nodes": 1,
+                 "instance_type": "m6i.large", "spot": True}
+        env = controller.node_env(0, where, {}, 29500)
+    assert "SKYSPOT_TRAIN__LR" not in env and env["SKYSPOT_HOME_UNRELATED"] == "kept"
+    with Ledger() as ledger:
+        ledger.add("lr-run", "tiny", "local", run_dir=str(tmp_path / "gone"), total_steps=5, num_nodes=1)
+        ledger.update("lr-run", status="CANCELLED")
+    said = CliRunner().invoke(app, ["resume", "lr-run", "-y", "-d"])
+    assert said.exit_code != 0  # its run dir is gone: it cannot start, but it said what it ignored first
+    assert "note: ignoring SKYSPOT_TRAIN__LR from this shell: a resumed run keeps the settings it was launched " \
+           "with" in said.stderr
