@@ -125,6 +125,10 @@ def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0
 
     restart = provision_seconds + dl.LOCAL_START_PRIOR_SECONDS if local else dl.CLOUD_RESTART_PRIOR_SECONDS
     floor, floor_source = step_seconds_floor(recipe)
+    hint = recipe.resources.step_seconds_hint
+    if hint and floor and hint < floor:  # issue 31, item 12: a hint no hardware can meet checks nothing
+        raise UsageError(f"resources.step_seconds_hint {hint:.6g}s is below the fastest a step of this recipe can "
+                         f"be ({floor:.3g}s: {floor_source}): give a measured step time, or none")
     check = dl.feasibility(now=now, deadline=at, steps=recipe.train.steps,
                            step_seconds_hint=recipe.resources.step_seconds_hint, restart_seconds=restart,
                            step_seconds_floor=floor, floor_source=floor_source)

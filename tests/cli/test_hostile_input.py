@@ -405,3 +405,12 @@ def test_a_file_that_is_not_a_recipe_is_refused_without_echoing_its_lines(tmp_pa
     assert "not a recipe: none of its 2 top-level key(s) is a recipe section" in one_line_error(
         invoke("render", str(shadow)))
     assert "a key (line 2): unknown key" in one_line_error(invoke("render", str(mixed)))
+
+
+def test_a_step_time_hint_below_the_physical_floor_is_refused_as_the_missing_hint_is():
+    """Issue 31, item 12: `--deadline 2h resources.step_seconds_hint=0.001` passed the check a missing hint fails."""
+    args = ["launch", "llama70b", "--dry-run", "--deadline", "2h", "--store", "s3://my-bucket/runs"]
+    line = one_line_error(invoke(*args, "resources.step_seconds_hint=0.001"))
+    assert "resources.step_seconds_hint 0.001s is below the fastest a step of this recipe can be (14s" in line
+    assert "even all on-demand cannot make the deadline" in one_line_error(invoke(*args))  # as without a hint
+    assert invoke("launch", "tiny", "--dry-run", "--deadline", "2h", "resources.step_seconds_hint=0.5").exit_code == 0
