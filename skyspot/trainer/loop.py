@@ -212,6 +212,10 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     recipe = load_recipe(args.recipe, args.overrides)
     _check_local_paths(recipe)  # before the slow imports: a missing directory is one line in a second
 
+    if placement.is_node_leader:  # before any rank loads an op: a killed build's lock would hang them all
+        from skyspot.trainer.ext_lock import clear_stale
+
+        clear_stale(say=lambda line: print(f"[skyspot] {line}", file=sys.stderr, flush=True))
     _quiet_libraries()
     import deepspeed
     import torch

@@ -81,6 +81,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"skyspot prepare: {err}", file=sys.stderr, flush=True)
         return USAGE
     started = time.monotonic()
+    from skyspot.trainer.ext_lock import clear_stale
+
+    clear_stale(say=lambda line: print(f"skyspot prepare: {line}", flush=True))  # a killed build's lock (ext_lock.py)
     print("skyspot prepare: loading DeepSpeed's ops, building any this machine lacks (a minute or more the "
           "first time)", flush=True)
     try:
