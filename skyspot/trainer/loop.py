@@ -27,7 +27,6 @@ nanoGPT's train.py), so the step boundary, the notice window and the emergency p
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 from datetime import timedelta
@@ -44,6 +43,7 @@ from skyspot.start_bounds import start_bounds
 from skyspot.trainer import cluster
 from skyspot.trainer.exit_codes import (COMPLETE, ERROR, FINAL, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
                                         describe, process_code, write_exit_record)
+from skyspot.trainer.parent_death import set_parent_death_signal
 from skyspot.trainer.preemption import Pending, PreemptionWatch
 
 if TYPE_CHECKING:  # heavy or only needed for the types of Run's fields
@@ -151,9 +151,7 @@ def _die_with_parent() -> None:
     if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     parent = os.getppid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
+    if not set_parent_death_signal(signal.SIGKILL):
         return
     if os.getppid() != parent or not _is_launcher(parent):
         # torchrun died before prctl took effect (even before `parent` was read: this process was

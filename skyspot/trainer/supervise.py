@@ -51,7 +51,6 @@ The CLI is stable: the rendered SkyPilot task and the local executor call it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import signal
@@ -64,6 +63,7 @@ from pathlib import Path
 from typing import Optional
 
 from skyspot.clouds import NOTICE_WINDOWS_S
+from skyspot.trainer.parent_death import set_parent_death_signal
 from skyspot.trainer.exit_codes import TOKEN_ENV, USAGE, describe, read_exit_record
 from skyspot.trainer.preemption import NOTICE_FILE_ENV, NOTICE_FILE_NAME, NoticeFile
 from skyspot.trainer.watchdog import Bounds, start_watchdog
@@ -136,13 +136,8 @@ def _child_setup(supervisor: int) -> None:
     """In the child, before exec: its own process group, and die with the supervisor (also when it
     died between the fork and the prctl, when no signal would come)."""
     os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-        if os.getppid() != supervisor:
-            os._exit(1)
+    if set_parent_death_signal(signal.SIGKILL) and os.getppid() != supervisor:
+        os._exit(1)
 
 
 def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,

@@ -57,6 +57,7 @@ from skyspot.ledger import Ledger
 from skyspot.executors.local.spot_trace import SpotTrace
 from skyspot.executors.local.metadata_server import AZURE_RATE_LIMIT
 from skyspot.ports import free_port
+from skyspot.trainer.parent_death import set_parent_death_signal
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
 from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE
 
@@ -382,9 +383,11 @@ class Controller:
         procs: list[subprocess.Popen] = []
         pumps = []
         for node_rank in range(nodes):
+            me = os.getpid()
             proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.node_dir(node_rank),
                                     env=self.node_env(node_rank, where, metadata.env_for(), port),
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lambda: _die_with_controller(me))
             procs.append(proc)
             prefix = f"(node-{node_rank}) " if spec.num_nodes > 1 else ""
             pump = threading.Thread(target=self._pump, args=(proc.stdout, prefix), daemon=True)
@@ -693,6 +696,16 @@ def _latest_step(tail: FileTail, step: int, logged: Optional[list[int]] = None) 
             if logged is not None and event["type"] == "step":
                 logged.append(event["step"])
     return step
+
+
+def _die_with_controller(controller: int) -> None:
+    """In a node's shell, before exec: a SIGTERM when this controller dies, however it dies (kill -9, out of
+    memory), so no trainer trains on unseen. The run script execs the supervisor, which keeps the setting
+    (it survives exec), forwards the SIGTERM to torchrun's workers as a preemption's would be (an emergency
+    checkpoint, then exit), and takes torchrun down with it if it is killed itself (trainer/supervise.py).
+    A controller that died before the prctl sends nothing: then the node does not start."""
+    if set_parent_death_signal(signal.SIGTERM) and os.getppid() != controller:
+        os._exit(1)
 
 
 def _signal_all(procs: list[subprocess.Popen], sig: int) -> None:

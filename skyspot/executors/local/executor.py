@@ -288,24 +288,15 @@ class LocalExecutor:
         return launch_local(rendered, name=rendered.run_name, detach=detach, options=options)
 
     def refresh(self, runs):
-        """The controllers keep the ledger's status themselves; one that died without a word (SIGKILL,
-        out of memory, a reboot) left its lock file unheld, and its run is marked FAILED_CONTROLLER
-        here, as SkyPilot marks a managed job whose controller is gone. A run without a lock file
-        (launched by an older skyspot, or not started yet) is left as it is."""
-        gone = [run for run in runs if not run.terminal and run.run_dir
-                and controller_lock.lock_path(run.run_dir).exists() and not controller_lock.is_held(run.run_dir)]
-        if not gone:
+        """The controllers keep the ledger's status themselves; one that died without a word is marked
+        FAILED_CONTROLLER here (`controller_gone`)."""
+        if not any(_controller_lock_unheld(run) for run in runs):
             return {}, None
         with Ledger() as ledger:
             try:
-                for run in gone:
-                    if ledger.get(run.name).terminal:  # it ended between the two reads
-                        continue
-                    cause = ("the local controller ended without recording how the run ended (killed, out of memory "
-                             f"or a reboot); `skyspot resume {run.name}` continues it")
-                    run.info = {**run.info, "cause": cause}
-                    ledger.update(run.name, status="FAILED_CONTROLLER", info=run.info)
-                    run.status = "FAILED_CONTROLLER"
+                for run in runs:
+                    if controller_gone(ledger, run):
+                        run.status, run.info = "FAILED_CONTROLLER", ledger.get(run.name).info
             except Exception:  # a read-only or busy ledger: the next command tries again
                 pass
         return {}, None
@@ -317,7 +308,12 @@ class LocalExecutor:
         with Ledger() as ledger:
             while True:
                 _copy_new(tail)
-                if not follow or ledger.get(run.name).terminal:
+                now = ledger.get(run.name)
+                if follow and controller_gone(ledger, now):
+                    _copy_new(tail)
+                    err.print(f"run '{run.name}' FAILED_CONTROLLER: {gone_cause(run.name)}", markup=False, highlight=False)
+                    return 1
+                if not follow or now.terminal:
                     _copy_new(tail)
                     return 0
                 time.sleep(0.5)
@@ -379,6 +375,34 @@ class LocalExecutor:
                               provision_seconds=provision, restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,
                               notice_seconds=float(spec.get("notice") or 0.0),
                               source="replayed from the run's spot trace")
+
+
+def gone_cause(name: str) -> str:
+    """Why a run whose controller died is FAILED_CONTROLLER (its ledger cause, the followers' last line)."""
+    return ("the local controller ended without recording how the run ended (killed, out of memory or a reboot); "
+            f"`skyspot resume {name}` continues it from its newest checkpoint")
+
+
+def _controller_lock_unheld(run) -> bool:
+    return bool(not run.terminal and run.run_dir and controller_lock.lock_path(run.run_dir).exists()
+                and not controller_lock.is_held(run.run_dir))
+
+
+def controller_gone(ledger: Ledger, run) -> bool:
+    """Whether `run`'s controller died without a word (SIGKILL, out of memory, a reboot): the ledger says
+    the run is going, but no process holds its lock file. Such a run is marked FAILED_CONTROLLER, as
+    SkyPilot marks a managed job whose controller is gone; `status`, `logs -f` and `launch`'s view all
+    ask here. A run without a lock file (launched by an older skyspot, or not started yet) is left as it is.
+    The launcher holds the lock before the ledger says PENDING, and a controller records its end before
+    it lets go, so an unheld lock with a row still going is a dead controller once the row is read again
+    (it may have ended between the two reads)."""
+    if not _controller_lock_unheld(run):
+        return False
+    current = ledger.get(run.name)
+    if current.terminal:
+        return False
+    ledger.update(run.name, status="FAILED_CONTROLLER", info={**current.info, "cause": gone_cause(run.name)})
+    return True
 
 
 def _copy_new(tail: FileTail) -> None:

@@ -179,6 +179,8 @@ def ending(run) -> list[str]:
         if run.exit_code in NOT_RETRIED:
             lines.append(f"not restarted: {NOT_RETRIED[run.exit_code]} fails the same way on every restart; "
                          f"fix it and `skyspot launch` again (`skyspot logs {run.name}` has the full log)")
+        elif run.status == "FAILED_CONTROLLER":  # its cause says how to continue it
+            lines.append(f"`skyspot logs {run.name}` has the full log")
         elif run.status != "CANCELLED":
             lines.append(f"`skyspot logs {run.name}` has the full log; `skyspot resume {run.name}` continues it "
                          "from its newest checkpoint")
@@ -224,6 +226,13 @@ def _activity(run) -> Optional[str]:
     return text if isinstance(text, str) and text else None
 
 
+def _controller_gone(ledger, run) -> bool:
+    """A controller that died without a word ends the view (executor.controller_gone marks the run)."""
+    from skyspot.executors.local.executor import controller_gone
+
+    return not run.terminal and controller_gone(ledger, run)
+
+
 def _follow_plain(ledger, name, view, tail, log_path, err):
     def say(line: str) -> None:
         err.print(f"[{name}] {line}", markup=False, highlight=False)
@@ -251,8 +260,8 @@ def _follow_plain(ledger, name, view, tail, log_path, err):
                      else "no step yet (starting: imports, DeepSpeed set-up, model load)")
             say(f"attempt {view.attempt}: {quiet:.0f}s in, {doing}{f'; log: {last}' if last else ''}")
             next_note = quiet + 2 * QUIET_SECONDS
-        if run.terminal:
-            return run
+        if run.terminal or _controller_gone(ledger, run):
+            return ledger.get(name)
         time.sleep(POLL_SECONDS)
 
 
@@ -302,6 +311,6 @@ def _follow_live(ledger, name, view, tail, log_path):
                     lines.append(activity)
             progress.update(task_id, completed=view.step)
             live.update(render())
-            if run.terminal:
-                return run
+            if run.terminal or _controller_gone(ledger, run):
+                return ledger.get(name)
             time.sleep(POLL_SECONDS)
