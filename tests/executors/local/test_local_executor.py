@@ -206,3 +206,43 @@ def test_a_cancelled_run_resumes_under_its_name_and_ends_equal_to_an_uninterrupt
     assert resume["step"] == cancelled_at >= 6  # from the checkpoint the cancel wrote, nothing redone
     assert_same_params(final_params(run_dir), final_params(reference))
     assert runner.invoke(app, ["resume", "paused"]).exit_code == 2  # finished: nothing to resume
+
+
+def test_a_killed_controller_ends_its_trainer_and_every_follower(tmp_path):
+    """Issue 31, item 7: after `kill -9` of a local controller, `logs -f` followed forever and the orphaned
+    trainer trained on while `status` said FAILED_CONTROLLER. Now the node's shell has the controller's
+    death as its parent-death signal (SIGTERM, forwarded by the supervisor as a preemption's would be):
+    the trainer ends; the follower ends with one FAILED_CONTROLLER line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from skyspot.executors.local import controller_lock
+
+    started = launch("-d", "-n", "orphan", *OVERRIDES, "train.steps=100000")
+    assert started.exit_code == 0, started.output
+    deadline = time.time() + 300
+    while status_rows()["orphan"]["step"] < 3 and time.time() < deadline:
+        time.sleep(0.5)
+    run_dir = Path(Ledger().get("orphan").run_dir)
+    held, pid = controller_lock.state(run_dir)
+    assert held and pid
+    controller = psutil.Process(pid)
+    trainers = [p for p in controller.children(recursive=True) if "skyspot.trainer" in " ".join(p.cmdline())]
+    assert trainers, "the run has trainer processes"
+    follower = subprocess.Popen([sys.executable, "-m", "skyspot.cli.main", "logs", "orphan", "-f"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    time.sleep(2)
+    os.kill(pid, signal.SIGKILL)
+    out, err = follower.communicate(timeout=60)  # it ends: it asks the lock, not only the ledger
+    assert follower.returncode == 1, (out, err)
+    assert "run 'orphan' FAILED_CONTROLLER: the local controller ended without recording how the run ended" in err
+    killed_at = time.time()
+    gone, alive = psutil.wait_procs(trainers, timeout=90)  # no orphan trains on unseen
+    assert not alive, [p.cmdline() for p in alive]
+    print(f"\ntrainer processes gone {time.time() - killed_at:.1f} s after the controller's SIGKILL")
+    assert status_rows()["orphan"]["status"] == "FAILED_CONTROLLER"
+    # (Its emergency checkpoint is not promised: the node's output pipe died with the controller.)
