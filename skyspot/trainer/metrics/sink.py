@@ -47,6 +47,8 @@ class Context:
     remember: Callable[[str, Any], None] = lambda key, value: None
     """Keep `key` in the run's run.json (and the store's copy): MLflow's run id."""
     recall: Callable[[str], Any] = lambda key: None
+    say: Callable[[str], None] = lambda line: None
+    """One line to the node's log (a credential withheld, trainer/metrics/hosts.py)."""
 
 
 def backend_for(name: str, run_dir: Path, settings):
@@ -219,7 +221,7 @@ class MetricsSink:
         except Exception as err:  # noqa: BLE001 - the story is advice; the curves go on without it
             self.say(f"metrics: the run's earlier attempts are unreadable ({_one_line(err)}); no cost or preemption curve")
         ctx = Context(run_id=self.run_id, attempt=self.attempt, run_dir=self.run_dir, resumed_from=self._resumed_from,
-                      settings=self.recipe.metrics, recipe=self.recipe, remember=self._remember, recall=self._recall)
+                      settings=self.recipe.metrics, recipe=self.recipe, remember=self._remember, recall=self._recall, say=self.say)
         where = where_text(start.get("where") or {})
         for name in self.recipe.metrics.backends:
             try:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 from urllib.parse import urlparse
 
+from skyspot.trainer.metrics import hosts
+
 DIR = "mlruns"
 RUN_ID_KEY = "mlflow_run_id"
 TAG = "skyspot.run_id"
@@ -27,7 +29,12 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TI
 
 
 def tracking_uri(settings, run_dir: Path) -> str:
-    return settings.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or (Path(run_dir) / DIR).resolve().as_uri()
+    """A relative recipe path is a file store inside the run, kept in the store (trainer/metrics/hosts.py)."""
+    named = settings.mlflow_tracking_uri
+    inside = hosts.run_relative(named) if named else None
+    if inside:
+        return (Path(run_dir) / inside).resolve().as_uri()
+    return named or os.environ.get(hosts.MLFLOW_HOST) or (Path(run_dir) / DIR).resolve().as_uri()
 
 
 def _file_store(uri: str) -> Optional[Path]:
@@ -39,19 +46,25 @@ def _file_store(uri: str) -> Optional[Path]:
 
 class MLflow:
     name = "mlflow"
-    store_key = DIR
 
     def __init__(self, run_dir: Path, settings):
         self.run_dir = Path(run_dir)
         self.uri = tracking_uri(settings, self.run_dir)
+        named = settings.mlflow_tracking_uri
+        self._inside = hosts.run_relative(named) if named else DIR if self.uri == (self.run_dir / DIR).resolve().as_uri() else None
         self.client = None
         self.run_id: Optional[str] = None
         self.attempt: Optional[int] = None
         self._last: dict[str, int] = {}
 
+    @property
+    def store_key(self) -> str:
+        return self._inside or DIR
+
     def kept_dir(self) -> Optional[Path]:
-        """The default file store in DIR is kept in the store; a store of the user's own is theirs."""
-        return self.run_dir / DIR if _file_store(self.uri) == (self.run_dir / DIR).resolve() else None
+        """A file store inside the run (the default DIR, or a relative recipe path) is kept in the store;
+        a store of the user's own is theirs."""
+        return self.run_dir / self._inside if self._inside else None
 
     def open(self, ctx) -> None:
         self.attempt = ctx.attempt
@@ -60,6 +73,10 @@ class MLflow:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             # A store pulled from an object store lacks its empty folders, and MLflow's file store wants this one.
             (root / ".trash").mkdir(parents=True, exist_ok=True)
+        dropped = hosts.drop_stray_credentials(self.uri, os.environ)
+        if dropped:
+            ctx.say(f"metrics: mlflow: {', '.join(dropped)} not sent to {self.uri}: it goes only to the server "
+                    f"{hosts.MLFLOW_HOST} names, over https or loopback")
         for key, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         from mlflow import MlflowClient
