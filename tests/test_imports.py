@@ -35,6 +35,8 @@ TRAINER_CONTRACTS = {
     "skyspot.trainer.data": "which data sources a run can read, checked by preflight before anything is paid for",
     "skyspot.trainer.interval": "initial_plan: the interval the trainer starts with, which the plan's egress counts",
     "skyspot.trainer.metrics.spot": "the node's price table (SKYSPOT_PRICES), which the task and the local executor fill",
+    "skyspot.trainer.metrics.hosts": "where the dashboards' credentials may go: checked at launch and on the node",
+    "skyspot.trainer.parent_death": "die with the parent (prctl), which the local controller gives its nodes' shells",
 }
 
 # Leaves: both sides import them, so they import (almost) nothing of skyspot themselves.

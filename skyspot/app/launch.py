@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from skyspot.task.package import Package
 from skyspot.planning.candidates import candidates
+from skyspot.errors import UsageError
 from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, parse_overrides, value_text
 from skyspot.task.render import RECIPE_MOUNT, RenderedTask, render, to_yaml
 
@@ -77,9 +78,26 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
         node_arg, recipe_file = RECIPE_MOUNT, str(Path(recipe_arg).resolve())
     task = render(recipe, planned, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
                   run_name=run_name, package_dir=str(package.folder) if package else None, local=local)
+    if recipe.metrics.backends:  # the hosts the user's environment names travel beside their tokens
+        from skyspot.trainer.metrics.hosts import node_envs
+
+        task["envs"].update(node_envs(recipe.metrics.backends, environ))
     return RenderedTask(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
                  candidates=planned, trainer_overrides=trainer_overrides, run_name=run_name,
                  package=package)
+
+
+def check_hosts(recipe: Recipe, environ: Mapping[str, str]) -> None:
+    """A dashboard's credential goes only to the host the user's environment names for it, over https or
+    to loopback (trainer/metrics/hosts.py); a recipe naming another MLflow server is refused in one line."""
+    if not recipe.metrics.backends:
+        return
+    from skyspot.trainer.metrics.hosts import HostError, check
+
+    try:
+        check(recipe.metrics.mlflow_tracking_uri, recipe.metrics.backends, environ)
+    except HostError as error:
+        raise UsageError(str(error)) from None
 
 
 def check_store(recipe: Recipe, *, local: bool) -> Optional[str]:
@@ -156,5 +174,6 @@ def launch(built: RenderedTask, executor, *, detach: bool, deadline: Optional[di
 
     executor.check(built)
     check_store(built.recipe, local=executor.runs_here)  # a cloud run's store is a bucket
+    check_hosts(built.recipe, os.environ if environ is None else environ)
     preflight(built.recipe, local=executor.runs_here, environ=os.environ if environ is None else environ)
     return executor.submit(built, detach=detach, deadline=deadline)

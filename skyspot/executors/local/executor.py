@@ -24,6 +24,7 @@ from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
 from skyspot.executors.local import controller_lock
+from skyspot.executors.local.liveness import controller_gone, controller_lock_unheld, gone_cause
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.ledger import new_run_name, record_launch
 from skyspot.trainer.metrics.spot import PRICES_ENV
@@ -290,7 +291,7 @@ class LocalExecutor:
     def refresh(self, runs):
         """The controllers keep the ledger's status themselves; one that died without a word is marked
         FAILED_CONTROLLER here (`controller_gone`)."""
-        if not any(_controller_lock_unheld(run) for run in runs):
+        if not any(controller_lock_unheld(run) for run in runs):
             return {}, None
         with Ledger() as ledger:
             try:
@@ -375,34 +376,6 @@ class LocalExecutor:
                               provision_seconds=provision, restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,
                               notice_seconds=float(spec.get("notice") or 0.0),
                               source="replayed from the run's spot trace")
-
-
-def gone_cause(name: str) -> str:
-    """Why a run whose controller died is FAILED_CONTROLLER (its ledger cause, the followers' last line)."""
-    return ("the local controller ended without recording how the run ended (killed, out of memory or a reboot); "
-            f"`skyspot resume {name}` continues it from its newest checkpoint")
-
-
-def _controller_lock_unheld(run) -> bool:
-    return bool(not run.terminal and run.run_dir and controller_lock.lock_path(run.run_dir).exists()
-                and not controller_lock.is_held(run.run_dir))
-
-
-def controller_gone(ledger: Ledger, run) -> bool:
-    """Whether `run`'s controller died without a word (SIGKILL, out of memory, a reboot): the ledger says
-    the run is going, but no process holds its lock file. Such a run is marked FAILED_CONTROLLER, as
-    SkyPilot marks a managed job whose controller is gone; `status`, `logs -f` and `launch`'s view all
-    ask here. A run without a lock file (launched by an older skyspot, or not started yet) is left as it is.
-    The launcher holds the lock before the ledger says PENDING, and a controller records its end before
-    it lets go, so an unheld lock with a row still going is a dead controller once the row is read again
-    (it may have ended between the two reads)."""
-    if not _controller_lock_unheld(run):
-        return False
-    current = ledger.get(run.name)
-    if current.terminal:
-        return False
-    ledger.update(run.name, status="FAILED_CONTROLLER", info={**current.info, "cause": gone_cause(run.name)})
-    return True
 
 
 def _copy_new(tail: FileTail) -> None:

@@ -228,7 +228,7 @@ def _activity(run) -> Optional[str]:
 
 def _controller_gone(ledger, run) -> bool:
     """A controller that died without a word ends the view (executor.controller_gone marks the run)."""
-    from skyspot.executors.local.executor import controller_gone
+    from skyspot.executors.local.liveness import controller_gone
 
     return not run.terminal and controller_gone(ledger, run)
 
