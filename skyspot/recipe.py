@@ -231,9 +231,13 @@ class DataSection(_Section):
         from skyspot.storage import canonical
 
         try:
-            return canonical(value)
+            held_out = canonical(value)
         except UsageError as err:
             raise ValueError("data.eval_split: " + str(err).replace("store", "data file", 1)) from None
+        if held_out == source:  # issue 31.13: the model would be scored on what it trained on
+            raise ValueError("data.eval_split is data.source itself: the evaluation would score the training data; "
+                             "name a held-out file, or use eval.fraction")
+        return held_out
 
 
 # The linear layers of a Llama-style decoder (attention and MLP): LoRA's default targets.

@@ -68,6 +68,29 @@ def _check_data(recipe, *, local: bool, environ: Mapping[str, str]) -> None:
     for key, path in (("data.source", source), ("data.eval_split", data.eval_split)):
         if path and not is_bucket_uri(path):
             _check_file(data, path, key, local=local)
+    if data.eval_split and not is_bucket_uri(source) and not is_bucket_uri(data.eval_split) \
+            and _same_bytes(source, data.eval_split):
+        raise UsageError(f"data.eval_split '{data.eval_split}' is a copy of data.source '{source}': the evaluation "
+                         "would score the training data; name a held-out file, or use eval.fraction")
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    """Two local files with the same size and sha256 (a held-out file copied from the training one)."""
+    import hashlib
+
+    try:
+        if os.path.getsize(a) != os.path.getsize(b):
+            return False
+        digests = []
+        for path in (a, b):
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+            digests.append(h.digest())
+        return digests[0] == digests[1]
+    except OSError:
+        return False
 
 
 def _check_file(data, path: str, key: str, *, local: bool) -> None:

@@ -209,7 +209,9 @@ def _bought(data: dict) -> str:
                      + f" at step {data.get('final_eval_step')}")
     else:
         parts.append("no evaluation (the recipe's `eval` section adds one)")
-    if data.get("final_train_loss") is not None:
+    if data.get("final_train_diverged"):
+        parts.append(f"train loss not finite (NaN or inf: diverged) at step {data.get('final_train_step')}")
+    elif data.get("final_train_loss") is not None:
         parts.append(f"train loss {_loss(data['final_train_loss'])} at step {data.get('final_train_step')}")
     return "; ".join(parts)
 

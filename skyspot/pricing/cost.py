@@ -234,6 +234,8 @@ class RunCost:
     final_train_loss: Optional[float] = None
     """The newest step's training loss, and its step."""
     final_train_step: Optional[int] = None
+    final_train_diverged: bool = False
+    """The newest step's loss was NaN or inf (final_train_loss is then None: JSON has no NaN)."""
     goodput_breakdown: dict[str, float] = field(default_factory=dict)
     """billed_seconds, line by line (GOODPUT_LINES): they add up to billed_seconds; `useful` over it is goodput."""
 
@@ -265,6 +267,8 @@ class StepRun:
     generation: int = 0
     """Which set of the attempt's processes ran it (attempts.Attempt.generation)."""
     loss: Optional[float] = None
+    diverged: bool = False
+    """Its loss was a number but not a finite one (NaN, inf): the training diverged there."""
 
 
 @dataclass(frozen=True)
@@ -364,7 +368,8 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         prices.append((baseline.source, baseline.source_date))
     checkpoints = _one_per_key(events, "checkpoint_end", ("step", "kind"))
     final_eval = next((e for e in reversed(evals) if e.loss is not None), None)
-    final_step = next((r for r in reversed(runs) if r.loss is not None), None)
+    # The newest step that said a loss: a NaN there is the news (issue 31.13), never an older finite loss.
+    final_step = next((r for r in reversed(runs) if r.loss is not None or r.diverged), None)
 
     return RunCost(
         name=name or (events[0].get("run_id") if events else None) or "",
@@ -421,6 +426,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         final_eval_at=final_eval.ts if final_eval else None,
         final_train_loss=final_step.loss if final_step else None,
         final_train_step=final_step.step if final_step else None,
+        final_train_diverged=bool(final_step and final_step.diverged),
         goodput_breakdown=_goodput_breakdown(attempts, split_attempts, runs, evals, checkpoints, in_place,
                                              billed_seconds, startup),
     )
@@ -543,7 +549,8 @@ def step_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[S
         loss = e.get("loss")
         runs.append(StepRun(attempt=attempt, step=step, ts=e["ts"], seconds=float(e.get("step_seconds") or 0.0),
                             recomputed=again is not None, in_place=again == attempt, generation=generation(e),
-                            loss=float(loss) if _finite(loss) else None))
+                            loss=float(loss) if _finite(loss) else None,
+                            diverged=isinstance(loss, float) and not _finite(loss)))
         later[step] = attempt
     return sorted(runs, key=lambda r: r.ts)
 

@@ -177,3 +177,20 @@ def test_cloud_launch_asks_the_hub_after_the_cheap_checks(monkeypatch):
     result = runner.invoke(app, ["launch", "smollm2-360m", "-y", "--store", "s3://my-ckpts/runs"])
     assert result.exit_code == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: cannot reach the Hugging Face hub")
+
+
+def test_the_training_data_is_never_its_own_held_out_set(tmp_path, model_dir):
+    """Issue 31, item 13: `data.eval_split` equal to `data.source`, or a copy of it, scored the training data."""
+    import shutil
+
+    from skyspot.errors import RecipeError
+
+    data = tmp_path / "alpaca.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in alpaca_records(3)))
+    path = recipe_file(tmp_path / "r.yaml", model_dir, data, held_out=data)
+    with pytest.raises(RecipeError, match="data.eval_split is data.source itself"):
+        load_recipe(str(path), environ={})
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy(data, copy)
+    with pytest.raises(UsageError, match="is a copy of data.source"):
+        preflight(load_recipe(str(path), [f"data.eval_split={copy}"], environ={}), local=True)

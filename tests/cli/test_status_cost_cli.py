@@ -772,3 +772,17 @@ def test_status_and_cost_report_say_what_the_run_ran_on_one_line_per_kind_of_nod
     assert row["node_kinds"][0]["starts"] == 2 and row["node_kinds"][0]["facts"]["image"] == "ami-0abc"
     text = runner.invoke(app, ["cost-report", "run-1"], terminal_width=400).stdout
     assert f"nodes: {kind} (2 node starts, attempts 0, 1)" in text
+
+
+def test_a_final_nan_loss_is_said_not_hidden_behind_an_older_one():
+    """Issue 31, item 13: a run whose last steps went NaN was reported as "train loss 3.3571 at step 28"."""
+    files = preempted_once_events()
+    trainer1 = files[event_file_name(1, 0, 0)]
+    last = next(i for i, e in enumerate(trainer1) if e["type"] == "step" and e["step"] == 40)
+    trainer1[last] = {**trainer1[last], "loss": float("nan")}
+    make_run(files=files)
+    entry, = json.loads(invoke("cost-report", "run-1", "--json").stdout)
+    assert entry["final_train_diverged"] is True and entry["final_train_step"] == 40
+    assert entry["final_train_loss"] is None
+    text = runner.invoke(app, ["cost-report", "run-1"], terminal_width=400).stdout
+    assert "train loss not finite (NaN or inf: diverged) at step 40" in text and "train loss 1.7000" not in text

@@ -423,7 +423,7 @@ def test_to_dict_field_names_are_stable():
         "mttr_reprovisioned_seconds", "mttr_in_place_seconds", "lost_steps_reprovisioned",
         "lost_seconds_reprovisioned", "lost_steps_in_place", "lost_seconds_in_place", "evals", "eval_seconds",
         "useful_eval_seconds", "final_eval_loss", "final_eval_perplexity", "final_eval_step", "final_eval_at", "final_train_loss",
-        "final_train_step", "goodput_breakdown"]
+        "final_train_step", "final_train_diverged", "goodput_breakdown"]
     assert list(data["attempts"][0]) == [
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",
