@@ -286,7 +286,10 @@ def test_values_that_would_break_the_task_are_refused(override, message):
 
 
 def test_a_file_store_uri_is_a_local_path_not_a_bucket_mount():
-    task = assert_valid_task(invoke("render", "llama8b", "storage.store=file:///tmp/runs").stdout)
+    # A cloud render refuses it as launch does (a store on this machine); a local dry run renders it unmounted.
+    refused = invoke("render", "llama8b", "storage.store=file:///tmp/runs")
+    assert refused.exit_code == 2 and "storage.store /tmp/runs is a directory on this machine" in refused.stderr
+    task = assert_valid_task(invoke("launch", "llama8b", "--local", "--dry-run", "storage.store=file:///tmp/runs").stdout)
     assert list(task["file_mounts"]) == ["/skyspot/package"] and "storage.store=/tmp/runs" in task["run"]
 
 

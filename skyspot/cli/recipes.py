@@ -180,11 +180,13 @@ def render_command(
     text = cache.get(entry)
     if text is None:
         from skyspot.task import package as packaging
-        from skyspot.app.launch import build
+        from skyspot.app.launch import build, check_store
 
         # The real wheel folder, not the golden files' placeholder: the output is a task SkyPilot can launch.
         package = packaging.build()
-        text = build(recipe, overrides or [], package=package).yaml
+        built = build(recipe, overrides or [], package=package)
+        check_store(built.recipe, local=False)  # a cloud task with a store on this machine: refused as launch does
+        text = built.yaml
         cache.put(entry, text, needs=[package.wheel])
     if output is None:
         sys.stdout.write(text)  # not through rich: importing it would cost this command a fifth of its time

@@ -414,3 +414,11 @@ def test_a_step_time_hint_below_the_physical_floor_is_refused_as_the_missing_hin
     assert "resources.step_seconds_hint 0.001s is below the fastest a step of this recipe can be (14s" in line
     assert "even all on-demand cannot make the deadline" in one_line_error(invoke(*args))  # as without a hint
     assert invoke("launch", "tiny", "--dry-run", "--deadline", "2h", "resources.step_seconds_hint=0.5").exit_code == 0
+
+
+def test_render_refuses_a_cloud_task_with_a_store_on_this_machine_as_launch_does():
+    """Issue 31, item 13: `render llama8b storage.store=./rel` emitted a cloud task that launch refuses."""
+    rendered = one_line_error(invoke("render", "llama8b", "storage.store=./rel"))
+    launched = one_line_error(invoke("launch", "llama8b", "-y", "-d", "--store", "./rel"))
+    assert "is a directory on this machine; a cloud run's checkpoints must outlive its VMs" in rendered
+    assert rendered.split(": ", 1)[1] == launched.split(": ", 1)[1]
