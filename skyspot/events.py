@@ -65,6 +65,9 @@ EVENT_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 EVENTS_DIR = "events"
+MAX_EVENTS_FILE_BYTES = 128 << 20
+"""One process's events file is far below this (a rank's 100,000 steps are about 30 MB); a bigger one is
+skipped and counted as malformed, so a 1 GB file makes `status` and `cost-report` say so, not die."""
 
 
 def event_file_name(attempt: int, node_rank: int, rank: int | None, *, supervisor: bool = False) -> str:
@@ -229,7 +232,9 @@ def read_events_dir(directory: str | os.PathLike) -> EventLog:
         return log
     for path in sorted(directory.glob("*.jsonl")):
         # Bytes, not text mode: universal newlines would split a line at a stray "\r".
-        data = read_regular(path)
+        data = read_regular(path, limit=MAX_EVENTS_FILE_BYTES)
+        if data is not None and len(data) > MAX_EVENTS_FILE_BYTES:
+            data = None  # not one process's events (a planted or runaway file): skipped, counted, never read whole
         if data is None:  # unreadable, or not a file at all (a FIFO, a socket, a device, a directory)
             log.malformed += 1
             log.malformed_where.append(str(path))

@@ -422,3 +422,20 @@ def test_render_refuses_a_cloud_task_with_a_store_on_this_machine_as_launch_does
     launched = one_line_error(invoke("launch", "llama8b", "-y", "-d", "--store", "./rel"))
     assert "is a directory on this machine; a cloud run's checkpoints must outlive its VMs" in rendered
     assert rendered.split(": ", 1)[1] == launched.split(": ", 1)[1]
+
+
+def test_a_huge_events_file_is_skipped_and_counted_not_read_whole():
+    """Issue 31, item 9: a 1 GB events file made `cost-report` die with a MemoryError traceback. A sparse file
+    of 1 GiB stands for it (no disk spent): status and the report answer, and say a file was skipped."""
+    import resource
+
+    run_dir = make_run("big")
+    huge = run_dir / "events" / "attempt-9.node-0.rank-0.jsonl"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for args in (["status", "-a"], ["cost-report", "big"], ["cost-report", "big", "--json"]):
+        result = invoke(*args)
+        assert result.exit_code == 0 and "Traceback" not in result.stdout + result.stderr
+    assert "skipped 1 malformed event line(s)" in invoke("status", "-a").stderr
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300 * 1024  # KiB: never read whole
