@@ -400,6 +400,9 @@ def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
         flags = " ".join(f"--secret {name}" for name in secrets)
         header += (f"# Secrets are named here, never valued: `skyspot launch` passes them from your environment;\n"
                    f"# with SkyPilot's CLI: sky jobs launch FILE {flags}\n")
+        if WHEELHOUSE_KEY_SECRET in secrets:
+            header += (f"# ({WHEELHOUSE_KEY_SECRET}: the run's own key, which vouches for its wheelhouse; skyspot keeps\n"
+                       "# it in $SKYSPOT_HOME/keys/RUN. By hand: 64 hex digits you keep, e.g. `openssl rand -hex 32`.)\n")
     return header + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=120)
 
 
