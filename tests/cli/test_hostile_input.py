@@ -115,7 +115,10 @@ def test_a_lock_naming_another_process_than_its_holder_is_no_identity(stranger):
     and cancel says so in one line rather than guessing (the run is left as it was)."""
     run_dir = running_row("r", stranger.pid)
     with hold_lock(run_dir, stranger.pid) as holder:  # records the stranger's PID with the stranger's start time
-        assert controller_lock.state(run_dir) == (True, stranger.pid)  # the check itself: held and named
+        # Issue 31, item 13: named with its true start, the stranger was signalled; it holds no lock, so no more.
+        assert controller_lock.state(run_dir) == (True, None)
+        line = one_line_error(invoke("cancel", "r", "-y"))
+        assert "is not the controller it names; nothing was signalled" in line and stranger.poll() is None
         data = json.loads((run_dir / controller_lock.LOCK_NAME).read_text())
         data["started"] -= 3600  # a process with this PID that started an hour earlier: not this one
         data["start_id"] = data["start_id"].rsplit(":", 1)[0] + ":1"  # (the kernel's figure says so too)

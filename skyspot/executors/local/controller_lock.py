@@ -132,7 +132,26 @@ def state(run_dir: Optional[str | os.PathLike]) -> tuple[bool, Optional[int]]:
         pid, when = int(named["pid"]), float(named["started"])
     except (ValueError, TypeError, KeyError):
         return True, None
-    return (True, pid) if pid > 0 and _same_start(pid, when, named.get("start_id")) else (True, None)
+    if pid > 0 and _same_start(pid, when, named.get("start_id")) and _holds(pid, lock_path(run_dir)):
+        return True, pid
+    return True, None
+
+
+def _holds(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open: the holder a lock file names must be one that holds it, or
+    any holder could name any process for `cancel` to signal (issue 31, item 13). Where /proc cannot
+    say (another user's process, no /proc), the named process is not trusted."""
+    target = os.path.realpath(path)
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.path.realpath(os.readlink(f"/proc/{pid}/fd/{fd}")) == target:
+                    return True
+            except OSError:
+                continue
+    except OSError:
+        return False
+    return False
 
 
 def _same_start(pid: int, when: float, recorded_id: object) -> bool:
