@@ -416,6 +416,7 @@ def _previous_origin(installed: Path) -> Optional[str]:
 
 
 def _os_name(path: Path = Path("/etc/os-release")) -> Optional[str]:
+    # By hand: platform.freedesktop_os_release() is 3.10+, and this runs on the image's Python, 3.8 on.
     try:
         for line in path.read_text().splitlines():
             if line.startswith("PRETTY_NAME="):
@@ -425,7 +426,7 @@ def _os_name(path: Path = Path("/etc/os-release")) -> Optional[str]:
     return None
 
 
-def node_facts(environ: Mapping[str, str], driver: Optional[str] = None) -> dict:
+def failure_facts(environ: Mapping[str, str], driver: Optional[str] = None) -> dict:
     """What a failure line names: the driver, the bootstrap Python, the image (SKYSPOT_IMAGE where the
     task says it, else the OS the image is: setup reads no metadata service) and the instance (SkyPilot's
     cluster info)."""
@@ -444,7 +445,7 @@ def node_facts(environ: Mapping[str, str], driver: Optional[str] = None) -> dict
 def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]) -> str:
     """The one line a setup that cannot mend its node ends with; also kept as
     `<SKYSPOT_STORE_MOUNT>/<run>/setup/node-<rank>.json` where the store is mounted, so `status` can say why."""
-    facts = node_facts(environ, driver)
+    facts = failure_facts(environ, driver)
     line = (f"{error.splitlines()[0]} [node: driver {facts['driver']}, python {facts['python']}, "
             f"image {facts['image']}, instance {facts['instance']}]")
     context = node_context(None, environ)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-FACT_KEYS = ("image", "instance_type", "python", "driver", "torch", "nccl", "gpus", "fabric", "nvme", "setup")
+from skyspot.events import EVENT_TYPES
+
+FACT_KEYS = tuple(key for key in EVENT_TYPES["node"] if key != "kind")  # the event's own field list
 
 
 def node_kinds(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -663,7 +663,7 @@ def parse_overrides(pairs: Sequence[str]) -> list[tuple[str, Any]]:
 def _env_key(name: str) -> Optional[str]:
     """The dotted key an environment variable sets (SKYSPOT_TRAIN__STEPS -> train.steps), or None
     when it is no override; one that would give a key no override can have is refused."""
-    if not (name.startswith(ENV_PREFIX) and "__" in name):
+    if not is_override_variable(name):
         return None
     key = name[len(ENV_PREFIX):].lower().replace("__", ".")
     if not _KEY.fullmatch(key):

@@ -162,6 +162,9 @@ def test_the_wheelhouse_key_reaches_the_nodes_as_a_secret_and_nothing_else_keeps
     key = key_file.read_text().strip()
     assert re.fullmatch(r"[0-9a-f]{64}", key) and _mode(key_file) == 0o600 and _mode(key_file.parent) == 0o700
     assert task.secrets["SKYSPOT_WHEELHOUSE_KEY"].get_secret_value() == key  # SkyPilot puts it in the nodes' env
+    # What SkyPilot's SDK sends the controller: the value itself, not a managed-secret reference
+    # (`secrets:NAME`, which the jobs controller would try, and fail, to resolve).
+    assert task.to_yaml_config()["secrets"]["SKYSPOT_WHEELHOUSE_KEY"] == key
     recorded = Ledger().get("keyed").info["task"]
     assert recorded["secrets"]["SKYSPOT_WHEELHOUSE_KEY"] is None
     fake.records[:] = [{"job_id": 42, "status": "CANCELLED", "recovery_count": 0}]

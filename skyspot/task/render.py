@@ -241,7 +241,8 @@ BOOTSTRAP_PYTHON = (
 # example, torch's own libnccl serves (the installer's is older than the NCCL 2.29 torch 2.13 is built
 # against): a folder of links to the plugin's files but its libnccl.so* goes first on LD_LIBRARY_PATH,
 # and NCCL dlopens libnccl-net.so from there (NCCL's net plugin search: NCCL_NET_PLUGIN, else
-# libnccl-net.so on the library path). The TCPX folder itself is then dropped (libpath.py).
+# libnccl-net.so on the library path: NCCL's docs, "Environment Variables", NCCL_NET_PLUGIN; SkyPilot's
+# example puts /usr/local/tcpx/lib64 on LD_LIBRARY_PATH for the same reason). The TCPX folder itself is then dropped (libpath.py).
 # SKYSPOT_TCPX_ROOT (default /usr/local) exists for tests.
 TCPX_SHIM = "$HOME/.skyspot/tcpx-lib"
 TCPX_SETUP = (
