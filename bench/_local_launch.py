@@ -3,9 +3,9 @@
     python -m bench._local_launch --trainer-module bench._baseline_trainer --spot-trace T --notice 30 \
         -n NAME tiny checkpoint.every_steps=50 ...
 
-Same build, same local executor, same controller and follow as the CLI (skyspot.app.launch.build,
-skyspot.executors.local.executor.launch_local); only `-m skyspot.trainer` in the rendered run script
-becomes `-m MODULE`. The nodes import MODULE through PYTHONPATH, which the controller passes on.
+The same launch as the CLI's (skyspot.app.launch prepare and submit: its checks, its preflight, the local
+executor, its controller and follow); only `-m skyspot.trainer` in the rendered run script becomes
+`-m MODULE`. The nodes import MODULE through PYTHONPATH, which the controller passes on.
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ def main(argv=None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
 
-    from skyspot.executors.local.executor import LocalOptions, launch_local
-    from skyspot.app.launch import build
+    from skyspot.app.launch import LaunchRequest, prepare, submit
 
-    built = build(args.recipe, args.overrides, flags={}, run_name=args.name, local=True)
-    script = built.task["run"]
+    prepared = prepare(LaunchRequest(
+        recipe=args.recipe, overrides=args.overrides, name=args.name, local=True,
+        executor_flags={"spot_trace": args.spot_trace, "notice": args.notice, "grace": args.grace,
+                        "provision_delay": args.provision_delay}))
+    script = prepared.built.task["run"]
     if script.count(TRAINER) != 1:
         print(f"baseline not available: the rendered run script no longer has one '{TRAINER.strip()}'",
               file=sys.stderr)
         return 2
-    built.task["run"] = script.replace(TRAINER, f"-m {args.trainer_module} ")
-    options = LocalOptions(spot_trace=args.spot_trace, notice=args.notice, grace=args.grace,
-                           provision_delay=args.provision_delay)
-    return launch_local(built, name=args.name, detach=False, options=options)
+    prepared.built.task["run"] = script.replace(TRAINER, f"-m {args.trainer_module} ")
+    return submit(prepared, detach=False)
 
 
 if __name__ == "__main__":

@@ -158,9 +158,9 @@ def test_a_deadline_that_cannot_be_met_any_more_is_said_and_run_on_demand():
     assert dl.news(None, late, 2000.0).startswith("deadline UNREACHABLE: on-demand")
     row = dl.status_row({"at": 2000.0, "policy": "adaptive"},
                         [{"ts": 1.0, "type": dl.DECISION_EVENT, **late.event_fields(_state(), known)}], ended_at=None)
-    from skyspot.cli.runs import _deadline_text
+    from skyspot.app.status import deadline_text
 
-    assert row["unreachable"] is True and _deadline_text(row).startswith("UNREACHABLE, on-demand to the end")
+    assert row["unreachable"] is True and deadline_text(row).startswith("UNREACHABLE, on-demand to the end")
 
 
 def test_before_any_step_the_policy_plans_with_the_floor_launch_recorded():

@@ -234,3 +234,30 @@ def test_the_import_graph_has_no_circle_within_a_floor_either():
     planted = {"skyspot.executors.sky.sdk": {"skyspot.executors.sky.submit"},
                "skyspot.executors.sky.submit": {"skyspot.executors.sky.sdk"}}
     assert _circles(planted) == [["skyspot.executors.sky.sdk", "skyspot.executors.sky.submit"]]
+
+
+# --------------------------------------------------------------------------- the shell (issue 33)
+# The CLI parses flags, makes one call into app/ and prints: it imports app/ (the use-cases), the console
+# it prints through, the errors it turns into exit codes, itself, and the package root (its version).
+CLI_MAY_IMPORT = ("skyspot.app", "skyspot.console", "skyspot.errors", "skyspot.cli")
+
+
+def _cli_reaches_past_app(modules: dict[str, set[str]]) -> set[str]:
+    return {f"{module} imports {name}" for module, names in modules.items() if module.startswith("skyspot.cli")
+            for name in names if name != "skyspot"
+            and not any(name == allowed or name.startswith(allowed + ".") for allowed in CLI_MAY_IMPORT)}
+
+
+def test_the_cli_imports_only_the_use_cases_the_console_and_the_errors():
+    wrong = _cli_reaches_past_app(_modules())
+    assert not wrong, "the CLI reaches past app/:\n" + "\n".join(sorted(wrong))
+
+
+def test_a_planted_cli_import_of_an_executor_fails_the_shell_rule(tmp_path):
+    for planted_import in ("from skyspot.executors import executor_for", "from skyspot.task import package",
+                           "from skyspot.planning.deadline import when", "import skyspot.pricing.prices",
+                           "from skyspot.ledger import Ledger"):
+        planted = tmp_path / "launch.py"
+        planted.write_text(f"def f():\n    {planted_import}\n")
+        wrong = _cli_reaches_past_app({**_modules(), "skyspot.cli.launch": _imports(planted)})
+        assert any(line.startswith("skyspot.cli.launch imports ") for line in wrong), planted_import

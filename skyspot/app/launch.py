@@ -1,21 +1,31 @@
 """Launch: recipe + overrides + flags -> a rendered task, ready for an executor.
 
-One function (`build`) so that `render`, `launch --dry-run`, `launch` and the local
-executor all see the same recipe, the same candidates and the same YAML; one (`launch`) that
-hands a built run to its executor, the same steps for every kind of run.
+`prepare(LaunchRequest) -> Prepared` makes every check a launch makes, once, for every kind of run (a dry
+run, a local one, a cloud one) and picks the executor; `submit(prepared)` starts it. One function
+(`build`) renders, so that `render`, `launch --dry-run`, `launch` and the local executor all see the same
+recipe, the same candidates and the same YAML.
+
+PACKAGE_MOUNT is where the nodes find the wheel (task/package.py), for the CLI's dry-run lines.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from pydantic import BaseModel
 
-from skyspot.task.package import Package
-from skyspot.planning.candidates import candidates
+from skyspot.app.preflight import preflight
 from skyspot.errors import UsageError
+from skyspot.executors import launch_executor
+from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
+from skyspot.planning.candidates import candidates, dropped, egress_basis
+from skyspot.planning.notice_window import check_notice_windows
+from skyspot.task import package as packaging
+from skyspot.task.package import PACKAGE_MOUNT as PACKAGE_MOUNT  # re-exported: where the nodes find the wheel
+from skyspot.task.package import Package
 from skyspot.recipe import REGISTRY, Recipe, load_recipe, override_texts, parse_overrides, value_text
 from skyspot.task.render import RECIPE_MOUNT, RenderedTask, render, to_yaml
 
@@ -157,23 +167,97 @@ def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0
             "check": check.text}
 
 
-def executor_for_launch(local: bool, options: Any = None):
-    """The executor a new run goes to: the embedded local one (`options`: its LocalOptions) or SkyPilot's.
-    The one place a launch picks; every later command asks `executor_for(run)` of the run's record."""
-    from skyspot.executors import executor_for
+@dataclass
+class LaunchRequest:
+    """What `skyspot launch` was asked, as the command line gave it: parsed, not yet checked."""
 
-    return executor_for("local" if local else "sky", options)
+    recipe: str
+    """A registry name or a recipe file."""
+    overrides: Sequence[str] = ()
+    """`key=value` overrides, in command-line order."""
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    """Recipe keys set by dedicated flags (`--store` is storage.store); they win over the overrides."""
+    name: Optional[str] = None
+    """The run's name (None: the recipe's name and the time)."""
+    local: Optional[bool] = None
+    """--local / --cloud; None: the recipe's resources.local_only decides."""
+    executor_flags: Mapping[str, Any] = field(default_factory=dict)
+    """The executor's own flags, raw, by name (None: not given); the chosen executor builds its options from
+    them and refuses the ones it does not take (executors.launch_executor)."""
+    dry_run: bool = False
+    """Check and plan everything, record and submit nothing."""
+    confirmed: bool = False
+    """-y/--yes: the launch's question is answered."""
+    interactive: bool = False
+    """The command can ask the question (a terminal is attached)."""
 
 
-def launch(built: RenderedTask, executor, *, detach: bool, deadline: Optional[dict[str, Any]] = None,
-           environ: Optional[Mapping[str, str]] = None) -> int:
-    """Start a built run on `executor` (executors.executor_for): what the executor refuses, then the
-    preflight (the hub, the model and the data, asked from here before any node is paid for or the run
-    starts: app/preflight.py), then the executor records and submits it. Returns the exit code to pass on."""
-    from skyspot.app.preflight import preflight
+@dataclass
+class Prepared:
+    """A launch checked and planned (prepare): what `submit` starts and what the CLI shows before it does."""
 
-    executor.check(built)
-    check_store(built.recipe, local=executor.runs_here)  # a cloud run's store is a bucket
-    check_hosts(built.recipe, os.environ if environ is None else environ)
-    preflight(built.recipe, local=executor.runs_here, environ=os.environ if environ is None else environ)
-    return executor.submit(built, detach=detach, deadline=deadline)
+    request: LaunchRequest
+    built: RenderedTask
+    executor: Any
+    """The run's executor (executors.Executor), with the launch's options."""
+    deadline: Optional[dict[str, Any]]
+    """plan_deadline's plan, or None without a deadline."""
+    question: Optional[str]
+    """The confirmation starting this costs (money), or None."""
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.built.recipe
+
+    def dropped(self) -> list[tuple[str, str, str]]:
+        """(cloud, accelerators, why) for each accelerator of the recipe that is no candidate."""
+        return dropped(self.recipe)
+
+    def egress_basis(self) -> Optional[str]:
+        """How the plan's egress figures were made, or None when there are none."""
+        return egress_basis(self.recipe)
+
+    def window_report(self):
+        """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
+        return check_notice_windows(self.recipe)
+
+
+def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = None) -> Prepared:
+    """Every check a launch makes, once, in the order a user meets them, for every kind of run, a dry run
+    included: the name, the recipe (loaded once), the executor and its options, the store, the deadline,
+    then the task rendered; a real launch also asks its executor and the preflight (the hub, the model and
+    the data, from here, before anything is paid for: app/preflight.py), a dry run the preflight's checks
+    that need no network. Raises UsageError (one line) for the first problem; nothing is recorded."""
+    environ = os.environ if environ is None else environ
+    if request.name is not None:
+        check_run_name(request.name)
+    recipe = load_recipe(request.recipe, request.overrides, environ=environ, flags=request.flags)
+    local = recipe.resources.local_only if request.local is None else request.local
+    executor = launch_executor("local" if local else "sky", request.executor_flags, recipe)
+    if not (request.dry_run or executor.runs_here or request.confirmed or request.interactive):
+        raise UsageError(f"launching '{recipe.name}' on the cloud needs confirmation: pass -y/--yes "
+                         "when not attached to a terminal (--dry-run shows the plan first)")
+    check_store(recipe, local=executor.runs_here)  # a cloud run's store is a bucket, a dry run's as a real launch's
+    package = packaging.build() if executor.installs_package else None
+    # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
+    deadline = plan_deadline(recipe, local=executor.runs_here, provision_seconds=executor.start_seconds)
+    if request.dry_run:
+        run_name = request.name
+    else:
+        run_name = check_new_run_name(request.name) if request.name is not None else new_run_name(recipe.name)
+    built = build(request.recipe, request.overrides, flags=request.flags, run_name=run_name, environ=environ,
+                  local=executor.runs_here, package=package, loaded=recipe)
+    if not request.dry_run:
+        executor.check(built)  # what this executor refuses (no enabled cloud, a missing secret), nothing recorded
+    check_hosts(recipe, environ)
+    preflight(recipe, local=executor.runs_here, environ=environ, network=not request.dry_run)
+    question = None if request.dry_run else executor.launch_question(built)
+    return Prepared(request=request, built=built, executor=executor, deadline=deadline, question=question)
+
+
+def submit(prepared: Prepared, *, detach: bool) -> int:
+    """Record and start a prepared run on its executor; returns the exit code to pass on (attached: the
+    run's own)."""
+    if prepared.request.dry_run:
+        raise ValueError("a dry run is not submitted")
+    return prepared.executor.submit(prepared.built, detach=detach, deadline=prepared.deadline)

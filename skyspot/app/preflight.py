@@ -2,8 +2,9 @@
 
     preflight(recipe, local=True)      # raises UsageError: one line, exit 2 in the CLI
 
-`skyspot launch` calls it before it records or submits a run (not `--dry-run`, which needs neither
-network nor tokens). The trainer meets the same problems in the same words at its own start
+`skyspot launch` calls it before it records or submits a run (app/launch.py prepare); `--dry-run` too,
+with `network=False`: what needs neither the network nor a token (this machine's model directories and
+data files, a held-out file that copies the training data) is checked the same, the hub is not asked. The trainer meets the same problems in the same words at its own start
 (base.py, data.py), so a run that gets past launch and still lacks something fails there once,
 with exit 2, which the local executor does not retry.
 
@@ -24,7 +25,8 @@ from typing import Mapping, Optional
 from skyspot.errors import UsageError
 
 
-def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None) -> None:
+def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None, network: bool = True) -> None:
+    """Raise UsageError for the first thing that would fail the run's start (`network`: ask the hub too)."""
     from skyspot import hub
 
     environ = os.environ if environ is None else environ
@@ -35,7 +37,7 @@ def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = Non
                 raise UsageError(f"model.hub_id {model.hub_id} is a directory on this machine, which a cloud node "
                                  "does not have: give a hub id (org/name), or run with --local")
             hub.check_local_model(model.hub_id)
-        else:
+        elif network:
             hub.check_model(model.hub_id, revision=model.revision, gated=model.gated, environ=environ)
     tokenizer = model.tokenizer
     if tokenizer not in (None, "bytes", model.hub_id):
@@ -44,13 +46,13 @@ def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = Non
                 raise UsageError(f"model.tokenizer {tokenizer} is a directory on this machine, which a cloud node "
                                  "does not have: give a hub id, or run with --local")
             hub.check_local_tokenizer(tokenizer)
-        else:
+        elif network:
             hub.check_model(tokenizer, revision=None, gated=model.gated, environ=environ, what="model.tokenizer",
                             need_weights=False)
-    _check_data(recipe, local=local, environ=environ)
+    _check_data(recipe, local=local, environ=environ, network=network)
 
 
-def _check_data(recipe, *, local: bool, environ: Mapping[str, str]) -> None:
+def _check_data(recipe, *, local: bool, environ: Mapping[str, str], network: bool) -> None:
     from skyspot import hub
     from skyspot.storage import is_bucket_uri
     from skyspot.trainer.data import HUB_PREFIX, SYNTHETIC
@@ -60,8 +62,9 @@ def _check_data(recipe, *, local: bool, environ: Mapping[str, str]) -> None:
     if source == SYNTHETIC:
         return
     if source.startswith(HUB_PREFIX):
-        name, _, _ = source[len(HUB_PREFIX):].partition(":")
-        hub.check_dataset(name, environ=environ)
+        if network:
+            name, _, _ = source[len(HUB_PREFIX):].partition(":")
+            hub.check_dataset(name, environ=environ)
         return
     # A bucket file (storage/uri.py decides what is one) is mounted on the node; the trainer checks its
     # records there. A file source's held-out file (data.eval_split) is checked as the source is.

@@ -118,3 +118,58 @@ def deadline_report(run, log, report) -> Optional[dict]:
                         notice_seconds=given.notice_seconds)
     result["trace"] = given.source
     return result
+
+
+def check_plot(path) -> str:
+    """The image format `--plot PATH` asks for (png, svg, pdf), checked before the report is computed."""
+    from skyspot.pricing.cost_plot import plot_format
+
+    return plot_format(path)
+
+
+def plot(run_report: RunReport, path) -> bytes:
+    """One run's timeline image (pricing/cost_plot.py) in the format PATH's suffix names."""
+    from skyspot.pricing.cost_plot import plot_format, plot_run
+
+    return plot_run(run_report.cost, run_report.log, plot_format(path))
+
+
+def node_lines(data: dict) -> list[str]:
+    """`nodes: ...` lines: the kinds of machine the run's nodes were (node_kinds.py), from its report row."""
+    from skyspot.node_kinds import kind_lines
+
+    return kind_lines(data.get("node_kinds") or [])
+
+
+def when(ts) -> str:
+    """A deadline's time as the report says it (planning/deadline.py when)."""
+    from skyspot.planning.deadline import when as deadline_when
+
+    return deadline_when(ts)
+
+
+@dataclass
+class PriceRows:
+    """`prices`: the snapshot's cheapest zone per instance type and region, and the snapshot's date."""
+
+    rows: list[dict]
+    snapshot_date: str
+
+
+def price_rows(cloud: Optional[str] = None, instance: Optional[str] = None) -> PriceRows:
+    """What the shipped price snapshot holds, one row per (cloud, instance type, region) at its cheapest
+    zone; zones an account must opt into (AWS Local Zones) never price a plan, so they are left out."""
+    from skyspot.errors import UsageError
+    from skyspot.pricing.prices import SNAPSHOT_DATE, snapshot_rows
+
+    rows = [r for r in snapshot_rows(cloud) if not r["opt_in_zone"]]
+    if instance:
+        rows = [r for r in rows if r["instance_type"] == instance]
+        if not rows:
+            raise UsageError(f"the snapshot has no instance type '{instance}'; `skyspot prices` lists them")
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["cloud"], r["instance_type"], r["region"])
+        if key not in best or (r["usd_per_hour"] or 1e18) < (best[key]["usd_per_hour"] or 1e18):
+            best[key] = r
+    return PriceRows(rows=list(best.values()), snapshot_date=SNAPSHOT_DATE)

@@ -162,3 +162,22 @@ def _deadline(run, events) -> Optional[dict]:
     from skyspot.planning.deadline import status_row
 
     return status_row(run.info["deadline"], events, ended_at=run.ended_at if run.terminal else None)
+
+
+def deadline_text(deadline: Optional[dict]) -> Optional[str]:
+    """`spot, ETA 14:02:10 <= due 15:00:00`, `waiting for spot ...`, or `met (due ...)` once it ended: a
+    status row's deadline (summarize's `deadline`) in a few words (docs/deadline.md)."""
+    if not deadline:
+        return None
+    from skyspot.planning.deadline import clock
+
+    due = f"due {clock(deadline['at'])}"
+    if deadline.get("met") is not None:
+        return f"{'met' if deadline['met'] else 'MISSED'} ({due})"
+    mode = {"idle": "waiting for spot"}.get(deadline.get("mode"), deadline.get("mode")) or "planning"
+    if deadline.get("unreachable"):  # said as soon as the policy finds it (docs/deadline.md)
+        mode = f"UNREACHABLE, {mode} to the end"
+    eta = deadline.get("projected_finish")
+    if eta is None:
+        return f"{mode}, {due}"
+    return f"{mode}, ETA {clock(eta)} {'<=' if eta <= deadline['at'] else '> LATE,'} {due}"

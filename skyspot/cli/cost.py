@@ -14,7 +14,6 @@ from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out, printable
 from skyspot.errors import UsageError
-from skyspot.node_kinds import kind_lines
 
 # Stable field names of the one-row-per-run report (JSON and CSV).
 SUMMARY_FIELDS = ["name", "recipe", "executor", "status", "cost_usd", "on_demand_cost_usd", "savings_usd",
@@ -41,12 +40,11 @@ def cost_report_command(
         raise UsageError("pick one of --json and --csv")
     if plot is not None and not run_name:
         raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
-    if plot is not None:  # a name that cannot be written is refused before the report is computed
-        from skyspot.pricing.cost_plot import plot_format
+    from skyspot.app.report import check_plot, cost_reports
 
-        plot_format(plot)
+    if plot is not None:  # a name that cannot be written is refused before the report is computed
+        check_plot(plot)
         check_output(plot, force=force, flag="--plot")
-    from skyspot.app.report import cost_reports
 
     reports = cost_reports(run_name)
     for note in reports.notes:
@@ -121,11 +119,11 @@ def _csv_value(value):
 
 
 def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
-    report, log, data = run_report.cost, run_report.log, run_report.data
+    data = run_report.data
     if plot is not None:
-        from skyspot.pricing.cost_plot import plot_format, plot_run
+        from skyspot.app.report import plot as plot_image
 
-        written = write_output(plot, plot_run(report, log, plot_format(plot)), force=force, flag="--plot")
+        written = write_output(plot, plot_image(run_report, plot), force=force, flag="--plot")
         err.print(f"wrote {written}", markup=False)
     if as_json:
         display([data], [], as_json=True)
@@ -157,7 +155,9 @@ def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force
     say(f"goodput {data['goodput_pct']}{_goodput_note(data)}{_goodput_lines(data)}")
     if data.get("interruptions_by_cause"):
         say(f"interrupted by: {data['interruptions']}")
-    for line in kind_lines(data.get("node_kinds") or []):
+    from skyspot.app.report import node_lines
+
+    for line in node_lines(data):
         say(line)
     sim = (" (sim): a local run, priced as the cloud instance it stands for." if data.get("simulated") else "")
     say(f"prices: {data['source']} (estimates from published list prices, not a bill; docs/cost.md).{sim}")
@@ -259,7 +259,7 @@ def _in_place_row(r: dict) -> dict:
 
 def _deadline_lines(d: dict) -> list[str]:
     """A deadline run against all on-demand and greedy on the same trace (docs/deadline.md)."""
-    from skyspot.planning.deadline import when
+    from skyspot.app.report import when
 
     met = {True: "met", False: "MISSED", None: "not finished"}[d.get("met")]
     lines = [f"deadline {when(d.get('deadline'))}: {met}" + (f" (finished {when(d['finished_at'])})"
@@ -364,23 +364,13 @@ def prices_command(
     as_json: JsonOption = False,
 ) -> None:
     """What the shipped price snapshot holds (cheapest zone per instance type and region)."""
-    from skyspot.pricing.prices import SNAPSHOT_DATE, snapshot_rows
+    from skyspot.app.report import price_rows
 
-    # Zones an account must opt into (AWS Local Zones) never price a plan, so they are not listed.
-    rows = [r for r in snapshot_rows(cloud) if not r["opt_in_zone"]]
-    if instance:
-        rows = [r for r in rows if r["instance_type"] == instance]
-        if not rows:
-            raise UsageError(f"the snapshot has no instance type '{instance}'; `skyspot prices` lists them")
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        key = (r["cloud"], r["instance_type"], r["region"])
-        if key not in best or (r["usd_per_hour"] or 1e18) < (best[key]["usd_per_hour"] or 1e18):
-            best[key] = r
-    rows = list(best.values())
-    display(rows, [Column("cloud", "CLOUD"), Column("instance_type", "INSTANCE"), Column("accelerator", "GPU", 2),
-                   Column("accelerator_count", "#", 3, right=True), Column("region", "REGION"),
-                   Column("usd_per_hour", "ON-DEMAND", right=True), Column("spot_usd_per_hour", "SPOT", right=True)],
+    prices = price_rows(cloud, instance)
+    display(prices.rows, [Column("cloud", "CLOUD"), Column("instance_type", "INSTANCE"), Column("accelerator", "GPU", 2),
+                          Column("accelerator_count", "#", 3, right=True), Column("region", "REGION"),
+                          Column("usd_per_hour", "ON-DEMAND", right=True),
+                          Column("spot_usd_per_hour", "SPOT", right=True)],
             as_json=as_json,
-            title=f"Price snapshot {SNAPSHOT_DATE}, $ per instance-hour (SkyPilot catalog; see "
+            title=f"Price snapshot {prices.snapshot_date}, $ per instance-hour (SkyPilot catalog; see "
                   "skyspot/pricing/pricing_data/SOURCE.md)")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import sys
 from typing import Optional
 
@@ -44,82 +42,35 @@ def launch_command(
     fresh_node: bool = typer.Option(False, "--fresh-node", help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run."),
 ) -> None:
     """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local)."""
-    from skyspot.task import package as packaging
-    from skyspot.errors import UsageError
-    from skyspot.app.launch import build
-    from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
+    from skyspot.app.launch import LaunchRequest, prepare, submit
 
-    flags = {"resources.clouds": split_csv(clouds), "storage.store": store,
-             "resources.on_demand_fallback": False if no_on_demand_fallback else None,
-             "resources.deadline": deadline}
-    if name is not None:
-        check_run_name(name)
-    from skyspot.recipe import load_recipe
-
-    probe = load_recipe(recipe, overrides or [], flags=flags)  # the recipe's errors come first; loaded once
-    run_local = probe.resources.local_only if local is None else local
-    if fresh_node and not run_local:
-        raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
-    local_only = [flag for flag, value in (("--preempt-every", preempt_every), ("--preempt-at-steps", preempt_at_steps),
-                                           ("--spot-trace", spot_trace), ("--fallback-after", fallback_after),
-                                           ("--spot-nodes", spot_nodes), ("--crash-at-steps", crash_at_steps),
-                                           ("--hang-at-steps", hang_at_steps)) if value is not None]
-    if local_only and not run_local:
-        raise UsageError(f"{', '.join(local_only)} inject(s) faults into a local run: add --local, "
-                         "or leave it out for a cloud run")
-    if not (dry_run or run_local or yes) and not sys.stdin.isatty():
-        raise UsageError(f"launching '{probe.name}' on the cloud needs confirmation: pass -y/--yes "
-                         "when not attached to a terminal (--dry-run shows the plan first)")
-    from skyspot.app.launch import check_store
-
-    check_store(probe, local=run_local)  # a cloud run's store is a bucket, a dry run's as a real launch's
-    # Cloud nodes, and a fresh local node, install skyspot from the wheel built here.
-    package = packaging.build() if (not run_local or fresh_node) else None
-
-    options = None
-    if run_local:  # checked before anything is printed, and before a dry run too, as a launch checks them
-        from skyspot.executors.local import rank_faults
-        from skyspot.executors.local.executor import LocalOptions, check_options
-
-        options = LocalOptions(preempt_every=preempt_every, preempt_at_steps=_steps(preempt_at_steps),
-                               spot_trace=spot_trace, notice=notice, grace=grace, provision_delay=provision_delay,
-                               fallback_after=fallback_after, cloud=simulate,
-                               spot_nodes=_node_counts(spot_nodes), fresh_node=fresh_node,
-                               rank_faults=sorted(rank_faults.parse(crash_at_steps, "crash")
-                                                  + rank_faults.parse(hang_at_steps, "hang"), key=lambda f: f["step"]))
-        check_options(options, probe, deadline=bool(probe.resources.deadline))
-
-    from skyspot.app.launch import plan_deadline
-
-    # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
-    deadline_plan = plan_deadline(probe, local=run_local, provision_seconds=provision_delay)
-    if deadline_plan:
-        err.print(deadline_plan["check"], markup=False, soft_wrap=True)
-    if options is not None:
-        options.deadline = deadline_plan
+    request = LaunchRequest(
+        recipe=recipe, overrides=overrides or [], name=name, local=local, dry_run=dry_run, confirmed=yes,
+        interactive=sys.stdin.isatty(),
+        flags={"resources.clouds": split_csv(clouds), "storage.store": store,
+               "resources.on_demand_fallback": False if no_on_demand_fallback else None,
+               "resources.deadline": deadline},
+        executor_flags={"preempt_every": preempt_every, "preempt_at_steps": preempt_at_steps,
+                        "crash_at_steps": crash_at_steps, "hang_at_steps": hang_at_steps, "spot_trace": spot_trace,
+                        "notice": notice, "grace": grace, "provision_delay": provision_delay,
+                        "fallback_after": fallback_after, "spot_nodes": spot_nodes, "simulate": simulate,
+                        "fresh_node": fresh_node or None})
+    prepared = prepare(request)
+    if prepared.deadline:
+        err.print(prepared.deadline["check"], markup=False, soft_wrap=True)
     if dry_run:
-        built = build(recipe, overrides or [], flags=flags, run_name=name, local=run_local, package=package,
-                      loaded=probe)
-        _show_plan(built)
-        show_window_check(built.recipe, warn_only=False)
-        _show_package(built)
-        out.file.write(built.yaml)
+        _show_plan(prepared)
+        _show_window_check(prepared, warn_only=False)
+        _show_package(prepared.built)
+        out.file.write(prepared.built.yaml)
         return
-
-    run_name = check_new_run_name(name) if name is not None else new_run_name(probe.name)
-    built = build(recipe, overrides or [], flags=flags, run_name=run_name, local=run_local, package=package,
-                  loaded=probe)
-    from skyspot.app.launch import executor_for_launch, launch
-
-    executor = executor_for_launch(run_local, options)
-    question = executor.launch_question(built)
-    if question:  # it costs money: the plan first, then the question
-        _show_plan(built)
-        show_window_check(built.recipe, warn_only=True)
-        if not confirm(question, yes):
+    if prepared.question:  # it costs money: the plan first, then the question
+        _show_plan(prepared)
+        _show_window_check(prepared, warn_only=True)
+        if not confirm(prepared.question, yes):
             err.print("not launched")
             raise typer.Exit(1)
-    raise typer.Exit(launch(built, executor, detach=detach, deadline=deadline_plan))
+    raise typer.Exit(submit(prepared, detach=detach))
 
 
 @handle_errors
@@ -129,26 +80,16 @@ def resume_command(
     detach: DetachOption = False,
 ) -> None:
     """Continue a cancelled, failed or interrupted run under its own name, from its newest durable checkpoint."""
-    from skyspot.errors import UsageError
-    from skyspot.executors import executor_for
-    from skyspot.ledger import Ledger
+    from skyspot.app.runs import prepare_resume, resume
 
-    with Ledger() as ledger:
-        run = ledger.get(run_name)
-    if run.status == "SUCCEEDED":
-        raise UsageError(f"run '{run_name}' finished (SUCCEEDED): nothing to resume")
-    from skyspot.recipe import is_override_variable
-
-    ignored = sorted(name for name in os.environ if is_override_variable(name))
-    if ignored:  # the run's settings are the ones recorded at launch (issue 31, item 6)
-        err.print(f"note: ignoring {', '.join(ignored)} from this shell: a resumed run keeps the settings it "
-                  "was launched with; launch a new run to change them", markup=False, highlight=False)
-    executor = executor_for(run)
-    question = executor.resume_question(run)
-    if question and not confirm(question, yes):
+    prepared = prepare_resume(run_name)
+    if prepared.ignored:  # the run's settings are the ones recorded at launch (issue 31, item 6)
+        err.print(f"note: ignoring {', '.join(prepared.ignored)} from this shell: a resumed run keeps the settings "
+                  "it was launched with; launch a new run to change them", markup=False, highlight=False)
+    if prepared.question and not confirm(prepared.question, yes):
         err.print("not resumed")
         raise typer.Exit(1)
-    raise typer.Exit(executor.resume(run, detach=detach))
+    raise typer.Exit(resume(prepared, detach=detach))
 
 
 def _show_package(built) -> None:
@@ -157,7 +98,7 @@ def _show_package(built) -> None:
     if package is None:
         err.print("package: none mounted (this local run uses the skyspot installed here)")
         return
-    from skyspot.task.package import PACKAGE_MOUNT
+    from skyspot.app.launch import PACKAGE_MOUNT
 
     err.print(f"package: skyspot {package.version} ({package.wheel}) mounted at {PACKAGE_MOUNT}; "
               f"setup installs it with {', '.join(package.requirements)}", markup=False, soft_wrap=True)
@@ -165,39 +106,10 @@ def _show_package(built) -> None:
         err.print("run name: chosen at launch (RECIPE-YYYYmmdd-HHMMSS-xxxx), or -n NAME", markup=False)
 
 
-def _steps(value: Optional[str]) -> list[int]:
-    from skyspot.errors import UsageError
-
-    if not value:
-        return []
-    try:
-        steps = sorted(int(v) for v in value.split(",") if v.strip())
-    except ValueError:
-        raise UsageError(f"--preempt-at-steps '{value}' must be comma-separated step numbers, e.g. 15,40") from None
-    if any(s < 1 for s in steps):
-        raise UsageError("--preempt-at-steps takes steps >= 1")
-    return steps
-
-
-def _node_counts(value: Optional[str]) -> list[int]:
-    from skyspot.errors import UsageError
-
-    if not value:
-        return []
-    try:
-        counts = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"--spot-nodes '{value}' must be comma-separated node counts, e.g. 2,1,2") from None
-    if not counts or any(n < 1 for n in counts):
-        raise UsageError("--spot-nodes takes node counts >= 1")
-    return counts
-
-
-def _show_plan(built) -> None:
+def _show_plan(prepared) -> None:
     from rich.table import Table
 
-    from skyspot.planning.candidates import dropped, egress_basis
-
+    built = prepared.built
     nodes = built.recipe.resources.num_nodes
     money = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
     title = (f"{built.recipe.name}: {nodes} node(s); candidates in the order SkyPilot tries them, spot first, "
@@ -213,20 +125,19 @@ def _show_plan(built) -> None:
                       "spot" if c.spot else "on-demand", money(compute), money(c.egress_usd_per_hour),
                       money(c.expected_usd_per_hour), note)
     err.print(table)
-    for cloud, accelerators, why in dropped(built.recipe):
+    for cloud, accelerators, why in prepared.dropped():
         err.print(f"not a candidate: {cloud} {accelerators}: {why}", markup=False)
-    basis = egress_basis(built.recipe)
+    basis = prepared.egress_basis()
     if basis:
         err.print(basis, markup=False)
 
 
-def show_window_check(recipe, *, warn_only: bool) -> None:
+def _show_window_check(prepared, *, warn_only: bool) -> None:
     """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
     from rich.table import Table
 
-    from skyspot.planning.notice_window import check_notice_windows
-
-    report = check_notice_windows(recipe)
+    recipe = prepared.recipe
+    report = prepared.window_report()
     if not report.state.known:
         err.print(f"notice-window check skipped: {report.state.note}")
         return

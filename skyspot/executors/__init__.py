@@ -1,20 +1,21 @@
 """Executors run a rendered task: `sky` submits it as a SkyPilot managed job, `local` runs it on this machine.
 
-Both stand behind one small surface, `Executor`: a launch asks `executor_for("sky" | "local", options)` and
-`submit`s; every later command asks `executor_for(run)`; nothing outside executors/ tests which executor a
-run has. Each executor module (executors/sky/executor.py, executors/local/executor.py) defines its `EXECUTOR` (and `executor()`
-for a launch's options); executors talk to the user through skyspot/console.py, never through the CLI.
+Both stand behind one small surface, `Executor`: a launch asks `launch_executor("sky" | "local", flags, recipe)`
+and `submit`s; every later command asks `executor_for(run)`; nothing outside executors/ tests which executor a
+run has. Each executor module (executors/sky/executor.py, executors/local/executor.py) defines its `EXECUTOR` (and `executor(flags, recipe)`
+for a launch); executors talk to the user through skyspot/console.py, never through the CLI.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Union
 
 if TYPE_CHECKING:
     from skyspot.executors.local.spot_trace import SpotTrace
     from skyspot.ledger import Ledger, Run
+    from skyspot.recipe import Recipe
     from skyspot.task.render import RenderedTask
 
 _MODULES = {"sky": "skyspot.executors.sky.executor", "local": "skyspot.executors.local.executor"}
@@ -32,6 +33,12 @@ class Executor(Protocol):
     """The run's nodes are this machine: preflight may read this machine's files for it (app/preflight.py)."""
     simulated: bool
     """The run's prices are what the instance it stands for would cost, not a bill (cost-report says so)."""
+    installs_package: bool
+    """The run's nodes install skyspot from the wheel built at launch (task/package.py): cloud VMs and a fresh
+    local node; other local runs use the skyspot installed here."""
+    start_seconds: float
+    """What starting the run's nodes takes before the trainer runs, when this executor knows it (the local
+    one's simulated provisioning); a deadline's feasibility counts it."""
 
     def launch_question(self, rendered: RenderedTask) -> Optional[str]:
         """The confirmation launching this costs (money), or None; asked after the plan is shown."""
@@ -79,15 +86,22 @@ class DeadlineInputs:
     """How the trace is known, for the report: replayed from the run's spot trace, or as observed."""
 
 
-def executor_for(run: Union[Run, str], options: Any = None) -> Executor:
-    """The executor that runs `run` (a ledger row, or an executor's name for a launch; a row of an unknown
-    executor is treated as local, as it always was). `options`: a launch's settings for that executor
-    (the local executor's LocalOptions); None for its defaults."""
+def executor_for(run: Union[Run, str]) -> Executor:
+    """The executor that runs `run` (a ledger row, or an executor's name; a row of an unknown executor is
+    treated as local, as it always was), with its defaults."""
     name = run if isinstance(run, str) else run.executor
     if isinstance(run, str) and name not in _MODULES:
         raise ValueError(f"no executor named {name!r}")
-    module = importlib.import_module(_MODULES.get(name, _MODULES["local"]))
-    return module.EXECUTOR if options is None else module.executor(options)
+    return importlib.import_module(_MODULES.get(name, _MODULES["local"])).EXECUTOR
+
+
+def launch_executor(name: str, flags: Mapping[str, Any], recipe: Recipe) -> Executor:
+    """A new run's executor ("sky" or "local"), which builds its own options from the launch's raw executor
+    flags (by name, None for not given) and refuses, in one line, the ones it does not take or that do not
+    fit the recipe, before anything is printed or started."""
+    if name not in _MODULES:
+        raise ValueError(f"no executor named {name!r}")
+    return importlib.import_module(_MODULES[name]).executor(flags, recipe)
 
 
 def refresh(runs: list[Run]) -> tuple[dict[str, dict[str, Any]], list[str]]:

@@ -18,12 +18,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
-from skyspot.executors.local import controller_lock
+from skyspot.executors.local import controller_lock, rank_faults
 from skyspot.executors.local.liveness import controller_gone, controller_lock_unheld, gone_cause
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.ledger import new_run_name, record_launch
@@ -57,6 +57,57 @@ class LocalOptions:
     """launch --deadline: {at, start, policy, step_seconds_hint} (skyspot/app/launch.py plan_deadline)."""
     rank_faults: list[dict] = field(default_factory=list)
     """--crash-at-steps / --hang-at-steps (executors/local/rank_faults.py parse)."""
+
+
+# The launch flags only a local run takes, by their name in a launch request (app/launch.py LaunchRequest's
+# `executor_flags`), with how the command line spells them (for the messages).
+FLAGS = {"preempt_every": "--preempt-every", "preempt_at_steps": "--preempt-at-steps", "spot_trace": "--spot-trace",
+         "fallback_after": "--fallback-after", "spot_nodes": "--spot-nodes", "crash_at_steps": "--crash-at-steps",
+         "hang_at_steps": "--hang-at-steps", "notice": "--notice", "grace": "--grace",
+         "provision_delay": "--provision-delay", "simulate": "--simulate", "fresh_node": "--fresh-node"}
+
+
+def options_from_flags(flags: Mapping[str, Any], recipe) -> LocalOptions:
+    """A local launch's options from its raw flags (`flags`: FLAGS' names; None or absent: the default),
+    checked against the recipe (check_options) before anything is printed or started."""
+    unknown = sorted(set(flags) - set(FLAGS))
+    if unknown:
+        raise ValueError(f"not local executor flags: {unknown}")
+    given = {key: value for key, value in flags.items() if value is not None}
+    options = LocalOptions(
+        preempt_every=given.get("preempt_every"), preempt_at_steps=_steps(given.get("preempt_at_steps")),
+        spot_trace=given.get("spot_trace"), notice=given.get("notice"), grace=given.get("grace"),
+        provision_delay=given.get("provision_delay", LocalOptions.provision_delay),
+        fallback_after=given.get("fallback_after"), cloud=given.get("simulate", LocalOptions.cloud),
+        spot_nodes=_node_counts(given.get("spot_nodes")), fresh_node=bool(given.get("fresh_node")),
+        rank_faults=sorted(rank_faults.parse(given.get("crash_at_steps"), "crash")
+                           + rank_faults.parse(given.get("hang_at_steps"), "hang"), key=lambda f: f["step"]))
+    check_options(options, recipe, deadline=bool(recipe.resources.deadline))
+    return options
+
+
+def _steps(value: Optional[str]) -> list[int]:
+    if not value:
+        return []
+    try:
+        steps = sorted(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise UsageError(f"--preempt-at-steps '{value}' must be comma-separated step numbers, e.g. 15,40") from None
+    if any(s < 1 for s in steps):
+        raise UsageError("--preempt-at-steps takes steps >= 1")
+    return steps
+
+
+def _node_counts(value: Optional[str]) -> list[int]:
+    if not value:
+        return []
+    try:
+        counts = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--spot-nodes '{value}' must be comma-separated node counts, e.g. 2,1,2") from None
+    if not counts or any(n < 1 for n in counts):
+        raise UsageError("--spot-nodes takes node counts >= 1")
+    return counts
 
 
 def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
@@ -278,6 +329,17 @@ class LocalExecutor:
     def __init__(self, options: Optional[LocalOptions] = None) -> None:
         self.options = options or LocalOptions()
 
+    @property
+    def installs_package(self) -> bool:
+        """A fresh local node installs skyspot from the wheel built here, as a cloud node does; otherwise the
+        nodes use the skyspot installed here."""
+        return self.options.fresh_node
+
+    @property
+    def start_seconds(self) -> float:
+        """What a (re)start of this run's nodes takes before the trainer runs: the simulated provisioning."""
+        return self.options.provision_delay
+
     def launch_question(self, rendered) -> None:
         return None  # nothing is paid for
 
@@ -388,6 +450,7 @@ def _copy_new(tail: FileTail) -> None:
 EXECUTOR = LocalExecutor()
 
 
-def executor(options: LocalOptions) -> LocalExecutor:
-    """A launch's local executor, with that launch's options (injected preemptions, the simulated cloud...)."""
-    return LocalExecutor(options)
+def executor(flags: Mapping[str, Any], recipe) -> LocalExecutor:
+    """A launch's local executor, with that launch's options (injected preemptions, the simulated cloud...)
+    built from its raw flags (options_from_flags)."""
+    return LocalExecutor(options_from_flags(flags, recipe))

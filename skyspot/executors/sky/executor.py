@@ -7,6 +7,8 @@ Its `EXECUTOR` answers for the runs SkyPilot keeps (status, logs, recovery); it 
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.executors.sky import sdk  # by module: a test's monkeypatch of the SDK reaches here too
@@ -19,6 +21,8 @@ class SkyExecutor:
     local_events = False
     runs_here = False
     simulated = False
+    installs_package = True  # a cloud VM starts from the cloud's image: skyspot arrives as the mounted wheel
+    start_seconds = 0.0  # not known here: a deadline plans a cloud restart with its prior (planning/deadline.py)
 
     def launch_question(self, rendered) -> str:
         return f"Launch '{rendered.recipe.name}' as SkyPilot managed job '{rendered.run_name}'?"
@@ -77,9 +81,24 @@ class SkyExecutor:
                               source="as the controller observed it")
 
 
-def executor(options) -> SkyExecutor:
-    """A launch's executor: SkyPilot takes no executor options (the CLI refuses the local ones)."""
-    raise UsageError("a SkyPilot launch takes no local executor options")
+# The launch flags that only shape a local run (executors/local/executor.py FLAGS), as the command line
+# spells them: a cloud launch given one is refused, so a fault meant for a rehearsal never rides along.
+_LOCAL_FAULTS = {"preempt_every": "--preempt-every", "preempt_at_steps": "--preempt-at-steps",
+                 "spot_trace": "--spot-trace", "fallback_after": "--fallback-after", "spot_nodes": "--spot-nodes",
+                 "crash_at_steps": "--crash-at-steps", "hang_at_steps": "--hang-at-steps"}
+
+
+def executor(flags: Mapping[str, Any], recipe) -> SkyExecutor:
+    """A launch's executor: SkyPilot takes no executor flags. The local ones that inject faults are refused
+    (the simulated cloud's timings, `--notice`, `--grace`, `--provision-delay` and `--simulate`, mean nothing
+    to a cloud run and are ignored, as they always were)."""
+    if flags.get("fresh_node"):
+        raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
+    given = [flag for key, flag in _LOCAL_FAULTS.items() if flags.get(key) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} inject(s) faults into a local run: add --local, "
+                         "or leave it out for a cloud run")
+    return EXECUTOR
 
 
 EXECUTOR = SkyExecutor()
