@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from typing import Optional
 
+EXIT_FAILURE = 1
+"""A command or process that failed for a reason other than its input."""
+EXIT_USAGE = 2
+"""Bad input or bad usage: what the user (or a recipe) must change; the one usage exit code of every skyspot
+command and entry point, as Click's own usage errors and SkyPilot's JobExitCode give usage its own code."""
+
 
 class SkyspotError(Exception):
     """A failure the user can act on; the message is one line that says what to do next."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
 
 
 class UsageError(SkyspotError):
     """Bad input from the user: a malformed recipe, an unknown name, a bad override or URL."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class RecipeError(UsageError):

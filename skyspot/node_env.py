@@ -73,6 +73,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 # The wheelhouse's trust (signed marker, hashed lock) and what setup and the trainer both read about the
 # node: standard library only, as this module.
 from skyspot import wheelhouse
+from skyspot.errors import EXIT_FAILURE, EXIT_USAGE
 from skyspot.node_host import INSTALLED, VENV_ENV, driver_version, parse_driver, venv_path  # noqa: F401
 
 MARKER = wheelhouse.MARKER
@@ -620,9 +621,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if "\n" in str(error):
                 print(str(error).split("\n", 1)[1], file=sys.stderr)  # the tool's own tail, above the line
             print(f"skyspot node env: {record_failure(str(error), os.environ, driver_version())}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         print(f"skyspot node env: {error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILURE
     except Exception as error:  # noqa: BLE001 - keeping the wheelhouse is an optimisation, never fatal
         if args.command == "setup":
             raise

@@ -15,7 +15,7 @@ from typing import Optional, Any, Callable, Iterable, Sequence, Union
 import typer
 
 from skyspot.console import err, printable
-from skyspot.errors import SkyspotError
+from skyspot.errors import EXIT_USAGE, SkyspotError
 
 
 def terminal_width(stream=None) -> int:
@@ -259,7 +259,7 @@ from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 
 class _OneLineUsageError(_click_exceptions.ClickException):
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
     def show(self, file=None) -> None:
         err.print(f"[bold red]error:[/] {_escape(one_line(self.format_message()))} (see --help)",

@@ -52,6 +52,7 @@ from typing import IO, Optional
 
 from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
+from skyspot.errors import EXIT_USAGE
 from skyspot.executors.local import controller_lock
 from skyspot.ledger import Ledger
 from skyspot.executors.local.spot_trace import SpotTrace
@@ -721,7 +722,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m skyspot.executors.local.controller RUN_NAME", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     with Ledger() as ledger:
         run = ledger.get(argv[0])
         run_dir = Path(run.run_dir)

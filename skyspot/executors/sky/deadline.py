@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from skyspot.planning import deadline as dl
-from skyspot.errors import SkyspotError, UsageError
+from skyspot.errors import EXIT_USAGE, SkyspotError, UsageError
 from skyspot.executors.sky import sdk as sky_executor
 from skyspot.ledger import TERMINAL
 
@@ -364,7 +364,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m skyspot.executors.sky.deadline PLAN.json", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     with open(argv[0], encoding="utf-8") as handle:
         plan = json.load(handle)
     controller = CloudController(plan)
