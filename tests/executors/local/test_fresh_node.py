@@ -69,6 +69,7 @@ class Run:
     def __init__(self, root: Path, task, name: str, store: str, home: Path, fake: FakeSkyJobs):
         self.root, self.task, self.name, self.store, self.home, self.fake = root, task, name, store, home, fake
         self.setup_seconds: dict[str, float] = {}
+        self.made: list[Path] = []
 
     def node(self, label: str):
         # sky.Task keeps bucket mounts apart from file mounts; the fresh node takes them as the task's YAML has them.
@@ -76,6 +77,7 @@ class Run:
                                               for target, storage in self.task.storage_mounts.items()}}
         node = fresh_node.make(self.root / label, mounts, python=NODE_PYTHON,
                                bucket_prefixes=[f"{self.store}/{self.name}/wheelhouse/"])
+        self.made.append(node.root)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_"))}
         env = {**node.env({**base, "HOME": str(self.root / label / "home")}, self.task.envs),
                **skypilot_node_env(self.name),
@@ -94,6 +96,9 @@ class Run:
                                       stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
                                       timeout=SETUP_TIMEOUT).returncode
         self.setup_seconds[label] = time.monotonic() - started
+        # uv's cache on the node (its downloads, ~3 GB on a first start) is not needed once setup is done:
+        # a cloud VM's disk goes with it, this machine's stays, and CI once ran out of it here.
+        shutil.rmtree(Path(env["HOME"]) / ".cache", ignore_errors=True)
         text = log.read_text()
         assert code == 0, text[-4000:]
         print(f"\n{label}: setup took {self.setup_seconds[label]:.0f} s\n" +
@@ -126,12 +131,23 @@ def run(tmp_path_factory, s3_server):
         started.first_run = started.train(node, env)
         try:
             yield started
-        finally:  # each node holds ~8 GB (venv, wheels, the mount's copy); pytest keeps its last 3 temp roots
+        finally:  # the first node (~5 GB) and the run's wheelhouse (~3 GB); pytest keeps its last 3 temp roots
             for node_root in root.glob("node-*/"):
                 shutil.rmtree(node_root, ignore_errors=True)
             bucket = open_store(store)
             for prefix in (f"{name}/wheelhouse/", f"{name}-conda/", f"{name}-py38/"):
                 bucket.delete(bucket.list(prefix))
+
+
+@pytest.fixture(autouse=True)
+def _each_tests_nodes_removed_after_it(run):
+    """Each node holds ~5 GB (skyspot's venv, the mount's copy of the wheelhouse): a test's own nodes go
+    when it ends, the first start's (which later tests compare against) with the module."""
+    kept = len(run.made)
+    yield
+    for node_root in run.made[kept:]:
+        shutil.rmtree(node_root, ignore_errors=True)
+    del run.made[kept:]
 
 
 def _imports(python: Path, module: str) -> bool:
@@ -246,6 +262,12 @@ def _train_as(run, node, env, name: str) -> list[dict]:
     return read_events_store(open_store(run.store), name).events
 
 
+def _delete_run(run, name: str) -> None:
+    """A test's own run (its events and checkpoints, in moto's spool under /tmp), once read."""
+    bucket = open_store(run.store)
+    bucket.delete(bucket.list(f"{name}/"))
+
+
 def test_a_conda_like_base_is_left_as_it_was_and_skyspot_trains_from_its_own_venv(run):
     """SkyPilot's own images auto-activate Miniconda's base and then make no venv of their own
     (sky/skylet/constants.py: ~/sky-user-env only when no conda env is active): `python3` is conda's.
@@ -266,6 +288,7 @@ def test_a_conda_like_base_is_left_as_it_was_and_skyspot_trains_from_its_own_ven
     assert "installed from the run's wheelhouse" in log
     assert _tree(base) == before and not _imports(base / "bin" / "python", "skyspot")  # conda's base untouched
     events = _train_as(run, node, env, "fresh-run-conda")
+    _delete_run(run, "fresh-run-conda")
     assert max(e["step"] for e in events if e["type"] == "step") == 8
     node_event, = [e for e in events if e["type"] == "node"]
     assert node_event["python"]["venv"] == "skyspot" and node_event["python"]["prefix"] == str(node.skyspot_venv)
@@ -336,6 +359,9 @@ def test_an_image_whose_python_is_38_gets_uvs_managed_python_and_trains(run):
     assert "on uv's managed Python 3.12.1" in log and "installed from the index" in log
     assert not (Path(env["HOME"]) / ".local" / "bin" / "python3.12").exists()  # --no-bin: nothing on the image's PATH
     events = _train_as(run, node, env, "fresh-run-py38")
+    _delete_run(run, "fresh-run-py38")
+    bucket = open_store(run.store)  # the 3.12 wheelhouse this start kept beside the run's 3.10 one
+    bucket.delete([k for k in bucket.list(f"{run.name}/wheelhouse/") if "/cp312-" in k])
     assert max(e["step"] for e in events if e["type"] == "step") == 8
     node_event, = [e for e in events if e["type"] == "node"]
     assert node_event["python"]["version"] == "3.12.1" and node_event["python"]["origin"] == "uv-managed"
