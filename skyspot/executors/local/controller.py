@@ -394,8 +394,7 @@ class Controller:
             pump = threading.Thread(target=self._pump, args=(proc.stdout, prefix), daemon=True)
             pump.start()
             pumps.append(pump)
-        self.ledger.update(spec.name, status="RUNNING", controller_pid=os.getpid(),
-                           info={**self._info(), "where": where, "attempt": attempt})
+        self.ledger.record_attempt(spec.name, attempt, where, controller_pid=os.getpid(), **self._progress())
         self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
                  f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {nodes} of {spec.num_nodes} node(s)")
 
@@ -511,7 +510,7 @@ class Controller:
         """What the run is doing when no event says it: in the log, and in the ledger for `launch` to show."""
         if text:
             self.say(text)
-        self.ledger.update(self.spec.name, info={**self._info(), "activity": text})
+        self.ledger.set_activity(self.spec.name, text, **self._progress())
 
     def _trainer_events_file(self, attempt: int) -> Optional[Path]:
         """Rank 0's events file for this attempt (the trainer numbers its starts; take the newest
@@ -550,9 +549,9 @@ class Controller:
             return True
         return spec.preempt_every is not None and now - attempt_started >= spec.preempt_every
 
-    def _info(self) -> dict:
-        run = self.ledger.get(self.spec.name)
-        return {**run.info, "preemptions": self.preemptions, "log": str(self.log_path)}
+    def _progress(self) -> dict:
+        """The info keys the controller keeps current in the ledger with every change it makes."""
+        return {"preemptions": self.preemptions, "log": str(self.log_path)}
 
     def unused_trace_times(self) -> list[float]:
         """Trace preemptions never delivered because the run ended first (not those after spot capacity went)."""
@@ -579,12 +578,12 @@ class Controller:
                 if self.cancel.is_set():
                     return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
                 if not first:
-                    self.ledger.update(spec.name, status="RECOVERING", info=self._info())
+                    self.ledger.set_recovering(spec.name, **self._progress())
                     self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
                     if self.cancel.wait(spec.provision_delay):
                         return self._finish("CANCELLED", RECOVER_EXIT_CODE)
                 else:
-                    self.ledger.update(spec.name, status="STARTING", controller_pid=os.getpid())
+                    self.ledger.set_started(spec.name, os.getpid())
                 if self.planner is not None:
                     chosen = self.planner.choose()
                     if chosen is None:
@@ -624,9 +623,9 @@ class Controller:
         if unused:
             self.say(f"spot trace: {len(unused)} preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
                      f"never came: the run finished {time.time() - self.launched_at:.0f}s after launch")
-        self.ledger.update(self.spec.name, status=status, exit_code=code,
-                           info={**self._info(), "cause": cause, "activity": None, "unused_trace_times": unused,
-                                 "finished_after_seconds": round(time.time() - self.launched_at, 1)})
+        self.ledger.set_finished(self.spec.name, status, exit_code=code, **self._progress(), cause=cause,
+                                 activity=None, unused_trace_times=unused,
+                                 finished_after_seconds=round(time.time() - self.launched_at, 1))
         self.say(f"run {status}" + (f": {cause}" if cause else ""))
         self.log.close()
         return 0 if status == "SUCCEEDED" else (code or 1)
@@ -742,7 +741,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             return controller.run()
         except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
-            ledger.update(spec.name, status="FAILED", exit_code=1)
+            ledger.set_failed(spec.name)
             controller.say(f"controller failed: {type(error).__name__}: {error}")
             raise
 

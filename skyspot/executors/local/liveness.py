@@ -32,8 +32,4 @@ def controller_gone(ledger: Ledger, run) -> bool:
     (it may have ended between the two reads)."""
     if not controller_lock_unheld(run):
         return False
-    current = ledger.get(run.name)
-    if current.terminal:
-        return False
-    ledger.update(run.name, status="FAILED_CONTROLLER", info={**current.info, "cause": gone_cause(run.name)})
-    return True
+    return ledger.set_controller_gone(run.name, gone_cause(run.name))
