@@ -182,17 +182,108 @@ class Ledger:
         except sqlite3.IntegrityError:
             raise UsageError(f"a run named '{name}' exists already; pick another -n/--name") from None
 
-    def update(self, name: str, **fields: Any) -> None:
-        if "status" in fields and fields["status"] not in STATUSES:
-            raise ValueError(f"unknown status {fields['status']!r}")
-        if "info" in fields:
-            fields["info"] = json.dumps(fields["info"], default=str)
-        if fields.get("status") in TERMINAL and "ended_at" not in fields:
-            fields["ended_at"] = time.time()
-        fields["updated_at"] = time.time()
-        assignments = ", ".join(f"{k} = ?" for k in fields)
+    # ------------------------------------------------------------------ named changes
+    # Each change is one read-modify-write inside one `BEGIN IMMEDIATE` transaction: SQLite lets one
+    # writer in at a time, so the controller, a `cancel` and a `status` refresh that meet on a row each
+    # see the others' writes, and info keys are merged into the row's info there, never read earlier
+    # in Python and written back whole (which loses whatever another writer merged in between).
+
+    def _change(self, name: str, *, status: Optional[str] = None, unless_ended: bool = False,
+                info: Optional[dict[str, Any]] = None, append: Optional[dict[str, Any]] = None,
+                **columns: Any) -> bool:
+        """Set `status` and `columns` and merge `info` into the row's info (`append`: key -> a value added
+        to the list under that key), all in one transaction; with `unless_ended`, nothing when the row
+        has reached a TERMINAL status. Whether the row changed."""
+        if status is not None:
+            if status not in STATUSES:
+                raise ValueError(f"unknown status {status!r}")
+            columns["status"] = status
+            if status in TERMINAL:
+                columns.setdefault("ended_at", time.time())
         with self._tx() as db:
-            db.execute(f"UPDATE runs SET {assignments} WHERE name = ?", [*fields.values(), name])
+            rows = db.execute("SELECT status, info FROM runs WHERE name = ?", (name,)).fetchall()
+            if not rows or (unless_ended and rows[0][0] in TERMINAL):
+                return False
+            if info or append:
+                merged = _info_of(rows[0][1])
+                merged.update(info or {})
+                for key, value in (append or {}).items():
+                    earlier = merged.get(key)
+                    merged[key] = [*(earlier if isinstance(earlier, list) else []), value]
+                columns["info"] = json.dumps(merged, default=str)
+            columns["updated_at"] = time.time()
+            db.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in columns)} WHERE name = ?",
+                       [*columns.values(), name])
+        return True
+
+    def set_status(self, name: str, status: str, *, unless_ended: bool = False,
+                   ended_at: Optional[float] = None) -> bool:
+        """The executor's status as it last saw it (SkyPilot's queue, a deadline waiting for capacity)."""
+        return self._change(name, status=status, unless_ended=unless_ended,
+                            **({"ended_at": ended_at} if ended_at is not None else {}))
+
+    def set_controller(self, name: str, pid: int) -> None:
+        """The local controller's process, once started."""
+        self._change(name, controller_pid=pid)
+
+    def set_job(self, name: str, job_id: int) -> None:
+        """The managed job SkyPilot accepted."""
+        self._change(name, job_id=job_id)
+
+    def set_resumed(self, name: str, *, previous_job_id: Optional[int] = None, **info: Any) -> None:
+        """A stopped run started again under its name: PENDING, no end yet; a cloud run's earlier job id
+        joins `previous_job_ids`."""
+        self._change(name, status="PENDING", ended_at=None, exit_code=None, info=info,
+                     append={"previous_job_ids": previous_job_id} if previous_job_id is not None else None)
+
+    def set_started(self, name: str, controller_pid: int) -> None:
+        """The local controller provisions the first attempt."""
+        self._change(name, status="STARTING", controller_pid=controller_pid)
+
+    def set_recovering(self, name: str, **info: Any) -> None:
+        """The local controller provisions a replacement after an attempt ended."""
+        self._change(name, status="RECOVERING", info=info)
+
+    def record_attempt(self, name: str, attempt: int, where: dict[str, Any], *, controller_pid: int,
+                       **info: Any) -> None:
+        """An attempt's nodes are running: where, and its number."""
+        self._change(name, status="RUNNING", controller_pid=controller_pid,
+                     info={**info, "where": where, "attempt": attempt})
+
+    def set_activity(self, name: str, text: Optional[str], **info: Any) -> None:
+        """What the run is doing when no event says it (None: nothing to say), for `launch` to show."""
+        self._change(name, info={**info, "activity": text})
+
+    def set_finished(self, name: str, status: str, *, exit_code: Optional[int], **info: Any) -> None:
+        """The run ended (a TERMINAL status), with its exit code and what the executor knows of why."""
+        if status not in TERMINAL:
+            raise ValueError(f"{status!r} is not an ending")
+        self._change(name, status=status, exit_code=exit_code, info=info)
+
+    def set_failed(self, name: str, *, exit_code: int = 1, **info: Any) -> None:
+        """The run could not start or its executor failed: FAILED, so no row says PENDING or RUNNING forever."""
+        self.set_finished(name, "FAILED", exit_code=exit_code, **info)
+
+    def set_cancelling(self, name: str) -> bool:
+        """`cancel` asked the controller to stop; not over a run that has ended meanwhile."""
+        return self._change(name, status="CANCELLING", unless_ended=True)
+
+    def set_cancelled(self, name: str, *, unless_ended: bool = False) -> bool:
+        """The run is stopped by `cancel` (`unless_ended`: not when it ended on its own meanwhile)."""
+        return self._change(name, status="CANCELLED", unless_ended=unless_ended)
+
+    def set_controller_gone(self, name: str, cause: str) -> bool:
+        """A local run whose controller died without a word: FAILED_CONTROLLER, with why, unless it has
+        ended; whether this call marked it."""
+        return self._change(name, status="FAILED_CONTROLLER", unless_ended=True, info={"cause": cause})
+
+    def cache_summary(self, name: str, row: dict[str, Any], signature: str) -> None:
+        """`status`'s row of a finished run, kept against the signature of the events it was made from."""
+        self._change(name, info={"summary": row, "summary_of": signature})
+
+    def merge_info(self, name: str, **keys: Any) -> None:
+        """Set these keys of the run's info, keeping every other key."""
+        self._change(name, info=keys)
 
     def get(self, name: str) -> Run:
         rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
@@ -234,12 +325,18 @@ class Ledger:
                 raise ValueError(f"column {column} holds {type(value).__name__}")
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"column {column} holds {value}")
-        try:
-            info = json.loads(data.get("info") or "{}")
-        except ValueError:
-            info = {}  # what was launched still shows; only the extras are lost
-        data["info"] = info if isinstance(info, dict) else {}
+        data["info"] = _info_of(data.get("info"))
         return Run(**{column: data.get(column) for column in _COLUMN_TYPES})
+
+
+def _info_of(text: Optional[str]) -> dict[str, Any]:
+    """A row's info column as a dict; damaged JSON reads as empty: what was launched still shows, only the
+    extras are lost."""
+    try:
+        info = json.loads(text or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 # --------------------------------------------------------------------------- naming and recording runs

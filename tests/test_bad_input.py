@@ -584,7 +584,7 @@ def _stage(root: Path, stranger_pid: int) -> Path:
     run_dir = make_run("cancelled-1", status="CANCELLED")
     (run_dir / "local.json").write_text(json.dumps(asdict(_spec_for_resume())))
     with Ledger() as ledger:
-        ledger.update("live-1", controller_pid=stranger_pid)
+        ledger.set_controller("live-1", stranger_pid)
     cwd = root / "cwd"
     (cwd / "sub").mkdir(parents=True)
     (cwd / "trace.yaml").write_text("preemptions: [5, 10]\n")
@@ -646,7 +646,7 @@ def controllers_never_start(monkeypatch):
     import skyspot.executors.sky.sdk as sky_executor
 
     def ended_at_once(name, run_dir, ledger, **fields):
-        ledger.update(name, status="SUCCEEDED", exit_code=0)
+        ledger.set_finished(name, "SUCCEEDED", exit_code=0)
 
     def refuse(*args, **kwargs):
         raise AssertionError("a fuzzed command line reached a cloud submission")

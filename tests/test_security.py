@@ -341,7 +341,7 @@ def test_ledger_and_home_are_private_whatever_the_umask(tmp_path, monkeypatch, o
     monkeypatch.setenv("SKYSPOT_HOME", str(tmp_path / "fresh" / "home"))
     ledger = Ledger()
     ledger.add("run-1", "tiny", "local", total_steps=1)
-    ledger.update("run-1", status="RUNNING")
+    ledger.set_status("run-1", "RUNNING")
     try:
         home = skyspot_home()
         assert _mode(home) == 0o700

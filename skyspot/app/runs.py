@@ -74,7 +74,7 @@ def _row(ledger: Ledger, run: Run, record: Optional[dict[str, Any]]) -> tuple[di
             pass
     if cacheable:
         try:
-            ledger.update(run.name, info={**run.info, "summary": row, "summary_of": signature})
+            ledger.cache_summary(run.name, row, signature)
         except Exception:  # a read-only or busy ledger: the cache is only an optimisation
             pass
     return row, log.malformed

@@ -44,7 +44,7 @@ def stranger():
 def running_row(name: str, pid: int) -> Path:
     run_dir = make_run(name, status="RUNNING")
     with Ledger() as ledger:
-        ledger.update(name, controller_pid=pid)
+        ledger.set_controller(name, pid)
     return run_dir
 
 

@@ -78,7 +78,7 @@ def make_run(name: str = "run-1", status: str = "SUCCEEDED", files=None, info=No
     try:
         ledger.add(name, "tiny", "local", run_dir=str(run_dir), total_steps=40, num_nodes=1,
                    info={"cloud": "aws"} if info is None else info)
-        ledger.update(name, status=status)
+        ledger.set_status(name, status)
     finally:
         ledger.close()
     return run_dir
@@ -395,7 +395,7 @@ def make_store_run(name: str, store: str) -> None:
     ledger = Ledger()
     try:
         ledger.add(name, "tiny", "local", run_dir=str(run_dir), store=store, total_steps=40, num_nodes=1, info={})
-        ledger.update(name, status="SUCCEEDED")
+        ledger.set_status(name, "SUCCEEDED")
     finally:
         ledger.close()
 

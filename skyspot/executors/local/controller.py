@@ -2,7 +2,9 @@
 
 Over 500 lines because it is one loop, the attempt's life (provision, start, watch, preempt, recover),
 and each of its steps shares that loop's state; the policies it calls live elsewhere (executors/local/spot_trace.py,
-executors/local/deadline.py, executors/local/metadata_server.py).
+executors/local/deadline.py, executors/local/metadata_server.py). The attempt is an explicit state machine:
+its stages and what it knows are executors/local/attempt.py; here, one function per transition, WATCH (what
+each stage watches for, checked in ORDER every poll) and AFTER_ATTEMPT (an attempt's outcome -> the next step).
 
     python -m skyspot.executors.local.controller RUN_NAME
 
@@ -48,12 +50,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.errors import EXIT_USAGE
 from skyspot.executors.local import controller_lock
+from skyspot.executors.local.attempt import ENDED_BY, Attempt, Ending, Stage
 from skyspot.ledger import Ledger
 from skyspot.executors.local.spot_trace import SpotTrace
 from skyspot.executors.local.metadata_server import AZURE_RATE_LIMIT
@@ -347,142 +350,125 @@ class Controller:
         return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
 
     # ------------------------------------------------------------------ one attempt
-    def run_attempt(self, attempt: int, spot: bool, metadata) -> tuple[int, str, Optional[str]]:
-        spec = self.spec
-        self.attempt = attempt
+    def run_attempt(self, number: int, spot: bool, metadata) -> tuple[int, str, Optional[str]]:
+        """One attempt from provisioning to its end: (exit code, outcome, cause); the outcome is a key of
+        AFTER_ATTEMPT."""
+        attempt = self._begin(number, spot, metadata)
+        early = self._prepare(attempt) or self._setup(attempt)
+        if early is not None:
+            return self._close(attempt, early)
+        self._start_nodes(attempt)
+        while any(proc.poll() is None for proc in attempt.procs):
+            self._watch(attempt, time.time())
+            time.sleep(POLL_SECONDS)
+        return self._close(attempt, self._ending(attempt))
+
+    def _begin(self, number: int, spot: bool, metadata) -> Attempt:
+        self.attempt = number
         self.last_cause = None
         nodes = self.nodes_for(spot)
         where = self.where(spot, nodes)
         if spot:
             self.spot_attempts += 1
-        events = EventWriter(self.run_dir, spec.name, attempt, 0, None)
+        events = EventWriter(self.run_dir, self.spec.name, number, 0, None)
         events.emit("attempt_start", where=where)
-        attempt_started = time.time()
+        attempt = Attempt(number, spot, nodes, where, events, metadata, started=time.time())
         metadata.reset()
         # What the node's own metadata read (trainer/instance.py) finds: the simulated instance.
         metadata.set_instance(where["instance_type"], spot=bool(where["spot"]), zone=where["zone"] or "",
                               region=where["region"])
-        port = free_port()
-        if self.fresh is None and not self.prepared:
-            self.prepared = True
-            if not self.prepare_node(self.node_env(0, where, {}, port)):
-                events.emit("attempt_end", code=1, reason="cancelled", node_codes=[])
-                events.close()
-                return 1, "cancelled", None
-        if self.fresh is not None:
-            from skyspot.executors.local.fresh_node import run_setup
+        attempt.port = free_port()
+        return attempt
 
-            self.say(f"setup on the fresh node ({self.fresh.venv})")
-            for node_rank in range(nodes):
-                code = run_setup(self.fresh, spec.setup_script, self.node_env(node_rank, where, {}, port), self.log,
-                                 cwd=self.node_dir(node_rank))
-                if code != 0:
-                    cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {spec.name}` has its output"
-                    events.emit("attempt_end", code=code, reason="setup_failed", node_codes=[code], cause=cause)
-                    events.close()
-                    return code, "setup_failed", cause
-        procs: list[subprocess.Popen] = []
-        pumps = []
-        for node_rank in range(nodes):
-            me = os.getpid()
+    def _prepare(self, attempt: Attempt) -> Optional[Ending]:
+        """The machine's one-time preparation before the first start (not on a fresh node: its setup does it)."""
+        if self.fresh is not None or self.prepared:
+            return None
+        self.prepared = True
+        if self.prepare_node(self.node_env(0, attempt.where, {}, attempt.port)):
+            return None
+        return Ending(1, "cancelled", [])
+
+    def _setup(self, attempt: Attempt) -> Optional[Ending]:
+        """A fresh node's setup on every node, as SkyPilot runs it on every newly provisioned VM."""
+        if self.fresh is None:
+            return None
+        from skyspot.executors.local.fresh_node import run_setup
+
+        self.say(f"setup on the fresh node ({self.fresh.venv})")
+        for node_rank in range(attempt.nodes):
+            code = run_setup(self.fresh, self.spec.setup_script, self.node_env(node_rank, attempt.where, {}, attempt.port),
+                             self.log, cwd=self.node_dir(node_rank))
+            if code != 0:
+                cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {self.spec.name}` has its output"
+                return Ending(code, "setup_failed", [code], cause)
+        return None
+
+    def _start_nodes(self, attempt: Attempt) -> None:
+        spec = self.spec
+        me = os.getpid()
+        for node_rank in range(attempt.nodes):
             proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.node_dir(node_rank),
-                                    env=self.node_env(node_rank, where, metadata.env_for(), port),
+                                    env=self.node_env(node_rank, attempt.where, attempt.metadata.env_for(), attempt.port),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=lambda: _die_with_controller(me))
-            procs.append(proc)
+            attempt.procs.append(proc)
             prefix = f"(node-{node_rank}) " if spec.num_nodes > 1 else ""
             pump = threading.Thread(target=self._pump, args=(proc.stdout, prefix), daemon=True)
             pump.start()
-            pumps.append(pump)
-        self.ledger.update(spec.name, status="RUNNING", controller_pid=os.getpid(),
-                           info={**self._info(), "where": where, "attempt": attempt})
-        self.say(f"attempt {attempt} running on simulated {where['cloud']} {where['region']} "
-                 f"{where['instance_type']} ({'spot' if spot else 'on-demand'}), {nodes} of {spec.num_nodes} node(s)")
-
-        steps_tail: Optional[FileTail] = None
-        step = 0
-        timeline = self.timeline
-        notice_at: Optional[float] = None  # when the simulated cloud announced the preemption
-        sigterm_at: Optional[float] = None
-        stop_at: Optional[float] = None  # when the controller itself sent SIGTERM (cancel, a deadline's switch)
-        killed = cancelled = switched = False
-        first_failure: Optional[float] = None
+            attempt.pumps.append(pump)
+        self.ledger.record_attempt(spec.name, attempt.number, attempt.where, controller_pid=me, **self._progress())
+        where = attempt.where
+        self.say(f"attempt {attempt.number} running on simulated {where['cloud']} {where['region']} "
+                 f"{where['instance_type']} ({'spot' if attempt.spot else 'on-demand'}), {attempt.nodes} of "
+                 f"{spec.num_nodes} node(s)")
         if self.planner is not None:
-            self.planner.started(spot)
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            now = time.time()
-            if steps_tail is None:
-                steps_file = self._trainer_events_file(attempt)
-                steps_tail = FileTail(steps_file) if steps_file is not None else None
-            logged: list[int] = []
-            if steps_tail is not None:
-                step = _latest_step(steps_tail, step, logged)
-            # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
-            # restart in place the ranks redo steps, and the next fault is for a step in progress again.
-            self.fault_due = self.fault_due or any(s >= f["step"] for s in logged for f in self.pending_faults[:1])
-            if self.fault_due and not cancelled:
-                self._inject_fault(events, step, nodes)
-            if any(c not in (None, 0) for c in codes) and first_failure is None:
-                first_failure = now  # a node died; the others must fail fast on their own
-            if first_failure and now - first_failure > float(spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
-                self.say("a node failed and the others did not stop; killing them")
-                _signal_all(procs, signal.SIGKILL)
-            if self.cancel.is_set() and sigterm_at is None and not cancelled:
-                cancelled = True
-                self.say("cancel requested: SIGTERM to the nodes (emergency checkpoint), then stop")
-                _signal_all(procs, signal.SIGTERM)
-                sigterm_at = stop_at = now
-            if (self.planner is not None and sigterm_at is None and notice_at is None and not cancelled
-                    and self.planner.switch_due(now)):
-                switched = True  # the deadline wants the other capacity: stop here with an emergency checkpoint
-                _signal_all(procs, signal.SIGTERM)
-                sigterm_at = stop_at = now
-            if (notice_at is None and not cancelled and not switched and spot
-                    and self._should_preempt(step, attempt_started, now)):
-                notice_at = now
-                metadata.announce_preemption(now + timeline.window)
-                events.emit("preempt_notice_sent", deadline=now + timeline.window, step=step, cloud=timeline.cloud,
-                            sigterm_at=None if timeline.sigterm_after is None else now + timeline.sigterm_after,
-                            kill_at=now + timeline.kill_after)
-                self.say(f"preemption notice at step {step}: {_describe(timeline)}")
-            if (notice_at is not None and sigterm_at is None and timeline.sigterm_after is not None
-                    and now >= notice_at + timeline.sigterm_after):
-                _signal_all(procs, signal.SIGTERM)
-                sigterm_at = now
-                events.emit("preempt_sigterm")
-                self.say("preemption: SIGTERM to the node's processes")
-            gone = notice_at is not None and now >= notice_at + timeline.kill_after
-            if not killed and (gone or (stop_at is not None and now >= stop_at + self.stop_grace)):
-                _signal_all(procs, signal.SIGKILL)
-                killed = True
-                events.emit("preempt_sigkill")
-                self.say("the simulated VM is gone: SIGKILL" if gone else "grace period over: SIGKILL")
-            time.sleep(POLL_SECONDS)
-        for pump in pumps:
+            self.planner.started(attempt.spot)
+
+    def _watch(self, attempt: Attempt, now: float) -> None:
+        """One poll: read the newest step, note a failed node, then the checks of ORDER that WATCH lists for
+        the attempt's stage, in order, each against the stage the one before it left (a GCP notice and its
+        SIGTERM land in one poll, as the cloud sends them together)."""
+        codes = [proc.poll() for proc in attempt.procs]
+        if attempt.steps_tail is None:
+            steps_file = self._trainer_events_file(attempt.number)
+            attempt.steps_tail = FileTail(steps_file) if steps_file is not None else None
+        logged: list[int] = []
+        if attempt.steps_tail is not None:
+            attempt.step = _latest_step(attempt.steps_tail, attempt.step, logged)
+        # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
+        # restart in place the ranks redo steps, and the next fault is for a step in progress again.
+        self.fault_due = self.fault_due or any(s >= f["step"] for s in logged for f in self.pending_faults[:1])
+        if any(c not in (None, 0) for c in codes) and attempt.first_failure is None:
+            attempt.first_failure = now  # a node died; the others must fail fast on their own
+        if attempt.first_failure and now - attempt.first_failure > float(
+                self.spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
+            self.say("a node failed and the others did not stop; killing them")
+            _signal_all(attempt.procs, signal.SIGKILL)
+        for check in ORDER:
+            if check in WATCH[attempt.stage]:
+                attempt.stage = check(self, attempt, now) or attempt.stage
+
+    def _ending(self, attempt: Attempt) -> Ending:
+        """How the attempt ended: its nodes' codes, and the outcome its last stage and code say."""
+        for pump in attempt.pumps:
             pump.join(timeout=5)
-        codes = [p.returncode for p in procs]
+        codes = [p.returncode for p in attempt.procs]
         code = 0 if all(c == 0 for c in codes) else (RECOVER_EXIT_CODE if RECOVER_EXIT_CODE in codes
                                                      else next(c for c in codes if c != 0))
         if code == 0:
-            reason = "complete"
-        elif cancelled:
-            reason = "cancelled"
-        elif switched:
-            reason = "switched"
-        elif notice_at is not None:
-            reason = "preempted"
-        elif code == RECOVER_EXIT_CODE:
-            reason = "preempted"  # a SIGTERM from elsewhere; the trainer saved and asked to be recovered
+            outcome = "complete"
         else:
-            reason = "error"
-        cause = self._cause(nodes, attempt_started) if reason in ("error", "cancelled") and code != 0 else None
-        events.emit("attempt_end", code=code, reason=reason, node_codes=codes,
-                    **({"cause": cause} if cause else {}))
-        events.close()
-        return code, reason, cause
+            # Stopped by nobody: 75 is a SIGTERM from elsewhere, the trainer saved and asked to be recovered.
+            outcome = ENDED_BY[attempt.stage] or ("preempted" if code == RECOVER_EXIT_CODE else "error")
+        cause = self._cause(attempt.nodes, attempt.started) if outcome in ("error", "cancelled") else None
+        return Ending(code, outcome, codes, cause)
+
+    def _close(self, attempt: Attempt, ending: Ending) -> tuple[int, str, Optional[str]]:
+        attempt.events.emit("attempt_end", code=ending.code, reason=ending.outcome, node_codes=ending.node_codes,
+                            **({"cause": ending.cause} if ending.cause else {}))
+        attempt.events.close()
+        return ending.code, ending.outcome, ending.cause
 
     # ------------------------------------------------------------------ the node's one-time preparation
     def prepare_node(self, env: dict[str, str]) -> bool:
@@ -511,7 +497,7 @@ class Controller:
         """What the run is doing when no event says it: in the log, and in the ledger for `launch` to show."""
         if text:
             self.say(text)
-        self.ledger.update(self.spec.name, info={**self._info(), "activity": text})
+        self.ledger.set_activity(self.spec.name, text, **self._progress())
 
     def _trainer_events_file(self, attempt: int) -> Optional[Path]:
         """Rank 0's events file for this attempt (the trainer numbers its starts; take the newest
@@ -550,9 +536,9 @@ class Controller:
             return True
         return spec.preempt_every is not None and now - attempt_started >= spec.preempt_every
 
-    def _info(self) -> dict:
-        run = self.ledger.get(self.spec.name)
-        return {**run.info, "preemptions": self.preemptions, "log": str(self.log_path)}
+    def _progress(self) -> dict:
+        """The info keys the controller keeps current in the ledger with every change it makes."""
+        return {"preemptions": self.preemptions, "log": str(self.log_path)}
 
     def unused_trace_times(self) -> list[float]:
         """Trace preemptions never delivered because the run ended first (not those after spot capacity went)."""
@@ -574,62 +560,169 @@ class Controller:
                      "and its dependencies (what the task's setup installs)")
         metadata = MetadataServer().start()
         try:
-            first = True
             while True:
-                if self.cancel.is_set():
-                    return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
-                if not first:
-                    self.ledger.update(spec.name, status="RECOVERING", info=self._info())
-                    self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
-                    if self.cancel.wait(spec.provision_delay):
-                        return self._finish("CANCELLED", RECOVER_EXIT_CODE)
-                else:
-                    self.ledger.update(spec.name, status="STARTING", controller_pid=os.getpid())
-                if self.planner is not None:
-                    chosen = self.planner.choose()
-                    if chosen is None:
-                        return self._finish("CANCELLED", RECOVER_EXIT_CODE if not first else 1)
-                    spot = chosen
-                else:
-                    spot = self.spot_available()
-                if not spot and self.preemptions and first is False and self.planner is None:
-                    self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
-                first = False
-                attempt = self.next_attempt_number()
-                code, reason, cause = self.run_attempt(attempt, spot, metadata)
-                self.say(f"attempt {attempt} ended: {reason} (exit {code})" + (f": {cause}" if cause else ""))
-                if reason == "complete":
-                    return self._finish("SUCCEEDED", 0)
-                if reason == "cancelled":
-                    return self._finish("CANCELLED", code)
-                if reason == "setup_failed":
-                    return self._finish("FAILED_SETUP", code, cause)
-                if reason == "preempted":
-                    self.preemptions += 1
-                    continue
-                if reason == "switched":
-                    continue
-                if code in NOT_RETRIED:
-                    self.say(f"not restarted: exit {code} is {NOT_RETRIED[code]}, which a restart cannot fix")
-                    return self._finish("FAILED", code, cause)
-                self.errors += 1
-                if self.errors > spec.max_restarts_on_errors:
-                    return self._finish("FAILED", code, cause)
-                self.say(f"restart {self.errors}/{spec.max_restarts_on_errors} after an error")
+                first = self.attempt == 0
+                spot = self._provision(first)
+                if spot is None:
+                    return self._finish("CANCELLED", 1 if first else RECOVER_EXIT_CODE)
+                number = self.next_attempt_number()
+                code, outcome, cause = self.run_attempt(number, spot, metadata)
+                self.say(f"attempt {number} ended: {outcome} (exit {code})" + (f": {cause}" if cause else ""))
+                ended = AFTER_ATTEMPT[outcome](self, code, cause)
+                if ended is not None:
+                    return ended
         finally:
             metadata.stop()
+
+    def _provision(self, first: bool) -> Optional[bool]:
+        """The next attempt's capacity (True: spot), after the replacement's provisioning delay; None when
+        the run was cancelled first."""
+        spec = self.spec
+        if self.cancel.is_set():
+            return None
+        if first:
+            self.ledger.set_started(spec.name, os.getpid())
+        else:
+            self.ledger.set_recovering(spec.name, **self._progress())
+            self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
+            if self.cancel.wait(spec.provision_delay):
+                return None
+        if self.planner is not None:
+            return self.planner.choose()
+        spot = self.spot_available()
+        if not spot and self.preemptions and not first:
+            self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
+        return spot
 
     def _finish(self, status: str, code: int, cause: Optional[str] = None) -> int:
         unused = self.unused_trace_times() if status == "SUCCEEDED" else []
         if unused:
             self.say(f"spot trace: {len(unused)} preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
                      f"never came: the run finished {time.time() - self.launched_at:.0f}s after launch")
-        self.ledger.update(self.spec.name, status=status, exit_code=code,
-                           info={**self._info(), "cause": cause, "activity": None, "unused_trace_times": unused,
-                                 "finished_after_seconds": round(time.time() - self.launched_at, 1)})
+        self.ledger.set_finished(self.spec.name, status, exit_code=code, **self._progress(), cause=cause,
+                                 activity=None, unused_trace_times=unused,
+                                 finished_after_seconds=round(time.time() - self.launched_at, 1))
         self.say(f"run {status}" + (f": {cause}" if cause else ""))
         self.log.close()
         return 0 if status == "SUCCEEDED" else (code or 1)
+
+
+# ------------------------------------------------------------------ the attempt's transitions
+# Each check looks at the attempt once a poll and returns the stage it moves it to (None: it stays).
+
+def _inject_fault(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    if c.fault_due:
+        c._inject_fault(a.events, a.step, a.nodes)
+    return None
+
+
+def _on_cancel(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    if not c.cancel.is_set():
+        return None
+    c.say("cancel requested: SIGTERM to the nodes (emergency checkpoint), then stop")
+    _signal_all(a.procs, signal.SIGTERM)
+    a.stop_at = now
+    return Stage.CANCELLING
+
+
+def _on_switch(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    """The deadline wants the other capacity: stop here with an emergency checkpoint."""
+    if c.planner is None or not c.planner.switch_due(now):
+        return None
+    _signal_all(a.procs, signal.SIGTERM)
+    a.stop_at = now
+    return Stage.SWITCHING
+
+
+def _on_preempt(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    if not a.spot or not c._should_preempt(a.step, a.started, now):
+        return None
+    timeline = c.timeline
+    a.notice_at = now
+    a.metadata.announce_preemption(now + timeline.window)
+    a.events.emit("preempt_notice_sent", deadline=now + timeline.window, step=a.step, cloud=timeline.cloud,
+                  sigterm_at=None if timeline.sigterm_after is None else now + timeline.sigterm_after,
+                  kill_at=now + timeline.kill_after)
+    c.say(f"preemption notice at step {a.step}: {_describe(timeline)}")
+    return Stage.NOTICED
+
+
+def _on_cloud_sigterm(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    after = c.timeline.sigterm_after
+    if after is None or a.notice_at is None or now < a.notice_at + after:
+        return None
+    _signal_all(a.procs, signal.SIGTERM)
+    a.events.emit("preempt_sigterm")
+    c.say("preemption: SIGTERM to the node's processes")
+    return Stage.PREEMPTING
+
+
+def _on_kill(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    """SIGKILL once, when the noticed VM is gone or the controller's own SIGTERM's grace is over."""
+    gone = a.notice_at is not None and now >= a.notice_at + c.timeline.kill_after
+    if a.killed_at is not None or not (gone or (a.stop_at is not None and now >= a.stop_at + c.stop_grace)):
+        return None
+    _signal_all(a.procs, signal.SIGKILL)
+    a.killed_at = now
+    a.events.emit("preempt_sigkill")
+    c.say("the simulated VM is gone: SIGKILL" if gone else "grace period over: SIGKILL")
+    return None
+
+
+Check = Callable[[Controller, Attempt, float], Optional[Stage]]
+ORDER: tuple[Check, ...] = (_inject_fault, _on_cancel, _on_switch, _on_preempt, _on_cloud_sigterm, _on_kill)
+"""The order of the checks within one poll."""
+WATCH: dict[Stage, frozenset[Check]] = {
+    Stage.RUNNING: frozenset({_inject_fault, _on_cancel, _on_switch, _on_preempt}),
+    Stage.NOTICED: frozenset({_inject_fault, _on_cancel, _on_cloud_sigterm, _on_kill}),
+    Stage.PREEMPTING: frozenset({_inject_fault, _on_kill}),
+    Stage.CANCELLING: frozenset({_on_kill}),  # no rank fault into a run being stopped
+    Stage.SWITCHING: frozenset({_inject_fault, _on_kill}),
+}
+"""What is watched in each stage."""
+
+
+# ------------------------------------------------------------------ after an attempt
+# Each returns the run's exit code when the run ends there, None to start the next attempt.
+
+def _succeeded(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
+    return c._finish("SUCCEEDED", 0)
+
+
+def _cancelled(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
+    return c._finish("CANCELLED", code)
+
+
+def _setup_failed(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
+    return c._finish("FAILED_SETUP", code, cause)
+
+
+def _preempted(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
+    c.preemptions += 1
+    return None
+
+
+def _switched(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
+    return None
+
+
+def _errored(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
+    """Retried up to max_restarts_on_errors, unless a restart cannot fix it (NOT_RETRIED)."""
+    if code in NOT_RETRIED:
+        c.say(f"not restarted: exit {code} is {NOT_RETRIED[code]}, which a restart cannot fix")
+        return c._finish("FAILED", code, cause)
+    c.errors += 1
+    if c.errors > c.spec.max_restarts_on_errors:
+        return c._finish("FAILED", code, cause)
+    c.say(f"restart {c.errors}/{c.spec.max_restarts_on_errors} after an error")
+    return None
+
+
+AFTER_ATTEMPT: dict[str, Callable[[Controller, int, Optional[str]], Optional[int]]] = {
+    "complete": _succeeded, "cancelled": _cancelled, "setup_failed": _setup_failed,
+    "preempted": _preempted, "switched": _switched, "error": _errored,
+}
+"""An attempt's outcome -> what the run does next."""
 
 
 def _describe(timeline: Timeline) -> str:
@@ -742,7 +835,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             return controller.run()
         except BaseException as error:  # record the failure; the ledger must never say RUNNING forever
-            ledger.update(spec.name, status="FAILED", exit_code=1)
+            ledger.set_failed(spec.name)
             controller.say(f"controller failed: {type(error).__name__}: {error}")
             raise
 

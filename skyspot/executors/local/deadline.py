@@ -68,7 +68,7 @@ class Planner:
                 return True
             if not waited:
                 self.c.activity(f"waiting for spot capacity (deadline {dl.when(self.at)}; {decision.why})")
-                self.c.ledger.update(self.c.spec.name, status="STARTING" if self.c.attempt == 0 else "RECOVERING")
+                self.c.ledger.set_status(self.c.spec.name, "STARTING" if self.c.attempt == 0 else "RECOVERING")
             waited, spot_available = True, False
             if self.c.cancel.wait(self.period):
                 return None

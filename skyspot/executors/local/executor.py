@@ -242,7 +242,7 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
             run_dir.mkdir(mode=0o700)
             (run_dir / "logs").mkdir(mode=0o700)
         except OSError as error:  # never leave a PENDING row behind for a run that cannot start
-            ledger.update(name, status="FAILED", exit_code=1)
+            ledger.set_failed(name)
             raise UsageError(f"cannot create the run directory {run_dir}: {error.strerror}") from None
         _write_spec(run_dir, spec, exclusive=True)
         _start_controller(name, run_dir, ledger)
@@ -259,15 +259,15 @@ def _write_spec(run_dir: Path, spec: Spec, *, exclusive: bool) -> None:
         os.replace(target, path)
 
 
-def _start_controller(name: str, run_dir: Path, ledger: Ledger, **fields) -> None:
-    """Start the run's controller; `fields` go to the ledger once its lock is held (a resume's PENDING:
-    never a not-ended row with an unheld lock, which `refresh` would take for a dead controller)."""
+def _start_controller(name: str, run_dir: Path, ledger: Ledger, *, resumed: bool = False) -> None:
+    """Start the run's controller; a resume's PENDING goes to the ledger once its lock is held (never a
+    not-ended row with an unheld lock, which `refresh` would take for a dead controller)."""
     # The lock is taken here and handed to the controller, so it is held from the controller's first
     # instant: `cancel` and `resume` know the run by the lock, never by the PID alone (executors/local/controller_lock.py).
     lock = controller_lock.acquire(run_dir)
     try:
-        if fields:
-            ledger.update(name, **fields)
+        if resumed:
+            ledger.set_resumed(name)
         controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local.controller", name],
                                 stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
@@ -277,7 +277,7 @@ def _start_controller(name: str, run_dir: Path, ledger: Ledger, **fields) -> Non
         controller_lock.record(lock, proc.pid)
     finally:
         os.close(lock)  # the controller's copy keeps the lock held
-    ledger.update(name, controller_pid=proc.pid)
+    ledger.set_controller(name, proc.pid)
 
 
 def resume_local(run, *, detach: bool) -> int:
@@ -300,7 +300,7 @@ def resume_local(run, *, detach: bool) -> int:
                    spot_nodes=[], fallback_after=None, unavailable=[])
     _write_spec(run_dir, spec, exclusive=False)
     with Ledger() as ledger:
-        _start_controller(run.name, run_dir, ledger, status="PENDING", ended_at=None, exit_code=None)
+        _start_controller(run.name, run_dir, ledger, resumed=True)
     return _attach(run.name, detach, verb="resumed")
 
 
@@ -392,12 +392,12 @@ class LocalExecutor:
                                f"{controller_lock.lock_path(run.run_dir)} but is not the controller it names; "
                                "nothing was signalled")
         if not held:  # never signal a bare PID: it may be a stranger's now (executors/local/controller_lock.py)
-            ledger.update(run.name, status="CANCELLED")
+            ledger.set_cancelled(run.name)
             stranger = (f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not "
                         "signalled)" if run.controller_pid else "")
             err.print(f"run '{run.name}' had no live controller; marked CANCELLED{stranger}", markup=False)
             return
-        ledger.update(run.name, status="CANCELLING")
+        ledger.set_cancelling(run.name)
         try:
             os.kill(pid, signal.SIGTERM)  # the controller checkpoints, stops, marks CANCELLED
         except ProcessLookupError:
@@ -405,8 +405,7 @@ class LocalExecutor:
         deadline = time.time() + CANCEL_WAIT_S
         while time.time() < deadline and not ledger.get(run.name).terminal:
             if not controller_lock.is_held(run.run_dir):
-                if not ledger.get(run.name).terminal:  # it died without saying so: say it for it
-                    ledger.update(run.name, status="CANCELLED")
+                if ledger.set_cancelled(run.name, unless_ended=True):  # it died without saying so: say it for it
                     err.print(f"run '{run.name}': its controller ended without recording it; marked CANCELLED",
                               markup=False)
                     return

@@ -28,12 +28,8 @@ def controller_gone(ledger: Ledger, run) -> bool:
     SkyPilot marks a managed job whose controller is gone; `status`, `logs -f` and `launch`'s view all
     ask here. A run without a lock file (launched by an older skyspot, or not started yet) is left as it is.
     The launcher holds the lock before the ledger says PENDING, and a controller records its end before
-    it lets go, so an unheld lock with a row still going is a dead controller once the row is read again
-    (it may have ended between the two reads)."""
+    it lets go, so an unheld lock with a row still going is a dead controller; whether the row is still
+    going is decided inside the ledger's change (`set_controller_gone`), as it may have ended meanwhile."""
     if not controller_lock_unheld(run):
         return False
-    current = ledger.get(run.name)
-    if current.terminal:
-        return False
-    ledger.update(run.name, status="FAILED_CONTROLLER", info={**current.info, "cause": gone_cause(run.name)})
-    return True
+    return ledger.set_controller_gone(run.name, gone_cause(run.name))

@@ -56,7 +56,7 @@ class SkyExecutor:
 
     def cancel(self, run, ledger) -> None:
         sdk.cancel(run.job_id)
-        ledger.update(run.name, status="CANCELLED")
+        ledger.set_cancelled(run.name)
         err.print(f"cancelled managed job {run.job_id} ('{run.name}')")
 
     def resume_question(self, run) -> str:

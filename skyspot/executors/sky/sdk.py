@@ -250,8 +250,8 @@ def record_status(runs, records: dict[int, dict]) -> None:
         try:
             for run, status in changed:
                 end = records[run.job_id].get("end_at")
-                ended = {"ended_at": float(end)} if isinstance(end, (int, float)) and end > 0 else {}
-                ledger.update(run.name, status=status, **ended)
+                ledger.set_status(run.name, status,
+                                  ended_at=float(end) if isinstance(end, (int, float)) and end > 0 else None)
                 run.status = status
         except Exception:  # a read-only or busy ledger: the next command tries again
             pass

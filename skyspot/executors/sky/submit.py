@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from skyspot.ledger import Ledger
 from skyspot.task.package import PACKAGE_MOUNT, Package
 from skyspot.task.render import RenderedTask
 
@@ -65,17 +66,13 @@ def _submit_recorded(name: str, task: dict[str, Any], *, detach: bool, secrets: 
     try:
         job_id = sky_executor.submit(task, name=name, detach=detach, secrets=secrets)
     except BaseException:
-        _update(name, status="FAILED", exit_code=1)
+        with Ledger() as ledger:
+            ledger.set_failed(name)
         raise
-    _update(name, job_id=job_id)
+    if job_id is not None:
+        with Ledger() as ledger:
+            ledger.set_job(name, job_id)
     return job_id
-
-
-def _update(name: str, **fields: Any) -> None:
-    from skyspot.ledger import Ledger
-
-    with Ledger() as ledger:
-        ledger.update(name, **fields)
 
 
 def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
@@ -113,9 +110,8 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
         from skyspot.executors.sky.deadline import check_api_server
 
         check_api_server()
-    previous = [j for j in (run.info.get("previous_job_ids") or []) if isinstance(j, int)]
-    _update(run.name, status="PENDING", ended_at=None, exit_code=None,
-            info={**run.info, "task": task, "previous_job_ids": previous + [run.job_id] if run.job_id else previous})
+    with Ledger() as ledger:
+        ledger.set_resumed(run.name, previous_job_id=run.job_id or None, task=task)
     if isinstance(deadline, dict):  # the same deadline as at launch: its controller starts again
         task = _deadline_controller(run.name, task, recipe=run.recipe, store=run.store, total_steps=run.total_steps,
                                     deadline=deadline, package=packaging.build())

@@ -239,7 +239,7 @@ def test_the_live_view_follows_a_run_to_its_end(tmp_path):
     executor.emit("attempt_end", code=0, reason="complete")
     ledger = Ledger()
     ledger.add("live", "tiny", "local", run_dir=str(run_dir), total_steps=4, num_nodes=1)
-    ledger.update("live", status="SUCCEEDED")
+    ledger.set_status("live", "SUCCEEDED")
     view = RunView(4)
     run = follow_module._follow_live(ledger, "live", view, EventTail(run_dir / EVENTS_DIR),
                                      run_dir / "logs" / "run.log")
@@ -293,7 +293,7 @@ def test_a_resumed_local_run_trains_with_its_recorded_settings_not_the_shells(tm
     assert "SKYSPOT_TRAIN__LR" not in env and env["SKYSPOT_HOME_UNRELATED"] == "kept"
     with Ledger() as ledger:
         ledger.add("lr-run", "tiny", "local", run_dir=str(tmp_path / "gone"), total_steps=5, num_nodes=1)
-        ledger.update("lr-run", status="CANCELLED")
+        ledger.set_status("lr-run", "CANCELLED")
     said = CliRunner().invoke(app, ["resume", "lr-run", "-y", "-d"])
     assert said.exit_code != 0  # its run dir is gone: it cannot start, but it said what it ignored first
     assert "note: ignoring SKYSPOT_TRAIN__LR from this shell: a resumed run keeps the settings it was launched " \

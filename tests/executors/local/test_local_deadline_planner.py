@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from skyspot.planning.deadline import DECISION_EVENT, ON_DEMAND, SPOT
 from skyspot.events import read_events_dir
 from skyspot.executors.local.deadline import Planner
+from skyspot.ledger import Ledger
 
 
 class FakeController:
@@ -24,7 +25,8 @@ class FakeController:
                                               "step_seconds_hint": 1.0, "period": 0.01})
         self.cancel = threading.Event()
         self.attempt, self.preemptions, self.pending_trace = 0, 0, []
-        self.ledger = SimpleNamespace(update=lambda *a, **k: None)
+        self.ledger = Ledger(run_dir / "ledger.db")
+        self.ledger.add("r", "tiny", "local")
         self.lines: list[str] = []
 
     def say(self, line):
@@ -73,3 +75,4 @@ def test_a_cancel_while_waiting_for_spot_ends_the_wait(tmp_path):
     controller = FakeController(tmp_path, at=10_000, unavailable=[(0, 10_000)])
     controller.cancel.set()
     assert Planner(controller).choose() is None
+    assert controller.ledger.get("r").status == "STARTING"  # it waited for capacity before its first attempt

@@ -233,6 +233,6 @@ def test_resume_refuses_a_finished_run_and_a_live_managed_job(monkeypatch):
     result = runner.invoke(app, ["resume", "live", "-y"])
     assert result.exit_code == 2 and "SkyPilot recovers a live managed job itself" in result.stderr
     _sky_run("s3://my-ckpts/runs", name="done", job_id=8)
-    Ledger().update("done", status="SUCCEEDED")
+    Ledger().set_status("done", "SUCCEEDED")
     result = runner.invoke(app, ["resume", "done", "-y"])
     assert result.exit_code == 2 and "nothing to resume" in result.stderr
