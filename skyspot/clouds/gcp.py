@@ -98,7 +98,8 @@ class GCP(Cloud):
             return endpoint_url(ip)
         return None if self.metadata_override(env) else endpoint_url(GCP_DEFAULT_IP)
 
-    def maintenance_notice_s(self, env: Mapping[str, str]) -> float:
-        """How far ahead planned maintenance is announced on this node: an hour on a GPU VM, else 60 s."""
-        gpus = env.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
-        return GCP_GPU_MAINTENANCE_NOTICE_S if gpus not in ("", "0") else GCP_MAINTENANCE_NOTICE_S
+
+def maintenance_notice_s(env: Mapping[str, str]) -> float:
+    """How far ahead planned maintenance is announced on this node: an hour on a GPU VM, else 60 s."""
+    gpus = env.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
+    return GCP_GPU_MAINTENANCE_NOTICE_S if gpus not in ("", "0") else GCP_MAINTENANCE_NOTICE_S
