@@ -77,7 +77,7 @@ class AWS(Cloud):
     upload_gbps = 2.5  # ours: see skyspot/clouds/bandwidth.py
     prior_node_hours = {"large": 6.0, "small": 24.0, "cpu": 24.0}  # ours: see skyspot/clouds/priors.py
 
-    gpus_priced_apart = False
+    attached_gpus = ()  # GPUs priced inside the VM row
     spot_at_on_demand_is_spot = True  # AWS's spot price is capped at on-demand and does reach it
     count_fixes: Mapping[str, int] = {}
 

@@ -59,7 +59,7 @@ class Azure(Cloud):
     upload_gbps = 2.5  # ours: see skyspot/clouds/bandwidth.py
     prior_node_hours = {"large": 4.0, "small": 12.0, "cpu": 24.0}  # ours: see skyspot/clouds/priors.py
 
-    gpus_priced_apart = False
+    attached_gpus = ()  # GPUs priced inside the VM row
     # Azure's spot meters are discounted from pay-as-you-go; a "spot" price equal to it (every
     # Standard_ND96isr_H100_v5 row of the snapshot) is the on-demand price again, not a spot price.
     spot_at_on_demand_is_spot = False

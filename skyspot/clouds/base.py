@@ -78,8 +78,9 @@ class Cloud(abc.ABC):
     ("large", "small", "cpu")."""
 
     # -- prices (pricing/prices.py reads the snapshot and SkyPilot's catalog with these)
-    gpus_priced_apart: ClassVar[bool]
-    """The catalog prices attached GPUs in rows of their own, beside the VM's (GCP)."""
+    attached_gpus: ClassVar[tuple[tuple[re.Pattern[str], str, Optional[int]], ...]]
+    """Where the catalog prices a machine's GPUs in rows of their own beside its VM row (GCP): (instance
+    type pattern, accelerator, count or None for the pattern's group 1) per machine family; () elsewhere."""
     spot_at_on_demand_is_spot: ClassVar[bool]
     """A spot price equal to the on-demand one is a real spot price (False: it is the on-demand price again)."""
     count_fixes: ClassVar[Mapping[str, int]]

@@ -74,7 +74,19 @@ class GCP(Cloud):
     upload_gbps = 2.5  # ours: see skyspot/clouds/bandwidth.py
     prior_node_hours = {"large": 4.0, "small": 12.0, "cpu": 24.0}  # ours: see skyspot/clouds/priors.py
 
-    gpus_priced_apart = True  # the catalog has a VM row and a row per attached GPU (pricing/prices.py)
+    # The catalog prices the GPUs of a2/a3/g2 machines in separate rows (empty InstanceType); a machine's
+    # full price is its VM row plus the matching GPU row in the same zone (pricing/prices.py).
+    attached_gpus = (
+        (re.compile(r"a2-highgpu-(\d+)g"), "A100", None),
+        (re.compile(r"a2-megagpu-(16)g"), "A100", None),
+        (re.compile(r"a2-ultragpu-(\d+)g"), "A100-80GB", None),
+        (re.compile(r"a3-highgpu-(\d+)g"), "H100", None),
+        (re.compile(r"a3-megagpu-(8)g"), "H100-MEGA", None),
+        (re.compile(r"g2-standard-96"), "L4", 8),
+        (re.compile(r"g2-standard-48"), "L4", 4),
+        (re.compile(r"g2-standard-24"), "L4", 2),
+        (re.compile(r"g2-standard-(4|8|12|16|32)"), "L4", 1),
+    )
     spot_at_on_demand_is_spot = True
     count_fixes: Mapping[str, int] = {}
 

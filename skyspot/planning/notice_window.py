@@ -160,7 +160,7 @@ class WindowReport:
     advice: list[str] = field(default_factory=list)
 
     def check(self, cloud: str) -> WindowCheck:
-        return next(c for c in self.checks if c.cloud == cloud)
+        return {c.cloud: c for c in self.checks}[cloud]
 
     @property
     def durable_clouds(self) -> list[str]:

@@ -28,7 +28,6 @@ from skyspot.executors.local import metadata_server as ms
 from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.ports import free_port
 from skyspot import clouds
-from skyspot.trainer import notice
 from skyspot.trainer.notice import aws as notice_aws
 from skyspot.trainer.notice import gcp as notice_gcp
 from skyspot.trainer.notice.watcher import MetadataHttp
