@@ -86,7 +86,7 @@ def _complete_parts() -> dict:
             "notice_watcher": "skyspot.trainer.notice.oracle", "sigterm": None, "planned_actions": frozenset(),
             "metadata_endpoint_var": "SKYSPOT_OCI_METADATA_ENDPOINT",
             "metadata_default_endpoint": "http://169.254.169.254", "store_scheme": "oci",
-            "region_pattern": re.compile(r"^[a-z]+-[a-z]+-\\d+$"), "fabric": None, "fabric_accelerators": (),
+            "region_pattern": re.compile(r"^[a-z]+-[a-z]+-\d+$"), "fabric": None, "fabric_accelerators": (),
             "no_fabric": "none", "upload_gbps": 1.0, "prior_node_hours": {"large": 1.0, "small": 1.0, "cpu": 1.0},
             "attached_gpus": (), "spot_at_on_demand_is_spot": True, "count_fixes": {},
             "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),

@@ -5,7 +5,7 @@ docs/planning.md derives every formula and works the llama70b numbers by hand.
     report = check_notice_windows(recipe)          # per cloud: durable in time / local only / not in time
     report.advice                                  # recipe settings that fix what does not make it
 
-The clouds' windows, poll periods and default bandwidths are cloud facts (skyspot/clouds.py); the
+The clouds' windows, poll periods and default bandwidths are cloud facts (skyspot/clouds/); the
 state's size comes from skyspot/sizing.py. Import-light: the CLI imports this at start-up.
 """
 
