@@ -36,6 +36,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
+from skyspot import clouds
+
 END_REASONS = ("complete", "preempted", "error", "cancelled", "running", "unknown")
 
 # Events that mean "this attempt is being taken away": the first one starts the recovery clock.
@@ -62,20 +64,9 @@ CAUSES: dict[str, tuple[str, str]] = {
     "unknown": ("unknown ending", "unknown endings"),                  # ended preempted, nothing says why
 }
 
-# The notice watchers' `action` words (skyspot/trainer/notice/, docs/notices.md) per cloud: which are a
-# planned shutdown rather than a spot preemption, and the cloud's own spelling of each.
-_PLANNED = {"aws": {"instance-reboot", "system-reboot", "instance-stop", "instance-retirement"},
-            "gcp": {"maintenance"}, "azure": {"reboot", "redeploy", "terminate"}}
-_CLOUD_NAMES = {
-    # AWS spells them as the watcher does: instance-action `terminate`, `stop`, `hibernate`; scheduled
-    # event codes `system-reboot`, ... The rebalance recommendation has no action word of AWS's own.
-    "aws": lambda action: None if action == "rebalance" else action,
-    # GCP: the metadata key `instance/preempted`, and `instance/maintenance-event`'s values.
-    "gcp": {"preempt": "preempted", "maintenance": "TERMINATE_ON_HOST_MAINTENANCE",
-            "migrate": "MIGRATE_ON_HOST_MAINTENANCE"}.get,
-    # Azure: Scheduled Events' EventType.
-    "azure": lambda action: action.capitalize() if action else None,
-}
+# Which of the notice watchers' `action` words (skyspot/trainer/notice/, docs/notices.md) are a planned
+# shutdown rather than a spot preemption, and the cloud's own spelling of each, are each cloud's facts
+# (skyspot/clouds/: `planned_actions`, `native_action`).
 # SkyPilot's ManagedJobStatus for a job whose last attempt's end only the queue record knows.
 _QUEUE_CAUSES = {"CANCELLED": "cancelled", "FAILED_SETUP": "setup-failed"}
 
@@ -237,7 +228,7 @@ def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
     notice = next((e for e in events if e.get("type") == "preemption_notice"), None)
     if notice is not None:
         source, action = _word(notice.get("source")), _word(notice.get("action"))
-        kind = ("planned-maintenance" if action in _PLANNED.get(source, ()) else
+        kind = ("planned-maintenance" if _planned(source, action) else
                 "rebalance" if action == "rebalance" else "spot-preemption")
         return kind, _cloud_name(source, action)
     if any(e.get("type") == "preempt_notice_sent" for e in events):
@@ -250,7 +241,7 @@ def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
         source, action = _word(e.get("source")), _word(e.get("action"))
         if action == "rebalance":
             return "rebalance", None
-        if action in _PLANNED.get(source, ()):
+        if _planned(source, action):
             return "planned-maintenance", _cloud_name(source, action)
         # freeze, migrate, system-maintenance: the VM lives through them; they end nothing.
     signal = next((e for e in events if e.get("type") == "signal"), None)
@@ -289,9 +280,14 @@ def describe_causes(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {CAUSES.get(cause, (cause, cause))[n != 1]}" for cause, n in counts.items() if n)
 
 
+def _planned(source: str, action: str) -> bool:
+    cloud = clouds.find(source)
+    return cloud is not None and action in cloud.planned_actions
+
+
 def _cloud_name(source: str, action: str) -> Optional[str]:
-    name = _CLOUD_NAMES.get(source)
-    return name(action) if name and action else None
+    cloud = clouds.find(source)
+    return cloud.native_action(action) if cloud is not None and action else None
 
 
 def _is_switch(decision: Mapping[str, Any]) -> bool:

@@ -1,11 +1,20 @@
-"""Cloud facts (skyspot/clouds.py): notice windows, assumed bandwidths and their precedence, priors."""
+"""Cloud facts (skyspot/clouds/): one registered class per cloud that provides every part a cloud must,
+the registry's refusals, notice windows, assumed bandwidths and their precedence, priors."""
 
 from __future__ import annotations
 
+import importlib
+import re
+import subprocess
+import sys
+
 import pytest
 
+from skyspot import clouds
 from skyspot.clouds import NOTICE_WINDOWS_S, bandwidth_for, mtbp_prior
+from skyspot.clouds.base import REQUIRED, Cloud, CloudDefinitionError, missing_parts, register
 from skyspot.errors import UsageError
+from skyspot.storage import parse_store_uri
 
 MIB = 1024 * 1024
 
@@ -43,3 +52,107 @@ def test_priors_are_per_node_and_shrink_with_the_job():
     assert mtbp_prior("azure", None).accelerator_class == "cpu"
     with pytest.raises(UsageError):
         mtbp_prior("oracle", "H100")
+
+
+# --------------------------------------------------------------------------- the registry (issue 33)
+
+def test_the_three_clouds_are_registered_in_order():
+    assert clouds.names() == ("aws", "gcp", "azure") == clouds.CLOUDS
+    assert [c.name for c in clouds.all()] == list(clouds.names())
+    assert clouds.get("AWS") is clouds.get(" aws ") is clouds.all()[0]
+
+
+@pytest.mark.parametrize("cloud", clouds.all(), ids=lambda c: c.name)
+def test_every_registered_cloud_provides_every_part(cloud):
+    assert not missing_parts(type(cloud))
+    for part in REQUIRED:
+        assert hasattr(cloud, part), part
+    assert cloud.notice_window_s > 0 and cloud.notice_poll_s > 0 and cloud.notice_detect_s >= 0
+    assert cloud.sigterm in ("at_deadline", "with_notice", None)
+    assert set(cloud.prior_node_hours) == {"large", "small", "cpu"}
+    write, why = cloud.root_disk_write(256)
+    assert write > 0 and why
+    # the bound notice protocol exists and has the one entry point the watcher calls
+    assert callable(importlib.import_module(cloud.notice_watcher).bind)
+    # its store scheme is one skyspot.storage parses, and names this cloud back
+    assert parse_store_uri(f"{cloud.store_scheme}://acct/bucket/run" if cloud.store_scheme == "az"
+                           else f"{cloud.store_scheme}://bucket/run").scheme == cloud.store_scheme
+    assert clouds.STORE_CLOUDS[cloud.store_scheme] == cloud.name
+
+
+def _complete_parts() -> dict:
+    """Every part of REQUIRED, with values a cloud could have (a planted fourth cloud)."""
+    return {"name": "oracle", "label": "OCI", "notice_window_s": 30.0, "notice_poll_s": 5.0, "notice_detect_s": 5.0,
+            "notice_watcher": "skyspot.trainer.notice.oracle", "sigterm": None, "planned_actions": frozenset(),
+            "metadata_endpoint_var": "SKYSPOT_OCI_METADATA_ENDPOINT",
+            "metadata_default_endpoint": "http://169.254.169.254", "store_scheme": "oci",
+            "region_pattern": re.compile(r"^[a-z]+-[a-z]+-\d+$"), "fabric": None, "fabric_accelerators": (),
+            "no_fabric": "none", "upload_gbps": 1.0, "prior_node_hours": {"large": 1.0, "small": 1.0, "cpu": 1.0},
+            "attached_gpus": (), "spot_at_on_demand_is_spot": True, "count_fixes": {},
+            "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),
+            "native_action": lambda self, action: action}
+
+
+def test_a_planted_cloud_with_every_part_passes_the_check():
+    planted = type("Oracle", (Cloud,), _complete_parts())
+    assert missing_parts(planted) == []
+
+
+@pytest.mark.parametrize("part", REQUIRED)
+def test_a_new_cloud_missing_one_part_fails_the_registrys_check(part):
+    parts = _complete_parts()
+    del parts[part]
+    planted = type("Oracle", (Cloud,), parts)
+    with pytest.raises(CloudDefinitionError, match=f"cloud class Oracle lacks {part} "):
+        register(planted)
+    assert "oracle" not in clouds.names()
+
+
+def test_register_refuses_what_is_not_a_cloud_and_a_second_class_of_one_name():
+    with pytest.raises(CloudDefinitionError, match="not a subclass"):
+        register(object)  # type: ignore[arg-type]
+    twin = type("OtherAWS", (Cloud,), {**_complete_parts(), "name": "aws"})
+    with pytest.raises(CloudDefinitionError, match="registered twice"):
+        register(twin)
+    assert type(clouds.get("aws")).__name__ == "AWS"
+
+
+@pytest.mark.parametrize("lookup", [clouds.get, lambda name: bandwidth_for(name, environ={}),
+                                    lambda name: mtbp_prior(name), lambda name: clouds.fast_fabric(name, "H100:8")])
+def test_an_unknown_cloud_is_a_one_line_usage_error(lookup):
+    with pytest.raises(UsageError) as raised:
+        lookup("oracle")
+    message = str(raised.value)
+    assert message == "unknown cloud 'oracle'; expected aws, gcp or azure"
+    assert "\n" not in message
+    assert clouds.find("oracle") is None and clouds.find(None) is None
+
+
+def test_an_unknown_cloud_on_the_command_line_is_one_line_and_exit_2():
+    code = ("import sys\nfrom skyspot import clouds\nfrom skyspot.errors import UsageError\n"
+            "try:\n    clouds.get('oracle')\nexcept UsageError as e:\n    print(e); sys.exit(e.exit_code)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_facts_derived_from_the_classes_keep_their_published_values():
+    assert clouds.fast_fabric("aws", "A100:8") == ("EFA", "")
+    assert clouds.fast_fabric("gcp", "A100:8") == (None, "GPUDirect-TCPX is for H100:8 (a3-highgpu-8g) only")
+    assert clouds.fast_fabric("azure", "H100:8")[0] is None
+    assert clouds.get("aws").opt_in_zone("use1-atl2-az1") and not clouds.get("aws").opt_in_zone("use1-az4")
+    assert not clouds.get("gcp").opt_in_zone("us-central1-a")
+    assert clouds.get("gcp").native_action("maintenance") == "TERMINATE_ON_HOST_MAINTENANCE"
+    assert clouds.get("azure").native_action("preempt") == "Preempt"
+    assert "system-reboot" in clouds.get("aws").planned_actions
+    assert clouds.get("azure").count_fixes == {"standard_nd96isr_h100_v5": 8}
+
+
+def test_the_node_side_rules_come_from_the_cloud(monkeypatch):
+    from skyspot.trainer.notice import fallback_target, watch_target
+
+    info = '{"cloud": "%s"}'
+    assert watch_target({"SKYPILOT_CLUSTER_INFO": info % "AWS", "AWS_EC2_METADATA_DISABLED": "true"}) is None
+    assert watch_target({"SKYPILOT_CLUSTER_INFO": info % "GCP"}) == ("gcp", "http://metadata.google.internal")
+    assert fallback_target({"SKYPILOT_CLUSTER_INFO": info % "GCP"}) == "http://169.254.169.254"
+    assert fallback_target({"SKYPILOT_CLUSTER_INFO": info % "Azure"}) is None
+    assert watch_target({"SKYPILOT_CLUSTER_INFO": info % "Oracle"}) is None  # a cloud we do not know: no watcher

@@ -18,19 +18,11 @@ why they go without (`fabric`; clouds.fast_fabric).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from skyspot.errors import UsageError
 from skyspot.recipe import Recipe
-
-# Region names by cloud, as the clouds spell them: us-east-1 (AWS), us-central1 (GCP), eastus2 (Azure).
-_REGION_PATTERNS = {
-    "aws": re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d+$"),
-    "gcp": re.compile(r"^[a-z]+-[a-z]+\d+$"),
-    "azure": re.compile(r"^[a-z]+\d*$"),
-}
 
 
 @dataclass(frozen=True)
@@ -69,10 +61,12 @@ class Candidate:
 
 
 def region_cloud(region: str) -> str:
-    """Which cloud a region name belongs to."""
-    for cloud, pattern in _REGION_PATTERNS.items():
-        if pattern.match(region):
-            return cloud
+    """Which cloud a region name belongs to, by how each cloud spells its regions (`region_pattern`)."""
+    from skyspot import clouds
+
+    for cloud in clouds.all():
+        if cloud.region_pattern.match(region):
+            return cloud.name
     raise UsageError(f"region '{region}' is not an AWS (us-east-1), GCP (us-central1) or Azure (eastus2) region name")
 
 

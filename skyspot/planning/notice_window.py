@@ -5,7 +5,7 @@ docs/planning.md derives every formula and works the llama70b numbers by hand.
     report = check_notice_windows(recipe)          # per cloud: durable in time / local only / not in time
     report.advice                                  # recipe settings that fix what does not make it
 
-The clouds' windows, poll periods and default bandwidths are cloud facts (skyspot/clouds.py); the
+The clouds' windows, poll periods and default bandwidths are cloud facts (skyspot/clouds/); the
 state's size comes from skyspot/sizing.py. Import-light: the CLI imports this at start-up.
 """
 
@@ -160,7 +160,7 @@ class WindowReport:
     advice: list[str] = field(default_factory=list)
 
     def check(self, cloud: str) -> WindowCheck:
-        return next(c for c in self.checks if c.cloud == cloud)
+        return {c.cloud: c for c in self.checks}[cloud]
 
     @property
     def durable_clouds(self) -> list[str]:

@@ -720,7 +720,7 @@ def _add_egress(attempt: AttemptCost, events: list[dict], home: Optional[str], w
     `store`. The trainer writes `resume` on global rank 0 only, with node 0's part of the checkpoint:
     what the other nodes fetched is not in the events, so for several nodes this is a floor.
     """
-    if home is None or attempt.cloud == home:
+    if home in (None, attempt.cloud):  # no cloud store, or the attempt ran on its cloud
         return
     up = sum(_bytes(e) for e in _distinct(events, "upload_end", ("node", "node_rank", "step")))
     resumes = [e for e in _distinct(events, "resume", ()) if str(e.get("source") or "").lower() == "store"]

@@ -38,19 +38,19 @@ import csv
 import datetime as _dt
 import functools
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from skyspot import clouds
 from skyspot.errors import UsageError
 
 SNAPSHOT_DATE = "2026-11-29"
 SNAPSHOT_PATH = Path(__file__).with_name("pricing_data") / "gpu_prices.csv"
 EGRESS_PATH = Path(__file__).with_name("pricing_data") / "egress_prices.csv"
-CLOUDS = ("aws", "gcp", "azure")
-# Which cloud holds a store, by URI scheme (skyspot.storage parses the URI); a local path has none.
-STORE_CLOUDS = {"s3": "aws", "gs": "gcp", "az": "azure"}
+CLOUDS = clouds.CLOUDS
+# Which cloud holds a store, by URI scheme (each cloud's `store_scheme`; skyspot.storage parses the URI).
+STORE_CLOUDS = clouds.STORE_CLOUDS
 
 SOURCE_CATALOG = "skypilot-catalog"
 SOURCE_SNAPSHOT = "snapshot"
@@ -60,27 +60,9 @@ SOURCE_SNAPSHOT = "snapshot"
 _CATALOG_SCHEMA_VERSION = "v8"
 _SKY_RUNTIME_DIR_ENV = "SKY_RUNTIME_DIR"
 
-# The catalog lists Standard_ND96isr_H100_v5 with 12 GPUs; Azure's ND H100 v5 SKU has 8.
-_COUNT_FIXES = {("azure", "standard_nd96isr_h100_v5"): 8}
-
-# Zones every account gets, as the catalog (zone IDs, use1-az4) or a VM (zone names, us-east-1a)
-# spells them. Anything else on AWS is a zone an account must opt into: Local Zones (use1-atl2-az1,
-# us-east-1-atl-2a) and Wavelength zones (use1-wl1-bos-wlz1, us-east-1-wl1-bos-wlz-1).
-_AWS_STANDARD_ZONE = re.compile(r"^(?:[a-z]{2,}\d+-az\d+|[a-z]{2}(?:-gov)?-[a-z]+-\d+[a-z])$")
-
-# GCP prices the GPUs of a2/a3/g2 machines in separate rows (empty InstanceType); a machine's
-# full price is its VM row plus the matching GPU row in the same zone.
-_GCP_ATTACHED_GPUS: tuple[tuple[re.Pattern[str], str, Optional[int]], ...] = (
-    (re.compile(r"a2-highgpu-(\d+)g"), "A100", None),
-    (re.compile(r"a2-megagpu-(16)g"), "A100", None),
-    (re.compile(r"a2-ultragpu-(\d+)g"), "A100-80GB", None),
-    (re.compile(r"a3-highgpu-(\d+)g"), "H100", None),
-    (re.compile(r"a3-megagpu-(8)g"), "H100-MEGA", None),
-    (re.compile(r"g2-standard-96"), "L4", 8),
-    (re.compile(r"g2-standard-48"), "L4", 4),
-    (re.compile(r"g2-standard-24"), "L4", 2),
-    (re.compile(r"g2-standard-(4|8|12|16|32)"), "L4", 1),
-)
+# Where a cloud's catalog needs a correction (a wrong accelerator count, a spot price that is not one,
+# GPUs priced in rows of their own), its class in skyspot/clouds/ says so: `count_fixes`,
+# `spot_at_on_demand_is_spot`, `attached_gpus`; which zones need an opt-in: `opt_in_zone`.
 
 _HINT = "`skyspot prices` lists the instances and regions with known prices"
 
@@ -298,7 +280,8 @@ def snapshot_rows(cloud: Optional[str] = None) -> list[dict]:
 
 def opt_in_zone(cloud: str, zone: Optional[str]) -> bool:
     """True for a zone an account must opt into before it can run there (AWS Local Zones, Wavelength)."""
-    return str(cloud).lower() == "aws" and bool(zone) and not _AWS_STANDARD_ZONE.match(str(zone).lower())
+    found = clouds.find(str(cloud))
+    return found is not None and found.opt_in_zone(zone)
 
 
 def egress_price(cloud: str) -> EgressPrice:
@@ -374,13 +357,11 @@ def _catalog_table(cloud: str, path: str, mtime: float) -> _Table:
 
 def _row(cloud, instance_type, accelerator, count, price, spot_price, region, zone, origin) -> _Row:
     instance_type = (instance_type or "").strip()
-    fixed = _COUNT_FIXES.get((cloud, instance_type.lower()))
+    facts = clouds.get(cloud)
+    fixed = facts.count_fixes.get(instance_type.lower())
     price, spot_price = _price(price), _price(spot_price)
-    if cloud == "azure" and spot_price is not None and spot_price == price:
-        # Azure's spot meters are discounted from pay-as-you-go; a "spot" price equal to it (every
-        # Standard_ND96isr_H100_v5 row of the snapshot) is the on-demand price again, not a spot
-        # price. AWS keeps such rows: its spot price is capped at on-demand and does reach it.
-        spot_price = None
+    if not facts.spot_at_on_demand_is_spot and spot_price is not None and spot_price == price:
+        spot_price = None  # the on-demand price again (skyspot/clouds/azure.py), not a spot price
     return _Row(instance_type, (accelerator or "").strip(), fixed or _number(count) or 0.0,
                 price, spot_price, (region or "").strip(), (zone or "").strip(), origin)
 
@@ -420,12 +401,14 @@ def _split_accelerator(accelerator: Optional[str], count) -> tuple[Optional[str]
 
 def _gpu_for(cloud: str, instance_type: str, accelerator: Optional[str],
              count: Optional[float]) -> Optional[tuple[str, float]]:
-    """For GCP, the GPU rows to add to the VM row; other clouds price GPUs inside the VM row."""
-    if cloud != "gcp":
+    """Where the cloud prices GPUs in rows of their own (GCP), the GPU rows to add to the VM row; other
+    clouds price GPUs inside the VM row."""
+    attached = clouds.get(cloud).attached_gpus
+    if not attached:
         return None
     if accelerator and count:
         return accelerator, count
-    for pattern, name, fixed_count in _GCP_ATTACHED_GPUS:
+    for pattern, name, fixed_count in attached:
         match = pattern.fullmatch(instance_type)
         if match:
             return name, float(fixed_count or match.group(1))
@@ -511,9 +494,9 @@ def _instance_types(table: _Table, accelerator: Optional[str], count: Optional[f
     def carries(gpu: Optional[tuple[str, float]]) -> bool:
         return gpu is not None and _same(gpu[0], accelerator) and gpu[1] == count
 
-    if table.cloud == "gcp":
+    if clouds.get(table.cloud).attached_gpus:
         vm_types = {r.instance_type for r in table.rows if r.instance_type}
-        types = {t for t in vm_types if carries(_gpu_for("gcp", t, None, None))}
+        types = {t for t in vm_types if carries(_gpu_for(table.cloud, t, None, None))}
     else:
         types = {r.instance_type for r in table.rows if r.instance_type and carries((r.accelerator, r.count))}
     if not types:

@@ -232,7 +232,7 @@ BOOTSTRAP_PYTHON = (
     'if [ -z "$BOOT" ]; then echo "skyspot node env: this image has no python3 or python to start setup with: '
     'use an image with one (docs/clouds.md)" >&2; exit 2; fi',
 )
-# GCP's GPUDirect-TCPX container (`network_tier: best` on a3-highgpu-8g; clouds.py FAST_FABRIC): the host's
+# GCP's GPUDirect-TCPX container (`network_tier: best` on a3-highgpu-8g; skyspot/clouds/gcp.py `fabric`): the host's
 # boot script installs the driver and the TCPX NCCL plugin into folders the container mounts at
 # /usr/local/nvidia/lib64 and /usr/local/tcpx/lib64, possibly after setup starts, and mounts them noexec.
 # As SkyPilot's own example does (examples/gcp_gpu_direct_tcpx/nccl_tcpx_gcpvm_h100.yaml): wait for

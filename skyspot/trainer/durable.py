@@ -32,7 +32,7 @@ from skyspot.clouds import NOTICE_WINDOWS_S
 from skyspot.errors import StoreError
 from skyspot.storage import Store, TransientStoreError, join_key, open_store, with_retries
 
-# Notice windows per cloud: skyspot/clouds.py (sources there and in docs/notices.md). A SIGTERM that
+# Notice windows per cloud: skyspot/clouds/ (sources there and in docs/notices.md). A SIGTERM that
 # came without a notice gets its cloud's window; elsewhere (local runs, unknown clouds) 30 s.
 DEFAULT_WINDOW_S = 30.0
 # Kept free before the deadline to record the exit and sync the event files.

@@ -29,7 +29,9 @@ import time
 from types import SimpleNamespace
 from typing import Any, Mapping, Optional
 
-from skyspot.trainer.notice import AZURE_INSTANCE_API_VERSION, _AwsSession, _Http, fallback_target, watch_target
+from skyspot.clouds.azure import AZURE_INSTANCE_API_VERSION
+from skyspot.trainer.notice.aws import AwsSession
+from skyspot.trainer.notice.watcher import MetadataHttp, fallback_target, watch_target
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ def read(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
     cloud, endpoint = target
     start = time.monotonic()
     try:
-        http = _Http(endpoint, fallback_target(environ))
+        http = MetadataHttp(endpoint, fallback_target(environ))
     except Exception as error:  # noqa: BLE001 - an endpoint that is not http://host:port
         log.info("instance metadata: %s endpoint %s unusable (%s)", cloud, endpoint, error)
         return None
@@ -118,7 +120,7 @@ def _clean(found: Any) -> Optional[dict[str, Any]]:
 class _Capped:
     """The metadata HTTP client with every answer capped at MAX_BODY (the notice watchers' own is not)."""
 
-    def __init__(self, http: _Http):
+    def __init__(self, http: MetadataHttp):
         self._http = http
 
     def request(self, method: str, path: str, headers: dict, timeout: float, body: Optional[bytes] = None):
@@ -147,9 +149,9 @@ def _left(start: float) -> None:
         raise TimeoutError("instance metadata: out of time")
 
 
-def _aws(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any]:
+def _aws(http: MetadataHttp, environ: Mapping[str, str], start: float) -> dict[str, Any]:
     # The notice watcher's IMDSv2 session (token, IMDSv1 fallback as botocore does), used once.
-    session = _AwsSession(SimpleNamespace(_http=http, _env=environ))
+    session = AwsSession(SimpleNamespace(_http=http, _env=environ))
     values: dict[str, str] = {}
     for key, path in AWS_PATHS.items():
         _left(start)
@@ -164,7 +166,7 @@ def _aws(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any
             "image": values.get("image")}
 
 
-def _gcp(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any]:
+def _gcp(http: MetadataHttp, environ: Mapping[str, str], start: float) -> dict[str, Any]:
     values: dict[str, str] = {}
     for key, path in GCP_PATHS.items():
         _left(start)
@@ -186,7 +188,7 @@ def _gcp(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any
             "spot": preemptible == "TRUE", "zone": zone, "region": zone.rsplit("-", 1)[0], "image": image}
 
 
-def _azure(http: _Http, environ: Mapping[str, str], start: float) -> dict[str, Any]:
+def _azure(http: MetadataHttp, environ: Mapping[str, str], start: float) -> dict[str, Any]:
     path = f"{AZURE_COMPUTE_PATH}?api-version={AZURE_INSTANCE_API_VERSION}"
     status, _, body = http.request("GET", path, {"Metadata": "true"}, TIMEOUT_S)
     if status != 200:

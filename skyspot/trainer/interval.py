@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Optional, Union
 
 from skyspot.attempts import NOTICE_TYPES, split
+from skyspot import clouds
 from skyspot.clouds import GB, bandwidth_for, mtbp_prior
 from skyspot.events import EventLog, EventTail
 from skyspot.sizing import state_bytes
@@ -370,7 +371,7 @@ class IntervalPlanner:
         self.min_interval_s = float(checkpoint.min_every_seconds or MIN_INTERVAL_S)
         first = None
         try:
-            first = initial_plan(recipe, cloud) if cloud in ("aws", "gcp", "azure") else None
+            first = initial_plan(recipe, cloud) if clouds.find(cloud) is not None else None
         except Exception as err:  # planning is advice; never stop training over it
             say(f"checkpoint.every_seconds=auto: no initial estimate ({err}); planning from what the run observes")
         self.cost_s = first.blocking_cost_s if first else FALLBACK_COST_S

@@ -27,7 +27,10 @@ import pytest
 from skyspot.executors.local import metadata_server as ms
 from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.ports import free_port
-from skyspot.trainer import notice
+from skyspot import clouds
+from skyspot.trainer.notice import aws as notice_aws
+from skyspot.trainer.notice import gcp as notice_gcp
+from skyspot.trainer.notice.watcher import MetadataHttp
 from skyspot.trainer.notice import Notice, fallback_target, start_notice_watcher, watch_target
 
 POLL = 0.05
@@ -256,7 +259,7 @@ def test_aws_ipv6_mode_targets_the_ipv6_imds_as_botocore_does(extra):
     assert watch_target(env) == ("aws", "http://[fd00:ec2::254]")
     botocore_url = IMDSFetcher(config={"ec2_metadata_service_endpoint_mode": "ipv6"}).get_base_url()
     assert watch_target(env)[1] == botocore_url.rstrip("/")  # the same address, no connection made
-    assert notice._Http(watch_target(env)[1]).base == ("fd00:ec2::254", 80, "")  # an IPv6 literal is usable
+    assert MetadataHttp(watch_target(env)[1]).base == ("fd00:ec2::254", 80, "")  # an IPv6 literal is usable
 
 
 def test_aws_explicit_endpoint_wins_over_ipv6_mode_and_a_bad_mode_means_ipv4(server, caplog):
@@ -440,7 +443,7 @@ def test_gcp_hanging_get_returns_the_moment_preemption_is_announced(server, watc
 
 
 def test_gcp_reconnects_after_the_hang_times_out(server, watchers, monkeypatch):
-    monkeypatch.setattr(notice.gcp, "GCP_WAIT_TIMEOUT_S", 1)  # the smallest timeout_sec there is
+    monkeypatch.setattr(notice_gcp, "GCP_WAIT_TIMEOUT_S", 1)  # the smallest timeout_sec there is
     rec = Recorder()
     watch(server, "gcp", rec, watchers)
     assert wait_until(lambda: server.count("gcp.preempted", 200) >= 2)  # first answer, then the timeout's
@@ -491,8 +494,8 @@ def test_aws_rejected_token_is_replaced_and_polling_goes_on(server, watchers):
 
 
 def test_aws_token_is_refreshed_before_it_expires(server, watchers, monkeypatch):
-    monkeypatch.setattr(notice.aws, "AWS_TOKEN_TTL_S", 1)  # the smallest TTL IMDS accepts
-    monkeypatch.setattr(notice.aws, "AWS_TOKEN_REFRESH_S", 0.5)
+    monkeypatch.setattr(notice_aws, "AWS_TOKEN_TTL_S", 1)  # the smallest TTL IMDS accepts
+    monkeypatch.setattr(notice_aws, "AWS_TOKEN_REFRESH_S", 0.5)
     watch(server, "aws", Recorder(), watchers)
     assert wait_until(lambda: server.count("aws.token") >= 3)
     assert server.count(status=401) == 0  # refreshed in time, never rejected
@@ -937,4 +940,7 @@ def test_stop_is_prompt_even_during_a_hanging_get(server, cloud):
 
 
 def test_server_and_watcher_agree_on_the_variable_names():
-    assert ms.ENV_VARS == notice.ENDPOINT_VARS
+    assert ms.ENV_VARS == {c.name: c.metadata_endpoint_var for c in clouds.all()}
+    with MetadataServer() as srv:  # it points each cloud's watcher at itself by that cloud's own variable
+        for cloud in clouds.all():
+            assert cloud.metadata_endpoint_var in srv.env_for(cloud.name)

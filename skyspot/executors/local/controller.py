@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S
+from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S, get as cloud_facts
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.errors import EXIT_USAGE
 from skyspot.executors.local import controller_lock
@@ -124,10 +124,10 @@ def timeline_for(cloud: str, notice: Optional[float] = None, grace: Optional[flo
     window = own if notice is None else float(notice)
     scale = window / own
     poll = max(MIN_POLL_S[cloud], CLOUD_POLL_S[cloud] * min(1.0, scale))
-    if cloud == "aws":
+    if cloud_facts(cloud).sigterm == "at_deadline":
         shutdown = AWS_SHUTDOWN_S * scale if grace is None else float(grace)
         return Timeline(cloud, window, window, window + shutdown, poll, scale)
-    if cloud == "gcp":
+    if cloud_facts(cloud).sigterm == "with_notice":
         return Timeline(cloud, window, 0.0, window, poll, scale)
     return Timeline(cloud, window, None, window, poll, scale)
 
@@ -728,9 +728,9 @@ AFTER_ATTEMPT: dict[str, Callable[[Controller, int, Optional[str]], Optional[int
 def _describe(timeline: Timeline) -> str:
     """The rest of a preemption on `timeline`, for the log."""
     w = timeline.window
-    if timeline.cloud == "aws":
+    if cloud_facts(timeline.cloud).sigterm == "at_deadline":
         return f"SIGTERM in {w:g}s (the notice's time), the VM gone {timeline.kill_after - w:g}s later"
-    if timeline.cloud == "gcp":
+    if cloud_facts(timeline.cloud).sigterm == "with_notice":
         return f"SIGTERM now (ACPI soft-off with the notice), the VM gone in {w:g}s"
     return f"a Preempt event, the VM gone at its NotBefore in {w:g}s (no SIGTERM)"
 

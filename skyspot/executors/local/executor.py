@@ -113,9 +113,12 @@ def _node_counts(value: Optional[str]) -> list[int]:
 def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
     """The instance type a local node stands for: the recipe's cheapest candidate on that cloud,
     or for CPU recipes a stand-in GPU instance (priced by the cost report as 'simulated')."""
+    cheapest: dict[str, Any] = {}  # the first (cheapest) candidate with an instance type, per cloud
     for candidate in built.candidates:
-        if candidate.cloud == cloud and candidate.instance_type:
-            return candidate.instance_type, candidate.accelerators
+        if candidate.instance_type:
+            cheapest.setdefault(candidate.cloud, candidate)
+    if cloud in cheapest:
+        return cheapest[cloud].instance_type, cheapest[cloud].accelerators
     from skyspot.executors.local.controller import SIMULATED_PLACES
 
     return SIMULATED_PLACES[cloud]["stand_in"], None

@@ -71,6 +71,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 from urllib.parse import parse_qs, urlsplit
 
+from skyspot import clouds
+
 log = logging.getLogger(__name__)
 
 AWS_MAX_TOKEN_TTL_S = 21600  # IMDSv2 accepts 1..21600: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-instance-metadata-service.html
@@ -114,11 +116,8 @@ ROUTES = {
     ("GET", "/metadata/instance/compute"): "azure.compute",
 }
 
-ENV_VARS = {  # the names skyspot.trainer.notice reads (a test keeps them equal; no import of the trainer here)
-    "aws": "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-    "gcp": "GCE_METADATA_HOST",
-    "azure": "SKYSPOT_AZURE_METADATA_ENDPOINT",
-}
+# The variable each cloud's watcher reads for its endpoint (skyspot/clouds/, the cloud's class).
+ENV_VARS = {c.name: c.metadata_endpoint_var for c in clouds.all()}
 
 GCP_KEYS = {"gcp.preempted": "preempted", "gcp.maintenance_event": "maintenance-event"}
 

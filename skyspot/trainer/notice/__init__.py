@@ -3,7 +3,8 @@
 One concept, one package per cloud as SkyPilot keeps its clouds: three metadata protocols (aws.py:
 IMDSv2 tokens; gcp.py: hanging GETs; azure.py: Scheduled Events and their approval) all answer the one
 question "when does this VM go?", and share the thread, backoff and delivery machinery of watcher.py;
-the clouds' published windows and poll periods themselves live in skyspot/clouds.py.
+the clouds' published windows, poll periods, endpoints and paths themselves live in skyspot/clouds/
+(one class per cloud, which also names its protocol module here: `notice_watcher`).
 
 A VM is told before it is taken away, through endpoints only the VM itself can reach:
 
@@ -53,29 +54,9 @@ timings and sources.
 
 from __future__ import annotations
 
-# The names a caller of the one module `skyspot.trainer.notice` used, all still here (trainer/instance.py
-# reads IMDS through _AwsSession and _Http); tests that tune a cloud's timing patch its own module.
-from skyspot.trainer.notice.watcher import (AWS_IPV6_ENDPOINT, DEFAULT_ENDPOINTS, ENDPOINT_VARS, GCP_DEFAULT_IP,
-                                            KINDS, MAX_BACKOFF_S, POLL_ENV, SHORT_TIMEOUT_S, Notice, Watcher, _Http,
-                                            cloud_from_env, fallback_target, poll_from_env, start_notice_watcher,
-                                            watch_for, watch_target)
-from skyspot.trainer.notice.aws import (AWS_INSTANCE_ACTION_PATH, AWS_MAINTENANCE_PATH, AWS_MAINTENANCE_POLL_S,
-                                        AWS_REBALANCE_PATH, AWS_SHUTDOWN_CODES, AWS_TIMEOUT_S, AWS_TOKEN_PATH,
-                                        AWS_TOKEN_REFRESH_S, AWS_TOKEN_RETRY_S, AWS_TOKEN_TIMEOUT_S, AWS_TOKEN_TTL_S,
-                                        AWS_WARNING_CODES, _AwsSession)
-from skyspot.trainer.notice.gcp import (GCP_MAINTENANCE_PATH, GCP_PREEMPTED_PATH, GCP_RETRY_S, GCP_SHUTDOWN_EVENTS,
-                                        GCP_UPCOMING_PATH, GCP_WAIT_TIMEOUT_S, GCP_WARNING_EVENTS)
-from skyspot.trainer.notice.azure import (AZURE_ACK_TIMEOUT_S, AZURE_API_VERSION, AZURE_EVENTS_PATH,
-                                          AZURE_FIRST_TIMEOUT_S, AZURE_INSTANCE_API_VERSION, AZURE_NAME_PATH,
-                                          AZURE_SHUTDOWN_TYPES, AZURE_TIMEOUT_S, AZURE_WARNING_TYPES)
+# What callers outside the package use; a cloud's own protocol (aws.py, gcp.py, azure.py) is imported by
+# the watcher through the module its class in skyspot/clouds/ names, and tests that tune a protocol's
+# timing patch that module.
+from skyspot.trainer.notice.watcher import Notice, Watcher, fallback_target, start_notice_watcher, watch_for, watch_target
 
-__all__ = ["AWS_IPV6_ENDPOINT", "DEFAULT_ENDPOINTS", "ENDPOINT_VARS", "GCP_DEFAULT_IP", "KINDS", "MAX_BACKOFF_S",
-           "POLL_ENV", "SHORT_TIMEOUT_S", "Notice", "Watcher", "_Http", "cloud_from_env", "fallback_target",
-           "poll_from_env", "start_notice_watcher", "watch_for", "watch_target", "AWS_INSTANCE_ACTION_PATH",
-           "AWS_MAINTENANCE_PATH", "AWS_MAINTENANCE_POLL_S", "AWS_REBALANCE_PATH", "AWS_SHUTDOWN_CODES",
-           "AWS_TIMEOUT_S", "AWS_TOKEN_PATH", "AWS_TOKEN_REFRESH_S", "AWS_TOKEN_RETRY_S", "AWS_TOKEN_TIMEOUT_S",
-           "AWS_TOKEN_TTL_S", "AWS_WARNING_CODES", "_AwsSession", "GCP_MAINTENANCE_PATH", "GCP_PREEMPTED_PATH",
-           "GCP_RETRY_S", "GCP_SHUTDOWN_EVENTS", "GCP_UPCOMING_PATH", "GCP_WAIT_TIMEOUT_S", "GCP_WARNING_EVENTS",
-           "AZURE_ACK_TIMEOUT_S", "AZURE_API_VERSION", "AZURE_EVENTS_PATH", "AZURE_FIRST_TIMEOUT_S",
-           "AZURE_INSTANCE_API_VERSION", "AZURE_NAME_PATH", "AZURE_SHUTDOWN_TYPES", "AZURE_TIMEOUT_S",
-           "AZURE_WARNING_TYPES"]
+__all__ = ["Notice", "Watcher", "fallback_target", "start_notice_watcher", "watch_for", "watch_target"]

@@ -1,5 +1,6 @@
 """AWS: IMDSv2 (a session token, IMDSv1 when the PUT is unanswered), spot instance-action, rebalance
-recommendations and scheduled maintenance, each polled on its own thread (docs/notices.md).
+recommendations and scheduled maintenance, each polled on its own thread (docs/notices.md). The paths,
+event codes, window and poll period are AWS's facts, in skyspot/clouds/aws.py; the protocol is here.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import threading
 import time
 from datetime import datetime
 
-from skyspot.clouds import AWS_NOTICE_WINDOW_S, AWS_POLL_S
-from skyspot.trainer.notice.watcher import Notice, Watcher, _Path, _Stopped, _Unexpected, _http_date, _true
+from skyspot.clouds.aws import (AWS_INSTANCE_ACTION_PATH, AWS_MAINTENANCE_PATH, AWS_NOTICE_WINDOW_S, AWS_POLL_S,
+                                AWS_REBALANCE_PATH, AWS_SHUTDOWN_CODES, AWS_TOKEN_PATH, AWS_WARNING_CODES)
+from skyspot.trainer.notice.watcher import Binding, Notice, Watcher, _Path, _Stopped, _Unexpected, _http_date, _true
 
 log = logging.getLogger(__name__)
 
@@ -24,20 +26,10 @@ AWS_TOKEN_TIMEOUT_S = 1.0  # botocore's DEFAULT_METADATA_SERVICE_TIMEOUT: an una
 AWS_TOKEN_RETRY_S = 300.0  # ours: after falling back to IMDSv1, ask for a token again this often
 AWS_TIMEOUT_S = 2.0  # ours: IMDS is on the host, it answers in milliseconds or not at all
 
-AWS_TOKEN_PATH = "/latest/api/token"
-AWS_INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
-AWS_REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
-AWS_MAINTENANCE_PATH = "/latest/meta-data/events/maintenance/scheduled"
-
-# What each planned event means for a training job. A shutdown stops or restarts the VM; a warning
-# leaves it running (a pause of seconds, a live migration, network maintenance).
-AWS_SHUTDOWN_CODES = {"instance-reboot", "system-reboot", "instance-stop", "instance-retirement"}
-AWS_WARNING_CODES = {"system-maintenance"}  # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instances-status-check_sched.html
-
 
 # -- AWS: IMDS, three paths polled ----------------------------------------------------------------
 
-class _AwsSession:
+class AwsSession:
     """IMDSv2 tokens shared by the AWS paths, falling back to IMDSv1 as botocore does.
 
     botocore (utils.IMDSFetcher._fetch_metadata_token) asks for a token with a 1 s timeout; if the
@@ -99,8 +91,8 @@ class _AwsSession:
         raise _Unexpected("IMDS refused the request (401)")
 
 
-def paths(w: Watcher) -> list[_Path]:
-    session = _AwsSession(w)
+def bind(w: Watcher) -> Binding:
+    session = AwsSession(w)
     rebalances_seen: set[bytes] = set()
 
     def instance_action() -> None:
@@ -150,7 +142,7 @@ def paths(w: Watcher) -> list[_Path]:
     if w._on_warning is not None:
         paths.append(_Path(w, "aws-rebalance", w._period(AWS_POLL_S), rebalance))
     paths.append(_Path(w, "aws-maintenance", w._period(AWS_MAINTENANCE_POLL_S), maintenance))
-    return paths
+    return Binding(paths)
 
 
 def _aws_notice(body: bytes, received: float) -> Notice:

@@ -1,5 +1,7 @@
 """Azure: Scheduled Events (Preempt, Reboot, Redeploy, Terminate, Freeze) for the VMs named in
-Resources, and their approval (StartRequests) on the way out (docs/notices.md).
+Resources, and their approval (StartRequests) on the way out (docs/notices.md). The paths, API versions,
+event types, window and poll period are Azure's facts, in skyspot/clouds/azure.py; the protocol, and its
+state (this VM's name, the events acted on), are here.
 """
 
 from __future__ import annotations
@@ -10,25 +12,21 @@ import logging
 import time
 from urllib.parse import urlencode
 
-from skyspot.clouds import AZURE_NOTICE_WINDOW_S, AZURE_POLL_S
-from skyspot.trainer.notice.watcher import SHORT_TIMEOUT_S, Notice, Watcher, _Http, _Path, _Unexpected, _http_date
+from skyspot.clouds.azure import (AZURE_API_VERSION, AZURE_EVENTS_PATH, AZURE_INSTANCE_API_VERSION, AZURE_NAME_PATH,
+                                  AZURE_NOTICE_WINDOW_S, AZURE_POLL_S, AZURE_SHUTDOWN_TYPES, AZURE_WARNING_TYPES)
+from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, Notice, Watcher, MetadataHttp, _Path, _Unexpected,
+                                            _http_date)
 
 log = logging.getLogger(__name__)
 
 AZURE_FIRST_TIMEOUT_S = 130.0  # first call may take "up to two minutes": the scheduled-events page above
 AZURE_TIMEOUT_S = 10.0  # ours: once Scheduled Events answered, a hung request must not blind us for minutes
 AZURE_ACK_TIMEOUT_S = 2.0  # ours: approving events on the way out must not hold the exit up
-AZURE_API_VERSION = "2020-07-01"  # https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events#version-and-region-availability
-AZURE_INSTANCE_API_VERSION = "2021-02-01"  # compute/name with format=text: https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
-AZURE_EVENTS_PATH = "/metadata/scheduledevents"
-AZURE_NAME_PATH = "/metadata/instance/compute/name"
-AZURE_SHUTDOWN_TYPES = {"Reboot", "Redeploy", "Terminate"}
-AZURE_WARNING_TYPES = {"Freeze"}
 
 
 # -- Azure: Scheduled Events, polled ---------------------------------------------------------------
 
-def paths(w: Watcher) -> list[_Path]:
+def bind(w: Watcher) -> Binding:
     """Poll Scheduled Events for events naming this VM in Resources.
 
     Events go to every VM of an availability set or scale-set placement group, so only those whose
@@ -37,18 +35,18 @@ def paths(w: Watcher) -> list[_Path]:
     """
     events_path = f"{AZURE_EVENTS_PATH}?{urlencode({'api-version': AZURE_API_VERSION})}"
     name_path = f"{AZURE_NAME_PATH}?{urlencode({'api-version': AZURE_INSTANCE_API_VERSION, 'format': 'text'})}"
-    state = {"answered": False, "name_tries": 0}
+    state: dict = {"answered": False, "name_tries": 0, "vm_name": None}
     seen: dict[str, dict] = {}  # EventId -> the event as last seen, to approve the one acted on
-    w._final_hook = lambda notice: _azure_acted(w, seen.get(notice.event_id or ""), w._vm_name)
+    acked: list[dict] = []  # the events acted on, to approve on the way out
 
     def vm_name() -> str | None:
-        if w._vm_name is None:
+        if state["vm_name"] is None:
             state["name_tries"] += 1
             try:
                 status, _, body = w._http.request("GET", name_path, {"Metadata": "true"}, SHORT_TIMEOUT_S)
                 if status == 200 and body.strip():
-                    w._vm_name = body.decode().strip().strip('"')
-                    log.debug("Azure VM name: %s", w._vm_name)
+                    state["vm_name"] = body.decode().strip().strip('"')
+                    log.debug("Azure VM name: %s", state["vm_name"])
                 elif state["name_tries"] == 1:
                     log.warning("Azure instance metadata did not give this VM's name (%s); every scheduled "
                                 "event counts as ours until it does", status)
@@ -56,7 +54,7 @@ def paths(w: Watcher) -> list[_Path]:
                 if state["name_tries"] == 1:
                     log.warning("Azure instance metadata did not give this VM's name (%s); every scheduled "
                                 "event counts as ours until it does", error)
-        return w._vm_name
+        return state["vm_name"]
 
     def step() -> None:
         # The first request turns Scheduled Events on for this VM and may take two minutes; it goes
@@ -96,7 +94,9 @@ def paths(w: Watcher) -> list[_Path]:
         for key in w._planned_keys("azure:") - current:
             w._cancel(key)
 
-    return [_Path(w, "azure-scheduled-events", w._period(AZURE_POLL_S), step)]
+    return Binding([_Path(w, "azure-scheduled-events", w._period(AZURE_POLL_S), step)],
+                   on_final=lambda notice: _azure_acted(acked, seen.get(notice.event_id or ""), state["vm_name"]),
+                   on_stop=lambda: _approve(w.endpoint, acked))
 
 
 def _names_us(event: dict, name: str | None) -> bool:
@@ -106,7 +106,7 @@ def _names_us(event: dict, name: str | None) -> bool:
     return any(isinstance(r, str) and r.strip().lower() == name.lower() for r in resources)
 
 
-def _azure_acted(w: Watcher, event: dict | None, name: str | None) -> None:
+def _azure_acted(acked: list[dict], event: dict | None, name: str | None) -> None:
     """Remember an event we are about to act on, to approve it on the way out if it is ours alone.
 
     Approving lets an event proceed for every VM in its Resources (the Azure page above), so an
@@ -115,20 +115,22 @@ def _azure_acted(w: Watcher, event: dict | None, name: str | None) -> None:
     resources = event.get("Resources") if event else None
     if (name is not None and isinstance(resources, list) and len(resources) == 1
             and str(resources[0]).strip().lower() == name.lower() and event and event.get("EventId")):
-        w._acked.append(event)
+        acked.append(event)
 
 
-def approve(w: Watcher) -> None:
-    """POST StartRequests for the events acted on; errors are logged, never raised."""
-    ids = [e["EventId"] for e in w._acked]
-    w._acked = []
+def _approve(endpoint: str, acked: list[dict]) -> None:
+    """POST StartRequests for the events acted on (none: nothing to do); errors are logged, never raised."""
+    if not acked:
+        return
+    ids = [e["EventId"] for e in acked]
+    del acked[:]
     path = f"{AZURE_EVENTS_PATH}?{urlencode({'api-version': AZURE_API_VERSION})}"
     body = json.dumps({"StartRequests": [{"EventId": i} for i in ids]}).encode()
     end = time.monotonic() + AZURE_ACK_TIMEOUT_S
     status: object = None
     while True:
         try:
-            status, _, _ = _Http(w.endpoint).request(
+            status, _, _ = MetadataHttp(endpoint).request(
                 "POST", path, {"Metadata": "true", "Content-Type": "application/json"},
                 max(0.1, end - time.monotonic()), body)
         except Exception as error:  # the exit goes on; the event starts at NotBefore anyway

@@ -1,5 +1,6 @@
 """GCP: the metadata server's hanging GETs (`preempted`, `maintenance-event`, reconnecting with the last
-ETag) and the upcoming-maintenance window start (docs/notices.md).
+ETag) and the upcoming-maintenance window start (docs/notices.md). The paths, events, windows and retry
+period are GCP's facts, in skyspot/clouds/gcp.py; the protocol is here.
 """
 
 from __future__ import annotations
@@ -11,25 +12,21 @@ from datetime import datetime
 from typing import Callable
 from urllib.parse import urlencode
 
-from skyspot.clouds import GCP_GPU_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_NOTICE_S, GCP_NOTICE_WINDOW_S
-from skyspot.trainer.notice.watcher import SHORT_TIMEOUT_S, Notice, Watcher, _Path, _RETRYABLE, _Stopped, _Unexpected
+from skyspot.clouds.gcp import (GCP_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_PATH, GCP_NOTICE_WINDOW_S,
+                                GCP_PREEMPTED_PATH, GCP_RETRY_S, GCP_SHUTDOWN_EVENTS, GCP_UPCOMING_PATH,
+                                GCP_WARNING_EVENTS, maintenance_notice_s)
+from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, Notice, Watcher, _Path, _RETRYABLE, _Stopped,
+                                            _Unexpected)
 
 log = logging.getLogger(__name__)
 
-GCP_RETRY_S = 1.0  # the Compute docs' sample retries a 503 after 1 s; the GET itself hangs
 GCP_WAIT_TIMEOUT_S = 60  # timeout_sec of each hanging GET; reconnect with last_etag after it
-GCP_PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
-GCP_MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
-GCP_UPCOMING_PATH = "/computeMetadata/v1/instance/upcoming-maintenance"
-GCP_SHUTDOWN_EVENTS = {"TERMINATE_ON_HOST_MAINTENANCE", "SHUTDOWN_ON_HOST_MAINTENANCE"}
-GCP_WARNING_EVENTS = {"MIGRATE_ON_HOST_MAINTENANCE"}
 
 
 # -- GCP: hanging GETs on instance/preempted and instance/maintenance-event -----------------------
 
-def paths(w: Watcher) -> list[_Path]:
-    gpus = w._env.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
-    maintenance_notice = GCP_GPU_MAINTENANCE_NOTICE_S if gpus not in ("", "0") else GCP_MAINTENANCE_NOTICE_S
+def bind(w: Watcher) -> Binding:
+    maintenance_notice = maintenance_notice_s(w._env)
     last_event = ["NONE"]
     planned = [0]  # a new key per planned event, so a second one in an attempt is warned of too
 
@@ -61,8 +58,9 @@ def paths(w: Watcher) -> list[_Path]:
                                                             received, "shutdown"))
 
     interval = w._period(GCP_RETRY_S)
-    return [_Path(w, "gcp-preempted", interval, _gcp_hanging(w, GCP_PREEMPTED_PATH, preempted, interval)),
-            _Path(w, "gcp-maintenance-event", interval, _gcp_hanging(w, GCP_MAINTENANCE_PATH, maintenance, interval))]
+    return Binding([_Path(w, "gcp-preempted", interval, _gcp_hanging(w, GCP_PREEMPTED_PATH, preempted, interval)),
+                    _Path(w, "gcp-maintenance-event", interval,
+                          _gcp_hanging(w, GCP_MAINTENANCE_PATH, maintenance, interval))])
 
 
 def _gcp_hanging(w: Watcher, path: str, on_value: Callable[[str], None], interval: float) -> Callable[[], float]:

@@ -1,7 +1,10 @@
 """The notice watcher's core: which cloud a node is on and where its metadata service answers, the
 `Notice` a watcher delivers, the per-path threads with their backoff, and `Watcher`, which runs one
-cloud's paths (skyspot/trainer/notice/aws.py, gcp.py, azure.py: each cloud's protocol, `paths(w)`).
-The package's docstring (skyspot/trainer/notice/__init__.py) says what a watcher sees and delivers.
+cloud's protocol (the module its class in skyspot/clouds/ names as `notice_watcher`:
+skyspot/trainer/notice/aws.py, gcp.py, azure.py, each with `bind(w) -> Binding`). The core knows no
+cloud by name: where to ask comes from the cloud's class, and a protocol's own state (Azure's VM name
+and the events to approve) stays in its binding. The package's docstring
+(skyspot/trainer/notice/__init__.py) says what a watcher sees and delivers.
 """
 
 from __future__ import annotations
@@ -21,26 +24,15 @@ from datetime import datetime
 from typing import Callable, Mapping
 from urllib.parse import urlsplit
 
-from skyspot.clouds import NOTICE_WINDOWS_S
+from skyspot import clouds
+from skyspot.clouds.base import endpoint_url
 
 log = logging.getLogger(__name__)
 
-# Notice windows and poll periods are cloud facts (skyspot/clouds.py), shared with the CLI's window check.
+# Notice windows, poll periods, endpoints and their override variables are cloud facts (skyspot/clouds/),
+# shared with the CLI's window check and the local executor's metadata server.
 SHORT_TIMEOUT_S = 2.0  # ours: the same for one-off reads (GCP upcoming-maintenance, Azure's VM name)
 MAX_BACKOFF_S = 30.0  # ours: an unreachable endpoint is retried at least this often
-
-ENDPOINT_VARS = {
-    "aws": "AWS_EC2_METADATA_SERVICE_ENDPOINT",
-    "gcp": "GCE_METADATA_HOST",
-    "azure": "SKYSPOT_AZURE_METADATA_ENDPOINT",
-}
-DEFAULT_ENDPOINTS = {  # what a real VM of each cloud uses when no override is set
-    "aws": "http://169.254.169.254",  # IMDS: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html
-    "gcp": "http://metadata.google.internal",  # https://cloud.google.com/compute/docs/metadata/querying-metadata
-    "azure": "http://169.254.169.254",  # IMDS: https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
-}
-AWS_IPV6_ENDPOINT = "http://[fd00:ec2::254]"  # botocore METADATA_BASE_URL_IPv6 (Nitro instances)
-GCP_DEFAULT_IP = "169.254.169.254"  # google-auth's _GCE_DEFAULT_MDS_IP, overridable with GCE_METADATA_IP
 
 KINDS = ("preemption", "shutdown", "warning")
 
@@ -81,21 +73,8 @@ def cloud_from_env(env: Mapping[str, str] = os.environ) -> str | None:
     cloud = info.get("cloud") if isinstance(info, dict) else None
     if not isinstance(cloud, str):
         return None
-    cloud = cloud.strip().lower()
-    return cloud if cloud in ENDPOINT_VARS else None
-
-
-def _override(env: Mapping[str, str], cloud: str) -> str:
-    value = env.get(ENDPOINT_VARS[cloud], "").strip()
-    if not value and cloud == "gcp":
-        value = env.get("GCE_METADATA_ROOT", "").strip()  # google-auth reads the old name second
-    return value
-
-
-def _as_url(value: str) -> str:
-    if "://" not in value:  # GCE_METADATA_HOST and GCE_METADATA_IP are host[:port], by Google's convention
-        value = "http://" + value
-    return value.rstrip("/")
+    found = clouds.find(cloud)
+    return found.name if found is not None else None
 
 
 def _true(env: Mapping[str, str], name: str) -> bool:
@@ -108,45 +87,21 @@ def watch_target(env: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
     The override variable only redirects; it never turns a watcher on. Only SKYPILOT_CLUSTER_INFO
     naming the cloud does, so a laptop with GCE_METADATA_HOST set for other reasons stays quiet.
     """
-    cloud = cloud_from_env(env)
+    cloud = clouds.find(cloud_from_env(env))
     if cloud is None:
         return None
-    override = _override(env, cloud)
+    override = cloud.metadata_override(env)
     if override:
-        return cloud, _as_url(override)
-    # The AWS SDKs' switch for "do not touch IMDS". An explicit endpoint (the local executor's
-    # loopback server) still counts, since it is not the IMDS that switch guards.
-    if cloud == "aws" and _true(env, "AWS_EC2_METADATA_DISABLED"):
-        return None
-    if cloud == "aws" and _aws_ipv6(env):
-        return cloud, AWS_IPV6_ENDPOINT
-    return cloud, DEFAULT_ENDPOINTS[cloud]
-
-
-def _aws_ipv6(env: Mapping[str, str]) -> bool:
-    """botocore's resolve_imds_endpoint_mode: the mode variable, else AWS_IMDS_USE_IPV6; IPv4 by default."""
-    mode = env.get("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "").strip().lower()
-    if mode:
-        if mode not in ("ipv4", "ipv6"):
-            log.warning("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=%r is neither IPv4 nor IPv6; using IPv4", mode)
-            return False
-        return mode == "ipv6"
-    return _true(env, "AWS_IMDS_USE_IPV6")
+        return cloud.name, endpoint_url(override)
+    endpoint = cloud.metadata_endpoint(env)  # None: the cloud's SDK switch for "do not touch metadata"
+    return (cloud.name, endpoint) if endpoint else None
 
 
 def fallback_target(env: Mapping[str, str] = os.environ) -> str | None:
-    """GCP only: the address to use when the metadata host's name does not resolve. Opens nothing.
-
-    Google documents 169.254.169.254 beside metadata.google.internal, and google-auth pings
-    GCE_METADATA_IP (default that address). With GCE_METADATA_HOST set and no GCE_METADATA_IP there
-    is no fallback, so a redirected watcher never reaches a real address.
-    """
-    if cloud_from_env(env) != "gcp":
-        return None
-    ip = env.get("GCE_METADATA_IP", "").strip()
-    if ip:
-        return _as_url(ip)
-    return None if _override(env, "gcp") else _as_url(GCP_DEFAULT_IP)
+    """The address to use when the metadata host's name does not resolve (GCP's documented IP; no other
+    cloud has one), or None. Opens nothing."""
+    cloud = clouds.find(cloud_from_env(env))
+    return cloud.metadata_fallback(env) if cloud is not None else None
 
 
 POLL_ENV = "SKYSPOT_NOTICE_POLL_SECONDS"  # the local executor's and the tests' poll period
@@ -224,7 +179,7 @@ class _Stopped(Exception):
 _RETRYABLE = (OSError, http.client.HTTPException, _Unexpected, ValueError)
 
 
-class _Http:
+class MetadataHttp:
     """Requests to the metadata endpoint from several threads, all abortable from another.
 
     abort() exists for GCP's hanging GETs: shutting the sockets down wakes the blocked reads at
@@ -350,6 +305,18 @@ class _Path:
         return min(self.interval * 2 ** (self.failures - 1), self.max_backoff)
 
 
+@dataclass
+class Binding:
+    """One cloud's protocol bound to a watcher (what its module's `bind(w)` returns): the paths to watch,
+    and the protocol's own hooks, so its state lives with it and not in the core."""
+
+    paths: list[_Path]
+    on_final: Callable[[Notice], None] | None = None
+    """Called with the final notice before on_notice (Azure remembers the event to approve)."""
+    on_stop: Callable[[], None] | None = None
+    """Called on every stop(), once the threads have ended (Azure approves the events acted on); idempotent."""
+
+
 class Watcher:
     """A running watcher: daemon threads watching one cloud's metadata endpoints. Call stop() when done."""
 
@@ -365,9 +332,10 @@ class Watcher:
         self._on_notice = on_notice
         self._on_warning = on_warning
         self._poll = poll_interval
-        self._lead = float(lead) if lead is not None else NOTICE_WINDOWS_S[cloud]
+        facts = clouds.get(cloud)
+        self._lead = float(lead) if lead is not None else facts.notice_window_s
         self._env = dict(env)
-        self._http = _Http(endpoint, fallback_target(env) if cloud == "gcp" else None)
+        self._http = MetadataHttp(endpoint, facts.metadata_fallback(env))
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -375,14 +343,10 @@ class Watcher:
         self._plans: dict[str, Notice] = {}
         """Planned shutdowns not yet due, by key: on_notice fires `lead` before the earliest."""
         self._warned_keys: set[str] = set()
-        self._acked: list[dict] = []
-        """Azure events acted on, to approve on the way out."""
-        self._vm_name: str | None = None
-        self._final_hook: Callable[[Notice], None] | None = None
-        """Called with the final notice before on_notice (Azure remembers the event to approve)."""
-        # The cloud's protocol, by name: the core never imports a cloud's module (each imports the core).
-        self._cloud = importlib.import_module(f"skyspot.trainer.notice.{cloud}")
-        self._paths = self._cloud.paths(self)
+        # The cloud's protocol, by the name its class binds: the core never imports a cloud's module
+        # (each imports the core).
+        self._binding: Binding = importlib.import_module(facts.notice_watcher).bind(self)
+        self._paths = self._binding.paths
         self._alarm = threading.Thread(target=self._alarm_loop, name=f"skyspot-notice-{cloud}-alarm", daemon=True)
 
     @property
@@ -398,9 +362,9 @@ class Watcher:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop watching; returns once the threads have ended or after `timeout` seconds (they are daemons).
 
-        On Azure, events this watcher acted on (a Preempt, or a planned shutdown it turned into an
-        exit) are approved with StartRequests first, when they name this VM alone: the checkpoint is
-        made, so the platform need not wait for NotBefore.
+        Then the cloud's protocol finishes (`Binding.on_stop`): on Azure, events this watcher acted on
+        (a Preempt, or a planned shutdown it turned into an exit) are approved with StartRequests when
+        they name this VM alone: the checkpoint is made, so the platform need not wait for NotBefore.
         """
         self._done.set()
         with self._cond:
@@ -410,8 +374,8 @@ class Watcher:
         for thread in [p.thread for p in self._paths] + [self._alarm]:
             if thread is not threading.current_thread() and thread.is_alive():
                 thread.join(max(0.0, end - time.monotonic()))
-        if self._acked:  # Azure's events acted on: approved on the way out
-            self._cloud.approve(self)
+        if self._binding.on_stop is not None:
+            self._binding.on_stop()
 
     def is_alive(self) -> bool:
         return any(p.thread.is_alive() for p in self._paths)
@@ -430,8 +394,8 @@ class Watcher:
             self._done.set()
             self._cond.notify_all()
         self._http.abort()  # wake the other paths' hanging GETs; their work is done
-        if self._final_hook is not None:
-            self._final_hook(notice)
+        if self._binding.on_final is not None:
+            self._binding.on_final(notice)
         if notice.kind == "preemption":
             log.warning("preemption notice from %s: %s, deadline in %.0f s", notice.source, notice.action,
                         notice.deadline - time.time())

@@ -37,7 +37,7 @@ def test_each_cloud_has_its_own_timeline_at_full_scale():
 
 
 def test_gcps_period_is_the_watchers_own_retry_period():
-    from skyspot.trainer.notice import GCP_RETRY_S
+    from skyspot.clouds.gcp import GCP_RETRY_S
 
     assert timeline_for("gcp").poll_seconds == GCP_RETRY_S  # the controller may not import the watcher
 

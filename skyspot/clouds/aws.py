@@ -1,0 +1,111 @@
+"""AWS: everything skyspot knows about it, in one registered class (SkyPilot's sky/clouds/aws.py).
+
+Notices come from IMDS (the node's watcher protocol is skyspot/trainer/notice/aws.py); the figures and
+paths here are AWS's own, each with its source, or marked "ours".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Mapping, Optional
+
+from skyspot.clouds.base import Cloud, register
+
+log = logging.getLogger(__name__)
+
+GB, MIB = 1e9, 1024 * 1024
+
+AWS_NOTICE_WINDOW_S = 120.0  # "two minutes before": https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
+AWS_POLL_S = 5.0  # "check for these interruption notices every 5 seconds" (the page above)
+
+# IMDS: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html
+AWS_ENDPOINT_VAR = "AWS_EC2_METADATA_SERVICE_ENDPOINT"  # botocore's
+AWS_DEFAULT_ENDPOINT = "http://169.254.169.254"
+AWS_IPV6_ENDPOINT = "http://[fd00:ec2::254]"  # botocore METADATA_BASE_URL_IPv6 (Nitro instances)
+AWS_TOKEN_PATH = "/latest/api/token"
+AWS_INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
+AWS_REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+AWS_MAINTENANCE_PATH = "/latest/meta-data/events/maintenance/scheduled"
+# What each planned event means for a training job. A shutdown stops or restarts the VM; a warning
+# leaves it running (a pause of seconds, a live migration, network maintenance).
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instances-status-check_sched.html
+AWS_SHUTDOWN_CODES = frozenset({"instance-reboot", "system-reboot", "instance-stop", "instance-retirement"})
+AWS_WARNING_CODES = frozenset({"system-maintenance"})
+
+# SkyPilot 0.14.1's default disk tier "medium" on AWS is gp3 with 3500 IOPS and throughput iops // 16 =
+# 218 MiB/s (sky/clouds/aws.py `_get_disk_specs`; gp3 throughput is in MiB/s:
+# https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html).
+_AWS_GP3_MIBPS = 3500 // 16
+
+# Zones every account gets, as the catalog (zone IDs, use1-az4) or a VM (zone names, us-east-1a)
+# spells them. Anything else is a zone an account must opt into: Local Zones (use1-atl2-az1,
+# us-east-1-atl-2a) and Wavelength zones (use1-wl1-bos-wlz1, us-east-1-wl1-bos-wlz-1).
+_AWS_STANDARD_ZONE = re.compile(r"^(?:[a-z]{2,}\d+-az\d+|[a-z]{2}(?:-gov)?-[a-z]+-\d+[a-z])$")
+
+
+def _true(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() == "true"
+
+
+@register
+class AWS(Cloud):
+    name = "aws"
+    label = "AWS"
+
+    notice_window_s = AWS_NOTICE_WINDOW_S
+    notice_poll_s = AWS_POLL_S
+    notice_detect_s = AWS_POLL_S
+    notice_watcher = "skyspot.trainer.notice.aws"
+    sigterm = "at_deadline"  # the OS shuts down at the notice's `time`
+    planned_actions = AWS_SHUTDOWN_CODES
+
+    metadata_endpoint_var = AWS_ENDPOINT_VAR
+    metadata_default_endpoint = AWS_DEFAULT_ENDPOINT
+
+    store_scheme = "s3"
+    region_pattern = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d+$")  # us-east-1
+
+    # SkyPilot 0.14.1 attaches EFA on instance types that have it (sky/clouds/aws.py
+    # `_EFA_INSTANCE_TYPE_PREFIXES`: p4d, p4de, p5, p5e, p5en, g5, g6, g6e, ...; others keep the standard
+    # network), and such a node boots the "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)"
+    # (`_EFA_IMAGE_NAME`) instead of SkyPilot's default GPU image.
+    fabric = "EFA"
+    fabric_accelerators = ()  # every accelerator: SkyPilot enables EFA only where the type has it
+    no_fabric = "no EFA on this instance type"
+
+    upload_gbps = 2.5  # ours: see skyspot/clouds/bandwidth.py
+    prior_node_hours = {"large": 6.0, "small": 24.0, "cpu": 24.0}  # ours: see skyspot/clouds/priors.py
+
+    attached_gpus = ()  # GPUs priced inside the VM row
+    spot_at_on_demand_is_spot = True  # AWS's spot price is capped at on-demand and does reach it
+    count_fixes: Mapping[str, int] = {}
+
+    def root_disk_write(self, disk_size_gb: int) -> tuple[float, str]:
+        return _AWS_GP3_MIBPS * MIB / GB, f"SkyPilot default disk: gp3, {_AWS_GP3_MIBPS} MiB/s"
+
+    def native_action(self, action: str) -> Optional[str]:
+        # instance-action `terminate`, `stop`, `hibernate`; scheduled event codes `system-reboot`, ...
+        # The rebalance recommendation has no action word of AWS's own.
+        return None if action == "rebalance" else action
+
+    def metadata_endpoint(self, env: Mapping[str, str]) -> Optional[str]:
+        # The AWS SDKs' switch for "do not touch IMDS". An explicit endpoint (the local executor's
+        # loopback server) still counts, since it is not the IMDS that switch guards.
+        if _true(env, "AWS_EC2_METADATA_DISABLED"):
+            return None
+        return AWS_IPV6_ENDPOINT if _ipv6(env) else AWS_DEFAULT_ENDPOINT
+
+    def opt_in_zone(self, zone: Optional[str]) -> bool:
+        return bool(zone) and not _AWS_STANDARD_ZONE.match(str(zone).lower())
+
+
+def _ipv6(env: Mapping[str, str]) -> bool:
+    """botocore's resolve_imds_endpoint_mode: the mode variable, else AWS_IMDS_USE_IPV6; IPv4 by default."""
+    mode = env.get("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "").strip().lower()
+    if mode:
+        if mode not in ("ipv4", "ipv6"):
+            log.warning("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=%r is neither IPv4 nor IPv6; using IPv4", mode)
+            return False
+        return mode == "ipv6"
+    return _true(env, "AWS_IMDS_USE_IPV6")

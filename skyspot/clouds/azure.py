@@ -1,0 +1,74 @@
+"""Azure: everything skyspot knows about it, in one registered class (SkyPilot's sky/clouds/azure.py).
+
+Notices come from Scheduled Events (the node's watcher protocol is skyspot/trainer/notice/azure.py);
+the figures and paths here are Microsoft's own, each with its source, or marked "ours".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Optional
+
+from skyspot.clouds.base import Cloud, register
+
+GB = 1e9
+
+AZURE_NOTICE_WINDOW_S = 30.0  # Preempt minimum notice: https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events#event-scheduling
+AZURE_POLL_S = 1.0  # "we recommend that you poll the service once per second" (the page above)
+
+AZURE_ENDPOINT_VAR = "SKYSPOT_AZURE_METADATA_ENDPOINT"  # ours; Azure's SDKs have none
+AZURE_DEFAULT_ENDPOINT = "http://169.254.169.254"  # IMDS: https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
+AZURE_API_VERSION = "2020-07-01"  # https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events#version-and-region-availability
+AZURE_INSTANCE_API_VERSION = "2021-02-01"  # compute/name with format=text: the IMDS page above
+AZURE_EVENTS_PATH = "/metadata/scheduledevents"
+AZURE_NAME_PATH = "/metadata/instance/compute/name"
+AZURE_SHUTDOWN_TYPES = frozenset({"Reboot", "Redeploy", "Terminate"})
+AZURE_WARNING_TYPES = frozenset({"Freeze"})
+
+# SkyPilot's default disk is Premium_LRS (sky/clouds/azure.py `_get_disk_type`), billed and throttled at
+# the next size tier up, MB/s per tier: https://learn.microsoft.com/azure/virtual-machines/disks-types#premium-ssd-size
+_AZURE_PREMIUM_SSD_MBPS = ((32, 25), (64, 50), (128, 100), (256, 125), (512, 150), (1024, 200), (2048, 250),
+                           (4096, 250), (8192, 500), (16384, 750), (32767, 900))
+
+
+@register
+class Azure(Cloud):
+    name = "azure"
+    label = "Azure"
+
+    notice_window_s = AZURE_NOTICE_WINDOW_S
+    notice_poll_s = AZURE_POLL_S
+    notice_detect_s = AZURE_POLL_S
+    notice_watcher = "skyspot.trainer.notice.azure"
+    sigterm = None  # a Preempt event, then eviction at its NotBefore, with no signal
+    planned_actions = frozenset(t.lower() for t in AZURE_SHUTDOWN_TYPES)
+
+    metadata_endpoint_var = AZURE_ENDPOINT_VAR
+    metadata_default_endpoint = AZURE_DEFAULT_ENDPOINT
+
+    store_scheme = "az"
+    region_pattern = re.compile(r"^[a-z]+\d*$")  # eastus2
+
+    # `network_tier` is an unsupported feature on Azure in SkyPilot 0.14.1 (sky/clouds/azure.py
+    # CUSTOM_NETWORK_TIER), so a candidate asking for it is one SkyPilot's optimizer drops. Azure's
+    # ND A100 v4 / ND H100 v5 sizes carry InfiniBand in the VM itself, without asking.
+    fabric = None
+    fabric_accelerators = ()
+    no_fabric = "SkyPilot has none on Azure (ND sizes carry InfiniBand anyway)"
+
+    upload_gbps = 2.5  # ours: see skyspot/clouds/bandwidth.py
+    prior_node_hours = {"large": 4.0, "small": 12.0, "cpu": 24.0}  # ours: see skyspot/clouds/priors.py
+
+    attached_gpus = ()  # GPUs priced inside the VM row
+    # Azure's spot meters are discounted from pay-as-you-go; a "spot" price equal to it (every
+    # Standard_ND96isr_H100_v5 row of the snapshot) is the on-demand price again, not a spot price.
+    spot_at_on_demand_is_spot = False
+    # The catalog lists Standard_ND96isr_H100_v5 with 12 GPUs; Azure's ND H100 v5 SKU has 8.
+    count_fixes: Mapping[str, int] = {"standard_nd96isr_h100_v5": 8}
+
+    def root_disk_write(self, disk_size_gb: int) -> tuple[float, str]:
+        mbps = next((m for size, m in _AZURE_PREMIUM_SSD_MBPS if disk_size_gb <= size), _AZURE_PREMIUM_SSD_MBPS[-1][1])
+        return mbps * 1e6 / GB, f"SkyPilot default disk: Premium SSD {disk_size_gb} GiB, {mbps} MB/s"
+
+    def native_action(self, action: str) -> Optional[str]:
+        return action.capitalize() if action else None  # Scheduled Events' EventType
