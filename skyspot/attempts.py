@@ -11,7 +11,7 @@ measurements (deadline.measure) all take their attempts from `split`.
 - Start: the executor's `attempt_start` (nodes provisioned), else the trainer's first `start`, else
   the attempt's first event (`started` says whether a start was recorded at all).
 - End: its last `attempt_end`, else its last `exit` (how it ended is the record's `reason`, mapped
-  onto END_REASONS); without either, an attempt followed by a later one was killed with its node at
+  onto AttemptEnd); without either, an attempt followed by a later one was killed with its node at
   its last event ("preempted"); the last one is still "running" up to `now`, or "unknown" without it.
 - Where: `attempt_start.where`, then each trainer `start.where` for the keys it lacks or says "unknown"
   of (a node leader's start carries what its cloud's metadata said: trainer/instance.py).
@@ -37,14 +37,35 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from skyspot import clouds
+from skyspot.events import EventType as T
+from skyspot.statuses import RunStatus
+from skyspot.str_enum import StrEnum
 
-END_REASONS = ("complete", "preempted", "error", "cancelled", "running", "unknown")
+
+class AttemptEnd(StrEnum):
+    """How an attempt ended: the words of its `attempt_end` or `exit` record, read by `end_reason`."""
+
+    COMPLETE = "complete"
+    PREEMPTED = "preempted"
+    """Taken away (a notice, a signal, killed with its node) and recovered by a later attempt or not."""
+    ERROR = "error"
+    CANCELLED = "cancelled"
+    SWITCHED = "switched"
+    """The local executor's deadline moved the run to the other capacity (attempt_end's reason)."""
+    SETUP_FAILED = "setup_failed"
+    """The local executor's setup failed (attempt_end's reason)."""
+    RUNNING = "running"
+    """No end yet: the open last attempt, billed up to `now`."""
+    UNKNOWN = "unknown"
+
+
+END_REASONS = tuple(AttemptEnd)
 
 # Events that mean "this attempt is being taken away": the first one starts the recovery clock.
-NOTICE_TYPES = ("preemption_notice", "preempt_notice_sent", "signal", "preempt_sigterm")
+NOTICE_TYPES = (T.PREEMPTION_NOTICE, T.PREEMPT_NOTICE_SENT, T.SIGNAL, T.PREEMPT_SIGTERM)
 
 # A deadline controller's decisions (skyspot/planning/deadline.py) are written between attempts and belong to none.
-DECISION_EVENT = "deadline_decision"
+DECISION_EVENT = T.DEADLINE_DECISION
 
 _TRUE_WORDS = ("true", "1", "yes", "spot")
 UNKNOWN = "unknown"  # what a trainer's `where` says for a fact SKYPILOT_CLUSTER_INFO does not give
@@ -67,8 +88,11 @@ CAUSES: dict[str, tuple[str, str]] = {
 # Which of the notice watchers' `action` words (skyspot/trainer/notice/, docs/notices.md) are a planned
 # shutdown rather than a spot preemption, and the cloud's own spelling of each, are each cloud's facts
 # (skyspot/clouds/: `planned_actions`, `native_action`).
-# SkyPilot's ManagedJobStatus for a job whose last attempt's end only the queue record knows.
-_QUEUE_CAUSES = {"CANCELLED": "cancelled", "FAILED_SETUP": "setup-failed"}
+# What the executor's attempt_end says that is a cause of its own.
+_RECORDED_CAUSES = {AttemptEnd.CANCELLED: "cancelled", AttemptEnd.SWITCHED: "deadline-switch",
+                    AttemptEnd.SETUP_FAILED: "setup-failed"}
+# A job's status (statuses.RunStatus, SkyPilot's names) for a last attempt whose end only the queue record knows.
+_QUEUE_CAUSES = {RunStatus.CANCELLED: "cancelled", RunStatus.FAILED_SETUP: "setup-failed"}
 
 
 @dataclass
@@ -86,8 +110,8 @@ class Attempt:
     started: bool
     """An attempt_start or a trainer start was recorded (else `start` is its first event)."""
     end: float
-    reason: str
-    """How it ended, one of END_REASONS."""
+    reason: AttemptEnd
+    """How it ended."""
     recorded_end: bool
     """An attempt_end or exit says how it ended."""
     open: bool
@@ -121,7 +145,8 @@ class Attempt:
     @property
     def preempted(self) -> bool:
         """Ended preempted; or nothing says how it ended and a notice came."""
-        return self.reason == "preempted" or (self.reason in ("running", "unknown") and self.notice_at is not None)
+        return self.reason == AttemptEnd.PREEMPTED or (self.reason in (AttemptEnd.RUNNING, AttemptEnd.UNKNOWN)
+                                                      and self.notice_at is not None)
 
     @property
     def uptime_s(self) -> float:
@@ -149,8 +174,8 @@ def split(events: Iterable[Mapping[str, Any]], *, now: Optional[float] = None) -
 
 
 def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[float]) -> Attempt:
-    executor_start = next((e for e in events if e.get("type") == "attempt_start"), None)
-    trainer_starts = [e for e in events if e.get("type") == "start"]
+    executor_start = next((e for e in events if e.get("type") == T.ATTEMPT_START), None)
+    trainer_starts = [e for e in events if e.get("type") == T.START]
     where: dict[str, Any] = {}
     for e in ([executor_start] if executor_start else []) + trainer_starts:
         if isinstance(e.get("where"), Mapping):
@@ -165,17 +190,17 @@ def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[floa
     process_starts = sorted({e["ts"] for e in trainer_starts if e.get("rank") == 0})
     # After an in-place restart, the exits of the processes it replaced (a crashed rank's peers) end nothing.
     newest = process_starts[-1] if len(process_starts) > 1 else None
-    record = next((e for e in reversed(events) if e.get("type") == "attempt_end"), None) or \
-        next((e for e in reversed(events) if e.get("type") == "exit" and (newest is None or e["ts"] >= newest)),
+    record = next((e for e in reversed(events) if e.get("type") == T.ATTEMPT_END), None) or \
+        next((e for e in reversed(events) if e.get("type") == T.EXIT and (newest is None or e["ts"] >= newest)),
              None)
     if record is not None:
         end, reason = record["ts"], end_reason(record.get("reason"))
     elif later:
-        end, reason = events[-1]["ts"], "preempted"  # no record, and a later attempt: killed with its node
+        end, reason = events[-1]["ts"], AttemptEnd.PREEMPTED  # no record, and a later attempt: killed with its node
     elif now is not None:
-        end, reason = max(now, events[-1]["ts"]), "running"
+        end, reason = max(now, events[-1]["ts"]), AttemptEnd.RUNNING
     else:
-        end, reason = events[-1]["ts"], "unknown"
+        end, reason = events[-1]["ts"], AttemptEnd.UNKNOWN
     notices = [e["ts"] for e in events if e.get("type") in NOTICE_TYPES]
     return Attempt(number=number, events=events, where=where, spot=is_spot(where), start=start,
                    started=executor_start is not None or bool(trainer_starts), end=end, reason=reason,
@@ -188,7 +213,7 @@ def _restarts(events: list[dict]) -> list[dict]:
     """One `restart_in_place` per restart number (a copy of an event file read twice counts once)."""
     chosen: dict[Any, dict] = {}
     for e in events:
-        if e.get("type") == "restart_in_place":
+        if e.get("type") == T.RESTART_IN_PLACE:
             number = e.get("restart")
             chosen.setdefault(number if _number(number) else ("ts", e["ts"]), e)
     return sorted(chosen.values(), key=lambda e: e["ts"])
@@ -198,18 +223,18 @@ def _hangs(events: list[dict], process_starts: list[float]) -> list[dict]:
     """One `hang` per set of processes: every node's watchdog may see the same stalled collective."""
     chosen: dict[int, dict] = {}
     for e in events:
-        if e.get("type") == "hang":
+        if e.get("type") == T.HANG:
             chosen.setdefault(max(0, bisect_right(process_starts, e["ts"]) - 1), e)
     return [chosen[k] for k in sorted(chosen)]
 
 
 def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
-             queue_status: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+             queue_status: Any = None) -> tuple[Optional[str], Optional[str]]:
     """Why an attempt that did not complete ended: (one of CAUSES, the cloud's own name or None).
 
     (None, None) when it completed, is still running, or is the open last attempt with nothing to say.
-    `reason` overrides the attempt's own end reason, and `queue_status` (SkyPilot's ManagedJobStatus)
-    says how the job ended, for a last attempt whose end only the queue record knows (cost.py).
+    `reason` overrides the attempt's own end reason, and `queue_status` (SkyPilot's ManagedJobStatus, read
+    by RunStatus.from_sky) says how the job ended, for a last attempt whose end only the queue record knows (cost.py).
     The first that applies wins: what the executor recorded (cancelled, a deadline switch, setup failed);
     the cloud's notice (`preemption_notice`: its source and action); the local executor's simulated spot
     preemption (`preempt_notice_sent`); a deadline switch while it ran; a warning that came alone (a
@@ -218,25 +243,25 @@ def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
     an error; else unknown.
     """
     reason = attempt.reason if reason is None else reason
-    if reason in ("complete", "running"):
+    if reason in (AttemptEnd.COMPLETE, AttemptEnd.RUNNING):
         return None, None
     events = attempt.events
-    recorded = next((e for e in reversed(events) if e.get("type") == "attempt_end"), None)
+    recorded = next((e for e in reversed(events) if e.get("type") == T.ATTEMPT_END), None)
     said = _word(recorded.get("reason")) if recorded is not None else ""
-    if said in ("cancelled", "switched", "setup_failed"):
-        return {"cancelled": "cancelled", "switched": "deadline-switch", "setup_failed": "setup-failed"}[said], None
-    notice = next((e for e in events if e.get("type") == "preemption_notice"), None)
+    if said in _RECORDED_CAUSES:
+        return _RECORDED_CAUSES[said], None
+    notice = next((e for e in events if e.get("type") == T.PREEMPTION_NOTICE), None)
     if notice is not None:
         source, action = _word(notice.get("source")), _word(notice.get("action"))
         kind = ("planned-maintenance" if _planned(source, action) else
                 "rebalance" if action == "rebalance" else "spot-preemption")
         return kind, _cloud_name(source, action)
-    if any(e.get("type") == "preempt_notice_sent" for e in events):
+    if any(e.get("type") == T.PREEMPT_NOTICE_SENT for e in events):
         return "spot-preemption", None  # the local executor's simulated spot interruption
     if attempt.switched_at is not None:
         return "deadline-switch", None
     for e in events:
-        if e.get("type") != "shutdown_warning":
+        if e.get("type") != T.SHUTDOWN_WARNING:
             continue
         source, action = _word(e.get("source")), _word(e.get("action"))
         if action == "rebalance":
@@ -244,20 +269,22 @@ def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
         if _planned(source, action):
             return "planned-maintenance", _cloud_name(source, action)
         # freeze, migrate, system-maintenance: the VM lives through them; they end nothing.
-    signal = next((e for e in events if e.get("type") == "signal"), None)
+    signal = next((e for e in events if e.get("type") == T.SIGNAL), None)
     if signal is not None:
         name = _word(signal.get("name")) or ("sigterm" if signal.get("signum") == 15 else "")
         return ("sigterm" if name == "sigterm" else "signal"), None
-    if any(e.get("type") == "preempt_sigterm" for e in events):
+    if any(e.get("type") == T.PREEMPT_SIGTERM for e in events):
         return "sigterm", None
     if queue_status is not None:
-        status = str(queue_status).upper()
-        return _QUEUE_CAUSES.get(status, "error" if status.startswith("FAILED") else "unknown"), None
-    if reason == "cancelled":
+        status = RunStatus.from_sky(queue_status)
+        if status in _QUEUE_CAUSES:
+            return _QUEUE_CAUSES[status], None
+        return ("error" if status is not None and status.is_failed() else "unknown"), None
+    if reason == AttemptEnd.CANCELLED:
         return "cancelled", None
     if not attempt.recorded_end:
         return ("node-lost", None) if not attempt.open else (None, None)
-    if reason == "error":
+    if reason == AttemptEnd.ERROR:
         return "error", None
     return "unknown", None
 
@@ -303,20 +330,35 @@ def _word(value: Any) -> str:
     return value.strip().lower() if isinstance(value, str) else ""
 
 
-def end_reason(text: Any) -> str:
-    """Map the words trainers and executors use for how an attempt ended onto END_REASONS."""
+def end_reason(text: Any) -> AttemptEnd:
+    """Map the words trainers and executors use for how an attempt ended onto AttemptEnd; a word it does
+    not know (a trainer's free-text error) is UNKNOWN."""
     word = str(text or "").strip().lower()
-    if word in END_REASONS:
-        return word
+    known = AttemptEnd.parse(word)
+    if known is not None:
+        return known
     if word.startswith("complet") or word in ("done", "finished", "success", "succeeded"):
-        return "complete"
+        return AttemptEnd.COMPLETE
     if "preempt" in word or word in ("signal", "sigterm", "sigkill", "terminated", "notice"):
-        return "preempted"
+        return AttemptEnd.PREEMPTED
     if "cancel" in word:
-        return "cancelled"
+        return AttemptEnd.CANCELLED
     if word.startswith("fail") or word in ("exception", "crash", "crashed"):
-        return "error"
-    return word or "unknown"
+        return AttemptEnd.ERROR
+    return AttemptEnd.UNKNOWN
+
+
+def end_of_status(status: Any) -> AttemptEnd:
+    """How the last attempt of a job ended, from its status as SkyPilot reports it (RunStatus.from_sky):
+    the one mapping both the cost report and the causes use, so an unlisted FAILED_* is an error in both."""
+    found = RunStatus.from_sky(status)
+    if found is RunStatus.SUCCEEDED:
+        return AttemptEnd.COMPLETE
+    if found is RunStatus.CANCELLED:
+        return AttemptEnd.CANCELLED
+    if found is not None and found.is_failed():
+        return AttemptEnd.ERROR
+    return AttemptEnd.UNKNOWN
 
 
 def is_spot(where: Any) -> bool:

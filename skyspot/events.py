@@ -26,43 +26,99 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-# type -> fields it carries beyond the common ones (documentation and a light check).
-EVENT_TYPES: dict[str, tuple[str, ...]] = {
+from skyspot.str_enum import StrEnum
+
+
+class EventType(StrEnum):
+    """An event's `type`: every kind of event a writer may emit (a member equals its string in the JSON)."""
+
     # trainer
-    "start": ("where", "world_size", "total_steps", "recipe", "pid"),
-    "resume": ("step", "checkpoint", "source", "load_seconds", "bytes"),
-    "step": ("step", "loss", "lr", "step_seconds", "samples", "tokens"),
-    "checkpoint_begin": ("step", "kind"),
-    "checkpoint_end": ("step", "kind", "blocked_seconds", "write_seconds", "bytes", "path"),
-    "checkpoint_failed": ("step", "kind", "error"),
-    "upload_end": ("step", "bytes", "seconds", "throughput_bps", "durable", "error"),
-    "preemption_notice": ("source", "deadline", "action"),
-    "shutdown_warning": ("source", "deadline", "action"),
-    "signal": ("signum", "name"),
-    "emergency_checkpoint": ("step", "signal_to_commit_seconds", "durable_before_deadline"),
-    "notice_window": ("step", "deadline", "upload_deadline", "predicted_seconds", "margin_seconds"),
-    "local_disk": ("write_gbps", "mountpoint", "devices"),
-    "node": ("kind", "image", "instance_type", "python", "driver", "torch", "nccl", "gpus", "fabric", "nvme", "setup"),
-    "fabric": ("backend", "transport", "network", "gdr", "source", "num_nodes"),
-    "interval_plan": ("every_seconds", "inputs"),
-    "base_model": ("repo", "source", "weights", "seconds"),
-    "base_copy": ("files", "bytes", "seconds", "error"),
-    "exit": ("code", "reason", "step"),
-    "eval": ("step", "loss", "perplexity", "tokens", "batches", "seconds"),
-    "restart_in_place": ("cause", "failed_at", "seconds_to_next_step", "steps_redone", "restart", "step"),
+    START = "start"
+    RESUME = "resume"
+    STEP = "step"
+    CHECKPOINT_BEGIN = "checkpoint_begin"
+    CHECKPOINT_END = "checkpoint_end"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    UPLOAD_END = "upload_end"
+    PREEMPTION_NOTICE = "preemption_notice"
+    SHUTDOWN_WARNING = "shutdown_warning"
+    SIGNAL = "signal"
+    EMERGENCY_CHECKPOINT = "emergency_checkpoint"
+    NOTICE_WINDOW = "notice_window"
+    LOCAL_DISK = "local_disk"
+    NODE = "node"
+    FABRIC = "fabric"
+    INTERVAL_PLAN = "interval_plan"
+    BASE_MODEL = "base_model"
+    BASE_COPY = "base_copy"
+    EXIT = "exit"
+    EVAL = "eval"
+    RESTART_IN_PLACE = "restart_in_place"
     # node supervisor (trainer/supervise.py): the watchdog
-    "hang": ("step", "seconds_without_step", "bound_seconds", "ranks", "stacks"),
+    HANG = "hang"
     # executor (local executor; SkyPilot's controller keeps its own record)
-    "attempt_start": ("where",),
-    "preempt_notice_sent": ("deadline",),
-    "preempt_sigterm": (),
-    "preempt_sigkill": (),
-    "rank_crash_injected": ("step", "at_step", "node", "local_rank", "pid", "signal"),
-    "rank_hang_injected": ("step", "at_step", "node", "local_rank", "pid", "signal"),
-    "attempt_end": ("code", "reason"),
+    ATTEMPT_START = "attempt_start"
+    PREEMPT_NOTICE_SENT = "preempt_notice_sent"
+    PREEMPT_SIGTERM = "preempt_sigterm"
+    PREEMPT_SIGKILL = "preempt_sigkill"
+    RANK_CRASH_INJECTED = "rank_crash_injected"
+    RANK_HANG_INJECTED = "rank_hang_injected"
+    ATTEMPT_END = "attempt_end"
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
-    "deadline_decision": ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),
+    DEADLINE_DECISION = "deadline_decision"
+
+
+# type -> fields it carries beyond the common ones (documentation and a light check).
+EVENT_TYPES: dict[EventType, tuple[str, ...]] = {
+    # trainer
+    EventType.START: ("where", "world_size", "total_steps", "recipe", "pid"),
+    EventType.RESUME: ("step", "checkpoint", "source", "load_seconds", "bytes"),
+    EventType.STEP: ("step", "loss", "lr", "step_seconds", "samples", "tokens"),
+    EventType.CHECKPOINT_BEGIN: ("step", "kind"),
+    EventType.CHECKPOINT_END: ("step", "kind", "blocked_seconds", "write_seconds", "bytes", "path"),
+    EventType.CHECKPOINT_FAILED: ("step", "kind", "error"),
+    EventType.UPLOAD_END: ("step", "bytes", "seconds", "throughput_bps", "durable", "error"),
+    EventType.PREEMPTION_NOTICE: ("source", "deadline", "action"),
+    EventType.SHUTDOWN_WARNING: ("source", "deadline", "action"),
+    EventType.SIGNAL: ("signum", "name"),
+    EventType.EMERGENCY_CHECKPOINT: ("step", "signal_to_commit_seconds", "durable_before_deadline"),
+    EventType.NOTICE_WINDOW: ("step", "deadline", "upload_deadline", "predicted_seconds", "margin_seconds"),
+    EventType.LOCAL_DISK: ("write_gbps", "mountpoint", "devices"),
+    EventType.NODE: ("kind", "image", "instance_type", "python", "driver", "torch", "nccl", "gpus", "fabric", "nvme", "setup"),
+    EventType.FABRIC: ("backend", "transport", "network", "gdr", "source", "num_nodes"),
+    EventType.INTERVAL_PLAN: ("every_seconds", "inputs"),
+    EventType.BASE_MODEL: ("repo", "source", "weights", "seconds"),
+    EventType.BASE_COPY: ("files", "bytes", "seconds", "error"),
+    EventType.EXIT: ("code", "reason", "step"),
+    EventType.EVAL: ("step", "loss", "perplexity", "tokens", "batches", "seconds"),
+    EventType.RESTART_IN_PLACE: ("cause", "failed_at", "seconds_to_next_step", "steps_redone", "restart", "step"),
+    # node supervisor (trainer/supervise.py): the watchdog
+    EventType.HANG: ("step", "seconds_without_step", "bound_seconds", "ranks", "stacks"),
+    # executor (local executor; SkyPilot's controller keeps its own record)
+    EventType.ATTEMPT_START: ("where",),
+    EventType.PREEMPT_NOTICE_SENT: ("deadline",),
+    EventType.PREEMPT_SIGTERM: (),
+    EventType.PREEMPT_SIGKILL: (),
+    EventType.RANK_CRASH_INJECTED: ("step", "at_step", "node", "local_rank", "pid", "signal"),
+    EventType.RANK_HANG_INJECTED: ("step", "at_step", "node", "local_rank", "pid", "signal"),
+    EventType.ATTEMPT_END: ("code", "reason"),
+    # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
+    EventType.DEADLINE_DECISION: ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),
 }
+
+
+class CheckpointKind(StrEnum):
+    """Why a checkpoint was taken: the `kind` of checkpoint_begin, checkpoint_end and checkpoint_failed."""
+
+    INTERVAL = "interval"
+    """Due by the interval plan (steps or seconds)."""
+    REQUESTED = "requested"
+    """Asked for ahead of the interval: an early warning (a rebalance, a maintenance notice) or a rank's vote."""
+    EMERGENCY = "emergency"
+    """The collective save inside a preemption notice's window."""
+    FINAL = "final"
+    """At the last step."""
+
 
 EVENTS_DIR = "events"
 MAX_EVENTS_FILE_BYTES = 128 << 20
@@ -95,10 +151,11 @@ class EventWriter:
         self._lock = threading.Lock()  # the uploader and watcher threads emit too
 
     def emit(self, type: str, **fields: Any) -> dict[str, Any]:
-        if type not in EVENT_TYPES:
+        kind = EventType.parse(type)
+        if kind is None:
             raise ValueError(f"unknown event type {type!r}")
         event = {"ts": time.time(), "run_id": self.run_id, "attempt": self.attempt,
-                 "node_rank": self.node_rank, "rank": self.rank, "type": type, **fields}
+                 "node_rank": self.node_rank, "rank": self.rank, "type": kind, **fields}
         # One write() per line: O_APPEND keeps lines whole even if two handles share a file.
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
         with self._lock:
@@ -119,16 +176,62 @@ class EventWriter:
                     pass
 
 
+class Event(dict):  # type: ignore[type-arg]
+    """One event as read back: the decoded JSON object itself (so every reader's `e["step"]` and `e.get(...)`
+    still work and it writes back unchanged), with its `type` an EventType and the common fields typed.
+    Only `parse_event` makes one, after `valid_event` checked the fields below."""
+
+    @property
+    def type(self) -> EventType:
+        return self["type"]  # type: ignore[no-any-return]
+
+    @property
+    def ts(self) -> float:
+        return float(self["ts"])
+
+    @property
+    def attempt(self) -> int:
+        return int(self.get("attempt", 0))
+
+    @property
+    def node_rank(self) -> Optional[int]:
+        return self.get("node_rank")
+
+    @property
+    def rank(self) -> Optional[int]:
+        """None for the executor's and the supervisor's events."""
+        return self.get("rank")
+
+    @property
+    def step(self) -> Optional[int]:
+        return self.get("step")
+
+
 @dataclass
 class EventLog:
-    """Events read back from a run, oldest first, with a count of lines that could not be read."""
+    """Events read back from a run, oldest first, with a count of lines that could not be read and of
+    events whose type this version does not know (a newer writer's), which are left out of `events`."""
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     malformed: int = 0
     malformed_where: list[str] = field(default_factory=list)
+    unknown_types: dict[str, int] = field(default_factory=dict)
+    """Events of a type EventType lacks, by type: counted, not read."""
 
-    def of_type(self, *types: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("type") in types]
+    def of_type(self, *types: str) -> list[Event]:
+        return [e for e in self.events if e["type"] in types]
+
+    @property
+    def unknown(self) -> int:
+        return sum(self.unknown_types.values())
+
+    def merge(self, other: EventLog) -> None:
+        """Add another log's events and counts (the caller sorts)."""
+        self.events.extend(other.events)
+        self.malformed += other.malformed
+        self.malformed_where.extend(other.malformed_where)
+        for name, count in other.unknown_types.items():
+            self.unknown_types[name] = self.unknown_types.get(name, 0) + count
 
 
 # Fields readers compute with, and what they must hold when present. A line that disagrees
@@ -189,26 +292,41 @@ def valid_event(event: Any) -> bool:
         return False
     if not all(_fits(event.get(key), kind) for key, kind in _FIELD_KINDS.items()):
         return False
-    if event["type"] == "step" and not isinstance(event.get("step"), int):
+    if event["type"] == EventType.STEP and not isinstance(event.get("step"), int):
         return False
     return _valid_where(event.get("where"))
 
 
+def parse_event(raw: Any) -> Optional[Event]:
+    """The one reading of a decoded line into an event: an Event, or None when it is not one readers
+    can use (valid_event). Its `type` is an EventType after this, unless this version does not know it
+    (then it stays the string, and `parse_lines` counts it)."""
+    if not valid_event(raw):
+        return None
+    event = Event(raw)
+    event["type"] = EventType.parse(raw["type"]) or raw["type"]
+    return event
+
+
 def parse_lines(lines: Iterable[str], source: str, log: EventLog) -> None:
-    """Parse JSON lines into `log`, skipping (and counting) anything that is not a valid event."""
+    """Parse JSON lines into `log`, skipping (and counting) anything that is not a valid event, and
+    counting by type the events of a type this version does not know."""
     for number, line in enumerate(lines, 1):
         line = line.strip()
         if not line:
             continue
         try:
-            event = json.loads(line)
+            raw = json.loads(line)
         except (ValueError, RecursionError):
-            event = None
-        if not valid_event(event):
+            raw = None
+        event = parse_event(raw)
+        if event is None:
             log.malformed += 1
             log.malformed_where.append(f"{source}:{number}")
-            continue
-        log.events.append(event)
+        elif not isinstance(event["type"], EventType):
+            log.unknown_types[event["type"]] = log.unknown_types.get(event["type"], 0) + 1
+        else:
+            log.events.append(event)
 
 
 def read_events_store(store, run_prefix: str) -> EventLog:
@@ -298,7 +416,7 @@ class EventTail:
         self.directory = Path(directory)
         self._tails: dict[Path, FileTail] = {}
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[Event]:
         log = EventLog()
         if not self.directory.is_dir():
             return []

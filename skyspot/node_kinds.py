@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from skyspot.events import EVENT_TYPES
+from skyspot.events import EventType as T
 
 FACT_KEYS = tuple(key for key in EVENT_TYPES["node"] if key != "kind")  # the event's own field list
 
@@ -21,7 +22,7 @@ def node_kinds(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     newest such node's facts."""
     rows: dict[str, dict[str, Any]] = {}
     for event in events:
-        if event.get("type") != "node" or not isinstance(event.get("kind"), str):
+        if event.get("type") != T.NODE or not isinstance(event.get("kind"), str):
             continue
         row = rows.setdefault(event["kind"], {"kind": event["kind"], "starts": 0, "attempts": [], "facts": {}})
         row["starts"] += 1

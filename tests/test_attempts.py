@@ -49,7 +49,8 @@ def test_deadline_decisions_belong_to_no_attempt():
 def test_end_words_map_onto_one_list():
     assert [end_reason(w) for w in ("completed", "done", "preempted-fallback-ended", "SIGKILL", "cancelled by user",
                                      "failed", "", "odd")] == [
-        "complete", "complete", "preempted", "preempted", "cancelled", "error", "unknown", "odd"]
+        "complete", "complete", "preempted", "preempted", "cancelled", "error", "unknown", "unknown"]
+    assert end_reason("switched") == "switched" and end_reason("setup_failed") == "setup_failed"
 
 
 # --------------------------------------------------------------------------- why an attempt ended

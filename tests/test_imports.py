@@ -26,6 +26,8 @@ TRAINER_MAY_IMPORT = {
     "skyspot.node_host": "the node's driver, skyspot's venv and setup's record in it, which the node event reports",
     "skyspot.start_bounds": "the I/O group's timeout, from the same plan as the watchdog's first-step bound",
     "skyspot.ports": "a free loopback port for the standalone trainer's rendezvous (no torchrun)",
+    "skyspot.statuses": "a run's status (SkyPilot's managed-job names), with is_terminal and is_failed",
+    "skyspot.str_enum": "the string-enum base of the contracts' types, on the node's Python 3.10",
 }
 
 # The trainer's public contracts, the only trainer modules the rest of the package may import, and why.
@@ -42,7 +44,10 @@ TRAINER_CONTRACTS = {
 
 # Leaves: both sides import them, so they import (almost) nothing of skyspot themselves.
 # skyspot.clouds is a package: its modules import each other and the errors, nothing else of skyspot.
-LEAVES = {"skyspot.clouds": {"skyspot.errors"}, "skyspot.attempts": {"skyspot.clouds"}, "skyspot.ports": set()}
+LEAVES = {"skyspot.clouds": {"skyspot.errors"}, "skyspot.ports": set(), "skyspot.str_enum": set(),
+          "skyspot.statuses": {"skyspot.str_enum"},
+          # the event and status types it reads, themselves leaves (events.py's one lazy import aside: the store)
+          "skyspot.attempts": {"skyspot.clouds", "skyspot.events", "skyspot.statuses", "skyspot.str_enum"}}
 
 
 def _module_name(path: Path) -> str:
@@ -147,7 +152,7 @@ LAYERS = [
     ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
                    "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.start_bounds", "skyspot.lora",
                    "skyspot.ledger", "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text",
-                   "skyspot.yaml12", "skyspot.node_host", "skyspot.node_kinds", "skyspot.libpath", "skyspot.wheelhouse", "skyspot")),
+                   "skyspot.yaml12", "skyspot.node_host", "skyspot.node_kinds", "skyspot.libpath", "skyspot.wheelhouse", "skyspot.statuses", "skyspot.str_enum", "skyspot")),
 ]
 
 # Arrows that point up, each with why; none may be added without one.

@@ -81,6 +81,9 @@ def run_report(run, queue_record=None) -> RunReport:
     data.update(recipe=run.recipe, executor=run.executor, status=run.status, node_kinds=node_kinds(log.events))
     if log.malformed:
         data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
+    if log.unknown:
+        data.setdefault("warnings", []).append(
+            f"skipped {log.unknown} event(s) of types this skyspot does not know ({', '.join(sorted(log.unknown_types))})")
     if run.info.get("deadline"):
         data["deadline"] = deadline_report(run, log, report)
     return RunReport(report, log, data)

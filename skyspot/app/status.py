@@ -19,10 +19,7 @@ def run_events(run, *, store_ok: bool = True):
         log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
         # Local multi-node runs: the other nodes' own disks (signals and notices they saw).
         for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
-            more = read_events_dir(node_events)
-            log.events.extend(more.events)
-            log.malformed += more.malformed
-            log.malformed_where.extend(more.malformed_where)
+            log.merge(read_events_dir(node_events))
         log.events.sort(key=lambda e: e["ts"])
         return log
     log = EventLog()
@@ -86,11 +83,12 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
     from skyspot.attempts import count_causes, is_simulated, split
     from skyspot.node_kinds import node_kinds
     from skyspot.pricing.cost import cost_so_far
+    from skyspot.events import EventType as T
     from skyspot.executors import executor_for
 
     now = now or time.time()
     events = log.events
-    steps = [e["step"] for e in events if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
+    steps = [e["step"] for e in events if e.get("type") in (T.STEP, T.RESUME) and isinstance(e.get("step"), int)]
     attempts = split(events)
     started = [a for a in attempts if a.started]
     wheres = [a.where for a in started]
@@ -100,8 +98,8 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         for key, value in earlier.items():
             where.setdefault(key, value)
     durable = [e["step"] for e in events
-               if e.get("type") == "upload_end" and e.get("durable") is True and isinstance(e.get("step"), int)]
-    committed = [e["step"] for e in events if e.get("type") == "checkpoint_end" and isinstance(e.get("step"), int)]
+               if e.get("type") == T.UPLOAD_END and e.get("durable") is True and isinstance(e.get("step"), int)]
+    committed = [e["step"] for e in events if e.get("type") == T.CHECKPOINT_END and isinstance(e.get("step"), int)]
     status = run.status
     recoveries = max(0, len(started) - 1)
     if queue_record:
@@ -130,6 +128,7 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "elapsed_seconds": round(end - run.created_at, 1),
         "cost_so_far_usd": cost, "simulated": executor_for(run).simulated or any(is_simulated(w) for w in wheres),
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
+        "unknown_event_types": dict(getattr(log, "unknown_types", {})),
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
         "node_kinds": node_kinds(events),  # what it ran on: one entry per distinct kind of node (node_kinds.py)
@@ -142,11 +141,13 @@ def latest_losses(log) -> dict[str, Any]:
     `logs` says after the log, and `status --json` carries. None where the run has none yet."""
     import math
 
-    def newest(type: str) -> Optional[dict]:
+    from skyspot.events import EventType
+
+    def newest(type: EventType) -> Optional[dict]:
         return next((e for e in reversed(log.events) if e.get("type") == type and isinstance(e.get("loss"), (int, float))
                      and not isinstance(e.get("loss"), bool) and math.isfinite(e["loss"])), None)
 
-    step, evaluation = newest("step"), newest("eval")
+    step, evaluation = newest(EventType.STEP), newest(EventType.EVAL)
     perplexity = evaluation.get("perplexity") if evaluation else None
     return {"train_loss": float(step["loss"]) if step else None, "train_loss_step": step.get("step") if step else None,
             "eval_loss": float(evaluation["loss"]) if evaluation else None,

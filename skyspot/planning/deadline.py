@@ -48,6 +48,7 @@ from typing import Any, Iterable, Optional
 
 from skyspot.attempts import DECISION_EVENT, is_spot, split
 from skyspot.deadline_text import MAX_AHEAD_SECONDS, DeadlineError, check_deadline_text, parse_deadline  # noqa: F401 (callers read them here)
+from skyspot.events import EventType as T
 
 SPOT, ON_DEMAND, IDLE = "spot", "on-demand", "idle"
 # A decision's reason once not even all on-demand from now can make the deadline (docs/deadline.md).
@@ -368,7 +369,7 @@ def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hi
         later = i + 1 < len(attempts)
         lowest: dict[int, tuple[Any, float, float]] = {}  # step -> (rank, ts, seconds) of its lowest rank
         for e in attempt.events:
-            if e.get("type") == "step" and isinstance(e.get("step"), int):
+            if e.get("type") == T.STEP and isinstance(e.get("step"), int):
                 held = lowest.get(e["step"])
                 rank = e.get("rank") if e.get("rank") is not None else 0
                 if held is None or rank < held[0]:
@@ -426,7 +427,7 @@ def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hi
 def progress(events: Iterable[dict]) -> int:
     """The newest step reached (step events, or the step a resume restored)."""
     steps = [e["step"] for e in events
-             if e.get("type") in ("step", "resume") and isinstance(e.get("step"), int)]
+             if e.get("type") in (T.STEP, T.RESUME) and isinstance(e.get("step"), int)]
     return max(steps) if steps else 0
 
 
@@ -667,7 +668,7 @@ def compare(plan: dict, events: list[dict], trace: Any, *, t0: float, total_step
     simulator with this run's measured step time and restart overhead; its own policy replayed
     the same way shows how far the model is from what happened. `t0` is when the trace starts."""
     estimates = estimates_for(events, plan, provision_seconds=provision_seconds, restart_prior=restart_prior)
-    finished = [e["ts"] for e in events if e.get("type") in ("exit", "attempt_end") and "complet" in str(e.get("reason"))]
+    finished = [e["ts"] for e in events if e.get("type") in (T.EXIT, T.ATTEMPT_END) and "complet" in str(e.get("reason"))]
     out: dict[str, Any] = {"deadline": plan["at"], "policy": plan.get("policy") or DEFAULT_POLICY,
                            "finished_at": max(finished) if finished else None,
                            "met": (max(finished) <= plan["at"]) if finished else None, "cost_usd": cost_usd,
@@ -710,7 +711,7 @@ def observed_trace(events: list[dict], t0: float) -> Any:
                 windows[-1] = (windows[-1][0], end)
             else:
                 windows.append((start, end))
-    preempted = [e["ts"] - t0 for e in events if e.get("type") == "exit" and "preempt" in str(e.get("reason"))
+    preempted = [e["ts"] - t0 for e in events if e.get("type") == T.EXIT and "preempt" in str(e.get("reason"))
                  and is_spot(e.get("where"))]
     losses = sorted([*preempted, *(a for a, _ in windows)])
 
@@ -733,7 +734,7 @@ def status_row(plan: Optional[dict], events: Iterable[dict], *, ended_at: Option
                    projected_finish=latest.get("projected_finish"))
     row["unreachable"] = row["reason"] == UNREACHABLE
     if ended_at is not None:
-        finished = [e["ts"] for e in events if e.get("type") in ("exit", "attempt_end")
+        finished = [e["ts"] for e in events if e.get("type") in (T.EXIT, T.ATTEMPT_END)
                     and "complet" in str(e.get("reason", ""))]
         row["finished_at"] = max(finished) if finished else None
         row["met"] = None if not finished else max(finished) <= row["at"]

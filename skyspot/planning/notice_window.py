@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional, Uni
 
 from skyspot.clouds import GB, NOTICE_DETECT_S, NOTICE_WINDOWS_S, SNAPSHOT_GBPS_PER_RANK, WRITE_ENV, Bandwidth, bandwidth_for
 from skyspot.events import EventLog
+from skyspot.events import EventType as T
 from skyspot.sizing import StateEstimate, state_bytes
 
 if TYPE_CHECKING:  # the recipe module pulls in pydantic; callers already have a Recipe
@@ -39,8 +40,8 @@ def measured_bandwidth(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> dic
     """
     events = _events(log)
     found: dict[str, float] = {}
-    disks = [e["write_gbps"] for e in events if e.get("type") == "local_disk" and _positive(e.get("write_gbps"))]
-    writes = [e["bytes"] / e["write_seconds"] / GB for e in events if e.get("type") == "checkpoint_end"
+    disks = [e["write_gbps"] for e in events if e.get("type") == T.LOCAL_DISK and _positive(e.get("write_gbps"))]
+    writes = [e["bytes"] / e["write_seconds"] / GB for e in events if e.get("type") == T.CHECKPOINT_END
               and _positive(e.get("bytes")) and _positive(e.get("write_seconds")) and e["bytes"] >= 1e8]
     if disks:
         found["write_gbps"] = min(disks)
@@ -48,7 +49,7 @@ def measured_bandwidth(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> dic
         found["write_gbps"] = statistics.median(writes)
     uploads = []
     for e in events:
-        if e.get("type") != "upload_end" or e.get("durable") is not True:
+        if e.get("type") != T.UPLOAD_END or e.get("durable") is not True:
             continue
         if _positive(e.get("streamed_bytes")) and _positive(e.get("stream_seconds")) and e["streamed_bytes"] >= 1e8:
             uploads.append(e["streamed_bytes"] / e["stream_seconds"] / GB)

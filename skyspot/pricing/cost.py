@@ -41,15 +41,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from skyspot.pricing import prices as pricing
-from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, is_simulated,
-                              is_spot, split)
+from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, end_of_status,
+                              is_simulated, is_spot, split)
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
-
-# SkyPilot ManagedJobStatus -> how the last attempt ended, when only the queue record knows.
-_QUEUE_STATUS = {"SUCCEEDED": "complete", "CANCELLED": "cancelled", "FAILED": "error",
-                 "FAILED_SETUP": "error", "FAILED_PRECHECKS": "error", "FAILED_NO_RESOURCE": "error",
-                 "FAILED_CONTROLLER": "error"}
+from skyspot.events import EventType as T
 
 
 @dataclass
@@ -366,7 +362,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     causes = count_causes(attempts)
     if baseline:
         prices.append((baseline.source, baseline.source_date))
-    checkpoints = _one_per_key(events, "checkpoint_end", ("step", "kind"))
+    checkpoints = _one_per_key(events, T.CHECKPOINT_END, ("step", "kind"))
     final_eval = next((e for e in reversed(evals) if e.loss is not None), None)
     # The newest step that said a loss: a NaN there is the news (issue 31.13), never an older finite loss.
     final_step = next((r for r in reversed(runs) if r.loss is not None or r.diverged), None)
@@ -518,7 +514,7 @@ def _wind_down_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> floa
 def _interval_plans(events: list[dict]) -> list[dict]:
     plans = []
     for e in events:
-        if e.get("type") != "interval_plan" or not isinstance(e.get("every_seconds"), (int, float)):
+        if e.get("type") != T.INTERVAL_PLAN or not isinstance(e.get("every_seconds"), (int, float)):
             continue
         inputs = e.get("inputs") if isinstance(e.get("inputs"), Mapping) else {}
         plans.append({"attempt": e.get("attempt"), "every_seconds": float(e["every_seconds"]),
@@ -539,7 +535,7 @@ def step_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[S
     after an in-place restart, is also `in_place`. `attempts`: the log's split, when the caller has it."""
     events = sorted(log.events, key=lambda e: e["ts"])
     generation = _generations(events, attempts)
-    chosen = _lowest_rank(events, "step", lambda e: (e.get("attempt", 0), generation(e), e.get("step")))
+    chosen = _lowest_rank(events, T.STEP, lambda e: (e.get("attempt", 0), generation(e), e.get("step")))
     runs: list[StepRun] = []
     later: dict[int, int] = {}  # step -> the attempt of its next run, walking back from the newest
     # Newest last by attempt, then time: a later attempt's run is the one the model carries, whatever its clock.
@@ -564,7 +560,7 @@ def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[E
     # from two copies of a file is one); the same step evaluated twice by one set (periodic, then final) is two.
     groups: dict[tuple, list[dict]] = {}
     for e in events:
-        if e["type"] == "eval":
+        if e["type"] == T.EVAL:
             groups.setdefault((e.get("attempt", 0), generation(e), e.get("step")), []).append(e)
     chosen = []
     for group in groups.values():
@@ -645,7 +641,7 @@ def _int(value: Any) -> Optional[int]:
 
 def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) -> AttemptCost:
     number, events = split_attempt.number, split_attempt.events
-    trainer_starts = [e for e in events if e["type"] == "start"]
+    trainer_starts = [e for e in events if e["type"] == T.START]
     where = dict(split_attempt.where)
     if queue_record is not None:  # its placement as the executor parsed it (executors/sky/sdk.py placed)
         for key, value in (_get(queue_record, "where") or {}).items():
@@ -656,8 +652,9 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
     cause, cloud_cause = split_attempt.cause, split_attempt.cloud_cause
     if split_attempt.open and queue_record is not None and _get(queue_record, "end_at"):
         end = float(_get(queue_record, "end_at"))
-        status = _status_name(_get(queue_record, "status"))
-        reason = _QUEUE_STATUS.get(status, "unknown")
+        # SkyPilot's status read once, by statuses.RunStatus.from_sky: an unlisted FAILED_* is FAILED, an error.
+        status = _get(queue_record, "status") or ""
+        reason = end_of_status(status)
         cause, cloud_cause = cause_of(split_attempt, reason=reason, queue_status=status)
 
     nodes = int(where.get("num_nodes") or len({e.get("node_rank") for e in trainer_starts}) or 1)
@@ -674,7 +671,7 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
                                      zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
     except UsageError as missing:
         warnings.append(f"attempt {number}: {missing}")
-    fabrics = _one_per_key(events, "fabric", ("node_rank",))
+    fabrics = _one_per_key(events, T.FABRIC, ("node_rank",))
     transports = sorted({str(e.get("transport")) for e in fabrics if e.get("transport")})
     for e in fabrics:
         if e.get("warning"):
@@ -722,8 +719,8 @@ def _add_egress(attempt: AttemptCost, events: list[dict], home: Optional[str], w
     """
     if home in (None, attempt.cloud):  # no cloud store, or the attempt ran on its cloud
         return
-    up = sum(_bytes(e) for e in _distinct(events, "upload_end", ("node", "node_rank", "step")))
-    resumes = [e for e in _distinct(events, "resume", ()) if str(e.get("source") or "").lower() == "store"]
+    up = sum(_bytes(e) for e in _distinct(events, T.UPLOAD_END, ("node", "node_rank", "step")))
+    resumes = [e for e in _distinct(events, T.RESUME, ()) if str(e.get("source") or "").lower() == "store"]
     down = sum(_bytes(e) for e in resumes)
     if not up and not down:
         return
@@ -744,7 +741,7 @@ def _add_egress(attempt: AttemptCost, events: list[dict], home: Optional[str], w
                         f"not record what the other {attempt.nodes - 1} node(s) fetched from the store")
 
 
-def _distinct(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
+def _distinct(events: list[dict], type: T, keys: tuple[str, ...]) -> list[dict]:
     """Events of `type`, each once: the same line read from two copies of an event file counts once."""
     seen: dict[tuple, dict] = {}
     for e in events:
@@ -764,16 +761,16 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
               runs: list[StepRun]) -> Recovery:
     prev_events, next_events = prev_split.events, next_split.events
     notice_at = prev_split.notice_at
-    checkpoints = [e["ts"] for e in prev_events if e["type"] == "emergency_checkpoint"]
+    checkpoints = [e["ts"] for e in prev_events if e["type"] == T.EMERGENCY_CHECKPOINT]
     checkpoint_at = max(checkpoints) if checkpoints else None
-    exits = [e["ts"] for e in prev_events if e["type"] == "exit"]
+    exits = [e["ts"] for e in prev_events if e["type"] == T.EXIT]
     exit_at = max(exits) if exits else prev.end
     # The new attempt's first processes: a resume after one of its in-place restarts is that restart's.
-    resumes = [e for e in next_events if e["type"] == "resume" and next_split.generation(e["ts"]) == 0]
+    resumes = [e for e in next_events if e["type"] == T.RESUME and next_split.generation(e["ts"]) == 0]
     restored_at = max(e["ts"] for e in resumes) if resumes else None
     resume = min(resumes, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)) if resumes else None
     after = restored_at if restored_at is not None else nxt.start
-    first_steps = [e["ts"] for e in next_events if e["type"] == "step" and e["ts"] >= after]
+    first_steps = [e["ts"] for e in next_events if e["type"] == T.STEP and e["ts"] >= after]
     first_step_at = min(first_steps) if first_steps else None
     lost = [r for r in runs if r.attempt == prev.attempt and r.recomputed and not r.in_place]
     return Recovery(
@@ -845,12 +842,12 @@ def _is_accelerator(cloud: Any, name: str, count: Any) -> bool:
 # --- helpers -----------------------------------------------------------------------------
 
 
-def _one_per_key(events: list[dict], type: str, keys: tuple[str, ...]) -> list[dict]:
+def _one_per_key(events: list[dict], type: T, keys: tuple[str, ...]) -> list[dict]:
     """One event per (attempt, *keys), the lowest rank's: every rank may log the same step."""
     return _lowest_rank(events, type, lambda e: (e.get("attempt", 0), *(e.get(k) for k in keys)))
 
 
-def _lowest_rank(events: list[dict], type: str, key_of) -> list[dict]:
+def _lowest_rank(events: list[dict], type: T, key_of) -> list[dict]:
     """One event of `type` per key_of(event), the lowest rank's, oldest first."""
     chosen: dict[tuple, dict] = {}
     for e in events:
@@ -881,7 +878,3 @@ def _accelerator(value: Any) -> tuple[Optional[str], Optional[int]]:
 
 def _get(record: Any, key: str) -> Any:
     return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
-
-
-def _status_name(status: Any) -> str:
-    return str(getattr(status, "value", status) or "").upper()

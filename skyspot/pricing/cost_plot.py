@@ -23,6 +23,7 @@ from typing import Union
 from skyspot.pricing.cost import RunCost, StepRun, baseline_evals, eval_runs, step_runs
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
+from skyspot.events import EventType as T
 
 SPOT_COLOUR = "#2a9d8f"
 ON_DEMAND_COLOUR = "#e76f51"
@@ -113,15 +114,15 @@ def figure(run_cost: RunCost, log: EventLog):
         y = rows.get(e.get("attempt"))
         if y is None:
             continue
-        if e["type"] == "checkpoint_end" and e.get("rank") in (0, None):
+        if e["type"] == T.CHECKPOINT_END and e.get("rank") in (0, None):
             timeline.plot(x(e["ts"]), y, marker="|", markersize=16, mew=2, color=CHECKPOINT_COLOUR, zorder=3)
-        elif e["type"] == "emergency_checkpoint" and e.get("rank") in (0, None):
+        elif e["type"] == T.EMERGENCY_CHECKPOINT and e.get("rank") in (0, None):
             timeline.plot(x(e["ts"]), y, marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=6)
-        elif e["type"] in ("preemption_notice", "preempt_notice_sent"):
+        elif e["type"] in (T.PREEMPTION_NOTICE, T.PREEMPT_NOTICE_SENT):
             # Below the bar, pointing at it: the emergency checkpoint a second later stays visible on the bar.
             timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="^", markersize=9, color=NOTICE_COLOUR,
                           markeredgecolor="black", zorder=5)
-        elif e["type"] == "hang":  # below the bar like a notice: the restart's mark sits on the bar
+        elif e["type"] == T.HANG:  # below the bar like a notice: the restart's mark sits on the bar
             timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="s", markersize=8, color=RESTART_COLOUR, zorder=6)
     for r in run_cost.in_place_details:
         if r.failed_at is not None and r.attempt in rows:

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence
 
 from skyspot.errors import CheckpointError, StoreError
+from skyspot.events import CheckpointKind
 from skyspot.trainer import manifest as mf
 from skyspot.trainer.rundir import checkpoints_dir
 
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 TRAINER_STATE = "trainer_state_rank_{rank}.pt"
 
 Kind = Literal["interval", "requested", "emergency", "final"]
+"""A CheckpointKind's value (events.py): `save` reads it into the enum."""
 Outcome = tuple[bool, bool, Optional[str]]
 """A node leader's answer for one step in find(): (ok, tried the store, one-line note)."""
 
@@ -556,7 +558,9 @@ class CheckpointManager:
         still running then are abandoned. Blocks for the snapshot; with `blocking`, until committed,
         and returns the write's result (None when nothing was saved or it goes on in the background).
         """
-        if kind in ("interval", "requested") and not self._due(step, kind == "requested" or time_due):
+        kind = CheckpointKind(kind)
+        if kind in (CheckpointKind.INTERVAL, CheckpointKind.REQUESTED) \
+                and not self._due(step, kind is CheckpointKind.REQUESTED or time_due):
             return None
         if deadline is not None:
             self._writer.set_deadline(deadline)
@@ -596,7 +600,7 @@ class CheckpointManager:
             return result
         return None
 
-    def _manifest(self, step: int, kind: str, state: TrainState) -> dict[str, Any]:
+    def _manifest(self, step: int, kind: CheckpointKind, state: TrainState) -> dict[str, Any]:
         import deepspeed
         import torch
 
@@ -623,7 +627,7 @@ class CheckpointManager:
             self._emit("checkpoint_end", step=result.step, kind=result.kind,
                        blocked_seconds=round(result.blocked_seconds, 6), write_seconds=round(result.write_seconds, 6),
                        bytes=result.bytes, path=str(result.path), committed_at=result.committed_at)
-            if self._planner is not None and result.kind != "emergency":
+            if self._planner is not None and result.kind != CheckpointKind.EMERGENCY:
                 self._every_seconds = self._planner.replan(f"after step_{result.step}")
         else:
             self._emit("checkpoint_failed", step=result.step, kind=result.kind, error=result.error)

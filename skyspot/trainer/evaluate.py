@@ -37,6 +37,7 @@ import numpy as np
 
 from skyspot.trainer.data import IGNORE_INDEX, Samples
 from skyspot.trainer.faults import fault_point
+from skyspot.events import EventType as T
 
 EVAL_ORDER_SALT = 0xE7A1_0DE5
 
@@ -89,9 +90,9 @@ def done_steps(events: Iterable[dict], batches: int) -> dict[int, dict[str, Any]
     number of batches is not the same evaluation."""
     done: dict[int, dict[str, Any]] = {}
     for event in events:
-        if event.get("type") == "start" and event.get("fresh"):
+        if event.get("type") == T.START and event.get("fresh"):
             done.clear()
-        elif event.get("type") == "eval" and event.get("batches") == batches and isinstance(event.get("step"), int):
+        elif event.get("type") == T.EVAL and event.get("batches") == batches and isinstance(event.get("step"), int):
             done[event["step"]] = {k: event.get(k) for k in ("step", "loss", "perplexity", "tokens", "batches")}
     return done
 

@@ -36,6 +36,8 @@ from skyspot.attempts import NOTICE_TYPES, split
 from skyspot import clouds
 from skyspot.clouds import GB, bandwidth_for, mtbp_prior
 from skyspot.events import EventLog, EventTail
+from skyspot.events import CheckpointKind
+from skyspot.events import EventType as T
 from skyspot.sizing import state_bytes
 
 if TYPE_CHECKING:  # the recipe module pulls in pydantic; callers already have a Recipe
@@ -307,15 +309,15 @@ def _per_checkpoint(events: list[Mapping[str, Any]], type: str, value: str,
 def blocking_cost_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> Optional[float]:
     """Median `blocked_seconds` of the run's interval checkpoints (`checkpoint_end`, any kind but
     `emergency`), taking the slowest rank of each; None before the first one."""
-    values = _per_checkpoint(_events(log), "checkpoint_end", "blocked_seconds",
-                             lambda e: str(e.get("kind", "")).lower() != "emergency")
+    values = _per_checkpoint(_events(log), T.CHECKPOINT_END, "blocked_seconds",
+                             lambda e: str(e.get("kind", "")).lower() != CheckpointKind.EMERGENCY)
     return statistics.median(values) if values else None
 
 
 def upload_seconds_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> Optional[float]:
     """Median `seconds` of the uploads that made a checkpoint durable (`upload_end` with `durable`), the
     slowest node of each; None before the first one."""
-    values = _per_checkpoint(_events(log), "upload_end", "seconds", lambda e: e.get("durable") is True)
+    values = _per_checkpoint(_events(log), T.UPLOAD_END, "seconds", lambda e: e.get("durable") is True)
     return statistics.median(values) if values else None
 
 
@@ -357,7 +359,7 @@ def initial_plan(recipe: "Recipe", cloud: str, *, bandwidth: Optional[Mapping[st
 # =========================================================================== the planner the loop asks
 
 # The event types the planner reads (attempt_uptimes, blocking and upload medians).
-_KEPT = {"attempt_start", "start", "attempt_end", "exit", *NOTICE_TYPES, "checkpoint_end", "upload_end"}
+_KEPT = {T.ATTEMPT_START, T.START, T.ATTEMPT_END, T.EXIT, *NOTICE_TYPES, T.CHECKPOINT_END, T.UPLOAD_END}
 CHANGE = 0.10
 DEFAULT_AUTO_SECONDS = 1800.0
 FALLBACK_COST_S, FALLBACK_PRIOR_S = 10.0, 6 * 3600.0

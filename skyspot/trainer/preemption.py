@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from skyspot.events import EventType as T
+
 HANDLED = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -288,15 +290,15 @@ class SavePredictor:
     def seed(self, events: Iterable[Mapping[str, Any]]) -> None:
         """Earlier attempts' figures (their event files), until this attempt measures its own."""
         events = sorted((e for e in events if _number(e.get("ts"))), key=lambda e: e["ts"])
-        begun = {(e.get("attempt"), e.get("step")): e["ts"] for e in events if e.get("type") == "checkpoint_begin"}
+        begun = {(e.get("attempt"), e.get("step")): e["ts"] for e in events if e.get("type") == T.CHECKPOINT_BEGIN}
         commit, durable = [], []
         for e in events:
             kind = e.get("type")
-            if kind == "checkpoint_end":
+            if kind == T.CHECKPOINT_END:
                 blocked, write = e.get("blocked_seconds"), e.get("write_seconds")
                 if _number(blocked) and _number(write):
                     commit.append(blocked + write)
-            elif kind == "upload_end" and e.get("error") is None and (e.get("bytes") or 0) > 0:
+            elif kind == T.UPLOAD_END and e.get("error") is None and (e.get("bytes") or 0) > 0:
                 began = begun.get((e.get("attempt"), e.get("step")))
                 if began is not None and e["ts"] >= began:
                     durable.append(e["ts"] - began)  # upload_end is written the moment the marker is up

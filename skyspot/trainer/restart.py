@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from skyspot.errors import SkyspotError
+from skyspot.events import EventType as T
 
 RECORD = "restarts.json"
 WORKER_EXITS = "worker_exits.json"  # written by the node's supervisor (supervise.py)
@@ -207,7 +208,7 @@ def _last_step(run_dir: Path, attempt: Optional[int], since: float) -> Optional[
     if attempt is None:
         return None
     steps = [e.get("step") for e in read_events_dir(run_dir / "events").events
-             if e.get("attempt") == attempt and e.get("rank") == 0 and e.get("type") == "step"
+             if e.get("attempt") == attempt and e.get("rank") == 0 and e.get("type") == T.STEP
              and isinstance(e.get("ts"), (int, float)) and e["ts"] >= since and isinstance(e.get("step"), int)]
     return max(steps) if steps else None
 

@@ -55,13 +55,14 @@ from skyspot.trainer.cluster import pinned_rank
 from skyspot.trainer.files import atomic_write_json, read_json
 from skyspot.trainer.rundir import ATTEMPTS, RUN_JSON
 from skyspot.trainer.stacks import DUMP_SIGNAL, HANGS_DIR, faulthandler_file
+from skyspot.events import EventType as T
 
 HANG_JSON = "hang.json"
 POLL_SECONDS = 1.0
 DUMP_TIMEOUT_SECONDS = 10.0
 STEP_HISTORY = 200  # the median is over the newest this many step times
 # The trainer is on its way out after these, under deadlines of its own (the notice's, torchrun's grace).
-SHUTDOWN_EVENTS = frozenset({"signal", "preemption_notice", "emergency_checkpoint", "exit"})
+SHUTDOWN_EVENTS = frozenset({T.SIGNAL, T.PREEMPTION_NOTICE, T.EMERGENCY_CHECKPOINT, T.EXIT})
 
 
 @dataclass(frozen=True)
@@ -106,23 +107,23 @@ class Progress:
         if event.get("rank") is None:  # the executor's, or this supervisor's own
             return
         type, ts = event.get("type"), float(event["ts"])
-        seconds = event.get("step_seconds") if type == "step" else None
+        seconds = event.get("step_seconds") if type == T.STEP else None
         if isinstance(seconds, (int, float)):
             self.step_seconds.append(float(seconds))  # history counts too: the median of the run
-        pause = event.get("seconds") if type == "eval" else event.get("blocked_seconds") if type == "checkpoint_end" else None
+        pause = event.get("seconds") if type == T.EVAL else event.get("blocked_seconds") if type == T.CHECKPOINT_END else None
         if isinstance(pause, (int, float)):
             self.longest_pause = max(self.longest_pause, float(pause))
-        if type == "start" and isinstance(event.get("total_steps"), int):
+        if type == T.START and isinstance(event.get("total_steps"), int):
             self.total_steps = event["total_steps"]
         if ts < self.armed_at:
             return  # before this (re)start: the workers that wrote it are gone
-        if type == "start" and (self.last_step_at is not None or self.stopped):
+        if type == T.START and (self.last_step_at is not None or self.stopped):
             self.arm(ts)  # new workers we did not see change (psutil could not tell)
         self.identity = {k: event.get(k) for k in ("run_id", "attempt", "node_rank")}
         self.last_event = max(self.last_event, ts)
-        if type == "step":
+        if type == T.STEP:
             self.last_step_at, self.step = ts, event.get("step")
-        if type in ("step", "resume") and self._at_the_end(event.get("step")):
+        if type in (T.STEP, T.RESUME) and self._at_the_end(event.get("step")):
             self.stopped = "the last step"  # the final save, export and upload (a resume at the end: only those)
         elif type in SHUTDOWN_EVENTS:
             self.stopped = type

@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from skyspot.events import CheckpointKind
 from skyspot.storage import StoreError
 from skyspot.trainer.faults import fault_point
 from skyspot.trainer.files import atomic_write_bytes, fsync_dir
@@ -397,7 +398,7 @@ class CheckpointWriter:
         finish first is what keeps one of the two durable (uploader.keep_in_flight)."""
         from skyspot.trainer.uploader import keep_in_flight
 
-        if newer.kind != "emergency" or self._deadline is None:
+        if newer.kind != CheckpointKind.EMERGENCY or self._deadline is None:
             return False
         elapsed = max(1e-3, time.time() - batch.started)
         sent = sum(s.sent for s in batch.streams.values())

@@ -28,6 +28,7 @@ from skyspot.executors.local.liveness import controller_gone, controller_lock_un
 from skyspot.ledger import Ledger, skyspot_home
 from skyspot.ledger import new_run_name, record_launch
 from skyspot.trainer.metrics.spot import PRICES_ENV
+from skyspot.events import EventType as T
 
 MAX_SECONDS = 7 * 86400.0
 """The longest a simulated wait may be (--notice, --grace, --provision-delay, --preempt-every): finite, and a week."""
@@ -434,7 +435,7 @@ class LocalExecutor:
             spec = json.loads(read_regular(Path(run.run_dir or "") / "local.json") or b"")
         except (OSError, ValueError):
             raise UsageError("the run's local.json is unreadable") from None
-        starts = [e["ts"] for e in events if e.get("type") == "attempt_start"]
+        starts = [e["ts"] for e in events if e.get("type") == T.ATTEMPT_START]
         provision = float(spec.get("provision_delay") or 0.0)
         return DeadlineInputs(trace=SpotTrace.from_spec(spec), t0=min(starts) if starts else float(plan["start"]),
                               provision_seconds=provision, restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from skyspot.events import EVENTS_DIR, EventTail
 from skyspot.executors.local.controller import NOT_RETRIED
 from skyspot.ledger import Ledger
+from skyspot.events import EventType as T
 
 POLL_SECONDS = 0.5
 QUIET_SECONDS = 20.0  # silence, before the first step of an attempt, after which the view says what is going on
@@ -46,14 +47,14 @@ class RunView:
     def apply(self, event: dict[str, Any]) -> Optional[str]:
         """Fold one event in; return a line worth printing, if any."""
         kind = event.get("type")
-        if kind == "attempt_start":
+        if kind == T.ATTEMPT_START:
             self.attempt = event.get("attempt", self.attempt)
             self.where = event.get("where") or {}
             self.attempt_started, self.attempt_stepped = event.get("ts"), False
             w = self.where
             return (f"attempt {self.attempt}: {w.get('cloud')} {w.get('region')} {w.get('instance_type')} "
                     f"({'spot' if w.get('spot') else 'on-demand'}, simulated)")
-        if kind == "step" and event.get("rank") in (0, None):
+        if kind == T.STEP and event.get("rank") in (0, None):
             self.step = max(self.step, int(event.get("step", 0)))
             self.attempt_stepped = True
             self.loss = _number(event.get("loss"), self.loss)
@@ -62,7 +63,7 @@ class RunView:
             if self.step % every == 0 or self.step == self.total:
                 return f"step {self.step}/{self.total} {losses_text(self)}" if self.loss is not None else None
             return None
-        if kind == "eval" and event.get("rank") in (0, None):
+        if kind == T.EVAL and event.get("rank") in (0, None):
             loss = _number(event.get("loss"))
             if loss is None:  # a damaged line: the last good evaluation stands, with its own step
                 return None
@@ -71,33 +72,33 @@ class RunView:
             return (f"eval at step {event.get('step')}: loss {self.eval_loss:.4f}"
                     + ("" if ppl is None else f" (perplexity {ppl:,.2f})")
                     + ("" if seconds is None else f" in {seconds:.1f}s"))
-        if kind == "restart_in_place" and event.get("rank") in (0, None):
+        if kind == T.RESTART_IN_PLACE and event.get("rank") in (0, None):
             self.restarts_in_place += 1
             seconds = _number(event.get("seconds_to_next_step"))
             return (f"restarted in place (#{event.get('restart', self.restarts_in_place)}, {event.get('cause')}) from "
                     f"step {event.get('step')}: " + ("" if seconds is None else f"{seconds:.1f}s from the failure to "
                                                      "the next step, ")
                     + f"{event.get('steps_redone', 0)} step(s) redone")
-        if kind == "hang":
+        if kind == T.HANG:
             self.hangs += 1
             quiet, bound = _number(event.get("seconds_without_step")), _number(event.get("bound_seconds"))
             return (f"hang on node {event.get('node_rank')} at step {event.get('step')}: no step for "
                     f"{'?' if quiet is None else f'{quiet:.0f}s'} (bound {'?' if bound is None else f'{bound:.0f}s'}); "
                     f"stacks in {event.get('stacks')}; restarting its ranks")
-        if kind == "checkpoint_end" and event.get("rank") in (0, None):
+        if kind == T.CHECKPOINT_END and event.get("rank") in (0, None):
             self.last_ckpt, self.last_ckpt_ts = event.get("step"), event["ts"]
             if event.get("kind") not in ("interval", "emergency"):  # emergency: its own event says more
                 return f"{event.get('kind')} checkpoint committed at step {event.get('step')}"
             return None
-        if kind == "preempt_notice_sent":
+        if kind == T.PREEMPT_NOTICE_SENT:
             self.preemptions += 1
             return f"preemption notice (#{self.preemptions}) at step {event.get('step', self.step)}"
-        if kind == "emergency_checkpoint" and event.get("rank") in (0, None):
+        if kind == T.EMERGENCY_CHECKPOINT and event.get("rank") in (0, None):
             return (f"emergency checkpoint at step {event.get('step')} committed "
                     f"{event.get('signal_to_commit_seconds', 0):.2f}s after the notice")
-        if kind == "resume" and event.get("rank") in (0, None):
+        if kind == T.RESUME and event.get("rank") in (0, None):
             return f"resumed from step {event.get('step')} ({event.get('source', 'local')})"
-        if kind == "attempt_end":
+        if kind == T.ATTEMPT_END:
             self.attempt_started = None
             cause = f": {event['cause']}" if event.get("cause") else ""
             return f"attempt {event.get('attempt')} ended: {event.get('reason')} (exit {event.get('code')}){cause}"
@@ -244,7 +245,7 @@ def _follow_plain(ledger, name, view, tail, log_path, err):
             line = view.apply(event)
             if line:
                 say(line)
-            if event.get("type") == "attempt_start":
+            if event.get("type") == T.ATTEMPT_START:
                 next_note = QUIET_SECONDS
         if _activity(run) != activity:
             activity = _activity(run)

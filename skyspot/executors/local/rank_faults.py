@@ -15,10 +15,11 @@ import signal
 from typing import Optional
 
 from skyspot.errors import UsageError
+from skyspot.events import EventType as T
 
 ACTIONS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
 FLAGS = {"crash": "--crash-at-steps", "hang": "--hang-at-steps"}
-EVENT_TYPES = {"crash": "rank_crash_injected", "hang": "rank_hang_injected"}
+EVENT_TYPES = {"crash": T.RANK_CRASH_INJECTED, "hang": T.RANK_HANG_INJECTED}
 
 
 def parse(value: Optional[str], action: str) -> list[dict]:

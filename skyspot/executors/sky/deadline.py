@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 from skyspot.planning import deadline as dl
 from skyspot.errors import EXIT_USAGE, SkyspotError, UsageError
 from skyspot.executors.sky import sdk as sky_executor
-from skyspot.ledger import TERMINAL
+from skyspot.statuses import TERMINAL, RunStatus
 
 CONTROLLER_MOUNT = "/skyspot/deadline"
 PLAN_FILE = "plan.json"
@@ -58,7 +58,7 @@ CANCEL_WAIT_SECONDS = 900.0
 CONTROLLER_RESOURCES = {"cpus": "2+", "memory": "4+", "use_spot": False, "disk_size": 50}
 # What the controller imports beyond skyspot itself (the SkyPilot client; the store's SDKs).
 CONTROLLER_PACKAGES = ("pyyaml", "pydantic", "typer", "rich", "boto3", "google-cloud-storage", "azure-storage-blob")
-WAITING = {"PENDING", "SUBMITTED", "STARTING", "RECOVERING"}
+WAITING = {RunStatus.PENDING, RunStatus.SUBMITTED, RunStatus.STARTING, RunStatus.RECOVERING}
 
 
 # --------------------------------------------------------------------------- launch side

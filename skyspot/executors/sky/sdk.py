@@ -18,6 +18,7 @@ from typing import Any, Optional
 from skyspot.errors import NoCloudError, SkyspotError, UsageError
 from skyspot.ledger import skyspot_home
 from skyspot.wheelhouse import KEY_ENV as WHEELHOUSE_KEY, run_key
+from skyspot.statuses import RunStatus
 
 SKY_CHECK_HINT = "run `sky check` and set up credentials for one of them (docs.skypilot.co, 'Cloud account setup')"
 
@@ -180,7 +181,8 @@ def queue(job_ids: list[int]) -> dict[int, dict[str, Any]]:
     for record in records or []:
         data = record if isinstance(record, dict) else getattr(record, "model_dump", lambda: vars(record))()
         status = data.get("status")
-        data["status"] = getattr(status, "value", status)
+        known = RunStatus.from_sky(status)  # the one reading of SkyPilot's statuses: a newer FAILED_* is FAILED
+        data["status"] = known.value if known is not None else getattr(status, "value", status)
         out[int(data["job_id"])] = data
     return out
 

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-WATCHED = ("start", "resume", "step", "eval")
+from skyspot.events import EventType as T
+
+WATCHED = (T.START, T.RESUME, T.STEP, T.EVAL)
 QUEUE_MAX = 100_000  # events; past it new ones are dropped (counted, said once at close)
 CLOSE_SECONDS = {"complete": 60.0, "preempted": 3.0, "other": 10.0}
 """How long close waits for the backends to finish: a preempted node has its upload deadline to keep."""
@@ -149,10 +151,10 @@ class MetricsSink:
 
     def _handle(self, event: dict) -> None:
         kind = event["type"]
-        if kind == "start":
+        if kind == T.START:
             self._start = event
             return
-        if kind == "resume":
+        if kind == T.RESUME:
             self._resumed_from = int(event.get("step") or 0)
             return
         if self._backends is None:
@@ -161,7 +163,7 @@ class MetricsSink:
 
     def _point(self, event: dict, live: bool = True) -> None:
         step = int(event.get("step") or 0)
-        if event["type"] == "step":
+        if event["type"] == T.STEP:
             scalars = self._train_scalars(event, step, live)
         else:
             scalars = {"eval/loss": event.get("loss"), "eval/perplexity": event.get("perplexity")}
@@ -176,9 +178,9 @@ class MetricsSink:
         keeps every point the backend still holds out, so this only fills holes."""
         points: dict[tuple[int, int], dict] = {}
         for e in earlier:
-            if e.get("rank") == 0 and e.get("type") in ("step", "eval") and isinstance(e.get("step"), int) \
+            if e.get("rank") == 0 and e.get("type") in (T.STEP, T.EVAL) and isinstance(e.get("step"), int) \
                     and 0 < e["step"] <= self._resumed_from:
-                points[(e["step"], 0 if e["type"] == "step" else 1)] = e  # a redone step: the same values
+                points[(e["step"], 0 if e["type"] == T.STEP else 1)] = e  # a redone step: the same values
         for key in sorted(points):
             self._point(points[key], live=False)
 
