@@ -3,7 +3,7 @@
 With ZeRO-3 every rank holds a shard, so a checkpoint needs every rank, yet a signal may reach
 one process only (one node's SIGTERM, a notice seen on one node). So nothing is done in the
 handler but recording it; at each step boundary the loop folds the local flags into the one tiny
-collective it runs anyway (loop.py `_vote`: one all-gather of a few numbers per rank, which
+collective it runs anyway (vote.py `cast`: one all-gather of a few numbers per rank, which
 also carries the loss), and if any rank saw a signal, all ranks write an emergency checkpoint
 together and exit PREEMPTED (75).
 
