@@ -6,10 +6,10 @@ Every rank decides on the vote's numbers (preemption.train_through), so all give
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from skyspot.trainer.durable import emergency_deadline
+from skyspot.trainer.phases import EarlyCheckpoint, NoticeWindow
 from skyspot.trainer.preemption import train_through as fits
 from skyspot.trainer.say import say
 from skyspot.trainer.vote import Vote
@@ -17,37 +17,6 @@ from skyspot.trainer.vote import Vote
 if TYPE_CHECKING:
     from skyspot.trainer.checkpoint import TrainState
     from skyspot.trainer.phases import Run
-
-
-@dataclass(frozen=True)
-class EarlyCheckpoint:
-    """The checkpoint taken at a notice before any save was measured: it secures the steps so far."""
-
-    step: int
-    at: float
-    """The vote's clock when it was asked for."""
-
-
-@dataclass
-class NoticeWindow:
-    """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
-
-    step: int
-    """The step at which the ranks first agreed on it."""
-    first_seen: Optional[float]
-    deadline: Optional[float]
-    held: int = 0
-    """Step boundaries at which training went on."""
-    early: Optional[EarlyCheckpoint] = None
-    checkpoint_now: bool = False
-    """The early checkpoint is asked for and not yet saved (take_checkpoint_now)."""
-    predicted_seconds: Optional[float] = None
-    """The last vote's predicted step plus save to safety (None: nothing measured)."""
-
-    def take_checkpoint_now(self) -> bool:
-        """Whether the loop must save the early checkpoint now; asked once."""
-        now, self.checkpoint_now = self.checkpoint_now, False
-        return now
 
 
 def train_through(run: Run, state: TrainState, vote: Vote) -> bool:

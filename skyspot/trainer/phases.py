@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # torch, DeepSpeed and transformers load after setup's GPU ch
     from skyspot.trainer.metrics import MetricsSink
     from skyspot.trainer.model import ByteTokenizer
     from skyspot.trainer.notice import Watcher
-    from skyspot.trainer.notice_window import NoticeWindow
     from skyspot.trainer.preemption import PreemptionWatch, SavePredictor
     from skyspot.trainer.process_env import ProcessEnv
     from skyspot.trainer.restart import Generation
@@ -103,6 +102,37 @@ class Built:
     """The checkpoint this start resumed from; None on a start from step 0."""
     predictor: SavePredictor
     """How long an emergency save takes to be safe, as measured (every rank)."""
+
+
+@dataclass(frozen=True)
+class EarlyCheckpoint:
+    """The checkpoint taken at a notice before any save was measured: it secures the steps so far."""
+
+    step: int
+    at: float
+    """The vote's clock when it was asked for."""
+
+
+@dataclass
+class NoticeWindow:
+    """Once the ranks agreed on a notice: its step, time, deadline and how training through it went."""
+
+    step: int
+    """The step at which the ranks first agreed on it."""
+    first_seen: Optional[float]
+    deadline: Optional[float]
+    held: int = 0
+    """Step boundaries at which training went on."""
+    early: Optional[EarlyCheckpoint] = None
+    checkpoint_now: bool = False
+    """The early checkpoint is asked for and not yet saved (take_checkpoint_now)."""
+    predicted_seconds: Optional[float] = None
+    """The last vote's predicted step plus save to safety (None: nothing measured)."""
+
+    def take_checkpoint_now(self) -> bool:
+        """Whether the loop must save the early checkpoint now; asked once."""
+        now, self.checkpoint_now = self.checkpoint_now, False
+        return now
 
 
 @dataclass
