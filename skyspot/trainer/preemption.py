@@ -26,7 +26,7 @@ where the predicted save (`SavePredictor`) is the slowest this run has measured 
 a checkpoint to its commit, or to its durable copy in the store when there is one. Every node
 leader adds its figure to the step-boundary vote and the ranks decide on the maximum
 (`train_through`), so they agree. With nothing measured yet, the loop checkpoints at the notice
-(which measures a save) and trains on for at most half the window left (loop.py). A signal
+(which measures a save) and trains on for at most half the window left (notice_window.py). A signal
 (SIGTERM, SIGUSR1) always saves at the next step boundary.
 """
 
