@@ -341,7 +341,7 @@ def test_a_relative_skyspot_home_gives_absolute_mount_sources(tmp_path, monkeypa
 def test_a_local_run_reads_a_bucket_source_itself_not_through_a_cloud_mount(tmp_path):
     """Item 15: a local run with data.source=s3://... was handed /skyspot/data/..., which no local node has.
     Decided: the local task mounts no bucket; the trainer gets the URI and downloads it into its run
-    directory first (trainer/loop.py `_data_source`, data.py `resolve_source`)."""
+    directory first (trainer/resume.py `data_source`, data.py `resolve_source`)."""
     from skyspot.trainer.data import local_source_path
 
     source = "s3://my-data/sets/train.txt"

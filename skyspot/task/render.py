@@ -129,7 +129,7 @@ def _data_source(source: str, file_mounts: dict[str, Any], *, local: bool, key: 
 
     A bucket source is mounted on a cloud node and read there; the local executor has no bucket
     mounts, so a local run gets the URI itself and the trainer downloads it into the run directory
-    first (trainer/loop.py `_data_source`). A file on this machine goes as the absolute path the
+    first (trainer/resume.py `data_source`). A file on this machine goes as the absolute path the
     recipe resolved at launch: the trainer runs in the run directory, where a relative path would
     name another file."""
     if source == "synthetic" or source.startswith("hf://"):

@@ -8,6 +8,12 @@ Launch (one line per node; `supervise` turns the trainer's own exit code into th
 Modules, one concept each, in the order a start goes through them:
 
     loop         setup, resume, loop, save, cleanup (the entry point, `python -m skyspot.trainer`)
+    phases       what a start holds, typed by phase: after setup, after build, while training
+    process_env  the start's environment, set once and read into a frozen record; the tie to torchrun
+    resume       the recipe reconciled with the checkpoint, data source, held-out set, LR schedule
+    vote         the step boundary's vote: one all-gather of each rank's ballot
+    notice_window  training through a notice's window, and how the window was spent
+    say          the diagnostics line (stderr)
     cluster      where this process runs: SkyPilot's and torchrun's variables
     rundir       the run root's layout (DIR and the store), run.json, the attempt counter, the lock, --fresh
     base         where the base model's files are on this node (local, earlier fetch, store copy, hub)

@@ -3,7 +3,7 @@
 With ZeRO-3 every rank holds a shard, so a checkpoint needs every rank, yet a signal may reach
 one process only (one node's SIGTERM, a notice seen on one node). So nothing is done in the
 handler but recording it; at each step boundary the loop folds the local flags into the one tiny
-collective it runs anyway (loop.py `_vote`: one all-gather of a few numbers per rank, which
+collective it runs anyway (vote.py `cast`: one all-gather of a few numbers per rank, which
 also carries the loss), and if any rank saw a signal, all ranks write an emergency checkpoint
 together and exit PREEMPTED (75).
 
@@ -26,7 +26,7 @@ where the predicted save (`SavePredictor`) is the slowest this run has measured 
 a checkpoint to its commit, or to its durable copy in the store when there is one. Every node
 leader adds its figure to the step-boundary vote and the ranks decide on the maximum
 (`train_through`), so they agree. With nothing measured yet, the loop checkpoints at the notice
-(which measures a save) and trains on for at most half the window left (loop.py). A signal
+(which measures a save) and trains on for at most half the window left (notice_window.py). A signal
 (SIGTERM, SIGUSR1) always saves at the next step boundary.
 """
 

@@ -111,7 +111,7 @@ def test_an_orphan_never_runs_on_when_its_parent_died_before_the_death_signal_wa
     expects exits at once, in the supervisor's child (before exec) and in the trainer's workers."""
     import os
 
-    from skyspot.trainer import loop
+    from skyspot.trainer import process_env
     from skyspot.trainer.supervise import _child_setup
 
     me = os.getpid()  # read here: the preexec function runs in the child
@@ -121,4 +121,4 @@ def test_an_orphan_never_runs_on_when_its_parent_died_before_the_death_signal_wa
     stranger = subprocess.run([sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(1),
                               capture_output=True, text=True)
     assert stranger.returncode == 1 and stranger.stdout == ""  # never exec'd
-    assert not loop._is_launcher(os.getpid())  # pytest is no torch elastic launcher
+    assert not process_env.is_launcher(os.getpid())  # pytest is no torch elastic launcher

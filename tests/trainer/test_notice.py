@@ -773,7 +773,6 @@ def test_azure_events_flow_only_after_the_first_request_so_it_goes_out_first(wat
 
 def test_trainer_starts_the_watcher_before_setup_and_model_load(server, monkeypatch, tmp_path):
     """loop.setup: the node leader's first Azure request goes out before the recipe is even loaded."""
-    from skyspot import recipe
     from skyspot.trainer import cluster, loop
     from skyspot.trainer.preemption import PreemptionWatch
 
@@ -793,7 +792,7 @@ def test_trainer_starts_the_watcher_before_setup_and_model_load(server, monkeypa
         asked_before_recipe.append(wait_until(lambda: server.count("azure.scheduled_events") >= 1))
         raise SetupGoesOn()
 
-    monkeypatch.setattr(recipe, "load_recipe", load_recipe)
+    monkeypatch.setattr(loop, "load_recipe", load_recipe)
     watch_ = PreemptionWatch()
     try:
         with pytest.raises(SetupGoesOn):

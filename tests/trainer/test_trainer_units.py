@@ -99,7 +99,7 @@ def test_one_trainer_per_run_directory(tmp_path):
 
 
 def test_recipe_changes_on_resume_are_named_and_the_architecture_comes_from_the_checkpoint():
-    from skyspot.trainer.loop import reconcile_recipe
+    from skyspot.trainer.resume import reconcile_recipe
 
     saved = load_recipe("tiny", ["train.steps=40", "model.config.hidden_size=32"], environ={})
     now = load_recipe("tiny", ["train.steps=60"], environ={})
