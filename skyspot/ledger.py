@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
 from skyspot.errors import SkyspotError, UsageError
+from skyspot.statuses import TERMINAL, RunStatus
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -43,9 +44,9 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 """
 
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
-            "FAILED_CONTROLLER"}
-STATUSES = {"PENDING", "STARTING", "RUNNING", "RECOVERING", "CANCELLING"} | TERMINAL
+# One definition of SkyPilot's statuses (skyspot/statuses.py): a second list here lacked WINDING_DOWN and
+# SUBMITTED, so recording a status SkyPilot reports raised "unknown status".
+STATUSES = frozenset(RunStatus)
 
 
 def skyspot_home() -> Path:

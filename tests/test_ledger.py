@@ -136,3 +136,16 @@ def test_unknown_status_and_non_endings_are_refused(ledger_path):
         with pytest.raises(ValueError):
             ledger.set_finished("run-1", "RUNNING", exit_code=0)
         assert ledger.get("run-1").status == "PENDING"
+
+
+def test_every_status_skypilot_reports_is_recorded_and_its_end_is_known(ledger_path):
+    """The ledger takes SkyPilot's statuses from skyspot.statuses: a list of its own once lacked WINDING_DOWN."""
+    from skyspot.statuses import RunStatus
+
+    with Ledger(ledger_path) as ledger:
+        for status in RunStatus:
+            assert ledger.set_status("run-1", status) is True
+            run = ledger.get("run-1")
+            assert run.status == status and run.terminal == status.is_terminal()
+        with pytest.raises(ValueError):
+            ledger.set_status("run-1", "NOT_A_STATUS")
