@@ -12,7 +12,7 @@ import pytest
 
 from skyspot import clouds
 from skyspot.clouds import NOTICE_WINDOWS_S, bandwidth_for, mtbp_prior
-from skyspot.clouds.base import REQUIRED, Cloud, CloudDefinitionError, missing_parts, register
+from skyspot.clouds.base import REQUIRED, Cloud, CloudDefinitionError, SimulatedPlace, missing_parts, register
 from skyspot.errors import UsageError
 from skyspot.storage import parse_store_uri
 
@@ -73,7 +73,16 @@ def test_every_registered_cloud_provides_every_part(cloud):
     write, why = cloud.root_disk_write(256)
     assert write > 0 and why
     # the bound notice protocol exists and has the one entry point the watcher calls
-    assert callable(importlib.import_module(cloud.notice_watcher).bind)
+    node_module = importlib.import_module(cloud.notice_watcher)
+    assert callable(node_module.bind) and callable(node_module.read_instance)
+    # a redirect to a local metadata server sets the watcher's own variable first, at that server, and
+    # nothing points at a real metadata address
+    redirect = cloud.metadata_redirect_env("http://127.0.0.1:8123")
+    assert next(iter(redirect)) == cloud.metadata_endpoint_var
+    assert "127.0.0.1:8123" in redirect[cloud.metadata_endpoint_var]
+    assert not any("169.254" in v or "metadata.google" in v for v in redirect.values())
+    # its simulated node is in one of the cloud's own regions
+    assert cloud.region_pattern.match(cloud.simulated.region) and cloud.simulated.min_poll_s > 0
     # its store scheme is one skyspot.storage parses, and names this cloud back
     assert parse_store_uri(f"{cloud.store_scheme}://acct/bucket/run" if cloud.store_scheme == "az"
                            else f"{cloud.store_scheme}://bucket/run").scheme == cloud.store_scheme
@@ -90,7 +99,9 @@ def _complete_parts() -> dict:
             "no_fabric": "none", "upload_gbps": 1.0, "prior_node_hours": {"large": 1.0, "small": 1.0, "cpu": 1.0},
             "attached_gpus": (), "spot_at_on_demand_is_spot": True, "count_fixes": {},
             "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),
-            "native_action": lambda self, action: action}
+            "native_action": lambda self, action: action,
+            "simulated": SimulatedPlace(region="us-ashburn-1", zone=None, stand_in="BM.GPU.H100.8", min_poll_s=0.05),
+            "metadata_redirect_env": lambda self, url: {"SKYSPOT_OCI_METADATA_ENDPOINT": url}}
 
 
 def test_a_planted_cloud_with_every_part_passes_the_check():

@@ -10,7 +10,7 @@ import logging
 import re
 from typing import Mapping, Optional
 
-from skyspot.clouds.base import Cloud, register
+from skyspot.clouds.base import Cloud, SimulatedPlace, register
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,15 @@ AWS_TOKEN_PATH = "/latest/api/token"
 AWS_INSTANCE_ACTION_PATH = "/latest/meta-data/spot/instance-action"
 AWS_REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 AWS_MAINTENANCE_PATH = "/latest/meta-data/events/maintenance/scheduled"
+# What the node is (trainer/instance.py): https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html
+AWS_INSTANCE_PATHS = {
+    "instance_type": "/latest/meta-data/instance-type",
+    "lifecycle": "/latest/meta-data/instance-life-cycle",
+    "zone": "/latest/meta-data/placement/availability-zone",
+    "zone_id": "/latest/meta-data/placement/availability-zone-id",
+    "region": "/latest/meta-data/placement/region",
+    "image": "/latest/meta-data/ami-id",  # the node's facts (trainer/node_facts.py); optional
+}
 # What each planned event means for a training job. A shutdown stops or restarts the VM; a warning
 # leaves it running (a pause of seconds, a live migration, network maintenance).
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instances-status-check_sched.html
@@ -63,6 +72,9 @@ class AWS(Cloud):
     metadata_endpoint_var = AWS_ENDPOINT_VAR
     metadata_default_endpoint = AWS_DEFAULT_ENDPOINT
 
+    # The local executor's stand-in; 0.05 s (ours) so a scaled-down window never busy-polls.
+    simulated = SimulatedPlace(region="us-east-1", zone="us-east-1a", stand_in="g5.48xlarge", min_poll_s=0.05)
+
     store_scheme = "s3"
     region_pattern = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d+$")  # us-east-1
 
@@ -88,6 +100,11 @@ class AWS(Cloud):
         # instance-action `terminate`, `stop`, `hibernate`; scheduled event codes `system-reboot`, ...
         # The rebalance recommendation has no action word of AWS's own.
         return None if action == "rebalance" else action
+
+    def metadata_redirect_env(self, url: str) -> dict[str, str]:
+        # botocore and the other AWS SDKs read the endpoint; the mode set to IPv4 so an inherited IPv6
+        # mode changes nothing.
+        return {AWS_ENDPOINT_VAR: url.rstrip("/") + "/", "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "IPv4"}
 
     def metadata_endpoint(self, env: Mapping[str, str]) -> Optional[str]:
         # The AWS SDKs' switch for "do not touch IMDS". An explicit endpoint (the local executor's

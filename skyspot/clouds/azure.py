@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
-from skyspot.clouds.base import Cloud, register
+from skyspot.clouds.base import Cloud, SimulatedPlace, register
 
 GB = 1e9
 
@@ -22,6 +22,8 @@ AZURE_API_VERSION = "2020-07-01"  # https://learn.microsoft.com/azure/virtual-ma
 AZURE_INSTANCE_API_VERSION = "2021-02-01"  # compute/name with format=text: the IMDS page above
 AZURE_EVENTS_PATH = "/metadata/scheduledevents"
 AZURE_NAME_PATH = "/metadata/instance/compute/name"
+AZURE_COMPUTE_PATH = "/metadata/instance/compute"  # what the node is (trainer/instance.py): the IMDS page above
+AZURE_RATE_LIMIT = 5  # "requests to IMDS are limited to 5 requests per second (on a per VM basis)": https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service#rate-limiting
 AZURE_SHUTDOWN_TYPES = frozenset({"Reboot", "Redeploy", "Terminate"})
 AZURE_WARNING_TYPES = frozenset({"Freeze"})
 
@@ -45,6 +47,11 @@ class Azure(Cloud):
 
     metadata_endpoint_var = AZURE_ENDPOINT_VAR
     metadata_default_endpoint = AZURE_DEFAULT_ENDPOINT
+
+    # The local executor's stand-in. A scaled-down window polls at most four times a second, under the
+    # five IMDS allows a VM before it answers 429 (the local metadata server enforces that limit too).
+    simulated = SimulatedPlace(region="eastus", zone=None, stand_in="Standard_ND96asr_v4",
+                               min_poll_s=1.0 / (AZURE_RATE_LIMIT - 1))
 
     store_scheme = "az"
     region_pattern = re.compile(r"^[a-z]+\d*$")  # eastus2
@@ -72,3 +79,8 @@ class Azure(Cloud):
 
     def native_action(self, action: str) -> Optional[str]:
         return action.capitalize() if action else None  # Scheduled Events' EventType
+
+    def metadata_redirect_env(self, url: str) -> dict[str, str]:
+        # Ours for the watcher (Azure's SDKs have no endpoint variable), and the IMDS address
+        # azure-identity's managed-identity credential uses.
+        return {AZURE_ENDPOINT_VAR: url.rstrip("/"), "AZURE_POD_IDENTITY_AUTHORITY_HOST": url.rstrip("/")}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import re
+from dataclasses import dataclass
 from typing import ClassVar, Mapping, Optional
 
 from skyspot.errors import UsageError
@@ -21,6 +22,18 @@ from skyspot.errors import UsageError
 
 class CloudDefinitionError(TypeError):
     """A cloud class that leaves out a part every cloud must provide (a programming error, not usage)."""
+
+
+@dataclass(frozen=True)
+class SimulatedPlace:
+    """Where the local executor's simulated node of a cloud "is" (docs/local.md): a region and zone of
+    the cloud's own, a stand-in 8-GPU instance type the cost report prices a CPU recipe's run as, and
+    the shortest period a scaled-down notice window may poll at."""
+
+    region: str
+    zone: Optional[str]
+    stand_in: str
+    min_poll_s: float
 
 
 class Cloud(abc.ABC):
@@ -42,8 +55,10 @@ class Cloud(abc.ABC):
     notice_detect_s: ClassVar[float]
     """How late the trainer can learn of a notice: the polling period, 0 for a hanging GET."""
     notice_watcher: ClassVar[str]
-    """The node-side module that speaks this cloud's notice protocol (skyspot/trainer/notice/NAME.py,
-    with `bind(watcher)`): named, not imported, so this contract never imports the trainer."""
+    """The node-side module that speaks this cloud's metadata protocol (skyspot/trainer/notice/NAME.py):
+    `bind(watcher)` for its notices, `read_instance(http, environ, left)` for what the node is (instance
+    type, capacity, zone, image; trainer/instance.py). Named, not imported, so this contract never imports
+    the trainer."""
     sigterm: ClassVar[Optional[str]]
     """When the OS gets SIGTERM on a spot preemption: "at_deadline" (the notice's time), "with_notice",
     or None (no signal; the VM is evicted at the deadline)."""
@@ -55,6 +70,10 @@ class Cloud(abc.ABC):
     """The variable that redirects the metadata endpoint (the one the cloud's SDKs read, where they have one)."""
     metadata_default_endpoint: ClassVar[str]
     """The metadata service's address on a real VM."""
+
+    # -- the local executor's stand-in for this cloud
+    simulated: ClassVar[SimulatedPlace]
+    """Where its simulated node is, and how fast a scaled notice window may poll (executors/local)."""
 
     # -- where a run's data lives
     store_scheme: ClassVar[str]
@@ -93,6 +112,12 @@ class Cloud(abc.ABC):
     @abc.abstractmethod
     def native_action(self, action: str) -> Optional[str]:
         """The cloud's own word for a watcher's `action` (what its docs and consoles say), or None."""
+
+    @abc.abstractmethod
+    def metadata_redirect_env(self, url: str) -> dict[str, str]:
+        """Every variable that points this cloud's watcher, and the cloud's SDKs on a node, at the
+        metadata server at `url` ('http://host:port'): the first is the watcher's (metadata_endpoint_var),
+        the rest what the SDKs read, so nothing on a node under test reaches for a real metadata address."""
 
     # -- rules most clouds share; a cloud overrides what it does differently
 
@@ -186,4 +211,4 @@ def find(name: Optional[str]) -> Optional[Cloud]:
     return _REGISTRY.get(str(name or "").strip().lower()) if isinstance(name, str) else None
 
 
-__all__ = ["Cloud", "CloudDefinitionError", "REQUIRED", "register", "missing_parts", "names", "all", "get", "find", "endpoint_url"]
+__all__ = ["Cloud", "CloudDefinitionError", "SimulatedPlace", "REQUIRED", "register", "missing_parts", "names", "all", "get", "find", "endpoint_url"]

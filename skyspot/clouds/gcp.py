@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
-from skyspot.clouds.base import Cloud, endpoint_url, register
+from skyspot.clouds.base import Cloud, SimulatedPlace, endpoint_url, register
 
 GB, MIB = 1e9, 1024 * 1024
 
@@ -34,6 +34,13 @@ GCP_MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
 GCP_UPCOMING_PATH = "/computeMetadata/v1/instance/upcoming-maintenance"
 GCP_SHUTDOWN_EVENTS = frozenset({"TERMINATE_ON_HOST_MAINTENANCE", "SHUTDOWN_ON_HOST_MAINTENANCE"})
 GCP_WARNING_EVENTS = frozenset({"MIGRATE_ON_HOST_MAINTENANCE"})
+# What the node is (trainer/instance.py): https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys
+GCP_INSTANCE_PATHS = {
+    "machine_type": "/computeMetadata/v1/instance/machine-type",
+    "preemptible": "/computeMetadata/v1/instance/scheduling/preemptible",
+    "zone": "/computeMetadata/v1/instance/zone",
+}
+GCP_IMAGE_PATH = "/computeMetadata/v1/instance/image"  # optional: projects/P/global/images/NAME
 
 # SkyPilot's default disk on a2 and a3-highgpu is pd-balanced (sky/clouds/gcp.py `_get_disk_type`): a
 # 140 MiB/s baseline plus 0.28 MiB/s per GiB, capped per VM (1,200 MiB/s writes on large VMs):
@@ -59,6 +66,9 @@ class GCP(Cloud):
 
     metadata_endpoint_var = GCP_ENDPOINT_VAR
     metadata_default_endpoint = GCP_DEFAULT_ENDPOINT
+
+    # The local executor's stand-in; 0.05 s (ours) so a scaled-down window never busy-polls.
+    simulated = SimulatedPlace(region="us-central1", zone="us-central1-a", stand_in="g2-standard-96", min_poll_s=0.05)
 
     store_scheme = "gs"
     region_pattern = re.compile(r"^[a-z]+-[a-z]+\d+$")  # us-central1
@@ -97,6 +107,15 @@ class GCP(Cloud):
 
     def native_action(self, action: str) -> Optional[str]:
         return _NATIVE.get(action)
+
+    def metadata_redirect_env(self, url: str) -> dict[str, str]:
+        # google-auth reads GCE_METADATA_HOST, then its old name GCE_METADATA_ROOT, and pings GCE_METADATA_IP
+        # (not the host) to decide whether it is on GCE; all three are host:port. GCE_METADATA_MTLS_MODE=none
+        # so an inherited `strict` (google-auth >= 2.40 speaks mTLS to the metadata server then) does not
+        # try HTTPS against a plain-HTTP server.
+        host_port = url.split("://", 1)[-1].rstrip("/")
+        return {GCP_ENDPOINT_VAR: host_port, "GCE_METADATA_ROOT": host_port, "GCE_METADATA_IP": host_port,
+                "GCE_METADATA_MTLS_MODE": "none"}
 
     def metadata_override(self, env: Mapping[str, str]) -> str:
         return env.get(GCP_ENDPOINT_VAR, "").strip() or env.get("GCE_METADATA_ROOT", "").strip()

@@ -21,16 +21,14 @@ the reading: a node without a metadata service starts at most a few seconds late
 
 from __future__ import annotations
 
-import json
+import importlib
 import logging
 import re
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any, Mapping, Optional
 
-from skyspot.clouds.azure import AZURE_INSTANCE_API_VERSION
-from skyspot.trainer.notice.aws import AwsSession
+from skyspot import clouds
 from skyspot.trainer.notice.watcher import MetadataHttp, fallback_target, watch_target
 
 log = logging.getLogger(__name__)
@@ -38,21 +36,6 @@ log = logging.getLogger(__name__)
 TIMEOUT_S = 1.0  # ours: a metadata service answers in milliseconds; one that does not is not there
 BUDGET_S = 4.0  # ours: the most the whole reading may take
 
-AWS_PATHS = {  # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html
-    "instance_type": "/latest/meta-data/instance-type",
-    "lifecycle": "/latest/meta-data/instance-life-cycle",
-    "zone": "/latest/meta-data/placement/availability-zone",
-    "zone_id": "/latest/meta-data/placement/availability-zone-id",
-    "region": "/latest/meta-data/placement/region",
-    "image": "/latest/meta-data/ami-id",  # the node's facts (trainer/node_facts.py); optional
-}
-GCP_PATHS = {  # https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys
-    "machine_type": "/computeMetadata/v1/instance/machine-type",
-    "preemptible": "/computeMetadata/v1/instance/scheduling/preemptible",
-    "zone": "/computeMetadata/v1/instance/zone",
-}
-GCP_IMAGE_PATH = "/computeMetadata/v1/instance/image"  # optional: projects/P/global/images/NAME
-AZURE_COMPUTE_PATH = "/metadata/instance/compute"  # https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
 
 
 def read(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
@@ -76,10 +59,19 @@ def read(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
         log.info("instance metadata: %s endpoint %s unusable (%s)", cloud, endpoint, error)
         return None
     box: dict[str, Any] = {}
+    # The cloud's own reader, beside its notice protocol (clouds.Cloud.notice_watcher names the module).
+    reader = importlib.import_module(clouds.get(cloud).notice_watcher).read_instance
+
+    def left() -> float:
+        """The timeout for the next request; TimeoutError once the whole reading's budget is spent."""
+        remaining = BUDGET_S - (time.monotonic() - start)
+        if remaining <= 0:
+            raise TimeoutError("instance metadata: out of time")
+        return min(TIMEOUT_S, remaining)
 
     def ask() -> None:
         try:
-            box["found"] = {"aws": _aws, "gcp": _gcp, "azure": _azure}[cloud](_Capped(http), environ, start)
+            box["found"] = reader(_Capped(http), environ, left)
         except Exception as error:  # noqa: BLE001 - a garbage status line, a 429, a list for a document ...
             box["error"] = error
 
@@ -142,67 +134,3 @@ def where_with(where: Mapping[str, Any], instance: Optional[Mapping[str, Any]]) 
     if merged.get("cloud") in (None, "", "unknown"):
         merged["cloud"] = instance["cloud"]
     return merged
-
-
-def _left(start: float) -> None:
-    if time.monotonic() - start > BUDGET_S:
-        raise TimeoutError("instance metadata: out of time")
-
-
-def _aws(http: MetadataHttp, environ: Mapping[str, str], start: float) -> dict[str, Any]:
-    # The notice watcher's IMDSv2 session (token, IMDSv1 fallback as botocore does), used once.
-    session = AwsSession(SimpleNamespace(_http=http, _env=environ))
-    values: dict[str, str] = {}
-    for key, path in AWS_PATHS.items():
-        _left(start)
-        status, body = session.get(path)
-        if status == 200:
-            values[key] = body.decode().strip()
-        elif key in ("instance_type", "lifecycle"):
-            raise ValueError(f"{path} answered {status}")
-    lifecycle = values.get("lifecycle", "")
-    return {"instance_type": values.get("instance_type"), "capacity": lifecycle, "spot": lifecycle == "spot",
-            "zone": values.get("zone"), "zone_id": values.get("zone_id"), "region": values.get("region"),
-            "image": values.get("image")}
-
-
-def _gcp(http: MetadataHttp, environ: Mapping[str, str], start: float) -> dict[str, Any]:
-    values: dict[str, str] = {}
-    for key, path in GCP_PATHS.items():
-        _left(start)
-        status, _, body = http.request("GET", path, {"Metadata-Flavor": "Google"}, TIMEOUT_S)
-        if status != 200:
-            raise ValueError(f"{path} answered {status}")
-        values[key] = body.decode().strip()
-    image = None
-    try:  # optional: what it cannot say costs nothing of the rest
-        _left(start)
-        status, _, body = http.request("GET", GCP_IMAGE_PATH, {"Metadata-Flavor": "Google"}, TIMEOUT_S)
-        if status == 200:
-            image = body.decode().strip().rsplit("/", 1)[-1] or None
-    except Exception:  # noqa: BLE001 - optional, as above
-        pass
-    zone = values["zone"].rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
-    preemptible = values["preemptible"].upper()  # TRUE for Spot and preemptible VMs alike
-    return {"instance_type": values["machine_type"].rsplit("/", 1)[-1], "capacity": preemptible,
-            "spot": preemptible == "TRUE", "zone": zone, "region": zone.rsplit("-", 1)[0], "image": image}
-
-
-def _azure(http: MetadataHttp, environ: Mapping[str, str], start: float) -> dict[str, Any]:
-    path = f"{AZURE_COMPUTE_PATH}?api-version={AZURE_INSTANCE_API_VERSION}"
-    status, _, body = http.request("GET", path, {"Metadata": "true"}, TIMEOUT_S)
-    if status != 200:
-        raise ValueError(f"{AZURE_COMPUTE_PATH} answered {status}")
-    compute = json.loads(body)
-    if not isinstance(compute, dict):
-        raise ValueError(f"{AZURE_COMPUTE_PATH} answered a {type(compute).__name__}, not a document")
-    priority = compute.get("priority") if isinstance(compute.get("priority"), str) else ""
-    image = None
-    profile = compute.get("storageProfile")
-    reference = profile.get("imageReference") if isinstance(profile, dict) else None
-    if isinstance(reference, dict):  # optional: an odd one costs nothing of the rest
-        image = reference.get("id") or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version")
-                                                if reference.get(k)) or None
-    return {"instance_type": compute.get("vmSize"), "capacity": priority,
-            "spot": priority.lower() in ("spot", "low"), "zone": compute.get("zone") or None,
-            "region": compute.get("location") or None, "image": image}

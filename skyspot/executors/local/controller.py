@@ -52,14 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from skyspot.clouds import AWS_POLL_S, AZURE_POLL_S, NOTICE_WINDOWS_S, get as cloud_facts
+from skyspot.clouds import NOTICE_WINDOWS_S, get as cloud_facts
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.errors import EXIT_USAGE
 from skyspot.executors.local import controller_lock
 from skyspot.executors.local.attempt import ENDED_BY, Attempt, Ending, Stage
 from skyspot.ledger import Ledger
 from skyspot.executors.local.spot_trace import SpotTrace
-from skyspot.executors.local.metadata_server import AZURE_RATE_LIMIT
 from skyspot.ports import free_port
 from skyspot.trainer.parent_death import set_parent_death_signal
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
@@ -72,23 +71,10 @@ CAUSE_CHARS = 400
 # DeepSpeed's CPU communication op (ShareMemCommBuilder.NAME), JIT-built on first use (trainer/prepare.py).
 SHM_OP = "deepspeed_shm_comm"
 
-# Where the simulated node "is", per cloud: a region, a zone, and for CPU recipes a stand-in
-# 8-GPU instance type the cost report prices the run as (docs/local.md).
-SIMULATED_PLACES = {
-    "aws": {"region": "us-east-1", "zone": "us-east-1a", "stand_in": "g5.48xlarge"},
-    "gcp": {"region": "us-central1", "zone": "us-central1-a", "stand_in": "g2-standard-96"},
-    "azure": {"region": "eastus", "zone": None, "stand_in": "Standard_ND96asr_v4"},
-}
 
 
 # How the simulated clouds take a spot VM back, in seconds after the notice (the windows: clouds.py).
 AWS_SHUTDOWN_S = 30.0  # ours: AWS publishes no figure for how long the OS shutdown at the notice's `time` may run
-# How often each cloud's watcher asks (clouds.py); GCP's watcher hangs its GET, and this is only its
-# retry period after a failed one (trainer/notice/gcp.py GCP_RETRY_S).
-CLOUD_POLL_S = {"aws": AWS_POLL_S, "gcp": 1.0, "azure": AZURE_POLL_S}
-# The shortest period a scaled window gets: ours, 0.05 s, so a tiny window never busy-polls; on Azure
-# 0.25 s, four requests a second, under the five IMDS allows a VM before it answers 429 (executors/local/metadata_server.py).
-MIN_POLL_S = {"aws": 0.05, "gcp": 0.05, "azure": 1.0 / (AZURE_RATE_LIMIT - 1)}
 STOP_GRACE_S = 30.0  # ours: SIGTERM to SIGKILL when the controller stops a node itself (cancel, a deadline's switch)
 
 
@@ -123,7 +109,10 @@ def timeline_for(cloud: str, notice: Optional[float] = None, grace: Optional[flo
     own = NOTICE_WINDOWS_S[cloud]
     window = own if notice is None else float(notice)
     scale = window / own
-    poll = max(MIN_POLL_S[cloud], CLOUD_POLL_S[cloud] * min(1.0, scale))
+    # The cloud's own period (for GCP's hanging GET, its retry period), scaled with the window but never
+    # below the cloud's floor for a simulated node (clouds.SimulatedPlace.min_poll_s).
+    facts = cloud_facts(cloud)
+    poll = max(facts.simulated.min_poll_s, facts.notice_poll_s * min(1.0, scale))
     if cloud_facts(cloud).sigterm == "at_deadline":
         shutdown = AWS_SHUTDOWN_S * scale if grace is None else float(grace)
         return Timeline(cloud, window, window, window + shutdown, poll, scale)
@@ -249,8 +238,8 @@ class Controller:
         return grants[min(self.spot_attempts, len(grants) - 1)]
 
     def where(self, spot: bool, num_nodes: int) -> dict:
-        place = SIMULATED_PLACES[self.spec.cloud]
-        return {"cloud": self.spec.cloud, "region": place["region"], "zone": place["zone"],
+        place = cloud_facts(self.spec.cloud).simulated
+        return {"cloud": self.spec.cloud, "region": place.region, "zone": place.zone,
                 "instance_type": self.spec.instance_type, "spot": spot, "accelerators": self.spec.accelerators,
                 "num_nodes": num_nodes, "simulated": True}
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
+from skyspot import clouds
 from skyspot.console import err
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import FileTail
@@ -120,20 +121,17 @@ def _instance_for(built, cloud: str) -> tuple[str, Optional[str]]:
             cheapest.setdefault(candidate.cloud, candidate)
     if cloud in cheapest:
         return cheapest[cloud].instance_type, cheapest[cloud].accelerators
-    from skyspot.executors.local.controller import SIMULATED_PLACES
-
-    return SIMULATED_PLACES[cloud]["stand_in"], None
+    return clouds.get(cloud).simulated.stand_in, None
 
 
 def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["SpotTrace", list[int]]:
     """Everything a local launch refuses in its options, given the recipe (`deadline`: the run has one),
     before anything is printed or started; the spot trace and the spot node counts they give. A dry
     run makes the same checks (cli/launch.py)."""
-    from skyspot.executors.local.controller import SIMULATED_PLACES
     from skyspot.executors.local.spot_trace import SpotTrace
 
-    if options.cloud not in SIMULATED_PLACES:
-        raise UsageError(f"--simulate '{options.cloud}' is not one of {', '.join(SIMULATED_PLACES)}")
+    if options.cloud not in clouds.names():
+        raise UsageError(f"--simulate '{options.cloud}' is not one of {', '.join(clouds.names())}")
     chosen = [o for o in ("preempt_every", "preempt_at_steps", "spot_trace") if getattr(options, o)]
     if len(chosen) > 1:
         raise UsageError("use one of --preempt-every, --preempt-at-steps and --spot-trace")
@@ -198,10 +196,9 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
 
 def _simulated_prices(cloud: str, instance_type: str) -> str:
     """SKYSPOT_PRICES for the simulated placement: its instance at spot and on-demand list prices."""
-    from skyspot.executors.local.controller import SIMULATED_PLACES
     from skyspot.pricing.prices import hourly_price
 
-    region = SIMULATED_PLACES[cloud]["region"]
+    region = clouds.get(cloud).simulated.region
     rows = []
     for spot in (True, False):
         try:

@@ -72,12 +72,12 @@ from typing import Optional
 from urllib.parse import parse_qs, urlsplit
 
 from skyspot import clouds
+from skyspot.clouds.azure import AZURE_RATE_LIMIT
 
 log = logging.getLogger(__name__)
 
 AWS_MAX_TOKEN_TTL_S = 21600  # IMDSv2 accepts 1..21600: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-instance-metadata-service.html
 GCP_DEFAULT_WAIT_S = 300  # ours: how long a hanging GET without timeout_sec waits before answering unchanged
-AZURE_RATE_LIMIT = 5  # "requests to IMDS are limited to 5 requests per second (on a per VM basis)": https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service#rate-limiting
 DROPPED_HOLD_S = 60.0  # ours: how long a dropped token PUT keeps its connection before closing it unanswered
 
 # api-versions Azure IMDS accepts (https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events
@@ -211,32 +211,14 @@ class MetadataServer:
     def env_for(self, cloud: str | None = None) -> dict[str, str]:
         """Every variable that points cloud's watcher, and that cloud's SDKs, here; all clouds' when None.
 
-        Our watcher reads the first of each group; the rest are what the SDKs on a node read, so that
-        nothing on a node under test reaches for a real metadata address:
-            AWS    AWS_EC2_METADATA_SERVICE_ENDPOINT (botocore and the other AWS SDKs), and
-                   AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv4 so an inherited IPv6 mode changes nothing
-            GCP    GCE_METADATA_HOST, its old name GCE_METADATA_ROOT, and GCE_METADATA_IP (google-auth
-                   pings that address, not the host, to decide whether it is on GCE);
-                   GCE_METADATA_MTLS_MODE=none so an inherited `strict` (google-auth >= 2.40 speaks
-                   mTLS to the metadata server then) does not try HTTPS against this plain-HTTP server
-            Azure  SKYSPOT_AZURE_METADATA_ENDPOINT (ours) and AZURE_POD_IDENTITY_AUTHORITY_HOST (the
-                   IMDS address azure-identity's managed-identity credential uses)
-        It does not set SKYPILOT_CLUSTER_INFO, which says which cloud the node is on and is the
-        executor's to write.
+        Each cloud says which (its class's `metadata_redirect_env`, skyspot/clouds/): our watcher reads
+        the first of each group, the rest are what the SDKs on a node read, so that nothing on a node
+        under test reaches for a real metadata address. It does not set SKYPILOT_CLUSTER_INFO, which says
+        which cloud the node is on and is the executor's to write.
         """
-        values = {
-            "aws": {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.url + "/",
-                    "AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "IPv4"},
-            "gcp": {"GCE_METADATA_HOST": self.host_port, "GCE_METADATA_ROOT": self.host_port,
-                    "GCE_METADATA_IP": self.host_port, "GCE_METADATA_MTLS_MODE": "none"},
-            "azure": {"SKYSPOT_AZURE_METADATA_ENDPOINT": self.url, "AZURE_POD_IDENTITY_AUTHORITY_HOST": self.url},
-        }
         if cloud is None:
-            return {k: v for group in values.values() for k, v in group.items()}
-        key = cloud.strip().lower()
-        if key not in values:
-            raise ValueError(f"unknown cloud {cloud!r}; expected one of aws, gcp, azure")
-        return dict(values[key])
+            return {k: v for c in clouds.all() for k, v in c.metadata_redirect_env(self.url).items()}
+        return clouds.get(cloud).metadata_redirect_env(self.url)
 
     # -- controls -----------------------------------------------------------------------------
 

@@ -11,10 +11,13 @@ import logging
 import threading
 import time
 from datetime import datetime
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping
 
-from skyspot.clouds.aws import (AWS_INSTANCE_ACTION_PATH, AWS_MAINTENANCE_PATH, AWS_NOTICE_WINDOW_S, AWS_POLL_S,
-                                AWS_REBALANCE_PATH, AWS_SHUTDOWN_CODES, AWS_TOKEN_PATH, AWS_WARNING_CODES)
-from skyspot.trainer.notice.watcher import Binding, Notice, Watcher, _Path, _Stopped, _Unexpected, _http_date, _true
+from skyspot.clouds.aws import (AWS_INSTANCE_ACTION_PATH, AWS_INSTANCE_PATHS, AWS_MAINTENANCE_PATH, AWS_NOTICE_WINDOW_S,
+                                AWS_POLL_S, AWS_REBALANCE_PATH, AWS_SHUTDOWN_CODES, AWS_TOKEN_PATH, AWS_WARNING_CODES)
+from skyspot.trainer.notice.watcher import (Binding, MetadataHttp, Notice, Watcher, _Path, _Stopped, _Unexpected,
+                                            _http_date, _true)
 
 log = logging.getLogger(__name__)
 
@@ -155,3 +158,24 @@ def _aws_notice(body: bytes, received: float) -> Notice:
     except (ValueError, KeyError, TypeError, AttributeError):
         log.warning("unreadable AWS instance-action %r; assuming a two-minute warning", body[:200])
     return Notice("aws", deadline, action, received)
+
+
+# -- what the node is (trainer/instance.py) ---------------------------------------------------------
+
+def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable[[], float]) -> dict[str, Any]:
+    """Instance type, lifecycle (spot | on-demand | scheduled), zone, zone ID, region, AMI, through the
+    notice watcher's IMDSv2 session (token, IMDSv1 fallback as botocore does), used once. `left()` raises
+    once the reading's budget is spent."""
+    session = AwsSession(SimpleNamespace(_http=http, _env=environ))
+    values: dict[str, str] = {}
+    for key, path in AWS_INSTANCE_PATHS.items():
+        left()
+        status, body = session.get(path)
+        if status == 200:
+            values[key] = body.decode().strip()
+        elif key in ("instance_type", "lifecycle"):
+            raise ValueError(f"{path} answered {status}")
+    lifecycle = values.get("lifecycle", "")
+    return {"instance_type": values.get("instance_type"), "capacity": lifecycle, "spot": lifecycle == "spot",
+            "zone": values.get("zone"), "zone_id": values.get("zone_id"), "region": values.get("region"),
+            "image": values.get("image")}

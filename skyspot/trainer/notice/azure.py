@@ -10,10 +10,12 @@ import http.client
 import json
 import logging
 import time
+from typing import Any, Callable, Mapping
 from urllib.parse import urlencode
 
-from skyspot.clouds.azure import (AZURE_API_VERSION, AZURE_EVENTS_PATH, AZURE_INSTANCE_API_VERSION, AZURE_NAME_PATH,
-                                  AZURE_NOTICE_WINDOW_S, AZURE_POLL_S, AZURE_SHUTDOWN_TYPES, AZURE_WARNING_TYPES)
+from skyspot.clouds.azure import (AZURE_API_VERSION, AZURE_COMPUTE_PATH, AZURE_EVENTS_PATH, AZURE_INSTANCE_API_VERSION,
+                                  AZURE_NAME_PATH, AZURE_NOTICE_WINDOW_S, AZURE_POLL_S, AZURE_SHUTDOWN_TYPES,
+                                  AZURE_WARNING_TYPES)
 from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, Notice, Watcher, MetadataHttp, _Path, _Unexpected,
                                             _http_date)
 
@@ -142,3 +144,27 @@ def _approve(endpoint: str, acked: list[dict]) -> None:
             break
         time.sleep(0.25)  # throttled (5 requests a second) or busy: once more while the budget lasts
     log.warning("could not approve Azure scheduled event(s) %s (%s); they start at NotBefore", ", ".join(ids), status)
+
+
+# -- what the node is (trainer/instance.py) ---------------------------------------------------------
+
+def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable[[], float]) -> dict[str, Any]:
+    """The IMDS compute document's vmSize, priority (Spot | Low | Regular), zone, location and image
+    reference (its id, or publisher:offer:sku:version). `left()` gives the request's timeout."""
+    path = f"{AZURE_COMPUTE_PATH}?api-version={AZURE_INSTANCE_API_VERSION}"
+    status, _, body = http.request("GET", path, {"Metadata": "true"}, left())
+    if status != 200:
+        raise ValueError(f"{AZURE_COMPUTE_PATH} answered {status}")
+    compute = json.loads(body)
+    if not isinstance(compute, dict):
+        raise ValueError(f"{AZURE_COMPUTE_PATH} answered a {type(compute).__name__}, not a document")
+    priority = compute.get("priority") if isinstance(compute.get("priority"), str) else ""
+    image = None
+    profile = compute.get("storageProfile")
+    reference = profile.get("imageReference") if isinstance(profile, dict) else None
+    if isinstance(reference, dict):  # optional: an odd one costs nothing of the rest
+        image = reference.get("id") or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version")
+                                                if reference.get(k)) or None
+    return {"instance_type": compute.get("vmSize"), "capacity": priority,
+            "spot": priority.lower() in ("spot", "low"), "zone": compute.get("zone") or None,
+            "region": compute.get("location") or None, "image": image}

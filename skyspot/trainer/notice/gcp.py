@@ -9,14 +9,14 @@ import json
 import logging
 import time
 from datetime import datetime
-from typing import Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import urlencode
 
-from skyspot.clouds.gcp import (GCP_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_PATH, GCP_NOTICE_WINDOW_S,
-                                GCP_PREEMPTED_PATH, GCP_RETRY_S, GCP_SHUTDOWN_EVENTS, GCP_UPCOMING_PATH,
-                                GCP_WARNING_EVENTS, maintenance_notice_s)
-from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, Notice, Watcher, _Path, _RETRYABLE, _Stopped,
-                                            _Unexpected)
+from skyspot.clouds.gcp import (GCP_IMAGE_PATH, GCP_INSTANCE_PATHS, GCP_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_PATH,
+                                GCP_NOTICE_WINDOW_S, GCP_PREEMPTED_PATH, GCP_RETRY_S, GCP_SHUTDOWN_EVENTS,
+                                GCP_UPCOMING_PATH, GCP_WARNING_EVENTS, maintenance_notice_s)
+from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, MetadataHttp, Notice, Watcher, _Path, _RETRYABLE,
+                                            _Stopped, _Unexpected)
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +112,29 @@ def _gcp_window_start(w: Watcher) -> float | None:
     except (*_RETRYABLE, AttributeError, TypeError) as error:
         log.debug("GCP upcoming-maintenance unreadable: %r", error)
         return None
+
+
+# -- what the node is (trainer/instance.py) ---------------------------------------------------------
+
+def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable[[], float]) -> dict[str, Any]:
+    """Machine type, scheduling/preemptible (TRUE for Spot and preemptible VMs alike), zone, and the
+    image where the server says it. `left()` gives each request's timeout and raises once the reading's
+    budget is spent."""
+    headers = {"Metadata-Flavor": "Google"}
+    values: dict[str, str] = {}
+    for key, path in GCP_INSTANCE_PATHS.items():
+        status, _, body = http.request("GET", path, headers, left())
+        if status != 200:
+            raise ValueError(f"{path} answered {status}")
+        values[key] = body.decode().strip()
+    image = None
+    try:  # optional: what it cannot say costs nothing of the rest
+        status, _, body = http.request("GET", GCP_IMAGE_PATH, headers, left())
+        if status == 200:
+            image = body.decode().strip().rsplit("/", 1)[-1] or None
+    except Exception:  # noqa: BLE001 - optional, as above
+        pass
+    zone = values["zone"].rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
+    preemptible = values["preemptible"].upper()
+    return {"instance_type": values["machine_type"].rsplit("/", 1)[-1], "capacity": preemptible,
+            "spot": preemptible == "TRUE", "zone": zone, "region": zone.rsplit("-", 1)[0], "image": image}
