@@ -83,3 +83,10 @@ _SKY_NAMES = {"DEPRECATED_SUBMITTED": "SUBMITTED"}
 
 TERMINAL: frozenset[RunStatus] = _TERMINAL
 """Every terminal status, for membership tests over plain strings (members hash as their values)."""
+
+
+def has_ended(status: Any) -> bool:
+    """Whether a status as SkyPilot reports it (member, value or name) is terminal: a `FAILED_*` newer
+    than this list is, an unknown word or nothing is not (it is still to be asked again)."""
+    found = RunStatus.from_sky(status)
+    return found is not None and found.is_terminal()

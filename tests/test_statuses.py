@@ -62,3 +62,22 @@ def test_an_unlisted_failed_status_is_an_error_in_both_the_causes_and_the_cost_r
         report = cost.run_cost(log, queue_record={"status": status, "end_at": 4600.0})
         assert (report.attempts[0].end_reason, report.attempts[0].cause) == (ended, why), status
         assert report.attempts[0].end == 4600.0
+
+
+def test_has_ended_reads_what_skypilot_reports_and_a_newer_failure_ends_the_wait():
+    from skyspot.statuses import has_ended
+
+    assert has_ended("SUCCEEDED") and has_ended("failed_setup") and has_ended("FAILED_SOMETHING_NEWER")
+    assert not has_ended("RUNNING") and not has_ended("RECOVERING") and not has_ended(None)
+    assert not has_ended("WHATEVER")  # unknown: asked again, not taken for an end
+
+
+def test_the_status_view_names_each_failed_run_with_a_cause_and_nothing_else():
+    from skyspot.app.runs import StatusView
+
+    rows = [{"name": "a", "status": "FAILED_SETUP", "cause": "no GPU driver"},
+            {"name": "b", "status": "FAILED_NEWER", "cause": "quota"},
+            {"name": "c", "status": "FAILED", "cause": None},
+            {"name": "d", "status": "CANCELLED", "cause": "by you"},
+            {"name": "e", "status": "RUNNING", "cause": "FAILED once"}]
+    assert StatusView(rows=rows).failures == ["a FAILED_SETUP: no GPU driver", "b FAILED_NEWER: quota"]

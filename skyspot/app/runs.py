@@ -18,6 +18,7 @@ from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import EventLog
 from skyspot.executors import executor_for, refresh
 from skyspot.ledger import Ledger, Run
+from skyspot.statuses import RunStatus
 
 SUMMARY_VERSION = 6
 """The version of the row `status` caches for a finished run; a new one here recomputes older rows."""
@@ -34,6 +35,13 @@ class StatusView:
     """An executor's records that could not be refreshed (SkyPilot not reachable), in its words."""
     malformed_events: int = 0
     damaged_ledger_rows: int = 0
+
+    @property
+    def failures(self) -> list[str]:
+        """One line per failed run that knows why: 'NAME STATUS: CAUSE' (SkyPilot's failure statuses,
+        every FAILED_* included)."""
+        return [f"{r['name']} {r['status']}: {r['cause']}" for r in self.rows
+                if r.get("cause") and (RunStatus.from_sky(r.get("status")) or RunStatus.PENDING).is_failed()]
 
 
 def status(*, all_runs: bool = False) -> StatusView:

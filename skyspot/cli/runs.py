@@ -48,9 +48,8 @@ def status_command(
     display(rows, columns, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
             caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
     if not as_json:
-        for row in rows:
-            if row.get("cause") and str(row["status"]).startswith("FAILED"):
-                err.print(f"{row['name']} {row['status']}: {row['cause']}", markup=False, highlight=False)
+        for line in view.failures:
+            err.print(line, markup=False, highlight=False)
     for note in view.notes:
         err.print(note)
     if view.malformed_events:

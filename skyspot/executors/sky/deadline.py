@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 from skyspot.planning import deadline as dl
 from skyspot.errors import EXIT_USAGE, SkyspotError, UsageError
 from skyspot.executors.sky import sdk as sky_executor
-from skyspot.statuses import TERMINAL, RunStatus
+from skyspot.statuses import RunStatus, has_ended
 
 CONTROLLER_MOUNT = "/skyspot/deadline"
 PLAN_FILE = "plan.json"
@@ -259,7 +259,7 @@ class CloudController:
                 self._emit(mode=dl.IDLE, reason="done", why="the run finished", deadline=self.at, met=now <= self.at)
                 self.say(f"run finished {'before' if now <= self.at else 'AFTER'} its deadline {dl.when(self.at)}")
                 return 0
-            if status in TERMINAL:
+            if has_ended(status):
                 self._emit(mode=dl.IDLE, reason="stage-ended", why=f"stage {self.stage.job_id} ended {status}",
                            deadline=self.at)
                 self.say(f"stage {self.stage.job_id} ({self.stage.mode}) ended {status}; the run stops here")
@@ -326,7 +326,7 @@ class CloudController:
         waited_until = self.clock() + CANCEL_WAIT_SECONDS
         while self.clock() < waited_until:
             status = (sky_executor.queue([stage.job_id]).get(stage.job_id) or {}).get("status")
-            if status in TERMINAL:
+            if has_ended(status):
                 return
             self.sleep(min(10.0, self.period))
         self.say(f"stage {stage.job_id} did not end within {CANCEL_WAIT_SECONDS:.0f}s of its cancel; going on")

@@ -86,11 +86,11 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
     from skyspot.task import package as packaging
     from skyspot.errors import SkyspotError, UsageError
     from skyspot.executors.sky import sdk as sky_executor
-    from skyspot.ledger import TERMINAL
+    from skyspot.statuses import has_ended
 
     if run.job_id is not None and not run.terminal:
         status = (sky_executor.queue([run.job_id]).get(run.job_id) or {}).get("status")
-        if status not in TERMINAL:
+        if not has_ended(status):
             raise UsageError(f"run '{run.name}' is {status or 'unknown to SkyPilot'}: SkyPilot recovers a live "
                              f"managed job itself; `skyspot cancel {run.name}` first to restart it")
     task = run.info.get("task")
