@@ -89,7 +89,7 @@ CAUSES: dict[str, tuple[str, str]] = {
 # shutdown rather than a spot preemption, and the cloud's own spelling of each, are each cloud's facts
 # (skyspot/clouds/: `planned_actions`, `native_action`).
 # What the executor's attempt_end says that is a cause of its own.
-_RECORDED_CAUSES = {AttemptEnd.CANCELLED: "cancelled", AttemptEnd.SWITCHED: "deadline-switch",
+_RECORDED_CAUSES: dict[str, str] = {AttemptEnd.CANCELLED: "cancelled", AttemptEnd.SWITCHED: "deadline-switch",
                     AttemptEnd.SETUP_FAILED: "setup-failed"}
 # A job's status (statuses.RunStatus, SkyPilot's names) for a last attempt whose end only the queue record knows.
 _QUEUE_CAUSES = {RunStatus.CANCELLED: "cancelled", RunStatus.FAILED_SETUP: "setup-failed"}
@@ -100,7 +100,7 @@ class Attempt:
     """One attempt of a run, as its events tell it."""
 
     number: int
-    events: list[dict] = field(repr=False)
+    events: list[Mapping[str, Any]] = field(repr=False)
     """Its events, oldest first."""
     where: dict[str, Any]
     """attempt_start's `where`, then the trainer starts' for the keys it lacks."""
@@ -127,9 +127,9 @@ class Attempt:
     process_starts: list[float] = field(default_factory=list)
     """When each set of processes began: global rank 0's `start` events, oldest first; more than one
     after in-place restarts."""
-    restarts: list[dict] = field(default_factory=list, repr=False)
+    restarts: list[Mapping[str, Any]] = field(default_factory=list, repr=False)
     """Its `restart_in_place` events, one per restart number (global rank 0's), oldest first."""
-    hangs: list[dict] = field(default_factory=list, repr=False)
+    hangs: list[Mapping[str, Any]] = field(default_factory=list, repr=False)
     """The watchdog's `hang` events, one per set of processes (the first node's to see it)."""
 
     @property
@@ -160,11 +160,11 @@ def split(events: Iterable[Mapping[str, Any]], *, now: Optional[float] = None) -
     events = [e for e in events if _number(e.get("ts"))]
     ordered = sorted((e for e in events if e.get("type") != DECISION_EVENT), key=lambda e: e["ts"])
     switches = sorted(e["ts"] for e in events if e.get("type") == DECISION_EVENT and _is_switch(e))
-    by_attempt: dict[int, list[dict]] = {}
+    by_attempt: dict[int, list[Mapping[str, Any]]] = {}
     for e in ordered:
         number = e.get("attempt", 0)
         by_attempt.setdefault(number if isinstance(number, int) and not isinstance(number, bool) else 0,
-                              []).append(e)  # type: ignore[arg-type]
+                              []).append(e)
     numbers = sorted(by_attempt)
     attempts = [_attempt(n, by_attempt[n], later=i + 1 < len(numbers), now=now) for i, n in enumerate(numbers)]
     for a in attempts:
@@ -173,7 +173,7 @@ def split(events: Iterable[Mapping[str, Any]], *, now: Optional[float] = None) -
     return attempts
 
 
-def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[float]) -> Attempt:
+def _attempt(number: int, events: list[Mapping[str, Any]], *, later: bool, now: Optional[float]) -> Attempt:
     executor_start = next((e for e in events if e.get("type") == T.ATTEMPT_START), None)
     trainer_starts = [e for e in events if e.get("type") == T.START]
     where: dict[str, Any] = {}
@@ -209,9 +209,9 @@ def _attempt(number: int, events: list[dict], *, later: bool, now: Optional[floa
                    restarts=_restarts(events), hangs=_hangs(events, process_starts))
 
 
-def _restarts(events: list[dict]) -> list[dict]:
+def _restarts(events: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """One `restart_in_place` per restart number (a copy of an event file read twice counts once)."""
-    chosen: dict[Any, dict] = {}
+    chosen: dict[object, Mapping[str, Any]] = {}  # by restart number, else ("ts", ts)
     for e in events:
         if e.get("type") == T.RESTART_IN_PLACE:
             number = e.get("restart")
@@ -219,9 +219,9 @@ def _restarts(events: list[dict]) -> list[dict]:
     return sorted(chosen.values(), key=lambda e: e["ts"])
 
 
-def _hangs(events: list[dict], process_starts: list[float]) -> list[dict]:
+def _hangs(events: list[Mapping[str, Any]], process_starts: list[float]) -> list[Mapping[str, Any]]:
     """One `hang` per set of processes: every node's watchdog may see the same stalled collective."""
-    chosen: dict[int, dict] = {}
+    chosen: dict[int, Mapping[str, Any]] = {}
     for e in events:
         if e.get("type") == T.HANG:
             chosen.setdefault(max(0, bisect_right(process_starts, e["ts"]) - 1), e)

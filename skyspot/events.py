@@ -24,9 +24,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from skyspot.str_enum import StrEnum
+
+if TYPE_CHECKING:
+    from skyspot.storage import Store
 
 
 class EventType(StrEnum):
@@ -137,7 +140,7 @@ def event_file_name(attempt: int, node_rank: int, rank: int | None, *, superviso
 class EventWriter:
     """Appends events for one process. Each line is flushed at once so a kill loses at most that line."""
 
-    def __init__(self, run_root: str | os.PathLike, run_id: str, attempt: int,
+    def __init__(self, run_root: str | os.PathLike[str], run_id: str, attempt: int,
                  node_rank: int, rank: int | None, *, supervisor: bool = False):
         self.run_id = run_id
         self.attempt = attempt
@@ -176,7 +179,7 @@ class EventWriter:
                     pass
 
 
-class Event(dict):  # type: ignore[type-arg]
+class Event(dict[str, Any]):
     """One event as read back: the decoded JSON object itself (so every reader's `e["step"]` and `e.get(...)`
     still work and it writes back unchanged), with its `type` an EventType and the common fields typed.
     Only `parse_event` makes one, after `valid_event` checked the fields below."""
@@ -329,7 +332,7 @@ def parse_lines(lines: Iterable[str], source: str, log: EventLog) -> None:
             log.events.append(event)
 
 
-def read_events_store(store, run_prefix: str) -> EventLog:
+def read_events_store(store: Store, run_prefix: str) -> EventLog:
     """Every events file under `<run_prefix>/events/` in a store (storage.Store), oldest event first."""
     from skyspot.storage import join_key
 
@@ -342,7 +345,7 @@ def read_events_store(store, run_prefix: str) -> EventLog:
     return log
 
 
-def read_events_dir(directory: str | os.PathLike) -> EventLog:
+def read_events_dir(directory: str | os.PathLike[str]) -> EventLog:
     """Read every events file in a local `events/` directory."""
     log = EventLog()
     directory = Path(directory)
@@ -362,7 +365,7 @@ def read_events_dir(directory: str | os.PathLike) -> EventLog:
     return log
 
 
-def read_regular(path: str | os.PathLike, offset: int = 0, limit: Optional[int] = None) -> Optional[bytes]:
+def read_regular(path: str | os.PathLike[str], offset: int = 0, limit: Optional[int] = None) -> Optional[bytes]:
     """The bytes of `path` from `offset` (at most `limit` + 1 of them: a caller with a cap sees it passed),
     or None when it cannot be read or is not a regular file.
 
@@ -396,7 +399,7 @@ class FileTail:
     """What was appended to one file since the last read: the one incremental reader, from a byte
     offset, of an append-only file (an events file, a run's log). A missing file reads as nothing yet."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.offset = 0
 
@@ -412,7 +415,7 @@ class FileTail:
 class EventTail:
     """Follow an `events/` directory: each `poll()` returns the whole lines appended since the last one."""
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike[str]):
         self.directory = Path(directory)
         self._tails: dict[Path, FileTail] = {}
 

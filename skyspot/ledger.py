@@ -19,10 +19,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Optional, Protocol, Sequence
 
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.statuses import TERMINAL, RunStatus
+
+if TYPE_CHECKING:
+    from skyspot.recipe import Recipe
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -139,7 +142,7 @@ class Ledger:
     def _damaged(self, error: Exception) -> SkyspotError:
         return SkyspotError(f"the ledger {self.path} is damaged ({error}); move it aside to start a new one")
 
-    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._db.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as error:
@@ -220,8 +223,8 @@ class Ledger:
     def set_status(self, name: str, status: str, *, unless_ended: bool = False,
                    ended_at: Optional[float] = None) -> bool:
         """The executor's status as it last saw it (SkyPilot's queue, a deadline waiting for capacity)."""
-        return self._change(name, status=status, unless_ended=unless_ended,
-                            **({"ended_at": ended_at} if ended_at is not None else {}))
+        ended: dict[str, Any] = {"ended_at": ended_at} if ended_at is not None else {}
+        return self._change(name, status=status, unless_ended=unless_ended, **ended)
 
     def set_controller(self, name: str, pid: int) -> None:
         """The local controller's process, once started."""
@@ -317,7 +320,7 @@ class Ledger:
         runs.sort(key=lambda r: r.created_at, reverse=True)
         return runs
 
-    def _row(self, row: tuple) -> Run:
+    def _row(self, row: tuple[Any, ...]) -> Run:
         """A row as a Run; ValueError when a column holds what this version never writes there."""
         data = dict(zip(self._columns, row))
         for column, types in _COLUMN_TYPES.items():
@@ -327,7 +330,8 @@ class Ledger:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"column {column} holds {value}")
         data["info"] = _info_of(data.get("info"))
-        return Run(**{column: data.get(column) for column in _COLUMN_TYPES})
+        values: dict[str, Any] = {column: data.get(column) for column in _COLUMN_TYPES}  # checked above
+        return Run(**values)
 
 
 def _info_of(text: Optional[str]) -> dict[str, Any]:
@@ -381,7 +385,33 @@ def check_new_run_name(name: str) -> str:
     return name
 
 
-def record_launch(name: str, built, executor: str, *, info: Optional[dict] = None, **fields: Any) -> None:
+class _Placement(Protocol):
+    """What the ledger records of a planned candidate (planning.candidates.Candidate)."""
+
+    @property
+    def cloud(self) -> str: ...
+    @property
+    def region(self) -> Optional[str]: ...
+    @property
+    def accelerators(self) -> Optional[str]: ...
+    @property
+    def instance_type(self) -> Optional[str]: ...
+    @property
+    def spot(self) -> bool: ...
+
+
+class _Launch(Protocol):
+    """What `record_launch` reads of a launch (task.render.RenderedTask), named by its shape: the ledger is a
+    contract and imports no floor above it (tests/test_imports.py)."""
+
+    @property
+    def recipe(self) -> Recipe: ...
+    @property
+    def candidates(self) -> Sequence[_Placement]: ...
+
+
+def record_launch(name: str, built: _Launch, executor: str, *, info: Optional[dict[str, Any]] = None,
+                  **fields: Any) -> None:
     """The ledger row of a run, written before anything is submitted or started (never secrets)."""
     with Ledger() as ledger:
         ledger.add(name, built.recipe.name, executor, status="PENDING", store=built.recipe.storage.store,
@@ -389,7 +419,7 @@ def record_launch(name: str, built, executor: str, *, info: Optional[dict] = Non
                    info={**_info(built), **(info or {})}, **fields)
 
 
-def _info(built) -> dict[str, Any]:
+def _info(built: _Launch) -> dict[str, Any]:
     return {"candidates": [{"cloud": c.cloud, "region": c.region, "accelerators": c.accelerators,
                             "instance_type": c.instance_type, "spot": c.spot} for c in built.candidates],
             "recipe_fingerprint": built.recipe.fingerprint()}

@@ -24,7 +24,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union, overload
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
@@ -46,7 +46,7 @@ REGISTRY: dict[str, str] = {
     "tiny": "tiny.yaml",
 }
 
-CLOUDS = ("aws", "gcp", "azure")
+CLOUDS: tuple[Cloud, ...] = ("aws", "gcp", "azure")
 Cloud = Literal["aws", "gcp", "azure"]
 
 # Accelerator names as SkyPilot spells them (`sky show-gpus`), for the ones this tool targets.
@@ -96,6 +96,10 @@ def _finite_tree(value: Any) -> Any:
 FreeForm = Annotated[dict[str, Any], AfterValidator(_finite_tree)]
 
 
+@overload
+def _hub_id(value: str) -> str: ...
+@overload
+def _hub_id(value: None) -> None: ...
 def _hub_id(value: Optional[str]) -> Optional[str]:
     if value is not None and (not _HUB_ID.fullmatch(value) or ".." in value):
         # repr: the message crosses into pydantic-core, which cannot carry lone surrogates.
@@ -323,7 +327,7 @@ class CheckpointSection(_Section):
 
     @field_validator("every_seconds")
     @classmethod
-    def _positive(cls, value):
+    def _positive(cls, value: Union[float, Literal["auto"], None]) -> Union[float, Literal["auto"], None]:
         if isinstance(value, (int, float)) and value <= 0:
             raise ValueError("must be > 0 or 'auto'")
         return value
@@ -379,14 +383,14 @@ class ResourcesSection(_Section):
 
     @field_validator("clouds", "regions", "accelerators", mode="before")
     @classmethod
-    def _split_commas(cls, value):
+    def _split_commas(cls, value: object) -> object:  # mode="before": whatever the YAML held
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
 
     @field_validator("clouds", mode="before")
     @classmethod
-    def _lower(cls, value):
+    def _lower(cls, value: object) -> object:
         if isinstance(value, list):
             return [v.lower() if isinstance(v, str) else v for v in value]
         return value
@@ -436,7 +440,7 @@ class StorageSection(_Section):
 
     @field_validator("store")
     @classmethod
-    def _valid_store(cls, value):
+    def _valid_store(cls, value: Optional[str]) -> Optional[str]:
         if value:
             from skyspot.storage import canonical  # import-light: no cloud SDKs
             try:
@@ -597,7 +601,7 @@ def _key_lines(text: str) -> dict[str, int]:
     """Map dotted key paths to their 1-based line in the YAML text (for error messages)."""
     lines: dict[str, int] = {}
 
-    def walk(node, prefix):
+    def walk(node: yaml.Node, prefix: str) -> None:
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 path = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
@@ -716,7 +720,7 @@ def value_text(value: Any) -> str:
     return yaml12.dump_flow(value)
 
 
-def _apply(data: dict, key: str, value: Any, source: str, problems: list[str]) -> None:
+def _apply(data: dict[str, Any], key: str, value: Any, source: str, problems: list[str]) -> None:
     parts = key.split(".")
     node = data
     for part in parts[:-1]:
@@ -865,7 +869,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _origins(env_pairs, environ, cli_pairs, overrides, flag_pairs) -> dict[str, str]:
+def _origins(env_pairs: Sequence[tuple[str, Any]], environ: Mapping[str, str], cli_pairs: Sequence[tuple[str, Any]],
+             overrides: Sequence[str], flag_pairs: Sequence[tuple[str, Any]]) -> dict[str, str]:
     """Dotted key -> how the user set it (`override train.steps=abc`), the winning source last."""
     found: dict[str, str] = {}
     env_raw = {_env_key(name): (name, raw) for name, raw in environ.items() if _env_key(name) is not None}

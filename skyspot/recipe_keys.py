@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 
@@ -92,9 +93,11 @@ def _optional(annotation: Any) -> bool:
     return type(None) in typing.get_args(annotation)
 
 
-def _factory_default(field) -> Any:
+def _factory_default(field: FieldInfo) -> Any:
+    # cast: called only where a factory is set; one that wants the validated data raises TypeError here
+    factory = typing.cast(typing.Callable[[], Any], field.default_factory)
     try:
-        return field.default_factory()
+        return factory()
     except TypeError:  # a factory that wants the validated data: no plain default to show
         return None
 

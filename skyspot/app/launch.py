@@ -19,10 +19,10 @@ from pydantic import BaseModel
 
 from skyspot.app.preflight import preflight
 from skyspot.errors import UsageError
-from skyspot.executors import launch_executor
+from skyspot.executors import Executor, launch_executor
 from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
 from skyspot.planning.candidates import candidates, dropped, egress_basis
-from skyspot.planning.notice_window import check_notice_windows
+from skyspot.planning.notice_window import WindowReport, check_notice_windows
 from skyspot.task import package as packaging
 from skyspot.task.package import PACKAGE_MOUNT as PACKAGE_MOUNT  # re-exported: where the nodes find the wheel
 from skyspot.task.package import Package
@@ -198,8 +198,8 @@ class Prepared:
 
     request: LaunchRequest
     built: RenderedTask
-    executor: Any
-    """The run's executor (executors.Executor), with the launch's options."""
+    executor: Executor
+    """The run's executor, with the launch's options."""
     deadline: Optional[dict[str, Any]]
     """plan_deadline's plan, or None without a deadline."""
     question: Optional[str]
@@ -217,7 +217,7 @@ class Prepared:
         """How the plan's egress figures were made, or None when there are none."""
         return egress_basis(self.recipe)
 
-    def window_report(self):
+    def window_report(self) -> WindowReport:
         """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
         return check_notice_windows(self.recipe)
 

@@ -20,12 +20,15 @@ Import-light: huggingface_hub is imported only when the hub is asked.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from skyspot.errors import UsageError
 
+if TYPE_CHECKING:
+    from skyspot.recipe import DataSection, Recipe
 
-def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None, network: bool = True) -> None:
+
+def preflight(recipe: Recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None, network: bool = True) -> None:
     """Raise UsageError for the first thing that would fail the run's start (`network`: ask the hub too)."""
     from skyspot import hub
 
@@ -52,7 +55,7 @@ def preflight(recipe, *, local: bool, environ: Optional[Mapping[str, str]] = Non
     _check_data(recipe, local=local, environ=environ, network=network)
 
 
-def _check_data(recipe, *, local: bool, environ: Mapping[str, str], network: bool) -> None:
+def _check_data(recipe: Recipe, *, local: bool, environ: Mapping[str, str], network: bool) -> None:
     from skyspot import hub
     from skyspot.storage import is_bucket_uri
     from skyspot.trainer.data import HUB_PREFIX, SYNTHETIC
@@ -96,7 +99,7 @@ def _same_bytes(a: str, b: str) -> bool:
         return False
 
 
-def _check_file(data, path: str, key: str, *, local: bool) -> None:
+def _check_file(data: DataSection, path: str, key: str, *, local: bool) -> None:
     """A local data file (data.source, or its held-out file): on this machine, and its first record fits
     data.format."""
     from skyspot.trainer.data import check_record, first_record

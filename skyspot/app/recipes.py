@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from skyspot.errors import RecipeError, UsageError
+
+if TYPE_CHECKING:
+    from skyspot.recipe import Recipe
 
 
 def recipe_rows(verbose: bool = False) -> list[dict[str, Any]]:
@@ -37,11 +40,11 @@ def recipe_rows(verbose: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
-def _window_fields(recipe) -> dict[str, Any]:
+def _window_fields(recipe: Recipe) -> dict[str, Any]:
     from skyspot.planning.notice_window import check_notice_windows
 
     report = check_notice_windows(recipe)
-    if not report.state.known:
+    if not report.state.known or report.state.bytes_per_node is None:  # the same: no size without a count
         return {"state_per_node": None, "window": "unknown model size", "window_checks": []}
     return {
         "state_per_node": f"{report.state.bytes_per_node / 1e9:,.1f} GB",

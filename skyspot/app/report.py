@@ -11,7 +11,13 @@ pricing/cost.py's (docs/cost.md), the deadline comparison planning/deadline.py's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
+
+if TYPE_CHECKING:
+    from skyspot.events import EventLog
+    from skyspot.ledger import Run
+    from skyspot.pricing.cost import RunCost
 
 from skyspot.errors import SkyspotError
 
@@ -20,11 +26,9 @@ from skyspot.errors import SkyspotError
 class RunReport:
     """One run's report: the figures, the events they were computed from, and the row shown (JSON, table)."""
 
-    cost: Any
-    """pricing.cost.RunCost"""
-    log: Any
-    """events.EventLog"""
-    data: dict
+    cost: RunCost
+    log: EventLog
+    data: dict[str, Any]
 
 
 @dataclass
@@ -60,7 +64,7 @@ def cost_reports(run_name: Optional[str] = None) -> Reports:
     return reports
 
 
-def run_report(run, queue_record=None) -> RunReport:
+def run_report(run: Run, queue_record: Optional[Mapping[str, Any]] = None) -> RunReport:
     """One run's figures from its events, its plan's candidates (the baseline) and the executor's record."""
     from skyspot.app.status import run_events
     from skyspot.node_kinds import node_kinds
@@ -89,7 +93,7 @@ def run_report(run, queue_record=None) -> RunReport:
     return RunReport(report, log, data)
 
 
-def deadline_report(run, log, report) -> Optional[dict]:
+def deadline_report(run: Run, log: EventLog, report: RunCost) -> Optional[dict[str, Any]]:
     """`cost-report`'s comparison for a run launched with a deadline: this run against all on-demand
     and greedy on the same trace (skyspot/planning/deadline.py `compare`), the trace as the run's executor
     knows it (executors/__init__.py `DeadlineInputs`: a local run replays its own spot trace, a
@@ -109,7 +113,7 @@ def deadline_report(run, log, report) -> Optional[dict]:
                                        zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
     except UsageError as error:
         return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
-    events = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
+    events: list[dict[str, Any]] = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
     try:
         given = executor_for(run).deadline_inputs(run, plan, log.events)
     except UsageError as error:
@@ -123,28 +127,28 @@ def deadline_report(run, log, report) -> Optional[dict]:
     return result
 
 
-def check_plot(path) -> str:
+def check_plot(path: Union[str, Path]) -> str:
     """The image format `--plot PATH` asks for (png, svg, pdf), checked before the report is computed."""
     from skyspot.pricing.cost_plot import plot_format
 
     return plot_format(path)
 
 
-def plot(run_report: RunReport, path) -> bytes:
+def plot(run_report: RunReport, path: Union[str, Path]) -> bytes:
     """One run's timeline image (pricing/cost_plot.py) in the format PATH's suffix names."""
     from skyspot.pricing.cost_plot import plot_format, plot_run
 
     return plot_run(run_report.cost, run_report.log, plot_format(path))
 
 
-def node_lines(data: dict) -> list[str]:
+def node_lines(data: Mapping[str, Any]) -> list[str]:
     """`nodes: ...` lines: the kinds of machine the run's nodes were (node_kinds.py), from its report row."""
     from skyspot.node_kinds import kind_lines
 
     return kind_lines(data.get("node_kinds") or [])
 
 
-def when(ts) -> str:
+def when(ts: Optional[float]) -> str:
     """A deadline's time as the report says it (planning/deadline.py when)."""
     from skyspot.planning.deadline import when as deadline_when
 
@@ -155,7 +159,7 @@ def when(ts) -> str:
 class PriceRows:
     """`prices`: the snapshot's cheapest zone per instance type and region, and the snapshot's date."""
 
-    rows: list[dict]
+    rows: list[dict[str, Any]]
     snapshot_date: str
 
 
@@ -170,7 +174,7 @@ def price_rows(cloud: Optional[str] = None, instance: Optional[str] = None) -> P
         rows = [r for r in rows if r["instance_type"] == instance]
         if not rows:
             raise UsageError(f"the snapshot has no instance type '{instance}'; `skyspot prices` lists them")
-    best: dict[tuple, dict] = {}
+    best: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in rows:
         key = (r["cloud"], r["instance_type"], r["region"])
         if key not in best or (r["usd_per_hour"] or 1e18) < (best[key]["usd_per_hour"] or 1e18):

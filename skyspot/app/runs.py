@@ -16,7 +16,7 @@ from typing import Any, Optional
 from skyspot.app.status import events_signature, latest_losses, run_events, setup_failure, summarize
 from skyspot.errors import SkyspotError, UsageError
 from skyspot.events import EventLog
-from skyspot.executors import executor_for, refresh
+from skyspot.executors import Executor, executor_for, refresh
 from skyspot.ledger import Ledger, Run
 from skyspot.statuses import RunStatus
 
@@ -80,7 +80,7 @@ def _row(ledger: Ledger, run: Run, record: Optional[dict[str, Any]]) -> tuple[di
             row["cause"] = setup_failure(run)
         except Exception:  # an unreachable store: the status alone
             pass
-    if cacheable:
+    if cacheable and signature is not None:  # the same: a signature is made for what is cacheable
         try:
             ledger.cache_summary(run.name, row, signature)
         except Exception:  # a read-only or busy ledger: the cache is only an optimisation
@@ -148,7 +148,7 @@ class PreparedResume:
     SKYSPOT_* settings of this shell that it ignores (a resumed run keeps the ones it was launched with)."""
 
     run: Run
-    executor: Any
+    executor: Executor
     question: Optional[str]
     ignored: list[str]
 

@@ -6,10 +6,14 @@ Naming runs and recording a launch are the ledger's (skyspot/ledger.py)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+
+if TYPE_CHECKING:
+    from skyspot.events import Event, EventLog
+    from skyspot.ledger import Run
 
 
-def run_events(run, *, store_ok: bool = True):
+def run_events(run: Run, *, store_ok: bool = True) -> EventLog:
     """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
     from pathlib import Path
 
@@ -33,7 +37,7 @@ def run_events(run, *, store_ok: bool = True):
 SETUP_RECORD_MAX_BYTES = 64 * 1024  # a setup record is a few hundred bytes; a bigger one is not ours
 
 
-def setup_failure(run) -> Optional[str]:
+def setup_failure(run: Run) -> Optional[str]:
     """Why the run's setup could not mend its node, as the newest `<store>/<name>/setup/node-<rank>.json`
     (node_env.record_failure) says it; None without a store, a record, or a readable one."""
     import json
@@ -59,7 +63,7 @@ def setup_failure(run) -> Optional[str]:
             f"python {newest.get('python')}, image {newest.get('image')}, instance {newest.get('instance')}]")
 
 
-def events_signature(run) -> Optional[str]:
+def events_signature(run: Run) -> Optional[str]:
     """Names, sizes and modification times of a local run's event files: a cached summary is
     reused only while this is unchanged."""
     from pathlib import Path
@@ -77,7 +81,8 @@ def events_signature(run) -> Optional[str]:
     return "|".join(parts)
 
 
-def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float] = None) -> dict[str, Any]:
+def summarize(run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]] = None,
+              now: Optional[float] = None) -> dict[str, Any]:
     """One `status` row: where it runs, progress, recoveries and what interrupted its attempts, durable
     checkpoint, elapsed, cost so far, and for a run that failed, why (`cause`, as the local executor recorded it)."""
     from skyspot.attempts import count_causes, is_simulated, split
@@ -136,14 +141,14 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
     }
 
 
-def latest_losses(log) -> dict[str, Any]:
+def latest_losses(log: EventLog) -> dict[str, Any]:
     """The newest train loss (a `step` event's) and eval loss (an `eval` event's), each with its step: what
     `logs` says after the log, and `status --json` carries. None where the run has none yet."""
     import math
 
     from skyspot.events import EventType
 
-    def newest(type: EventType) -> Optional[dict]:
+    def newest(type: EventType) -> Optional[Event]:
         return next((e for e in reversed(log.events) if e.get("type") == type and isinstance(e.get("loss"), (int, float))
                      and not isinstance(e.get("loss"), bool) and math.isfinite(e["loss"])), None)
 
@@ -156,7 +161,7 @@ def latest_losses(log) -> dict[str, Any]:
                 perplexity, bool) and math.isfinite(perplexity) else None}
 
 
-def _deadline(run, events) -> Optional[dict]:
+def _deadline(run: Run, events: Iterable[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """A run launched with a deadline: its mode, projected finish and deadline (skyspot/planning/deadline.py)."""
     if not isinstance(run.info.get("deadline"), dict):
         return None
@@ -165,7 +170,7 @@ def _deadline(run, events) -> Optional[dict]:
     return status_row(run.info["deadline"], events, ended_at=run.ended_at if run.terminal else None)
 
 
-def deadline_text(deadline: Optional[dict]) -> Optional[str]:
+def deadline_text(deadline: Optional[Mapping[str, Any]]) -> Optional[str]:
     """`spot, ETA 14:02:10 <= due 15:00:00`, `waiting for spot ...`, or `met (due ...)` once it ended: a
     status row's deadline (summarize's `deadline`) in a few words (docs/deadline.md)."""
     if not deadline:
@@ -175,7 +180,8 @@ def deadline_text(deadline: Optional[dict]) -> Optional[str]:
     due = f"due {clock(deadline['at'])}"
     if deadline.get("met") is not None:
         return f"{'met' if deadline['met'] else 'MISSED'} ({due})"
-    mode = {"idle": "waiting for spot"}.get(deadline.get("mode"), deadline.get("mode")) or "planning"
+    given: Optional[str] = deadline.get("mode")
+    mode = ({"idle": "waiting for spot"}.get(given, given) if given else None) or "planning"
     if deadline.get("unreachable"):  # said as soon as the policy finds it (docs/deadline.md)
         mode = f"UNREACHABLE, {mode} to the end"
     eta = deadline.get("projected_finish")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Mapping, Optional
+from typing import ClassVar, Mapping, Optional
 
 from skyspot.clouds.base import Cloud, SimulatedPlace, register
 
@@ -91,7 +91,7 @@ class AWS(Cloud):
 
     attached_gpus = ()  # GPUs priced inside the VM row
     spot_at_on_demand_is_spot = True  # AWS's spot price is capped at on-demand and does reach it
-    count_fixes: Mapping[str, int] = {}
+    count_fixes: ClassVar[Mapping[str, int]] = {}
 
     def root_disk_write(self, disk_size_gb: int) -> tuple[float, str]:
         return _AWS_GP3_MIBPS * MIB / GB, f"SkyPilot default disk: gp3, {_AWS_GP3_MIBPS} MiB/s"

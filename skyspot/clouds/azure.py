@@ -7,7 +7,7 @@ the figures and paths here are Microsoft's own, each with its source, or marked 
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional
+from typing import ClassVar, Mapping, Optional
 
 from skyspot.clouds.base import Cloud, SimulatedPlace, register
 
@@ -71,7 +71,7 @@ class Azure(Cloud):
     # Standard_ND96isr_H100_v5 row of the snapshot) is the on-demand price again, not a spot price.
     spot_at_on_demand_is_spot = False
     # The catalog lists Standard_ND96isr_H100_v5 with 12 GPUs; Azure's ND H100 v5 SKU has 8.
-    count_fixes: Mapping[str, int] = {"standard_nd96isr_h100_v5": 8}
+    count_fixes: ClassVar[Mapping[str, int]] = {"standard_nd96isr_h100_v5": 8}
 
     def root_disk_write(self, disk_size_gb: int) -> tuple[float, str]:
         mbps = next((m for size, m in _AZURE_PREMIUM_SSD_MBPS if disk_size_gb <= size), _AZURE_PREMIUM_SSD_MBPS[-1][1])

@@ -8,7 +8,7 @@ marked "ours".
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional
+from typing import ClassVar, Mapping, Optional
 
 from skyspot.clouds.base import Cloud, SimulatedPlace, endpoint_url, register
 
@@ -98,7 +98,7 @@ class GCP(Cloud):
         (re.compile(r"g2-standard-(4|8|12|16|32)"), "L4", 1),
     )
     spot_at_on_demand_is_spot = True
-    count_fixes: Mapping[str, int] = {}
+    count_fixes: ClassVar[Mapping[str, int]] = {}
 
     def root_disk_write(self, disk_size_gb: int) -> tuple[float, str]:
         base, per_gib, cap = _GCP_PD_BALANCED

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol, Sequence, Union
 
 if TYPE_CHECKING:
     from skyspot.executors.local.spot_trace import SpotTrace
@@ -67,7 +67,7 @@ class Executor(Protocol):
     def resume(self, run: Run, *, detach: bool) -> int:
         """Continue a stopped run under its own name from its newest durable checkpoint; returns the exit code."""
 
-    def deadline_inputs(self, run: Run, plan: dict[str, Any], events: list[dict]) -> DeadlineInputs:
+    def deadline_inputs(self, run: Run, plan: dict[str, Any], events: Sequence[dict[str, Any]]) -> DeadlineInputs:
         """What cost-report's deadline comparison replays for this run; UsageError (one line) when it
         cannot be known."""
 

@@ -46,8 +46,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Iterable, Optional
 
-from skyspot.attempts import DECISION_EVENT, is_spot, split
-from skyspot.deadline_text import MAX_AHEAD_SECONDS, DeadlineError, check_deadline_text, parse_deadline  # noqa: F401 (callers read them here)
+# `X as X`: re-exported, callers read them here (mypy's strict run sees explicit re-exports only).
+from skyspot.attempts import DECISION_EVENT as DECISION_EVENT, is_spot, split
+from skyspot.deadline_text import (MAX_AHEAD_SECONDS as MAX_AHEAD_SECONDS, DeadlineError as DeadlineError,
+                                   check_deadline_text as check_deadline_text, parse_deadline as parse_deadline)
 from skyspot.events import EventType as T
 
 SPOT, ON_DEMAND, IDLE = "spot", "on-demand", "idle"
