@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
+from typing import Dict, TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 from skyspot.str_enum import StrEnum
 
@@ -179,7 +179,7 @@ class EventWriter:
                     pass
 
 
-class Event(dict[str, Any]):
+class Event(Dict[str, Any]):  # typing.Dict: the node may run Python 3.8, where dict[...] is not subscriptable
     """One event as read back: the decoded JSON object itself (so every reader's `e["step"]` and `e.get(...)`
     still work and it writes back unchanged), with its `type` an EventType and the common fields typed.
     Only `parse_event` makes one, after `valid_event` checked the fields below."""

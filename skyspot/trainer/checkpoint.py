@@ -58,7 +58,7 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Sequence, Union
 
 from skyspot.errors import CheckpointError, StoreError
 from skyspot.events import CheckpointKind
@@ -76,8 +76,8 @@ if TYPE_CHECKING:
 
 TRAINER_STATE = "trainer_state_rank_{rank}.pt"
 
-Kind = Literal["interval", "requested", "emergency", "final"]
-"""A CheckpointKind's value (events.py): `save` reads it into the enum."""
+Kind = Union[CheckpointKind, Literal["interval", "requested", "emergency", "final"]]
+"""A CheckpointKind (events.py) or its value: `save` reads it into the enum."""
 Outcome = tuple[bool, bool, Optional[str]]
 """A node leader's answer for one step in find(): (ok, tried the store, one-line note)."""
 

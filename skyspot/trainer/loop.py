@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 from skyspot import hub
 from skyspot.errors import SkyspotError, StoreError, UsageError
-from skyspot.events import EventWriter
+from skyspot.events import CheckpointKind as Kind, EventWriter
 from skyspot.recipe import Recipe, load_recipe
 from skyspot.start_bounds import start_bounds
 from skyspot.trainer import cluster, fabric, process_env, restart
@@ -408,7 +408,7 @@ def train(run: Run) -> int:
         notice = progress.notice
         early = notice is not None and notice.take_checkpoint_now()  # a notice, nothing measured
         if early or notice is None:
-            built.ckpt.save(state.step, state, kind="requested" if early or vote.checkpoint else "interval",
+            built.ckpt.save(state.step, state, kind=Kind.REQUESTED if early or vote.checkpoint else Kind.INTERVAL,
                             time_due=vote.time_due)
 
     # ------------------------------------------------------------------ save (complete)
@@ -426,7 +426,7 @@ def _emergency(run: Run, state: TrainState, vote: Vote) -> None:
     if uploader is not None:
         uploader.set_deadline(progress.upload_deadline)  # before the commit hook submits the emergency step
     save_started = time.time()
-    result = built.ckpt.save(state.step, state, kind="emergency", deadline=progress.upload_deadline, blocking=True)
+    result = built.ckpt.save(state.step, state, kind=Kind.EMERGENCY, deadline=progress.upload_deadline, blocking=True)
     committed = result is not None and result.committed
     durable, newest_durable = _push_before_deadline(run, state.step, committed)
     safe_at = time.time()
@@ -469,7 +469,7 @@ def _finish(run: Run, state: TrainState) -> None:
     built = run.trained
     _evaluate(run, state, None)  # resumed at the last step with its eval missing
     if built.ckpt.last_committed != state.step:
-        result = built.ckpt.save(state.step, state, kind="final", blocking=True)
+        result = built.ckpt.save(state.step, state, kind=Kind.FINAL, blocking=True)
         if result is None or not result.committed:
             raise SkyspotError(f"the final checkpoint step_{state.step} could not be written "
                                f"({result.error if result else 'no result'}); the next start resumes from "

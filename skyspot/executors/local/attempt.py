@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple, Optional
 
+from skyspot.attempts import AttemptEnd
 from skyspot.events import EventWriter, FileTail
 
 
@@ -36,8 +37,9 @@ class Ending(NamedTuple):
     """How an attempt ended: what `attempt_end` records and AFTER_ATTEMPT dispatches on."""
 
     code: int
-    outcome: str
-    """complete, cancelled, setup_failed, preempted, switched or error (AFTER_ATTEMPT's keys)."""
+    outcome: AttemptEnd
+    """complete, cancelled, setup_failed, preempted, switched or error (AFTER_ATTEMPT's keys; the
+    `attempt_end` record's reason, read back by skyspot.attempts)."""
     node_codes: list
     cause: Optional[str] = None
 
@@ -71,8 +73,8 @@ class Attempt:
     """When a node first exited non-zero."""
 
 
-ENDED_BY: dict[Stage, Optional[str]] = {
-    Stage.RUNNING: None, Stage.NOTICED: "preempted", Stage.PREEMPTING: "preempted",
-    Stage.CANCELLING: "cancelled", Stage.SWITCHING: "switched",
+ENDED_BY: dict[Stage, Optional[AttemptEnd]] = {
+    Stage.RUNNING: None, Stage.NOTICED: AttemptEnd.PREEMPTED, Stage.PREEMPTING: AttemptEnd.PREEMPTED,
+    Stage.CANCELLING: AttemptEnd.CANCELLED, Stage.SWITCHING: AttemptEnd.SWITCHED,
 }
 """The outcome of an attempt whose nodes exited non-zero in each stage (None: their exit code says)."""

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Optional
 
+from skyspot.attempts import AttemptEnd as End
 from skyspot.clouds import NOTICE_WINDOWS_S, get as cloud_facts
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.errors import EXIT_USAGE
@@ -339,7 +340,7 @@ class Controller:
         return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
 
     # ------------------------------------------------------------------ one attempt
-    def run_attempt(self, number: int, spot: bool, metadata) -> tuple[int, str, Optional[str]]:
+    def run_attempt(self, number: int, spot: bool, metadata) -> tuple[int, End, Optional[str]]:
         """One attempt from provisioning to its end: (exit code, outcome, cause); the outcome is a key of
         AFTER_ATTEMPT."""
         attempt = self._begin(number, spot, metadata)
@@ -376,7 +377,7 @@ class Controller:
         self.prepared = True
         if self.prepare_node(self.node_env(0, attempt.where, {}, attempt.port)):
             return None
-        return Ending(1, "cancelled", [])
+        return Ending(1, End.CANCELLED, [])
 
     def _setup(self, attempt: Attempt) -> Optional[Ending]:
         """A fresh node's setup on every node, as SkyPilot runs it on every newly provisioned VM."""
@@ -390,7 +391,7 @@ class Controller:
                              self.log, cwd=self.node_dir(node_rank))
             if code != 0:
                 cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {self.spec.name}` has its output"
-                return Ending(code, "setup_failed", [code], cause)
+                return Ending(code, End.SETUP_FAILED, [code], cause)
         return None
 
     def _start_nodes(self, attempt: Attempt) -> None:
@@ -446,14 +447,14 @@ class Controller:
         code = 0 if all(c == 0 for c in codes) else (RECOVER_EXIT_CODE if RECOVER_EXIT_CODE in codes
                                                      else next(c for c in codes if c != 0))
         if code == 0:
-            outcome = "complete"
+            outcome = End.COMPLETE
         else:
             # Stopped by nobody: 75 is a SIGTERM from elsewhere, the trainer saved and asked to be recovered.
-            outcome = ENDED_BY[attempt.stage] or ("preempted" if code == RECOVER_EXIT_CODE else "error")
-        cause = self._cause(attempt.nodes, attempt.started) if outcome in ("error", "cancelled") else None
+            outcome = ENDED_BY[attempt.stage] or (End.PREEMPTED if code == RECOVER_EXIT_CODE else End.ERROR)
+        cause = self._cause(attempt.nodes, attempt.started) if outcome in (End.ERROR, End.CANCELLED) else None
         return Ending(code, outcome, codes, cause)
 
-    def _close(self, attempt: Attempt, ending: Ending) -> tuple[int, str, Optional[str]]:
+    def _close(self, attempt: Attempt, ending: Ending) -> tuple[int, End, Optional[str]]:
         attempt.events.emit("attempt_end", code=ending.code, reason=ending.outcome, node_codes=ending.node_codes,
                             **({"cause": ending.cause} if ending.cause else {}))
         attempt.events.close()
@@ -707,9 +708,9 @@ def _errored(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
     return None
 
 
-AFTER_ATTEMPT: dict[str, Callable[[Controller, int, Optional[str]], Optional[int]]] = {
-    "complete": _succeeded, "cancelled": _cancelled, "setup_failed": _setup_failed,
-    "preempted": _preempted, "switched": _switched, "error": _errored,
+AFTER_ATTEMPT: dict[End, Callable[[Controller, int, Optional[str]], Optional[int]]] = {
+    End.COMPLETE: _succeeded, End.CANCELLED: _cancelled, End.SETUP_FAILED: _setup_failed,
+    End.PREEMPTED: _preempted, End.SWITCHED: _switched, End.ERROR: _errored,
 }
 """An attempt's outcome -> what the run does next."""
 
