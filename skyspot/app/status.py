@@ -132,8 +132,24 @@ def summarize(run, log, queue_record: Optional[dict] = None, now: Optional[float
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
         "node_kinds": node_kinds(events),  # what it ran on: one entry per distinct kind of node (node_kinds.py)
+        "fabric": _fabric(started),  # the newest attempt's fabric probe (clouds/fabric_rates.py summarize)
         **latest_losses(log),
     }
+
+
+def _fabric(started) -> Optional[dict[str, Any]]:
+    """The newest started attempt's fabric, as its nodes' `fabric` events recorded it (one per node)."""
+    from skyspot.clouds.fabric_rates import summarize
+    from skyspot.events import EventType as T
+
+    for attempt in reversed(started):
+        by_node: dict[Any, dict] = {}
+        for e in attempt.events:
+            if e.get("type") == T.FABRIC:
+                by_node[e.get("node_rank")] = e  # the newest start's, after restarts in place
+        if by_node:
+            return summarize(by_node.values())
+    return None
 
 
 def latest_losses(log) -> dict[str, Any]:

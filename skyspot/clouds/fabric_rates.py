@@ -132,10 +132,18 @@ class Judgment:
     line: Optional[str]
     """One line saying what is wrong with the measured and expected figures; None when nothing is."""
 
+    transport: Optional[str] = None
+
     @property
     def short(self) -> bool:
-        """What `fabric.require: best` refuses."""
+        """What `fabric.require: best` refuses: plain TCP between nodes, or below the fraction."""
         return self.on_sockets or self.below_expected
+
+    @property
+    def warns(self) -> bool:
+        """What `fabric.require: warn` warns about: NCCL fallen back to sockets, or below the fraction. gloo is
+        CPU training, which has no other transport: recorded (and refused by `best`), not warned about."""
+        return self.below_expected or (self.on_sockets and (self.transport or "").lower() != "gloo")
 
 
 def judge(*, busbw_gbps: Optional[float], transport: Optional[str], num_nodes: int,
@@ -157,13 +165,14 @@ def judge(*, busbw_gbps: Optional[float], transport: Optional[str], num_nodes: i
     elif below:
         line = (f"the fabric between {num_nodes} nodes is below {fraction:g} of what it should carry: measured "
                 f"{measured} on {transport or 'an unknown transport'}, {expected_text}")
-    return Judgment(on_sockets, below, want, line)
+    return Judgment(on_sockets, below, want, line, transport)
 
 
 def summarize(fabric_events: Iterable[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
     """What `status` and `cost-report` show of one attempt's `fabric` events (one per node): the transports,
-    the slowest node's probe, the expected figure, and whether any node was short (on sockets or below the
-    fraction); None when no node recorded one."""
+    the slowest node's probe, the expected figure, whether any node was below it or on sockets, and the
+    first node's warning (`warning`: what the mark in `status` and `cost-report` stands for); None when no
+    node recorded one."""
     events = list(fabric_events)
     if not events:
         return None
@@ -174,4 +183,5 @@ def summarize(fabric_events: Iterable[Mapping[str, Any]]) -> Optional[dict[str, 
             "busbw_gbps": min(measured) if measured else None,
             "expected_gbps": max(expected) if expected else None,
             "below_expected": any(e.get("below_expected") is True for e in events),
-            "on_sockets": any(e.get("on_sockets") is True for e in events)}
+            "on_sockets": any(e.get("on_sockets") is True for e in events),
+            "warning": next((str(e["warning"]) for e in events if e.get("warning")), None)}

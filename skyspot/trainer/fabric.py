@@ -124,16 +124,16 @@ def record(log_dir: Optional[Path], *, backend: str, num_nodes: int, events=None
                   expected_source=rate.source if rate is not None and num_nodes > 1 else None,
                   on_sockets=verdict.on_sockets, below_expected=verdict.below_expected, require=require)
     say(summary_line(fields))
-    if verdict.line:
+    if verdict.warns:
         advice = ("ZeRO-3's traffic will dominate each step. Ask for `resources.network_tier: best` on a cloud that "
                   "has a fast fabric (docs/clouds.md, \"The fabric\")" if verdict.on_sockets else
-                  "check what the node's fabric got (docs/clouds.md, \"The fabric probe\")")
+                  "Check what the node's fabric got (docs/clouds.md, \"The fabric probe\")")
         fields["warning"] = f"{verdict.line}. {advice}"
-        if require == "best":
-            fields["refused"] = (f"fabric.require=best: {verdict.line}; refusing to start "
-                                 "(fabric.require=warn trains on it with a warning)")
-        else:
-            say(f"warning: {fields['warning']}")
+    if verdict.short and require == "best":
+        fields["refused"] = (f"fabric.require=best: {verdict.line}; refusing to start "
+                             "(fabric.require=warn trains on it with a warning)")
+    elif "warning" in fields:
+        say(f"warning: {fields['warning']}")
     if events is not None:
         events.emit("fabric", **fields)
     return fields
