@@ -130,11 +130,12 @@ def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force
         display([data], [], as_json=True)
         return
     if as_csv:
-        _write_csv([a | {"name": data["name"]} for a in data["attempts"]],
+        _write_csv([a | {"name": data["name"], "busbw_gbps": (a.get("fabric") or {}).get("busbw_gbps")}
+                    for a in data["attempts"]],
                    ["name", "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end",
                     "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source",
                     "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "cause",
-                    "cloud_cause", "transport"])
+                    "cloud_cause", "transport", "busbw_gbps"])
         return
     _format(data, places=None)
     display([_attempt_row(a) for a in data["attempts"]], ATTEMPT_COLUMNS, as_json=False,
