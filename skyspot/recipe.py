@@ -517,6 +517,19 @@ class ResilienceSection(_Section):
     model whose download at the planned bandwidth could outlast it (skyspot/start_bounds.py)."""
 
 
+class FabricSection(_Section):
+    require: Literal["warn", "best"] = "warn"
+    """What a multi-node start does when the fabric probe finds it short: on plain TCP (NCCL's sockets,
+    gloo) or below half its instance type's expected bus bandwidth (clouds/fabric_rates.py). `warn`
+    (default): a warning in the log, the `fabric` event, `status` and `cost-report`, and training goes on.
+    `best`: the start refuses in one line with the measured and expected figures (exit 2). Warn by default
+    because a refusal costs a whole restart, on new machines, where the fabric may simply be one the table
+    does not name; `best` is for those who know their candidates' fabric (docs/clouds.md, "The fabric probe")."""
+    probe_mib: Optional[int] = Field(None, ge=0, le=4096)
+    """The probe's all-reduce buffer per rank in MiB (default: 256 on GPUs, 4 on CPU ranks); 0: no probe
+    (the transport is still recorded and judged)."""
+
+
 class Recipe(_Section):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
     """Recipe name (lowercase letters, digits, hyphens)."""
@@ -533,6 +546,7 @@ class Recipe(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     resilience: ResilienceSection = Field(default_factory=ResilienceSection)
+    fabric: FabricSection = Field(default_factory=FabricSection)
 
     @model_validator(mode="after")
     def _held_out_set(self) -> "Recipe":

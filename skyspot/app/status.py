@@ -6,7 +6,7 @@ Naming runs and recording a launch are the ledger's (skyspot/ledger.py)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 
 if TYPE_CHECKING:
     from skyspot.events import Event, EventLog
@@ -137,8 +137,24 @@ def summarize(run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]]
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),
         "node_kinds": node_kinds(events),  # what it ran on: one entry per distinct kind of node (node_kinds.py)
+        "fabric": _fabric(started),  # the newest attempt's fabric probe (clouds/fabric_rates.py summarize)
         **latest_losses(log),
     }
+
+
+def _fabric(started: Sequence[Any]) -> Optional[dict[str, Any]]:
+    """The newest started attempt's fabric, as its nodes' `fabric` events recorded it (one per node)."""
+    from skyspot.clouds.fabric_rates import summarize
+    from skyspot.events import EventType as T
+
+    for attempt in reversed(started):
+        by_node: dict[Any, Mapping[str, Any]] = {}
+        for e in attempt.events:
+            if e.get("type") == T.FABRIC:
+                by_node[e.get("node_rank")] = e  # the newest start's, after restarts in place
+        if by_node:
+            return summarize(by_node.values())
+    return None
 
 
 def latest_losses(log: EventLog) -> dict[str, Any]:

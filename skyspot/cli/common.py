@@ -55,6 +55,22 @@ def loss_text(losses: dict) -> str:
     return ", ".join(parts)
 
 
+FABRIC_MARK = "!"
+"""After a fabric that warned (below its expected figure, or NCCL on sockets); the warning itself is a note."""
+
+
+def fabric_text(fabric: Optional[dict], transport: Optional[str] = None) -> str:
+    """The fabric as `status` and `cost-report` show it: `ofi 18.2 GB/s` (the probe's bus bandwidth), with the
+    expected figure when the instance type has one (`ofi 18.2/50 GB/s`), and FABRIC_MARK when it warned."""
+    if not fabric:
+        return transport or "-"
+    text = fabric.get("transport") or transport or "?"
+    measured, expected = fabric.get("busbw_gbps"), fabric.get("expected_gbps")
+    if isinstance(measured, (int, float)):
+        text += f" {measured:.3g}" + (f"/{expected:g}" if isinstance(expected, (int, float)) else "") + " GB/s"
+    return text + (f" {FABRIC_MARK}" if fabric.get("warning") else "")
+
+
 def usd(value: Optional[float], places: Optional[int] = None) -> str:
     """Dollars with the sign in front (-$0.09, not $-0.09); four places below a dollar unless `places`."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

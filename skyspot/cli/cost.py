@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from skyspot.cli.common import Column, display, handle_errors, in_place_text, one_line, terminal_width, usd
+from skyspot.cli.common import (Column, display, fabric_text, handle_errors, in_place_text, one_line, terminal_width,
+                                usd)
 from skyspot.cli.output import ForceOption, check_output, write_output
 from skyspot.cli.options import JsonOption, OptionalRunArgument
 from skyspot.console import err, out, printable
@@ -129,11 +130,12 @@ def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force
         display([data], [], as_json=True)
         return
     if as_csv:
-        _write_csv([a | {"name": data["name"]} for a in data["attempts"]],
+        _write_csv([a | {"name": data["name"], "busbw_gbps": (a.get("fabric") or {}).get("busbw_gbps")}
+                    for a in data["attempts"]],
                    ["name", "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end",
                     "end_reason", "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source",
                     "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "cause",
-                    "cloud_cause", "transport"])
+                    "cloud_cause", "transport", "busbw_gbps"])
         return
     _format(data, places=None)
     display([_attempt_row(a) for a in data["attempts"]], ATTEMPT_COLUMNS, as_json=False,
@@ -336,7 +338,8 @@ def _attempt_row(a: dict) -> dict:
     return {**a, "where": "/".join(x for x in (a.get("cloud"), a.get("region")) if x),
             "capacity": "spot" if a.get("spot") else "on-demand", "duration": _secs(a.get("seconds")),
             "egress": usd(a.get("egress_usd") or 0.0, 4), "cost": usd(a.get("cost_usd"), 4),
-            "cause": _cause(a.get("cause"), a.get("cloud_cause")), "fabric": a.get("transport") or "-"}
+            "cause": _cause(a.get("cause"), a.get("cloud_cause")),
+            "fabric": fabric_text(a.get("fabric"), a.get("transport"))}
 
 
 def _cause(cause, cloud_cause) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from skyspot.cli.common import Column, confirm, display, handle_errors, in_place_text, loss_text, usd
+from skyspot.cli.common import (FABRIC_MARK, Column, confirm, display, fabric_text, handle_errors, in_place_text,
+                                loss_text, usd)
 from skyspot.cli.options import JsonOption, OptionalRunArgument, YesOption
 from skyspot.console import err
 
@@ -19,6 +20,8 @@ STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column(
 DEADLINE_COLUMN = Column("deadline_text", "DEADLINE", 6)
 # Shown when a listed run was restarted in place (#26): on the same machines, apart from #RECOVERIES.
 IN_PLACE_COLUMN = Column("in_place", "IN PLACE", 4, right=True)
+# Shown when a listed run's newest attempt probed its fabric: transport and bus bandwidth, marked when short.
+FABRIC_COLUMN = Column("fabric_text", "FABRIC", 5)
 SIM_NOTE = "(sim): a local run, priced as the cloud instance it stands for (estimates, not a bill)"
 
 
@@ -42,14 +45,20 @@ def status_command(
         row["elapsed"] = _duration(row["elapsed_seconds"])
         row["deadline_text"] = deadline_text(row.get("deadline"))
         row["in_place"] = in_place_text(row)
+        row["fabric_text"] = fabric_text(row.get("fabric"))
     columns = (STATUS_COLUMNS + ([IN_PLACE_COLUMN] if any(r.get("restarts_in_place") or r.get("hangs") for r in rows)
                                  else [])
-               + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else []))
+               + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else [])
+               + ([FABRIC_COLUMN] if any(r.get("fabric") for r in rows) else []))
     display(rows, columns, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
             caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
     if not as_json:
         for line in view.failures:
             err.print(line, markup=False, highlight=False)
+        for row in rows:
+            if (row.get("fabric") or {}).get("warning"):
+                err.print(f"{row['name']} fabric {FABRIC_MARK}: {row['fabric']['warning']}", markup=False,
+                          highlight=False)
     for note in view.notes:
         err.print(note)
     if view.malformed_events:

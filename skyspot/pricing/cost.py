@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Optional
 from skyspot.pricing import prices as pricing
 from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, end_of_status,
                               is_simulated, is_spot, split)
+from skyspot.clouds.fabric_rates import summarize as summarize_fabric
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
 from skyspot.events import EventType as T
@@ -92,6 +93,9 @@ class AttemptCost:
     transport: Optional[str] = None
     """What NCCL used between the nodes, from its nodes' `fabric` events (ib, roce, ofi, tcpx, socket; gloo
     on CPU), several joined by commas when nodes differed; None when no node recorded it."""
+    fabric: Optional[dict[str, Any]] = None
+    """The fabric probe's figures from its nodes' `fabric` events (clouds.fabric_rates.summarize): transport,
+    the slowest node's bus bandwidth (GB/s), the expected figure, below_expected, the first warning."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -690,6 +694,7 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
         simulated=is_simulated(where),
         compute_usd=billed_hours * price.usd_per_hour if price else None,
         cause=cause, cloud_cause=cloud_cause, transport=", ".join(transports) or None,
+        fabric=summarize_fabric(fabrics),
     )
 
 

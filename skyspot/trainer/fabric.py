@@ -17,7 +17,14 @@ NCCL_DEBUG_FILE itself. After the first collective, `record` reads NCCL's own li
 
 and `.../GDRDMA` on a channel line means GPUDirect RDMA. Without the file (the task chose its own
 NCCL_DEBUG), the transport comes from the NCCL_* variables the task set, or is `unknown`. With gloo
-(CPU training) it is `gloo`. A multi-node run on `socket` is warned about, in the log and the event.
+(CPU training) it is `gloo`.
+
+The event also carries the fabric probe's figures (trainer/fabric_probe.py: `busbw_gbps`, `algbw_gbps`,
+`probe_bytes`, `probe_iters`, `probe_seconds`), what the node's instance type should carry
+(clouds/fabric_rates.py: `expected_gbps`, `expected`, `expected_source`) and the judgment of the two
+(`on_sockets`, `below_expected`, `require`). The log says it in one line. A multi-node start on plain TCP or
+below the fraction is warned about, in the log and the event (`warning`); with `fabric.require: best` the
+returned fields carry `refused`, the one line the start refuses with (loop.setup raises it on every rank).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Optional
+
+from skyspot.clouds.fabric_rates import expected_for, judge
 
 LOG_DIR = "nccl"
 LOG_PATTERN = "nccl.%h.%p.log"  # NCCL expands %h (host name) and %p (pid) itself
@@ -89,9 +98,12 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def record(log_dir: Optional[Path], *, backend: str, num_nodes: int, events=None,
            environ: Mapping[str, str] = os.environ, pid: Optional[int] = None,
-           say: Callable[[str], None] = print) -> dict[str, Any]:
-    """After the first collective (node leader): the `fabric` event, and a warning for a multi-node run
-    on sockets. Returns the event's fields."""
+           say: Callable[[str], None] = print, probe: Optional[Mapping[str, Any]] = None,
+           where: Optional[Mapping[str, Any]] = None, require: str = "warn") -> dict[str, Any]:
+    """After the first collective and the probe (node leader): the `fabric` event, its one line in the log,
+    and a warning for a multi-node run on sockets or below its instance type's figure. `probe`: the probe's
+    fields (fabric_probe.ProbeResult.fields), `where`: the node's placement (its instance type and cloud).
+    Returns the event's fields (with `refused` when `require` is `best` and the fabric is short)."""
     env = {k: environ[k] for k in ENV_KEYS if environ.get(k)}
     if backend != "nccl":
         fields: dict[str, Any] = {"network": None, "transport": backend, "gdr": False, "source": "backend"}
@@ -101,15 +113,45 @@ def record(log_dir: Optional[Path], *, backend: str, num_nodes: int, events=None
                   "log": str(log_dir)}
     else:
         fields = {**_from_env(environ), "source": "env"}
-    fields.update(backend=backend, num_nodes=num_nodes, env=env)
-    if num_nodes > 1 and fields["transport"] == "socket":
-        fields["warning"] = (f"NCCL is on plain TCP sockets between {num_nodes} nodes: ZeRO-3's traffic will "
-                             "dominate each step. Ask for `resources.network_tier: best` on a cloud that has a "
-                             "fast fabric (docs/clouds.md, \"The fabric\")")
+    fields.update(backend=backend, num_nodes=num_nodes, env=env, **dict(probe or {}))
+    where = where or {}
+    instance_type = where.get("instance_type")
+    rate = expected_for(instance_type if instance_type not in (None, "", "unknown") else None, where.get("cloud"))
+    verdict = judge(busbw_gbps=fields.get("busbw_gbps"), transport=fields["transport"], num_nodes=num_nodes,
+                    expected=rate)
+    fields.update(instance_type=instance_type, expected_gbps=verdict.expected_gbps,
+                  expected=rate.text if rate is not None and num_nodes > 1 else None,
+                  expected_source=rate.source if rate is not None and num_nodes > 1 else None,
+                  on_sockets=verdict.on_sockets, below_expected=verdict.below_expected, require=require)
+    say(summary_line(fields))
+    if verdict.warns:
+        advice = ("ZeRO-3's traffic will dominate each step. Ask for `resources.network_tier: best` on a cloud that "
+                  "has a fast fabric (docs/clouds.md, \"The fabric\")" if verdict.on_sockets else
+                  "Check what the node's fabric got (docs/clouds.md, \"The fabric probe\")")
+        fields["warning"] = f"{verdict.line}. {advice}"
+    if verdict.short and require == "best":
+        fields["refused"] = (f"fabric.require=best: {verdict.line}; refusing to start "
+                             "(fabric.require=warn trains on it with a warning)")
+    elif "warning" in fields:
         say(f"warning: {fields['warning']}")
     if events is not None:
         events.emit("fabric", **fields)
     return fields
+
+
+def summary_line(fields: Mapping[str, Any]) -> str:
+    """The log's one line: transport, the probe's bus bandwidth, size and iterations, the expected figure."""
+    parts = [f"fabric: {fields.get('num_nodes')} node(s) on {fields.get('transport')}"
+             + (f" ({fields['network']})" if fields.get("network") else "")]
+    if isinstance(fields.get("busbw_gbps"), (int, float)):
+        parts.append(f"all-reduce of {fields['probe_bytes'] / (1 << 20):g} MiB x {fields.get('probe_iters')}: bus "
+                     f"bandwidth {fields['busbw_gbps']:.2f} GB/s")
+    else:
+        parts.append("not probed")
+    if fields.get("expected_gbps") is not None:
+        parts.append(f"expected {fields['expected_gbps']:g} GB/s ({fields.get('expected')})"
+                     + (" BELOW" if fields.get("below_expected") else ""))
+    return "; ".join(parts)
 
 
 def _read_log(log_dir: Path, pid: int) -> str:

@@ -67,7 +67,8 @@ from skyspot.trainer.say import say
 from skyspot.trainer.stacks import allow_stack_dumps
 from skyspot.trainer.vote import Vote, boundary
 
-__all__ = ["Run", "build", "cleanup", "main", "parse_args", "process_main", "reconcile_recipe", "setup", "train"]
+__all__ = ["Run", "build", "cleanup", "main", "parse_args", "probe_fabric", "process_main", "reconcile_recipe", "setup",
+           "train"]
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -203,7 +204,9 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         started = replace(started, metrics=attach_metrics(started, say))
     # The node leader asks its cloud's metadata what it runs on (SkyPilot does not say instance or spot).
     found = node_instance.read(env.environ) if placement.is_node_leader else None
-    started.emit("start", where=node_instance.where_with(placement.where, found), world_size=placement.world_size,
+    where = node_instance.where_with(placement.where, found)
+    started = replace(started, backend=backend, nccl_log=nccl_log, where=where)  # the fabric probe's (probe_fabric)
+    started.emit("start", where=where, world_size=placement.world_size,
                  total_steps=recipe.train.steps, recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(),
                  threads=threads, store=store_uri, fresh=fresh, **({"instance": found} if found else {}))
     if placement.is_node_leader:
@@ -212,8 +215,29 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
             events.emit("node", **node_facts(env.environ, instance=found, run_dir=args.run_dir))
         except Exception as error:  # noqa: BLE001 - a fact that cannot be read never fails a start
             say(f"node facts not read: {error}")
-        fabric.record(nccl_log, backend=backend, num_nodes=placement.num_nodes, events=events, say=say)
     return Run(started)
+
+
+def probe_fabric(run: Run) -> None:
+    """After the rendezvous, before the model: every rank all-reduces the probe's buffer (fabric_probe.py),
+    each node leader records the `fabric` event (transport, bus bandwidth, what its instance type should
+    carry; fabric.py), and with `fabric.require: best` a short fabric on any node ends the start on every
+    rank with that node's one line (UsageError: exit 2, not restarted in place or by the local executor)."""
+    from skyspot.trainer import fabric_probe
+
+    started = run.started
+    placement, settings, backend = started.placement, started.recipe.fabric, started.backend
+    size = fabric_probe.probe_bytes(settings.probe_mib, backend)
+    probed = fabric_probe.measure(size, started.device)  # a collective: every rank, the same size
+    refusal = None
+    if placement.is_node_leader:
+        fields = fabric.record(started.nccl_log, backend=backend, num_nodes=placement.num_nodes,
+                               events=started.events, say=say, probe=probed.fields() if probed else None,
+                               where=started.where, require=settings.require)
+        refusal = fields.get("refused")
+    refusals = [line for line in started.comm.all_gather_object(refusal) if line]
+    if refusals:
+        raise UsageError(refusals[0])
 
 
 def _check_local_paths(recipe: Recipe) -> None:
@@ -533,6 +557,7 @@ def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
         args.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # checkpoints are the user's alone
         run = setup(args, watch)
         restart.settle(run.started.generation)  # restart.py: the backoff, or end at once (preempted before, the budget spent)
+        probe_fabric(run)  # what the fabric carries, before the model is built; `fabric.require: best` may refuse
         build(run)
         step = train(run)
         code, reason, final = COMPLETE, "training complete", True

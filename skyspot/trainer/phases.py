@@ -69,6 +69,12 @@ class Started:
     """The node leader's notice watcher, when no supervisor runs it (loop._start_notice_watcher)."""
     metrics: Optional[MetricsSink] = None
     """Global rank 0's dashboards (metrics.backends), fed from its own events (trainer/metrics/)."""
+    backend: str = "gloo"
+    """The process group's backend (nccl on GPUs, gloo on CPU ranks)."""
+    nccl_log: Optional[Path] = None
+    """Where the node leader's NCCL writes its INIT/NET lines (fabric.prepare), read by the fabric probe."""
+    where: dict[str, Any] = field(default_factory=dict)
+    """Where this node runs as the start event says it (its instance type: the fabric probe's expected figure)."""
 
     @property
     def run_dir(self) -> Path:
@@ -158,7 +164,6 @@ class Run:
     """Opened first in build (closed by cleanup even when build failed after it); Built.ckpt once built."""
     built: Optional[Built] = None
     progress: Progress = field(default_factory=Progress)
-
     @property
     def placement(self) -> Placement:
         return self.started.placement

@@ -428,7 +428,7 @@ def test_to_dict_field_names_are_stable():
         "attempt", "cloud", "region", "zone", "instance_type", "nodes", "spot", "start", "end", "end_reason",
         "seconds", "billed_hours", "usd_per_hour", "cost_usd", "price_source", "price_date", "price_detail",
         "simulated", "compute_usd", "egress_upload_bytes", "egress_download_bytes", "egress_usd", "egress_detail",
-        "cause", "cloud_cause", "transport"]
+        "cause", "cloud_cause", "transport", "fabric"]
     assert list(data["recovery_details"][0]) == [
         "from_attempt", "to_attempt", "cause", "notice_at", "checkpoint_at", "exit_at", "start_at",
         "restored_at", "first_step_at", "notice_to_checkpoint_seconds", "checkpoint_to_exit_seconds",
