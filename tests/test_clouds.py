@@ -90,7 +90,8 @@ def _complete_parts() -> dict:
             "no_fabric": "none", "upload_gbps": 1.0, "prior_node_hours": {"large": 1.0, "small": 1.0, "cpu": 1.0},
             "attached_gpus": (), "spot_at_on_demand_is_spot": True, "count_fixes": {},
             "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),
-            "native_action": lambda self, action: action}
+            "native_action": lambda self, action: action,
+            "fabric_env": lambda self, instance_type: {}, "fabric_image": lambda self, instance_type: None}
 
 
 def test_a_planted_cloud_with_every_part_passes_the_check():

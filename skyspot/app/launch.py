@@ -10,6 +10,7 @@ PACKAGE_MOUNT is where the nodes find the wheel (task/package.py), for the CLI's
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -66,6 +67,46 @@ def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
     if not isinstance(node, BaseModel) and parse_overrides([typed])[0][1] == value:
         return typed
     return f"{key}={value_text(value)}"
+
+
+def efa_regions(planned: Sequence[Any]) -> list[str]:
+    """The regions an AWS candidate that gets EFA (SkyPilot's rule, clouds/aws.py) may land in: its own, or
+    every region of the price snapshot offering its instance type (no opt-in zones); [] without one."""
+    from skyspot.clouds.aws import is_efa_instance_type
+    from skyspot.pricing import prices as pricing
+
+    regions: set[str] = set()
+    for c in planned:
+        if c.cloud == "aws" and c.network_tier == "best" and is_efa_instance_type(c.instance_type):
+            if c.region:
+                regions.add(c.region)
+            else:
+                regions.update(r["region"] for r in pricing.snapshot_rows("aws")
+                               if r["instance_type"] == c.instance_type and not r["opt_in_zone"])
+    return sorted(regions)
+
+
+def resolve_efa_images(planned: Sequence[Any]) -> dict[str, str]:
+    """Amazon's EFA AMI per region the plan's EFA candidates may use (clouds/aws_images.py); {} and no
+    network when none does; UsageError (one line) when it cannot be resolved."""
+    regions = efa_regions(planned)
+    if not regions:
+        return {}
+    from skyspot.clouds import aws_images
+
+    return aws_images.resolve(regions)
+
+
+def add_efa_images(built: RenderedTask) -> RenderedTask:
+    """The task with Amazon's EFA AMI per region its EFA candidates may use (SKYSPOT_EFA_IMAGES, which each
+    EFA node checks in setup: trainer/nccl_env.py); unchanged without one; UsageError when unresolved."""
+    images = resolve_efa_images(built.candidates)
+    if images:
+        from skyspot.clouds.aws_images import IMAGES_ENV
+
+        built.task["envs"][IMAGES_ENV] = json.dumps(images, separators=(",", ":"))
+        built.yaml = to_yaml(built.task, built.recipe)
+    return built
 
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
@@ -249,6 +290,8 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
                   local=executor.runs_here, package=package, loaded=recipe)
     if not request.dry_run:
         executor.check(built)  # what this executor refuses (no enabled cloud, a missing secret), nothing recorded
+        if not executor.runs_here:  # Amazon's EFA image, or the fabric refused (clouds/aws_images.py)
+            add_efa_images(built)
     check_hosts(recipe, environ)
     preflight(recipe, local=executor.runs_here, environ=environ, network=not request.dry_run)
     question = None if request.dry_run else executor.launch_question(built)

@@ -1,0 +1,211 @@
+"""The fabric per cloud: Amazon's EFA image by owner (moto's EC2 on loopback), the EFA interfaces SkyPilot
+attaches (its own function over moto's DescribeInstanceTypes), and the NCCL environment each cloud's fabric
+candidate gets in the rendered task."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from skyspot import clouds
+from skyspot.app.launch import add_efa_images, build, efa_regions
+from skyspot.clouds import aws_images
+from skyspot.clouds.aws import MAX_EFA_INTERFACES, efa_interfaces, is_efa_instance_type
+from skyspot.errors import UsageError
+from skyspot.ports import free_port
+from skyspot.trainer import nccl_env
+
+AMAZON_AMI = "ami-0a1b2c3d4e5f60718"
+
+
+@pytest.fixture(scope="module")
+def ec2_server(tmp_path_factory):
+    """moto's server in a process of its own, seeded (MOTO_AMIS_PATH, read when moto is imported) with one
+    AMI of SkyPilot's EFA name; moto gives the images of that file the owner alias "amazon"."""
+    seed = tmp_path_factory.mktemp("amis") / "amis.json"
+    seed.write_text(json.dumps([{
+        "ami_id": AMAZON_AMI, "state": "available", "public": True, "owner_id": "898082745236",
+        "name": aws_images.EFA_IMAGE_NAME, "description": "Amazon's", "image_type": "machine",
+        "architecture": "x86_64", "virtualization_type": "hvm", "root_device_type": "ebs",
+        "root_device_name": "/dev/sda1", "hypervisor": "xen", "creation_date": "2025-08-08T00:00:00.000Z"}]))
+    port = free_port()
+    env = {**os.environ, "MOTO_AMIS_PATH": str(seed)}
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    import urllib.request
+
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def aws_env(ec2_server, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", ec2_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(ec2_server + "/moto-api/reset", method="POST"), timeout=10)
+    import boto3
+
+    return lambda region: boto3.session.Session().client("ec2", region_name=region)
+
+
+def _squat(ec2) -> str:
+    """A newer public AMI of the same name from another account (moto's own, 123456789012)."""
+    return ec2.register_image(Name=aws_images.EFA_IMAGE_NAME, RootDeviceName="/dev/sda1",
+                              BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 8}}])["ImageId"]
+
+
+def test_amazons_efa_image_is_chosen_and_a_newer_look_alike_never(aws_env):
+    ec2 = aws_env("eu-west-2")
+    assert aws_images.resolve(["eu-west-2"]) == {"eu-west-2": AMAZON_AMI}
+    squatter = _squat(ec2)
+    found = aws_images.efa_image("eu-west-2")
+    assert found.amazon == AMAZON_AMI and found.skypilot_pick == squatter  # newer, so SkyPilot's rule takes it
+    with pytest.raises(UsageError, match=rf"refused: in eu-west-2 .* is {squatter} .*not Amazon's {AMAZON_AMI}") as e:
+        aws_images.resolve(["eu-west-2"])
+    assert "\n" not in str(e.value)
+
+
+def test_skypilots_own_lookup_boots_the_look_alike(aws_env):
+    """Why skyspot refuses rather than trusts: SkyPilot 0.14.1's `_get_efa_image_id` over the same server."""
+    from sky.clouds import aws as sky_aws
+
+    squatter = _squat(aws_env("ap-south-1"))
+    sky_aws._get_efa_image_id.cache_clear()
+    assert sky_aws._get_efa_image_id("ap-south-1") == squatter
+
+
+def test_without_amazons_image_the_fabric_is_refused_in_one_line(aws_env):
+    ec2 = aws_env("ca-central-1")
+    ec2.deregister_image(ImageId=AMAZON_AMI)
+    with pytest.raises(UsageError, match="no EFA image .* owned by Amazon in ca-central-1") as e:
+        aws_images.resolve(["ca-central-1"])
+    assert "\n" not in str(e.value)
+
+
+def test_without_credentials_the_fabric_is_refused_in_one_line(monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(UsageError, match="AWS credentials are missing"):
+        aws_images.resolve(["us-east-1"])
+
+
+def test_launch_renders_amazons_image_per_region_for_the_efa_candidates(aws_env):
+    built = add_efa_images(build("llama70b"))
+    images = json.loads(built.task["envs"][aws_images.IMAGES_ENV])
+    assert set(images) == set(efa_regions(built.candidates)) and "us-east-1" in images
+    assert set(images.values()) == {AMAZON_AMI}
+
+
+def test_no_aws_lookup_without_an_efa_candidate():
+    built = add_efa_images(build("tiny"))  # no credentials here: a lookup would raise
+    assert aws_images.IMAGES_ENV not in built.task["envs"]
+
+
+def test_launch_refuses_the_fabric_when_a_look_alike_is_newest(aws_env):
+    _squat(aws_env("us-east-1"))
+    with pytest.raises(UsageError, match="the fabric on AWS refused: in us-east-1"):
+        add_efa_images(build("llama70b"))
+
+
+# ------------------------------------------------------------------ EFA interfaces
+
+
+@pytest.mark.parametrize("instance_type", sorted(MAX_EFA_INTERFACES))
+def test_max_efa_interfaces_match_skypilots_own_function(aws_env, instance_type):
+    from sky.clouds import aws as sky_aws
+
+    sky_aws._get_max_efa_interfaces.cache_clear()
+    assert sky_aws._get_max_efa_interfaces(instance_type, "us-east-1") == MAX_EFA_INTERFACES[instance_type]
+    assert sky_aws._is_efa_instance_type(instance_type) is is_efa_instance_type(instance_type) is True
+
+
+def test_the_efa_rule_is_skypilots():
+    from sky.clouds import aws as sky_aws
+
+    for t in ("p4d.24xlarge", "p5.48xlarge", "g5.2xlarge", "m5.large", "p3.16xlarge", "trn1.32xlarge"):
+        assert sky_aws._is_efa_instance_type(t) is is_efa_instance_type(t)
+
+
+def test_one_efa_interface_without_internal_ips_all_with_them():
+    assert efa_interfaces("p4de.24xlarge", use_internal_ips=False) == (1, 4)
+    assert efa_interfaces("p4de.24xlarge", use_internal_ips=True) == (4, 4)
+    assert efa_interfaces("p5.48xlarge", use_internal_ips=False) == (1, 32)
+    assert efa_interfaces("p5.48xlarge", use_internal_ips=True) == (32, 32)
+    assert efa_interfaces("m5.large", use_internal_ips=True) == (0, 0)
+
+
+# ------------------------------------------------------------------ NCCL environment per cloud
+
+
+def test_each_clouds_fabric_candidate_gets_its_nccl_env_and_others_none():
+    built = build("llama70b")
+    table = json.loads(built.task["envs"][nccl_env.FABRIC_ENV])
+    assert table["p4de.24xlarge"]["FI_PROVIDER"] == "efa" and table["p5.48xlarge"]["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert "/opt/amazon/ofi-nccl/lib" in table["p5.48xlarge"]["SKYSPOT_LIBPATH_PREPEND"]
+    tcpx = table["a3-highgpu-8g"]
+    assert (tcpx["NCCL_ALGO"], tcpx["NCCL_PROTO"], tcpx["NCCL_NSOCKS_PERTHREAD"], tcpx["NCCL_BUFFSIZE"]) == \
+        ("Ring", "Simple", "4", "8388608")
+    assert table["Standard_ND96isr_H100_v5"]["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
+    assert table["Standard_ND96amsr_A100_v4"]["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    assert "a2-ultragpu-8g" not in table  # GCP A100: no fabric, no env
+    for entry in built.task["resources"]["ordered"]:
+        if entry["cloud"] == "azure":
+            assert entry["image_id"] == clouds.get("azure").fabric_image("Standard_ND96isr_H100_v5")
+        else:
+            assert "image_id" not in entry
+
+
+def test_a_recipe_without_the_fabric_renders_no_fabric_env():
+    built = build("llama70b", ["resources.network_tier=standard"])
+    assert nccl_env.FABRIC_ENV not in built.task["envs"]
+    assert not any("image_id" in e for e in built.task["resources"]["ordered"])
+
+
+def test_the_node_exports_only_its_own_instance_types_env():
+    built = build("llama70b")
+    envs = built.task["envs"]
+    lines = nccl_env.exports(envs, {"cloud": "gcp", "instance_type": "a3-highgpu-8g"})
+    assert "export NCCL_ALGO=Ring" in lines and not any("FI_PROVIDER" in x for x in lines)
+    aws = nccl_env.exports(envs, {"cloud": "aws", "instance_type": "p5.48xlarge"})
+    assert "export FI_PROVIDER=efa" in aws and any(x.startswith("export LD_LIBRARY_PATH=") for x in aws)
+    assert nccl_env.exports(envs, {"cloud": "gcp", "instance_type": "a2-ultragpu-8g"}) == []
+    assert nccl_env.exports(envs, None) == []
+    out = subprocess.run(["bash", "-c", "eval \"$1\"; echo \"$FI_PROVIDER|$SKYSPOT_LIBPATH_KEEP\"", "-", "\n".join(aws)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "efa|/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
+
+
+def test_a_node_on_another_ami_than_amazons_stops_in_setup():
+    envs = {aws_images.IMAGES_ENV: json.dumps({"us-east-1": AMAZON_AMI})}
+    node = {"cloud": "aws", "instance_type": "p5.48xlarge", "region": "us-east-1"}
+    assert nccl_env.image_problem(envs, {**node, "image": AMAZON_AMI}) is None
+    problem = nccl_env.image_problem(envs, {**node, "image": "ami-00000000000000bad"})
+    assert problem and "ami-00000000000000bad" in problem and "\n" not in problem
+    assert nccl_env.image_problem(envs, {**node, "instance_type": "m5.large", "image": "x"}) is None
+
+
+def test_off_a_cloud_node_nothing_is_read_or_printed(capsys, monkeypatch):
+    monkeypatch.setenv(nccl_env.FABRIC_ENV, json.dumps({"p5.48xlarge": {"FI_PROVIDER": "efa"}}))
+    assert nccl_env.main([]) == 0
+    assert capsys.readouterr().out == ""
