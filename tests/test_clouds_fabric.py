@@ -209,3 +209,22 @@ def test_off_a_cloud_node_nothing_is_read_or_printed(capsys, monkeypatch):
     monkeypatch.setenv(nccl_env.FABRIC_ENV, json.dumps({"p5.48xlarge": {"FI_PROVIDER": "efa"}}))
     assert nccl_env.main([]) == 0
     assert capsys.readouterr().out == ""
+
+
+# ------------------------------------------------------------------ the dry run
+
+
+def test_dry_run_says_how_many_efa_interfaces_and_what_gives_all(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from skyspot.cli.main import app
+
+    monkeypatch.setenv("SKYPILOT_GLOBAL_CONFIG", str(tmp_path / "config.yaml"))
+    result = CliRunner().invoke(app, ["launch", "llama70b", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "EFA on p4de.24xlarge: SkyPilot will attach 1 of 4 EFA interfaces" in result.output
+    assert "EFA on p5.48xlarge: SkyPilot will attach 1 of 32 EFA interfaces" in result.output
+    assert "use_internal_ips: true" in result.output
+    (tmp_path / "config.yaml").write_text("aws:\n  use_internal_ips: true\n  use_ssm: true\n")
+    result = CliRunner().invoke(app, ["launch", "llama70b", "--dry-run"])
+    assert "EFA on p5.48xlarge: SkyPilot will attach all 32 EFA interface(s)" in result.output

@@ -97,6 +97,59 @@ def resolve_efa_images(planned: Sequence[Any]) -> dict[str, str]:
     return aws_images.resolve(regions)
 
 
+# What gives an EFA node all its interfaces: SkyPilot's own advice where it attaches one (sky/clouds/aws.py:815-838),
+# and what `use_internal_ips` asks of the network (https://docs.skypilot.co/en/latest/reference/config.html
+# #aws-use-internal-ips: private subnets reachable from where SkyPilot runs, through SSM or a jump host).
+EFA_ALL_INTERFACES = ("add to ~/.sky/config.yaml `aws: {use_internal_ips: true, use_ssm: true}` (or "
+                      "`ssh_proxy_command: ssh -W %h:%p -i KEY USER@JUMP_HOST` instead of use_ssm); the nodes then get "
+                      "no public IP: their subnets need a NAT gateway (or VPC endpoints) for the image, PyPI and the "
+                      "store, and SSM or the jump host must reach them (aws.vpc_name names the VPC)")
+
+
+def aws_use_internal_ips(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """`aws.use_internal_ips` as SkyPilot's user config says it (SKYPILOT_GLOBAL_CONFIG, else ~/.sky/config.yaml:
+    sky/skypilot_config.py:116-121); a project's .sky.yaml or an API server's config may differ."""
+    import yaml
+
+    environ = os.environ if environ is None else environ
+    path = Path(environ.get("SKYPILOT_GLOBAL_CONFIG") or "~/.sky/config.yaml").expanduser()
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    aws = config.get("aws") if isinstance(config, dict) else None
+    return isinstance(aws, dict) and aws.get("use_internal_ips") is True
+
+
+def efa_notes(built: RenderedTask, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """One line per AWS candidate that gets EFA: how many interfaces SkyPilot 0.14.1 attaches and what gives all."""
+    from skyspot.clouds.aws import efa_interfaces, is_efa_instance_type
+
+    internal = aws_use_internal_ips(environ)
+    lines = []
+    seen = set()
+    for c in built.candidates:
+        if c.cloud != "aws" or c.network_tier != "best" or not is_efa_instance_type(c.instance_type):
+            continue
+        if c.instance_type in seen:
+            continue
+        seen.add(c.instance_type)
+        attached, most = efa_interfaces(c.instance_type, internal)
+        if most is None:
+            lines.append(f"EFA on {c.instance_type}: SkyPilot asks AWS for its interfaces at launch; without "
+                         f"aws.use_internal_ips it attaches one. To attach all: {EFA_ALL_INTERFACES}")
+        elif attached < most:
+            lines.append(f"EFA on {c.instance_type}: SkyPilot will attach {attached} of {most} EFA interfaces "
+                         f"(aws.use_internal_ips is not set). To attach all {most}: {EFA_ALL_INTERFACES}")
+        else:
+            lines.append(f"EFA on {c.instance_type}: SkyPilot will attach all {most} EFA interface(s)"
+                         + (" (aws.use_internal_ips is set)" if most > 1 else ""))
+    if lines:
+        lines.append("EFA image: launch resolves Amazon's own AMI per region and refuses the fabric where SkyPilot's "
+                     "name-only lookup would boot another (docs/clouds.md, 'The fabric')")
+    return lines
+
+
 def add_efa_images(built: RenderedTask) -> RenderedTask:
     """The task with Amazon's EFA AMI per region its EFA candidates may use (SKYSPOT_EFA_IMAGES, which each
     EFA node checks in setup: trainer/nccl_env.py); unchanged without one; UsageError when unresolved."""
@@ -257,6 +310,10 @@ class Prepared:
     def egress_basis(self) -> Optional[str]:
         """How the plan's egress figures were made, or None when there are none."""
         return egress_basis(self.recipe)
+
+    def efa_notes(self) -> list[str]:
+        """Per AWS EFA candidate, the interfaces SkyPilot attaches and what gives all of them (efa_notes)."""
+        return efa_notes(self.built)
 
     def window_report(self):
         """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
