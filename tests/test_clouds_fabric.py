@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from skyspot import clouds
 from skyspot.app.launch import add_efa_images, build, efa_regions
 from skyspot.clouds import aws_images
 from skyspot.clouds.aws import MAX_EFA_INTERFACES, efa_interfaces, is_efa_instance_type
@@ -169,11 +168,7 @@ def test_each_clouds_fabric_candidate_gets_its_nccl_env_and_others_none():
     assert table["Standard_ND96isr_H100_v5"]["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
     assert table["Standard_ND96amsr_A100_v4"]["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
     assert "a2-ultragpu-8g" not in table  # GCP A100: no fabric, no env
-    for entry in built.task["resources"]["ordered"]:
-        if entry["cloud"] == "azure":
-            assert entry["image_id"] == clouds.get("azure").fabric_image("Standard_ND96isr_H100_v5")
-        else:
-            assert "image_id" not in entry
+    assert not any("image_id" in e for e in built.task["resources"]["ordered"])  # Azure's HPC image: not yet
 
 
 def test_a_recipe_without_the_fabric_renders_no_fabric_env():

@@ -102,4 +102,7 @@ class Azure(Cloud):
         return {**ND_NCCL_ENV, "NCCL_TOPO_FILE": topo}
 
     def fabric_image(self, instance_type: Optional[str]) -> Optional[str]:
-        return AZURE_HPC_IMAGE if str(instance_type or "").lower() in ND_TOPOLOGY_FILES else None
+        # Not set yet: SkyPilot validates a user image_id on Azure by asking Azure for its size (sky/clouds/azure.py
+        # `get_image_size`), which the offline validation (tests/executors/sky/test_sky_real.py) cannot; AZURE_HPC_IMAGE
+        # is what it would be (issue 30, left open).
+        return None

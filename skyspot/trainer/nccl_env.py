@@ -49,6 +49,8 @@ def exports(environ: Mapping[str, str], instance: Optional[Mapping[str, object]]
     for key, value in sorted(entry.items()):
         if not (isinstance(key, str) and key.isidentifier() and isinstance(value, str)):
             continue
+        if key == "NCCL_TOPO_FILE" and not os.path.exists(value):
+            continue  # an image without the file (not the HPC image): NCCL's own detection, not a missing file
         if key == PREPEND:  # folders first on LD_LIBRARY_PATH, and kept through libpath.py's clean-up
             lines.append(f'export LD_LIBRARY_PATH={shlex.quote(value)}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"')
             lines.append(f'export {KEEP}={shlex.quote(value)}"${{{KEEP}:+:${KEEP}}}"')
