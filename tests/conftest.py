@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ec2_server import aws_env, ec2_server  # noqa: F401 - shared fixtures
+
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.storage_servers", "tests.hub_server"]
 

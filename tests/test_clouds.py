@@ -101,7 +101,8 @@ def _complete_parts() -> dict:
             "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),
             "native_action": lambda self, action: action,
             "simulated": SimulatedPlace(region="us-ashburn-1", zone=None, stand_in="BM.GPU.H100.8", min_poll_s=0.05),
-            "metadata_redirect_env": lambda self, url: {"SKYSPOT_OCI_METADATA_ENDPOINT": url}}
+            "metadata_redirect_env": lambda self, url: {"SKYSPOT_OCI_METADATA_ENDPOINT": url},
+            "fabric_env": lambda self, instance_type: {}, "fabric_image": lambda self, instance_type: None}
 
 
 def test_a_planted_cloud_with_every_part_passes_the_check():

@@ -38,6 +38,7 @@ TRAINER_CONTRACTS = {
     "skyspot.trainer.data": "which data sources a run can read, checked by preflight before anything is paid for",
     "skyspot.trainer.interval": "initial_plan: the interval the trainer starts with, which the plan's egress counts",
     "skyspot.trainer.metrics.spot": "the node's price table (SKYSPOT_PRICES), which the task and the local executor fill",
+    "skyspot.trainer.nccl_env": "the node's fabric table (SKYSPOT_FABRIC_ENV), which the task fills per instance type",
     "skyspot.trainer.metrics.hosts": "where the dashboards' credentials may go: checked at launch and on the node",
     "skyspot.trainer.parent_death": "die with the parent (prctl), which the local controller gives its nodes' shells",
 }

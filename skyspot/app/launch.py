@@ -10,6 +10,7 @@ PACKAGE_MOUNT is where the nodes find the wheel (task/package.py), for the CLI's
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -66,6 +67,99 @@ def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
     if not isinstance(node, BaseModel) and parse_overrides([typed])[0][1] == value:
         return typed
     return f"{key}={value_text(value)}"
+
+
+def efa_regions(planned: Sequence[Any]) -> list[str]:
+    """The regions an AWS candidate that gets EFA (SkyPilot's rule, clouds/aws.py) may land in: its own, or
+    every region of the price snapshot offering its instance type (no opt-in zones); [] without one."""
+    from skyspot.clouds.aws import is_efa_instance_type
+    from skyspot.pricing import prices as pricing
+
+    regions: set[str] = set()
+    for c in planned:
+        if c.cloud == "aws" and c.network_tier == "best" and is_efa_instance_type(c.instance_type):
+            if c.region:
+                regions.add(c.region)
+            else:
+                regions.update(r["region"] for r in pricing.snapshot_rows("aws")
+                               if r["instance_type"] == c.instance_type and not r["opt_in_zone"])
+    return sorted(regions)
+
+
+def resolve_efa_images(planned: Sequence[Any]) -> dict[str, str]:
+    """Amazon's EFA AMI per region the plan's EFA candidates may use (clouds/aws_images.py); {} and no
+    network when none does; UsageError (one line) when it cannot be resolved."""
+    regions = efa_regions(planned)
+    if not regions:
+        return {}
+    from skyspot.clouds import aws_images
+
+    return aws_images.resolve(regions)
+
+
+# What gives an EFA node all its interfaces: SkyPilot's own advice where it attaches one (sky/clouds/aws.py:815-838),
+# and what `use_internal_ips` asks of the network (https://docs.skypilot.co/en/latest/reference/config.html
+# #aws-use-internal-ips: private subnets reachable from where SkyPilot runs, through SSM or a jump host).
+EFA_ALL_INTERFACES = ("add to ~/.sky/config.yaml `aws: {use_internal_ips: true, use_ssm: true}` (or "
+                      "`ssh_proxy_command: ssh -W %h:%p -i KEY USER@JUMP_HOST` instead of use_ssm); the nodes then get "
+                      "no public IP: their subnets need a NAT gateway (or VPC endpoints) for the image, PyPI and the "
+                      "store, and SSM or the jump host must reach them (aws.vpc_name names the VPC)")
+
+
+def aws_use_internal_ips(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """`aws.use_internal_ips` as SkyPilot's user config says it (SKYPILOT_GLOBAL_CONFIG, else ~/.sky/config.yaml:
+    sky/skypilot_config.py:116-121); a project's .sky.yaml or an API server's config may differ."""
+    import yaml
+
+    environ = os.environ if environ is None else environ
+    path = Path(environ.get("SKYPILOT_GLOBAL_CONFIG") or "~/.sky/config.yaml").expanduser()
+    try:
+        config = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    aws = config.get("aws") if isinstance(config, dict) else None
+    return isinstance(aws, dict) and aws.get("use_internal_ips") is True
+
+
+def efa_notes(built: RenderedTask, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """One line per AWS candidate that gets EFA: how many interfaces SkyPilot 0.14.1 attaches and what gives all."""
+    from skyspot.clouds.aws import efa_interfaces, is_efa_instance_type
+
+    internal = aws_use_internal_ips(environ)
+    lines = []
+    seen = set()
+    for c in built.candidates:
+        if c.cloud != "aws" or c.network_tier != "best" or not is_efa_instance_type(c.instance_type):
+            continue
+        if c.instance_type in seen:
+            continue
+        seen.add(c.instance_type)
+        attached, most = efa_interfaces(c.instance_type, internal)
+        if most is None:
+            lines.append(f"EFA on {c.instance_type}: SkyPilot asks AWS for its interfaces at launch; without "
+                         f"aws.use_internal_ips it attaches one. To attach all: {EFA_ALL_INTERFACES}")
+        elif attached < most:
+            lines.append(f"EFA on {c.instance_type}: SkyPilot will attach {attached} of {most} EFA interfaces "
+                         f"(aws.use_internal_ips is not set). To attach all {most}: {EFA_ALL_INTERFACES}")
+        else:
+            lines.append(f"EFA on {c.instance_type}: SkyPilot will attach all {most} EFA interface(s)"
+                         + (" (aws.use_internal_ips is set)" if most > 1 else ""))
+    if lines:
+        lines.append("EFA image: launch resolves Amazon's own AMI per region and refuses the fabric where SkyPilot's "
+                     "name-only lookup would boot another (docs/clouds.md, 'The fabric')")
+    return lines
+
+
+def add_efa_images(built: RenderedTask) -> RenderedTask:
+    """The task with Amazon's EFA AMI per region its EFA candidates may use (SKYSPOT_EFA_IMAGES, which each
+    EFA node checks in setup: trainer/nccl_env.py); unchanged without one; UsageError when unresolved."""
+    images = resolve_efa_images(built.candidates)
+    if images:
+        from skyspot.clouds.aws_images import IMAGES_ENV
+
+        built.task["envs"][IMAGES_ENV] = json.dumps(images, separators=(",", ":"))
+        built.yaml = to_yaml(built.task, built.recipe)
+    return built
 
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
@@ -217,6 +311,10 @@ class Prepared:
         """How the plan's egress figures were made, or None when there are none."""
         return egress_basis(self.recipe)
 
+    def efa_notes(self) -> list[str]:
+        """Per AWS EFA candidate, the interfaces SkyPilot attaches and what gives all of them (efa_notes)."""
+        return efa_notes(self.built)
+
     def window_report(self) -> WindowReport:
         """Can an emergency checkpoint become durable within each cloud's notice window? (docs/planning.md)"""
         return check_notice_windows(self.recipe)
@@ -249,6 +347,8 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
                   local=executor.runs_here, package=package, loaded=recipe)
     if not request.dry_run:
         executor.check(built)  # what this executor refuses (no enabled cloud, a missing secret), nothing recorded
+        if not executor.runs_here:  # Amazon's EFA image, or the fabric refused (clouds/aws_images.py)
+            add_efa_images(built)
     check_hosts(recipe, environ)
     preflight(recipe, local=executor.runs_here, environ=environ, network=not request.dry_run)
     question = None if request.dry_run else executor.launch_question(built)

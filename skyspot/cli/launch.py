@@ -130,6 +130,8 @@ def _show_plan(prepared) -> None:
     basis = prepared.egress_basis()
     if basis:
         err.print(basis, markup=False)
+    for line in prepared.efa_notes():
+        err.print(line, markup=False, soft_wrap=True)
 
 
 def _show_window_check(prepared, *, warn_only: bool) -> None:

@@ -53,6 +53,51 @@ _AWS_GP3_MIBPS = 3500 // 16
 _AWS_STANDARD_ZONE = re.compile(r"^(?:[a-z]{2,}\d+-az\d+|[a-z]{2}(?:-gov)?-[a-z]+-\d+[a-z])$")
 
 
+# SkyPilot 0.14.1's EFA rule (sky/clouds/aws.py:83-97 `_EFA_INSTANCE_TYPE_PREFIXES`, :162-166
+# `_is_efa_instance_type`): an instance type starting with one of these gets EFA under `network_tier: best`.
+EFA_INSTANCE_TYPE_PREFIXES = ("g4dn.", "g5.", "g6.", "gr6.", "g6e.", "g7e.", "p4d.", "p4de.", "p5.", "p5e.",
+                              "p5en.", "p6-b200.", "p6-b300.")
+# EC2 DescribeInstanceTypes NetworkInfo.EfaInfo.MaximumEfaInterfaces, what SkyPilot asks AWS for at launch
+# (sky/clouds/aws.py:197-216 `_get_max_efa_interfaces`); figures from
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html (tests/test_clouds_fabric.py
+# checks them against SkyPilot's own function over moto's copy of DescribeInstanceTypes).
+MAX_EFA_INTERFACES: Mapping[str, int] = {
+    "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
+    "p6-b200.48xlarge": 8, "g6e.48xlarge": 4, "g5.48xlarge": 1,
+}
+# The aws-ofi-nccl plugin and libfabric on the DLAMI SkyPilot boots for EFA (the "Deep Learning Base OSS
+# Nvidia Driver GPU AMI"): "/opt/amazon/ofi-nccl/lib" and "/opt/amazon/efa/lib" per its release notes
+# https://docs.aws.amazon.com/dlami/latest/devguide/aws-deep-learning-base-gpu-ami-ubuntu-22-04.html and the
+# EFA NCCL guide https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html (FI_PROVIDER=efa;
+# FI_EFA_USE_DEVICE_RDMA=1 on p4d/p4de/p5 family, whose EFA devices do RDMA reads).
+AWS_OFI_NCCL_LIB = "/opt/amazon/ofi-nccl/lib"
+AWS_EFA_LIB = "/opt/amazon/efa/lib"
+_EFA_RDMA_PREFIXES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-b200.", "p6-b300.")
+
+
+def is_efa_instance_type(instance_type: Optional[str]) -> bool:
+    """SkyPilot's rule, sky/clouds/aws.py:162-166."""
+    return bool(instance_type) and str(instance_type).startswith(EFA_INSTANCE_TYPE_PREFIXES)
+
+
+def efa_interfaces(instance_type: Optional[str], use_internal_ips: bool) -> tuple[int, Optional[int]]:
+    """(interfaces SkyPilot 0.14.1 attaches to a `network_tier: best` node of `instance_type`, the most it has;
+    None where this table does not know the type).
+
+    SkyPilot asks AWS for the maximum (sky/clouds/aws.py:800-808), and attaches the first interface as
+    `efa` and the others (NetworkCardIndex 1..max-1) only when the node gets no public IP, i.e. with
+    `aws.use_internal_ips` (sky/clouds/aws.py:810-838 warns; sky/provision/aws/instance.py:350-380 attaches,
+    `associate_public_ip_address = not use_internal_ips` at :691 and :716)."""
+    if not is_efa_instance_type(instance_type):
+        return 0, 0
+    most = MAX_EFA_INTERFACES.get(str(instance_type))
+    if most is None:
+        return 1, None
+    if most > 1 and use_internal_ips:
+        return most, most
+    return min(most, 1), most
+
+
 def _true(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() == "true"
 
@@ -115,6 +160,20 @@ class AWS(Cloud):
 
     def opt_in_zone(self, zone: Optional[str]) -> bool:
         return bool(zone) and not _AWS_STANDARD_ZONE.match(str(zone).lower())
+
+    def fabric_env(self, instance_type: Optional[str]) -> dict[str, str]:
+        # The EFA NCCL guide (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html):
+        # libfabric's EFA provider, and NCCL finds the aws-ofi-nccl plugin on LD_LIBRARY_PATH
+        # (SKYSPOT_LIBPATH_KEEP keeps those folders through libpath.py's clean-up).
+        if not is_efa_instance_type(instance_type):
+            return {}
+        env = {"FI_PROVIDER": "efa", "SKYSPOT_LIBPATH_PREPEND": f"{AWS_OFI_NCCL_LIB}:{AWS_EFA_LIB}"}
+        if str(instance_type).startswith(_EFA_RDMA_PREFIXES):
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        return env
+
+    def fabric_image(self, instance_type: Optional[str]) -> Optional[str]:
+        return None  # SkyPilot picks the EFA AMI itself; skyspot checks its owner (clouds/aws_images.py)
 
 
 def _ipv6(env: Mapping[str, str]) -> bool:

@@ -33,6 +33,28 @@ _AZURE_PREMIUM_SSD_MBPS = ((32, 25), (64, 50), (128, 100), (256, 125), (512, 150
                            (4096, 250), (8192, 500), (16384, 750), (32767, 900))
 
 
+# ND A100 v4 / ND H100 v5 carry InfiniBand (8 x 200 Gb/s HDR, 8 x 400 Gb/s NDR:
+# https://learn.microsoft.com/azure/virtual-machines/nda100-v4-series, .../nd-h100-v5-series), but SkyPilot's
+# Azure GPU image has no RDMA user space. Microsoft's Ubuntu HPC image has it (MOFED, NCCL's topology files
+# in /opt/microsoft/: https://learn.microsoft.com/azure/virtual-machines/configure#vm-images and
+# github.com/Azure/azhpc-images `topology/`); SkyPilot itself falls back to it (`skypilot:gpu-ubuntu-2204`,
+# sky/clouds/azure.py:50, sized as `ubuntu-hpc` at :199). Its driver is read by node_env on the node, which
+# picks the torch line for it (node_env.py TORCH_LINES), as on any image.
+AZURE_HPC_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+ND_TOPOLOGY_FILES: Mapping[str, str] = {
+    "standard_nd96asr_v4": "/opt/microsoft/ndv4-topo.xml",
+    "standard_nd96amsr_a100_v4": "/opt/microsoft/ndv4-topo.xml",
+    "standard_nd96isr_h100_v5": "/opt/microsoft/ndv5-topo.xml",
+}
+# PCIe relaxed ordering for GPUDirect RDMA in Azure's VMs, NCCL's and UCX's switch:
+# https://techcommunity.microsoft.com/blog/azurehighperformancecomputingblog/nccl-performance-impact-with-pcie-relaxed-ordering/3660825
+ND_NCCL_ENV: Mapping[str, str] = {
+    "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+    "UCX_IB_PCI_RELAXED_ORDERING": "on",
+    "NCCL_SOCKET_IFNAME": "eth0",  # the front-end NIC for NCCL's bootstrap; the IB HCAs carry the data
+}
+
+
 @register
 class Azure(Cloud):
     name = "azure"
@@ -84,3 +106,15 @@ class Azure(Cloud):
         # Ours for the watcher (Azure's SDKs have no endpoint variable), and the IMDS address
         # azure-identity's managed-identity credential uses.
         return {AZURE_ENDPOINT_VAR: url.rstrip("/"), "AZURE_POD_IDENTITY_AUTHORITY_HOST": url.rstrip("/")}
+
+    def fabric_env(self, instance_type: Optional[str]) -> dict[str, str]:
+        topo = ND_TOPOLOGY_FILES.get(str(instance_type or "").lower())
+        if topo is None:
+            return {}
+        return {**ND_NCCL_ENV, "NCCL_TOPO_FILE": topo}
+
+    def fabric_image(self, instance_type: Optional[str]) -> Optional[str]:
+        # Not set yet: SkyPilot validates a user image_id on Azure by asking Azure for its size (sky/clouds/azure.py
+        # `get_image_size`), which the offline validation (tests/executors/sky/test_sky_real.py) cannot; AZURE_HPC_IMAGE
+        # is what it would be (issue 30, left open).
+        return None

@@ -119,6 +119,18 @@ class Cloud(abc.ABC):
         metadata server at `url` ('http://host:port'): the first is the watcher's (metadata_endpoint_var),
         the rest what the SDKs read, so nothing on a node under test reaches for a real metadata address."""
 
+    @abc.abstractmethod
+    def fabric_env(self, instance_type: Optional[str]) -> dict[str, str]:
+        """The variables NCCL needs on a fabric node of `instance_type` (the cloud's own docs or SkyPilot's
+        example, cited where set); {} where it has no fabric. Rendered per instance type into the task
+        (task/render.py `fabric_envs`) and exported on the node that is one (trainer/nccl_env.py).
+        `SKYSPOT_LIBPATH_PREPEND` names folders to put first on LD_LIBRARY_PATH and keep there."""
+
+    @abc.abstractmethod
+    def fabric_image(self, instance_type: Optional[str]) -> Optional[str]:
+        """The image a fabric node of `instance_type` must boot for its fabric's user space (a candidate's
+        `image_id`), or None to leave SkyPilot's choice."""
+
     # -- rules most clouds share; a cloud overrides what it does differently
 
     def metadata_override(self, env: Mapping[str, str]) -> str:

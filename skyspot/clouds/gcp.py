@@ -47,6 +47,37 @@ GCP_IMAGE_PATH = "/computeMetadata/v1/instance/image"  # optional: projects/P/gl
 # approximate, see https://cloud.google.com/compute/docs/disks/performance
 _GCP_PD_BALANCED = (140.0, 0.28, 1200.0)
 
+# GPUDirect-TCPX's NCCL settings for a3-highgpu-8g, as SkyPilot's own example exports them
+# (skypilot-org/skypilot examples/gcp_gpu_direct_tcpx/nccl_tcpx_gcpvm_h100.yaml, `run`, the block after
+# "Set environment variables"; Google's https://cloud.google.com/compute/docs/gpus/gpudirect lists the same).
+# LD_LIBRARY_PATH, PATH and CUDA_VISIBLE_DEVICES of the example are left out: setup links the plugin
+# beside torch's own NCCL (task/render.py TCPX_SETUP), and SkyPilot sets the GPUs.
+TCPX_INSTANCE_TYPES = ("a3-highgpu-8g",)
+TCPX_NCCL_ENV: Mapping[str, str] = {
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_CROSS_NIC": "0",
+    "NCCL_ALGO": "Ring",
+    "NCCL_PROTO": "Simple",
+    "NCCL_NSOCKS_PERTHREAD": "4",
+    "NCCL_SOCKET_NTHREADS": "1",
+    "NCCL_NET_GDR_LEVEL": "PIX",
+    "NCCL_DYNAMIC_CHUNK_SIZE": "524288",
+    "NCCL_P2P_PXN_LEVEL": "0",
+    "NCCL_P2P_NET_CHUNKSIZE": "524288",
+    "NCCL_P2P_PCI_CHUNKSIZE": "524288",
+    "NCCL_P2P_NVL_CHUNKSIZE": "1048576",
+    "NCCL_BUFFSIZE": "8388608",
+    "NCCL_MAX_NCHANNELS": "8",
+    "NCCL_MIN_NCHANNELS": "8",
+    "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME": "eth1,eth2,eth3,eth4",
+    "NCCL_GPUDIRECTTCPX_CTRL_DEV": "eth0",
+    "NCCL_GPUDIRECTTCPX_TX_BINDINGS": "eth1:8-21,112-125;eth2:8-21,112-125;eth3:60-73,164-177;eth4:60-73,164-177",
+    "NCCL_GPUDIRECTTCPX_RX_BINDINGS": "eth1:22-35,126-139;eth2:22-35,126-139;eth3:74-87,178-191;eth4:74-87,178-191",
+    "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS": "50000",
+    "NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX": "/run/tcpx",
+    "NCCL_GPUDIRECTTCPX_FORCE_ACK": "0",
+}
+
 # The watcher's action words -> the metadata key `instance/preempted` and `instance/maintenance-event`'s values.
 _NATIVE = {"preempt": "preempted", "maintenance": "TERMINATE_ON_HOST_MAINTENANCE",
            "migrate": "MIGRATE_ON_HOST_MAINTENANCE"}
@@ -99,6 +130,12 @@ class GCP(Cloud):
     )
     spot_at_on_demand_is_spot = True
     count_fixes: ClassVar[Mapping[str, int]] = {}
+
+    def fabric_env(self, instance_type: Optional[str]) -> dict[str, str]:
+        return dict(TCPX_NCCL_ENV) if instance_type in TCPX_INSTANCE_TYPES else {}
+
+    def fabric_image(self, instance_type: Optional[str]) -> Optional[str]:
+        return None  # SkyPilot sets the TCPX host image and container itself (sky/resources.py:1535-1541)
 
     def root_disk_write(self, disk_size_gb: int) -> tuple[float, str]:
         base, per_gib, cap = _GCP_PD_BALANCED

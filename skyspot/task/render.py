@@ -55,6 +55,8 @@ from skyspot.wheelhouse import KEY_ENV as WHEELHOUSE_KEY_SECRET
 
 from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE  # one definition; import-light (errors only)
 from skyspot.trainer.metrics.spot import PRICES_ENV  # the node's side of the price table
+from skyspot.clouds.aws_images import IMAGES_ENV as EFA_IMAGES_ENV
+from skyspot.trainer.nccl_env import FABRIC_ENV  # the node's side of the fabric table
 
 # Where a node keeps the fast checkpoint tier and where a bucket data source is mounted.
 NODE_RUNS_DIR = "$HOME/skyspot/runs"
@@ -102,10 +104,38 @@ def _resource_entry(candidate: Candidate, recipe: Recipe) -> dict[str, Any]:
     elif recipe.resources.cpus:
         entry["cpus"] = recipe.resources.cpus
     entry["use_spot"] = candidate.spot
+    image = _fabric_cloud(candidate, recipe)
+    image = image.fabric_image(candidate.instance_type) if image else None
+    if image:  # the fabric's user space (Azure ND: Microsoft's HPC image; clouds/azure.py)
+        entry["image_id"] = image
     if candidate.network_tier:
         # Per candidate, not for all: on Azure SkyPilot has no network_tier and would drop the candidate.
         entry["network_tier"] = candidate.network_tier
     return entry
+
+
+def _fabric_cloud(candidate: Candidate, recipe: Recipe):
+    """The candidate's cloud when the recipe asks for the fast fabric (`network_tier: best`), else None."""
+    if recipe.resources.network_tier != "best":
+        return None
+    from skyspot import clouds
+
+    return clouds.get(candidate.cloud)
+
+
+def fabric_envs(recipe: Recipe, candidates: Sequence[Candidate]) -> dict[str, dict[str, str]]:
+    """{instance type: the variables NCCL needs on it} for the fabric candidates (each cloud's `fabric_env`).
+
+    SkyPilot's `envs` are one set for all of `resources.ordered`, and EFA's, TCPX's and InfiniBand's settings
+    differ (TCPX's NCCL_ALGO=Ring would slow an InfiniBand ring): the task carries the table as
+    SKYSPOT_FABRIC_ENV and each node exports its own instance type's entry (trainer/nccl_env.py)."""
+    table: dict[str, dict[str, str]] = {}
+    for candidate in candidates:
+        cloud = _fabric_cloud(candidate, recipe)
+        env = cloud.fabric_env(candidate.instance_type) if cloud and candidate.instance_type else {}
+        if env:
+            table[str(candidate.instance_type)] = env
+    return table
 
 
 def _data_mount(uri: str) -> tuple[str, dict[str, Any], str]:
@@ -278,6 +308,9 @@ NODE_PYTHON = (
     f'if [ -d "{TCPX_SHIM}" ]; then LD_LIBRARY_PATH="{TCPX_SHIM}:${{LD_LIBRARY_PATH:-}}"; '
     f'export SKYSPOT_LIBPATH_KEEP="{TCPX_SHIM}"; fi',
     'LD_LIBRARY_PATH="$("$PY" -m skyspot.libpath)"; export LD_LIBRARY_PATH',
+    # The fabric's NCCL variables for this node's instance type (trainer/nccl_env.py), after the clean-up, which
+    # would drop the aws-ofi-nccl folder it puts first (and keeps through later clean-ups: SKYSPOT_LIBPATH_KEEP).
+    f'if [ -n "${{{FABRIC_ENV}:-}}" ]; then eval "$("$PY" -m skyspot.trainer.nccl_env)"; fi',
 )
 
 
@@ -304,6 +337,7 @@ def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_over
         *BOOTSTRAP_PYTHON,
         f'PYTHONPATH="$WHEEL" "$BOOT" -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
         *NODE_PYTHON,
+        f'if [ -n "${{{EFA_IMAGES_ENV}:-}}" ]; then "$PY" -m skyspot.trainer.nccl_env --check-image; fi',
         f'"$PY" -m skyspot.trainer.prepare{prepare_args}',
         # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
         # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
@@ -358,6 +392,9 @@ def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, 
         },
         "envs": envs,
     }
+    fabric = fabric_envs(recipe, candidates)
+    if fabric:
+        envs[FABRIC_ENV] = json.dumps(fabric, separators=(",", ":"), sort_keys=True)
     if recipe.metrics.backends:  # the node prices its own curve (trainer/metrics/spot.py; no pricing import there)
         envs[PRICES_ENV] = candidate_prices(candidates)
     secrets = {}

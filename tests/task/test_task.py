@@ -185,7 +185,7 @@ def test_override_values_reach_the_node_shell_quoted():
     built = build("tiny", [f"data.text_field={evil}"], environ={})
     assert shlex.quote(f"data.text_field={evil}") in built.task["run"]
     # bash parses the trainer line with the value as one inert word
-    words = shlex.split(built.task["run"].split("-m skyspot.trainer", 1)[1].replace("\\\n", " "))
+    words = shlex.split(built.task["run"].split("-m skyspot.trainer ", 1)[1].replace("\\\n", " "))
     assert f"data.text_field={evil}" in words
 
 

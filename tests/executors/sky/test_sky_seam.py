@@ -8,6 +8,8 @@ ledger is real, and a cloud run's events are read from a real S3 server (moto) o
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 
@@ -53,6 +55,12 @@ class FakeSkyJobs:
     def tail_logs(self, **kwargs):
         self.calls.append(("tail_logs", kwargs))
         return 0
+
+
+@pytest.fixture(autouse=True)
+def _amazons_efa_image(aws_env):
+    """moto's EC2 on loopback holds Amazon's EFA image, which a launch with AWS EFA candidates resolves
+    per region (tests/ec2_server.py): the AWS control plane is the one part stood in for."""
 
 
 def test_launch_submits_the_rendered_task_with_the_secret_and_records_the_job(monkeypatch):
