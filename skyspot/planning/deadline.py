@@ -158,6 +158,10 @@ class State:
     """The safety net fired earlier: on-demand until the end."""
     margin: float = 0.0
     """Seconds that may pass between two decisions: the safety net reserves them too."""
+    overhead_left: float = 0.0
+    """Seconds before `mode` makes progress again: the rest of a changeover under way (the node still being
+    prepared or provisioned, the trainer not at its first step yet). Time spent there passes without
+    progress, so the projections count it from now; 0 once the run steps."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ class Decision:
                 "slack_seconds": _round(self.slack_seconds), "projected_finish": _round(self.projected_finish),
                 "deadline": state.deadline, "committed": self.committed,
                 "from_mode": state.mode, "spot_available": state.spot_available,
+                **({"overhead_left": _round(state.overhead_left)} if state.overhead_left else {}),
                 "estimates": {"step_seconds": {k: _round(v) for k, v in estimates.step_seconds.items()},
                               "restart_seconds": _round(estimates.restart_seconds),
                               "restart_seconds_max": _round(estimates.restart_seconds_max),
@@ -272,7 +277,8 @@ def _soonest_finish(state: State, estimates: Estimates, left: int) -> Optional[f
     for mode in (SPOT, ON_DEMAND):
         step = estimates.step(mode)
         if step is not None:
-            ends.append(state.now + (0.0 if mode == state.mode else estimates.restart_seconds) + left * step)
+            ends.append(state.now + (state.overhead_left if mode == state.mode else estimates.restart_seconds)
+                        + left * step)
     return min(ends) if ends else None
 
 
@@ -300,7 +306,7 @@ def _projected(mode: str, state: State, estimates: Estimates, left: int) -> Opti
     step = estimates.step(mode)
     if step is None:
         return None
-    restart = 0.0 if mode == state.mode else estimates.restart_seconds
+    restart = state.overhead_left if mode == state.mode else estimates.restart_seconds
     return state.now + restart + left * step
 
 
@@ -326,14 +332,17 @@ def estimates_for(events: Iterable[dict], plan: dict[str, Any], *, provision_sec
 
 def next_round(policy: str, events: Iterable[dict], estimates: Estimates, *, now: float, plan: dict[str, Any],
                total_steps: int, mode: str, spot_available: Optional[bool], committed: bool,
-               margin: float) -> Round:
+               margin: float, overhead_left: float = 0.0) -> Round:
     """The decision a running deadline makes, from the run's events, its `estimates_for` them and the
     plan launch recorded (`at`, `start`). The one policy entry point of the local controller
     (executors/local/deadline.py) and of the controller on SkyPilot (executors/sky/deadline.py):
-    they differ only in where events come from, how they tell the mode, and what acts."""
+    they differ only in where events come from, how they tell the mode, and what acts. `overhead_left`:
+    what is left of a changeover under way (State.overhead_left), so a deadline is judged while a node is
+    prepared too, and found unreachable as soon as that is knowable (issue 31, item 12)."""
     state = State(now=now, start=float(plan["start"]), deadline=float(plan["at"]), total_steps=total_steps,
                   done_steps=progress(e for e in events if e.get("type") != DECISION_EVENT), mode=mode,
-                  spot_available=spot_available, committed=committed, margin=margin)
+                  spot_available=spot_available, committed=committed, margin=margin,
+                  overhead_left=max(0.0, overhead_left))
     return Round(decide(policy, state, estimates), state, estimates)
 
 

@@ -122,6 +122,19 @@ def test_a_decision_projects_its_finish():
     assert on_demand.projected_finish == pytest.approx(400 + 10 + 400 * 1.0)
 
 
+def test_a_changeover_under_way_counts_in_the_projection_and_can_make_the_deadline_unreachable():
+    """A node still being prepared (or a trainer not at its first step) makes no progress: what is left of
+    that changeover counts from now, so a deadline it loses is found then (issue 31, item 12)."""
+    running = state(now=495, mode=SPOT, committed=True)  # 500 steps of 1 s left, 505 s to the deadline
+    assert decide("adaptive", running, EST).reason == "safety-net"
+    # 30 s of start-up still ahead on spot, a 10 s changeover to on-demand: neither finishes in time.
+    preparing = decide("adaptive", state(now=495, mode=SPOT, committed=True, overhead_left=30.0), EST)
+    assert (preparing.mode, preparing.reason) == (ON_DEMAND, "unreachable") and preparing.committed
+    assert "cannot be met any more" in preparing.why
+    spot = decide("adaptive", state(now=100, mode=SPOT, overhead_left=30.0), EST)
+    assert spot.projected_finish == pytest.approx(100 + 30 + 500)  # the rest of the changeover, then the steps
+
+
 # --------------------------------------------------------------------------- measuring
 
 

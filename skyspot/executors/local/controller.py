@@ -375,9 +375,17 @@ class Controller:
         if self.fresh is not None or self.prepared:
             return None
         self.prepared = True
-        if self.prepare_node(self.node_env(0, attempt.where, {}, attempt.port)):
+        if self.prepare_node(self.node_env(0, attempt.where, {}, attempt.port), tick=self._judging(attempt)):
             return None
         return Ending(1, End.CANCELLED, [])
+
+    def _judging(self, attempt: Attempt) -> Callable[[], None]:
+        """What runs every poll while the attempt's node is prepared: the deadline's judgement, if the run
+        has one (a deadline that becomes unreachable meanwhile is said then, not after the preparation)."""
+        planner = self.planner
+        if planner is None:
+            return lambda: None
+        return lambda: planner.preparing(attempt.spot)
 
     def _setup(self, attempt: Attempt) -> Optional[Ending]:
         """A fresh node's setup on every node, as SkyPilot runs it on every newly provisioned VM."""
@@ -388,7 +396,7 @@ class Controller:
         self.say(f"setup on the fresh node ({self.fresh.venv})")
         for node_rank in range(attempt.nodes):
             code = run_setup(self.fresh, self.spec.setup_script, self.node_env(node_rank, attempt.where, {}, attempt.port),
-                             self.log, cwd=self.node_dir(node_rank))
+                             self.log, cwd=self.node_dir(node_rank), tick=self._judging(attempt))
             if code != 0:
                 cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {self.spec.name}` has its output"
                 return Ending(code, End.SETUP_FAILED, [code], cause)
@@ -461,9 +469,10 @@ class Controller:
         return ending.code, ending.outcome, ending.cause
 
     # ------------------------------------------------------------------ the node's one-time preparation
-    def prepare_node(self, env: dict[str, str]) -> bool:
+    def prepare_node(self, env: dict[str, str], tick: Callable[[], None] = lambda: None) -> bool:
         """Build DeepSpeed's CPU op before the first start when this machine has never built it, saying
-        so (the task's setup does the same on a cloud node). False if cancelled meanwhile."""
+        so (the task's setup does the same on a cloud node); `tick` every poll meanwhile. False if
+        cancelled meanwhile."""
         if deepspeed_op_cached(env):
             return True
         self.activity("preparing this machine once: DeepSpeed builds its CPU communication op on first use "
@@ -474,6 +483,7 @@ class Controller:
         pump = threading.Thread(target=self._pump, args=(proc.stdout, ""), daemon=True)
         pump.start()
         while proc.poll() is None:
+            tick()
             if self.cancel.wait(POLL_SECONDS):
                 _signal_all([proc], signal.SIGKILL)
                 proc.wait()

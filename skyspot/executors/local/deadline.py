@@ -11,6 +11,14 @@ seconds from the run's own events (steps done, measured step time and restart ov
   line): SIGTERM to the nodes, whose trainer writes an emergency checkpoint and exits 75; the
   attempt ends `switched` and the next one starts on the other capacity.
 
+The deadline is judged while nothing steps too: every period while the machine is prepared once
+(DeepSpeed's op build) or a fresh node runs its setup (`preparing()`), and while a started attempt's
+trainer has not reached its first step, with what is left of that changeover (the start-up prior) counted
+from now (`State.overhead_left`). A decision is also due at the deadline itself, whatever the period. So
+a deadline that becomes unreachable is said as soon as the arithmetic knows it, and at the latest when it
+passes: in the log (`deadline UNREACHABLE: ...`), in `status` and on the launching terminal (follow.py),
+from the one `deadline_decision` event (issue 31, item 12).
+
 Every decision is a `deadline_decision` event in `<run>/events/deadline.jsonl` (mode, progress,
 projected finish, reason, the estimates it used). A trace time that passes while the run holds
 no spot instance (on-demand, or waiting for capacity) is lost, as a real preemption would be: it
@@ -26,7 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from skyspot.planning import deadline as dl
-from skyspot.events import EVENTS_DIR, read_events_dir
+from skyspot.events import EVENTS_DIR, EventType, read_events_dir
 
 DECISIONS_FILE = "deadline.jsonl"
 
@@ -46,6 +54,7 @@ class Planner:
         self.trace = SpotTrace.from_spec(spec)
         self.committed = False
         self.held: Optional[str] = None  # the capacity of the attempt running now
+        self.nodes_started: Optional[float] = None  # when the running attempt's nodes started
         self.next_check = 0.0
         self.last: Optional[dl.Decision] = None
         self.path = Path(controller.run_dir) / EVENTS_DIR / DECISIONS_FILE
@@ -70,19 +79,29 @@ class Planner:
                 self.c.activity(f"waiting for spot capacity (deadline {dl.when(self.at)}; {decision.why})")
                 self.c.ledger.set_status(self.c.spec.name, "STARTING" if self.c.attempt == 0 else "RECOVERING")
             waited, spot_available = True, False
-            if self.c.cancel.wait(self.period):
+            if self.c.cancel.wait(max(0.0, self.next_check - time.time())):
                 return None
+
+    def preparing(self, spot: bool) -> None:
+        """Every poll while the attempt's node is prepared before its start (the machine's one-time op
+        build, a fresh node's setup): a decision every period, on the capacity chosen for the attempt,
+        with the whole start-up still ahead. It acts on nothing (the nodes start as chosen; a switch the
+        policy wants comes at their first poll, `switch_due`), but what it finds is said at once."""
+        now = time.time()
+        if now < self.next_check:
+            return
+        self.decide(dl.SPOT if spot else dl.ON_DEMAND, None, overhead_left=dl.LOCAL_START_PRIOR_SECONDS)
 
     def started(self, spot: bool) -> None:
         self.held = dl.SPOT if spot else dl.ON_DEMAND
-        self.next_check = time.time() + self.period
+        self.nodes_started = time.time()
+        self.next_check = self._after(self.nodes_started)
 
     def switch_due(self, now: float) -> bool:
         """While an attempt runs: whether the policy wants the other capacity now."""
         if now < self.next_check or self.held is None:
             return False
-        self.next_check = now + self.period
-        decision = self.decide(self.held, None)
+        decision = self.decide(self.held, None, overhead_left=self._startup_left(now))
         if decision.mode == self.held or decision.reason == "done":
             return False  # done: the trainer is finishing on its own
         self.c.say(f"deadline: leaving {self.held} for {decision.mode}: {decision.why}")
@@ -94,14 +113,30 @@ class Planner:
         return self.trace.available(time.time() - self.c.launched_at, self.c.preemptions)
 
     # ------------------------------------------------------------------ deciding
-    def decide(self, mode: str, spot_available: Optional[bool]) -> dl.Decision:
+    def _after(self, now: float) -> float:
+        """When the next decision is due: a period on, or the deadline itself if it falls first (a deadline
+        that passes is said when it passes, not up to a period later)."""
+        return min(now + self.period, self.at) if now < self.at else now + self.period
+
+    def _startup_left(self, now: float) -> float:
+        """What is left of the running attempt's start-up, by the prior, until its trainer's first step."""
+        if self.nodes_started is None:
+            return 0.0
+        return max(0.0, dl.LOCAL_START_PRIOR_SECONDS - (now - self.nodes_started))
+
+    def decide(self, mode: str, spot_available: Optional[bool], *, overhead_left: float = 0.0) -> dl.Decision:
         log = read_events_dir(Path(self.c.run_dir) / EVENTS_DIR)
         estimates = dl.estimates_for(log.events, self.plan, provision_seconds=self.c.spec.provision_delay,
                                      restart_prior=self.c.spec.provision_delay + dl.LOCAL_START_PRIOR_SECONDS)
-        round_ = dl.next_round(self.policy, log.events, estimates, now=time.time(),
+        if overhead_left and any(e.get("type") == EventType.STEP and (e.get("attempt") or 0) >= self.c.attempt
+                                 for e in log.events):
+            overhead_left = 0.0  # this attempt steps: its changeover is over
+        now = time.time()
+        round_ = dl.next_round(self.policy, log.events, estimates, now=now,
                                plan={**self.plan, "start": self.start}, total_steps=self.c.spec.total_steps,
                                mode=mode, spot_available=spot_available, committed=self.committed,
-                               margin=self.period)
+                               margin=self.period, overhead_left=overhead_left)
+        self.next_check = self._after(now)
         decision = round_.decision
         self.committed = decision.committed
         self._emit(round_.event_fields())

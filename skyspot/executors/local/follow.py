@@ -3,7 +3,8 @@
 The view reads only the ledger, the run's events and its log (the sources `status` and `logs`
 use), so it can be closed and reopened at will; the run itself belongs to its controller process.
 While an attempt has not reached its first step it says so every QUIET_SECONDS, with the log's
-last line, so a slow start (imports, DeepSpeed building an op) never looks like a hang.
+last line, so a slow start (imports, DeepSpeed building an op) never looks like a hang. A deadline
+that becomes unreachable is said once, when the controller's decision finds it (`deadline_line`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RunView:
         self.status = "PENDING"
         self.attempt_started: Optional[float] = None
         self.attempt_stepped = False
+        self.unreachable_said = False  # a deadline's `unreachable` is said once, not at every decision
         self._last_tokens: Optional[tuple[int, int]] = None  # (step, run's tokens so far) of the last step event
 
     def apply(self, event: dict[str, Any]) -> Optional[str]:
@@ -98,11 +100,22 @@ class RunView:
                     f"{event.get('signal_to_commit_seconds', 0):.2f}s after the notice")
         if kind == T.RESUME and event.get("rank") in (0, None):
             return f"resumed from step {event.get('step')} ({event.get('source', 'local')})"
+        if kind == T.DEADLINE_DECISION:
+            return self._deadline(event)
         if kind == T.ATTEMPT_END:
             self.attempt_started = None
             cause = f": {event['cause']}" if event.get("cause") else ""
             return f"attempt {event.get('attempt')} ended: {event.get('reason')} (exit {event.get('code')}){cause}"
         return None
+
+    def _deadline(self, event: dict[str, Any]) -> Optional[str]:
+        """The line for the first decision that finds the deadline unreachable; None for every other."""
+        from skyspot.planning import deadline as dl
+
+        if event.get("reason") != dl.UNREACHABLE or self.unreachable_said:
+            return None
+        self.unreachable_said = True
+        return deadline_line(event)
 
     def _rate(self, event: dict[str, Any]) -> None:
         """Tokens per second of this step. A step event's `tokens` is the run's total so far, so the
@@ -129,6 +142,19 @@ def _number(value: Any, default: Optional[float] = None) -> Optional[float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return default
+
+
+def deadline_line(decision: dict[str, Any]) -> str:
+    """`deadline UNREACHABLE: ...`: an unreachable decision for the launching terminal, with its projected
+    finish and how long before the deadline it was found."""
+    from skyspot.planning import deadline as dl
+
+    at, finish, ts = _number(decision.get("deadline")), _number(decision.get("projected_finish")), _number(decision.get("ts"))
+    late = f", {dl.span(finish - at)} late" if finish is not None and at is not None else ""
+    ahead = (f"; found {dl.span(at - ts)} before the deadline" if at is not None and ts is not None and ts < at
+             else "")
+    return (f"deadline UNREACHABLE: the deadline {dl.clock(at)} cannot be met any more; on-demand to the end, "
+            f"projected finish {dl.clock(finish)}{late}{ahead}")
 
 
 def losses_text(view: RunView) -> str:

@@ -26,11 +26,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Mapping, Optional, Sequence
+from typing import IO, Callable, Mapping, Optional, Sequence
 
 from skyspot.errors import SkyspotError
+
+TICK_SECONDS = 0.5  # how often run_setup's `tick` runs while the setup does
 
 
 @dataclass(frozen=True)
@@ -159,11 +162,24 @@ def _materialise(root: Path, target: str, mount: Mapping[str, object], prefixes:
 
 
 def run_setup(node: FreshNode, setup: str, env: Mapping[str, str], log: Optional[IO[str]] = None,
-              cwd: Optional[Path] = None, timeout: Optional[float] = None) -> int:
-    """Run the task's `setup` on the node; its output goes to `log` (or is captured and dropped)."""
-    proc = subprocess.run(["bash", "-c", setup], cwd=cwd or node.root, env=dict(env), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+              cwd: Optional[Path] = None, timeout: Optional[float] = None,
+              tick: Callable[[], None] = lambda: None) -> int:
+    """Run the task's `setup` on the node; its output goes to `log` (or is captured and dropped). `tick`
+    runs every TICK_SECONDS while it does (the controller judges its deadline there)."""
+    with subprocess.Popen(["bash", "-c", setup], cwd=cwd or node.root, env=dict(env), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        ends = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:  # communicate() may be called again after its timeout, losing no output
+                output, _ = proc.communicate(timeout=TICK_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                if ends is not None and time.monotonic() >= ends:
+                    proc.kill()
+                    proc.communicate()
+                    raise subprocess.TimeoutExpired(proc.args, timeout) from None
+                tick()
     if log is not None:
-        log.write(proc.stdout)
+        log.write(output)
         log.flush()
     return proc.returncode

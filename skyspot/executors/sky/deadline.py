@@ -17,6 +17,11 @@ run's events from the store and the stage's status from SkyPilot's queue, and de
   restart; then "idle, no spot capacity" (SkyPilot keeps retrying spot meanwhile, for free);
 - on-demand stage: on on-demand, until the policy wants spot again.
 
+While a stage is not RUNNING yet (SkyPilot provisions its node and runs the task's setup), what is left
+of a restart counts from now (`State.overhead_left`), and a round also falls at the deadline itself:
+a deadline lost while a node is prepared is said then (`deadline UNREACHABLE: ...` in this job's log,
+which an attached `launch` streams; `status` from the decision event), not once the stage runs.
+
 A switch cancels the stage (SkyPilot's cancel sends the run SIGTERM: the trainer writes an
 emergency checkpoint, kept if it becomes durable before the node goes; else the newest interval
 checkpoint is resumed), waits until SkyPilot reports it ended, and launches the other stage.
@@ -274,7 +279,8 @@ class CloudController:
         mode, spot_available = self._mode(status, now, estimates.restart_seconds)
         round_ = dl.next_round(self.policy, log.events, estimates, now=now, plan=self.plan["deadline"],
                                total_steps=int(self.plan["total_steps"]), mode=mode, spot_available=spot_available,
-                               committed=self.committed, margin=self.period)
+                               committed=self.committed, margin=self.period,
+                               overhead_left=self._changeover_left(status, now, estimates.restart_seconds))
         decision = round_.decision
         self.committed = decision.committed
         line = dl.news(self.last, decision, self.at)
@@ -296,6 +302,19 @@ class CloudController:
         if now - (self.stage.waiting_since or self.stage.launched_at) <= restart_seconds:
             return dl.SPOT, None
         return dl.IDLE, False
+
+    def _changeover_left(self, status: Optional[str], now: float, restart_seconds: float) -> float:
+        """What is left of a stage's changeover while SkyPilot provisions it and runs its setup (not RUNNING
+        yet): a restart's worth from when it began waiting, so a deadline lost meanwhile is found then."""
+        if self.stage is None or status == "RUNNING":
+            return 0.0
+        return max(0.0, restart_seconds - (now - (self.stage.waiting_since or self.stage.launched_at)))
+
+    def pause(self) -> float:
+        """Seconds to the next round: a period, or until the deadline if it falls first (a deadline that
+        passes is said when it passes)."""
+        now = self.clock()
+        return min(self.period, self.at - now) if now < self.at else self.period
 
     def _act(self, decision: dl.Decision, mode: str) -> None:
         want = decision.mode
@@ -346,7 +365,7 @@ class CloudController:
                 code = None
             if code is not None:
                 return code
-            self.sleep(self.period)
+            self.sleep(self.pause())
         return self.stop()
 
     def stop(self) -> int:

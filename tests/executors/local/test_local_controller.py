@@ -298,3 +298,93 @@ def test_a_resumed_local_run_trains_with_its_recorded_settings_not_the_shells(tm
     assert said.exit_code != 0  # its run dir is gone: it cannot start, but it said what it ignored first
     assert "note: ignoring SKYSPOT_TRAIN__LR from this shell: a resumed run keeps the settings it was launched " \
            "with" in said.stderr
+
+
+# A deadline the prior's arithmetic loses within seconds of the launch: all on-demand needs start-up 30s
+# (the local prior, provision delay 0) + 200 steps x 0.04s = 38s of the 46s left, so the launch takes it, and
+# 8 s without a step (the machine's preparation; the controller's own start is well under that) make it
+# unreachable long before it passes.
+TIGHT_DEADLINE = ("--deadline", "46s", "resources.step_seconds_hint=0.04")
+
+
+def _unreachable_decisions(name: str = "run-1") -> list[dict]:
+    run_dir = Path(Ledger().get(name).run_dir)
+    return [e for e in read_events_dir(run_dir / "events").of_type("deadline_decision") if e["reason"] == "unreachable"]
+
+
+def test_a_deadline_lost_while_the_machine_is_prepared_is_said_on_the_terminal_before_it_passes(nodes, tmp_path,
+                                                                                                 monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "nothing-built"))
+    # The op build lasts until the controller has recorded the deadline unreachable (at most 30 s, then it
+    # fails): what the test waits on is that event, not a clock.
+    nodes["prepare"] = ("for i in $(seq 300); do grep -qs '\"reason\":\"unreachable\"' events/deadline.jsonl && exit 0; "
+                        "sleep 0.1; done; exit 1")
+    started = tmp_path / "node-started"
+    nodes["run"] = [f"{sys.executable} -c 'import time; print(time.time())' > {started}; exit 0"]
+    result = launch(*TIGHT_DEADLINE)
+    assert result.exit_code == 0, result.stderr
+    said = result.stderr
+    log = runner.invoke(app, ["logs", "run-1"]).stdout
+    assert "DeepSpeed's op ready after" in log  # the preparation ended on the decision, not on its bound
+    first, *_ = _unreachable_decisions()
+    at = Ledger().get("run-1").info["deadline"]["at"]
+    # Found while the machine was being prepared, before the node started, long before the deadline.
+    assert first["ts"] < float(started.read_text()) < at
+    assert first["overhead_left"] == 30.0 and first["mode"] == "on-demand" and first["projected_finish"] > at
+    # On the launching terminal: once, with the projection, before the attempt ended.
+    assert said.count("deadline UNREACHABLE") == 1
+    assert said.index("deadline UNREACHABLE") < said.index("attempt 1 ended")
+    assert "cannot be met any more; on-demand to the end, projected finish" in said
+    assert "before the deadline" in said
+    assert log.count("deadline UNREACHABLE") == 1  # and once in run.log, where the policy changed its mind
+
+
+def test_status_shows_a_deadline_unreachable_while_the_machine_is_still_prepared(nodes, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "nothing-built"))
+    release = tmp_path / "release"
+    nodes["prepare"] = f"for i in $(seq 300); do [ -e {release} ] && exit 0; sleep 0.1; done; exit 1"
+    nodes["run"] = ["exit 0"]
+    assert launch("-d", *TIGHT_DEADLINE).exit_code == 0
+    try:
+        at = Ledger().get("run-1").info["deadline"]["at"]
+        row: dict = {}
+        while time.time() < at and not (row.get("deadline") or {}).get("unreachable"):
+            row = json.loads(runner.invoke(app, ["status", "--json"]).stdout)[0]
+            time.sleep(0.2)
+        assert row["deadline"]["unreachable"] is True and time.time() < at
+        assert row["status"] == "STARTING" and row["step"] == 0  # still preparing: not one step yet
+        table = runner.invoke(app, ["status"]).stdout
+        assert "UNREACHABLE, on-demand to the end, ETA" in table and "> LATE" in table
+    finally:
+        release.touch()
+        ends = time.time() + 60
+        while not Ledger().get("run-1").terminal and time.time() < ends:
+            time.sleep(0.2)
+    assert Ledger().get("run-1").status == "SUCCEEDED"
+
+
+def test_a_fresh_nodes_setup_ticks_while_it_runs_so_the_deadline_is_judged_there(tmp_path):
+    import io
+    import os
+    import subprocess
+    from types import SimpleNamespace
+
+    from skyspot.executors.local import fresh_node
+
+    go = tmp_path / "go"
+    ticks: list[int] = []
+
+    def tick() -> None:  # the controller's deadline judgement runs here; the second one lets the setup finish
+        ticks.append(1)
+        if len(ticks) == 2:
+            go.touch()
+
+    log = io.StringIO()
+    node = SimpleNamespace(root=tmp_path)
+    script = f"echo started; for i in $(seq 200); do [ -e {go} ] && break; sleep 0.05; done; echo done; exit 3"
+    assert fresh_node.run_setup(node, script, dict(os.environ), log, tick=tick) == 3
+    assert len(ticks) >= 2 and log.getvalue() == "started\ndone\n"
+    with pytest.raises(subprocess.TimeoutExpired):  # a bounded setup stays bounded
+        fresh_node.run_setup(node, "sleep 5", dict(os.environ), timeout=0.3)

@@ -220,6 +220,38 @@ def test_the_controller_returns_to_spot_once_ahead_of_the_line(monkeypatch, tmp_
     assert (decision["mode"], decision["reason"], decision["stage"]["job_id"]) == (dl.SPOT, "ahead", back_id)
 
 
+def test_a_stage_still_starting_counts_its_changeover_and_a_round_falls_at_the_deadline(monkeypatch, tmp_path):
+    """While SkyPilot provisions a stage and runs its setup, the rest of a restart counts from now, and the
+    deadline is judged when it passes, not up to a period later (issue 31, item 12)."""
+    fake = FakeSkyPilot(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    plan, start = _plan(tmp_path, hours=9)  # 100 steps x 300 s = 30,000 s of work, a 900 s restart prior
+    at = plan["deadline"]["at"]
+    lines: list[str] = []
+    clock = Clock(start)
+    store = open_store(plan["store"])
+    controller = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append)
+    controller.step()  # too little slack for spot: an on-demand stage, STARTING
+    (stage_id, _, _), = fake.launched
+    clock.now += 600
+    controller.step()
+    decision = read_events_store(store, "due").of_type(dl.DECISION_EVENT)[-1]
+    assert decision["overhead_left"] == 300.0  # 900 s of changeover, 600 s of it gone
+    assert decision["projected_finish"] == start + 600 + 300 + 30_000
+    clock.now = at - 10
+    assert controller.pause() == 10.0  # the next round is the deadline itself
+    fake.status[stage_id] = "RUNNING"
+    clock.now = at
+    controller.step()
+    decision = read_events_store(store, "due").of_type(dl.DECISION_EVENT)[-1]
+    assert decision["reason"] == dl.UNREACHABLE and decision["ts"] == at
+    assert sum("deadline UNREACHABLE" in line for line in lines) == 1
+    clock.now += 60
+    controller.step()
+    assert sum("deadline UNREACHABLE" in line for line in lines) == 1  # said once
+    assert controller.pause() == 60.0
+
+
 def test_a_cancelled_controller_cancels_its_stage(monkeypatch, tmp_path):
     fake = FakeSkyPilot(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_x")
