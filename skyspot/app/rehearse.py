@@ -49,6 +49,9 @@ starts from its image; a test sets it False to rehearse in this environment, whi
 WAIT_SECONDS = 3600.0
 """The longest a rehearsal is waited for (provisioning, setup, a few steps) before it counts as failed."""
 POLL_SECONDS = 1.0
+CAUSE_CHARS = 300
+CLOUD_POLL_SECONDS = 15.0
+"""How often SkyPilot's job queue is asked about a cloud rehearsal (a local one reads the ledger every POLL_SECONDS)."""
 # Local fault injection belongs to a launch's own timeline, never to a rehearsal's.
 _NOT_REHEARSED = ("preempt_every", "preempt_at_steps", "crash_at_steps", "hang_at_steps", "spot_trace",
                   "fallback_after", "spot_nodes")
@@ -188,7 +191,7 @@ def _wait(name: str, executor: Executor) -> Run:
                 run = ledger.get(name)
         if run.terminal or time.monotonic() > give_up:
             return run
-        time.sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS if executor.runs_here else CLOUD_POLL_SECONDS)
 
 
 def _what_failed(run: Run) -> str:
@@ -220,7 +223,13 @@ def _rehearsal_line(run: Run) -> Optional[str]:
     except OSError:
         return None
     lines = [line for line in text.splitlines() if "skyspot rehearsal:" in line and "failed" in line]
-    return lines[-1].split("skyspot rehearsal:", 1)[1].strip() if lines else None
+    if lines:
+        return lines[-1].split("skyspot rehearsal:", 1)[1].strip()
+    if run.info.get("cause"):
+        return None
+    # No cause recorded: the node's own last line (the executor's lines start with its bracketed name).
+    nodes = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("[skyspot local]")]
+    return nodes[-1][:CAUSE_CHARS] if nodes else None
 
 
 def _cost(run: Run) -> Optional[float]:
