@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from pydantic import BaseModel
 
@@ -22,7 +22,8 @@ from skyspot.app.preflight import preflight
 from skyspot.errors import UsageError
 from skyspot.executors import Executor, launch_executor
 from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
-from skyspot.planning.candidates import candidates, dropped, egress_basis
+from skyspot.app import rehearsal_record
+from skyspot.planning.candidates import Candidate, candidates, dropped, egress_basis
 from skyspot.planning.notice_window import WindowReport, check_notice_windows
 from skyspot.task import package as packaging
 from skyspot.task.package import PACKAGE_MOUNT as PACKAGE_MOUNT  # re-exported: where the nodes find the wheel
@@ -164,16 +165,21 @@ def add_efa_images(built: RenderedTask) -> RenderedTask:
 
 def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
           run_name: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-          local: bool = False, package: Optional[Package] = None, loaded: Optional[Recipe] = None) -> RenderedTask:
+          local: bool = False, package: Optional[Package] = None, loaded: Optional[Recipe] = None,
+          exclude: Collection[Candidate] = ()) -> RenderedTask:
     """Load and render. A registry name travels to the node as is; a recipe file is mounted
     on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is.
     `package` is the skyspot wheel the nodes install (package.build()). `loaded`: the recipe as
     load_recipe already gave it for these same arguments (the CLI loads it first, for its errors and
-    its choices), so it is not loaded twice."""
+    its choices), so it is not loaded twice. `exclude`: planned candidates left out of the task (those whose
+    rehearsal failed: app/rehearsal_record.py); leaving out every one is refused in one line."""
     environ = os.environ if environ is None else environ
     recipe = loaded if loaded is not None else load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
     trainer_overrides = _trainer_overrides(recipe, overrides, environ, flags)
-    planned = candidates(recipe)
+    planned = [c for c in candidates(recipe) if c not in exclude]
+    if not planned:
+        raise UsageError(f"every candidate of '{recipe.name}' failed its last rehearsal: fix what it said and "
+                         "`--rehearse` again, or pass --force to keep them")
     if recipe_arg in REGISTRY:
         node_arg, recipe_file = recipe_arg, None
     elif local:
@@ -284,6 +290,8 @@ class LaunchRequest:
     """-y/--yes: the launch's question is answered."""
     interactive: bool = False
     """The command can ask the question (a terminal is attached)."""
+    force: bool = False
+    """--force: keep the candidates whose last rehearsal failed (app/rehearsal_record.py)."""
 
 
 @dataclass
@@ -298,6 +306,9 @@ class Prepared:
     """plan_deadline's plan, or None without a deadline."""
     question: Optional[str]
     """The confirmation starting this costs (money), or None."""
+    rehearsed: list[tuple[Candidate, rehearsal_record.Record]] = field(default_factory=list)
+    """Each planned candidate whose last rehearsal failed, with it: left out of the task, or with
+    `request.force` kept."""
 
     @property
     def recipe(self) -> Recipe:
@@ -345,6 +356,13 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
         run_name = check_new_run_name(request.name) if request.name is not None else new_run_name(recipe.name)
     built = build(request.recipe, request.overrides, flags=request.flags, run_name=run_name, environ=environ,
                   local=executor.runs_here, package=package, loaded=recipe)
+    rehearsed = failed_rehearsals(built)
+    if rehearsed and not request.force:  # the candidates a rehearsal proved broken are not paid for again
+        built = build(request.recipe, request.overrides, flags=request.flags, run_name=run_name, environ=environ,
+                      local=executor.runs_here, package=package, loaded=recipe,
+                      exclude=[candidate for candidate, _ in rehearsed])
+        executor = _simulating_a_kept_candidate(executor, request, recipe, built,
+                                                skipped={candidate.cloud for candidate, _ in rehearsed})
     if not request.dry_run:
         executor.check(built)  # what this executor refuses (no enabled cloud, a missing secret), nothing recorded
         if not executor.runs_here:  # Amazon's EFA image, or the fabric refused (clouds/aws_images.py)
@@ -352,7 +370,38 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
     check_hosts(recipe, environ)
     preflight(recipe, local=executor.runs_here, environ=environ, network=not request.dry_run)
     question = None if request.dry_run else executor.launch_question(built)
-    return Prepared(request=request, built=built, executor=executor, deadline=deadline, question=question)
+    return Prepared(request=request, built=built, executor=executor, deadline=deadline, question=question,
+                    rehearsed=rehearsed)
+
+
+def _simulating_a_kept_candidate(executor: Executor, request: LaunchRequest, recipe: Recipe,
+                                 built: RenderedTask, *, skipped: Collection[str]) -> Executor:
+    """A local run, which simulates one cloud, stands for the first candidate a rehearsal left in, unless
+    --simulate names its cloud (then a cloud whose every candidate failed is refused in one line)."""
+    if not executor.simulated:
+        return executor
+    simulated = request.executor_flags.get("simulate")
+    kept = [candidate.cloud for candidate in built.candidates]
+    if simulated is None:
+        return launch_executor("local", {**request.executor_flags, "simulate": kept[0]}, recipe)
+    if simulated in skipped and simulated not in kept:
+        raise UsageError(f"--simulate {simulated}: every {simulated} candidate failed its last rehearsal "
+                         "(`skyspot launch --dry-run` says why): simulate another cloud, or pass --force")
+    return executor
+
+
+def failed_rehearsals(built: RenderedTask) -> list[tuple[Candidate, rehearsal_record.Record]]:
+    """Each candidate of the task whose (cloud, image, accelerators) failed its last rehearsal, with that record."""
+    failures = rehearsal_record.failed()
+    if not failures:
+        return []
+    entries = built.task["resources"]["ordered"]
+    found = []
+    for candidate, entry in zip(built.candidates, entries):
+        record = failures.get(rehearsal_record.key_of(candidate, entry))
+        if record is not None:
+            found.append((candidate, record))
+    return found
 
 
 def submit(prepared: Prepared, *, detach: bool) -> int:

@@ -11,6 +11,11 @@ from skyspot.cli.common import confirm, handle_errors, split_csv
 from skyspot.cli.options import DetachOption, OverridesArgument, RecipeArgument, RunArgument, YesOption
 from skyspot.console import err, out
 
+REHEARSE_HELP = ("Before the launch, rehearse each distinct (cloud, image, accelerator) among the spot candidates: "
+                 "a short spot job on 1 node (2 for a multi-node recipe) with the run's setup, image and store, the "
+                 "fabric probe, a store round trip and 5 steps of the tiny model; a table says what works, minutes "
+                 "and cost; the launch skips candidates that failed (kept in $SKYSPOT_HOME; --force keeps them). "
+                 "With --local, each on a fresh node simulating its cloud. With --dry-run: what would be rehearsed.")
 LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
               "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default.")
 
@@ -38,10 +43,17 @@ def launch_command(
     provision_delay: float = typer.Option(2.0, "--provision-delay", min=0, help="Local: seconds to 'provision' a replacement node."),
     fallback_after: Optional[int] = typer.Option(None, "--fallback-after", min=0, help="Local: after K preemptions run on-demand (no more preemptions)."),
     spot_nodes: Optional[str] = typer.Option(None, "--spot-nodes", help="Local: nodes granted to each spot attempt in turn, e.g. 2,1,2 (fewer than num_nodes needs resources.min_nodes and a store)."),
-    simulate: str = typer.Option("aws", "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices."),
+    simulate: Optional[str] = typer.Option(None, "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices (default aws; after a rehearsal left candidates out, the first one kept)."),
     fresh_node: bool = typer.Option(False, "--fresh-node", help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run."),
+    rehearse: bool = typer.Option(False, "--rehearse", help=REHEARSE_HELP),
+    force: bool = typer.Option(False, "--force", help="Keep the candidates whose last rehearsal failed (the launch leaves them out otherwise; the dry run lists them)."),
 ) -> None:
-    """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local)."""
+    """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local).
+
+    With --rehearse, first one short job per distinct (cloud, image, accelerator) among the spot candidates
+    proves setup, the fabric, the store and a few steps of a tiny model; the launch then skips what failed."""
+    from dataclasses import replace
+
     from skyspot.app.launch import LaunchRequest, prepare, submit
 
     request = LaunchRequest(
@@ -54,7 +66,19 @@ def launch_command(
                         "crash_at_steps": crash_at_steps, "hang_at_steps": hang_at_steps, "spot_trace": spot_trace,
                         "notice": notice, "grace": grace, "provision_delay": provision_delay,
                         "fallback_after": fallback_after, "spot_nodes": spot_nodes, "simulate": simulate,
-                        "fresh_node": fresh_node or None})
+                        "fresh_node": fresh_node or None},
+        force=force)
+    if rehearse:
+        from skyspot.app.rehearse import plan_rehearsals, run_rehearsals
+
+        plan = plan_rehearsals(request)
+        _show_rehearsal_plan(plan)
+        if not dry_run:
+            if plan.question and not confirm(plan.question, yes):
+                err.print("not rehearsed, not launched")
+                raise typer.Exit(1)
+            _show_rehearsals(run_rehearsals(plan))
+            request = replace(request, confirmed=request.confirmed or plan.question is not None)
     prepared = prepare(request)
     if prepared.deadline:
         err.print(prepared.deadline["check"], markup=False, soft_wrap=True)
@@ -125,6 +149,10 @@ def _show_plan(prepared) -> None:
                       "spot" if c.spot else "on-demand", money(compute), money(c.egress_usd_per_hour),
                       money(c.expected_usd_per_hour), note)
     err.print(table)
+    for candidate, record in prepared.rehearsed:
+        fate = "kept (--force)" if prepared.request.force else "skipped (--force to keep)"
+        err.print(f"{_where(candidate)}: rehearsal failed {record.when()}: {record.line}; {fate}", markup=False,
+                  highlight=False, soft_wrap=True)
     for cloud, accelerators, why in prepared.dropped():
         err.print(f"not a candidate: {cloud} {accelerators}: {why}", markup=False)
     basis = prepared.egress_basis()
@@ -163,3 +191,36 @@ def _show_window_check(prepared, *, warn_only: bool) -> None:
         err.print(f"{check.cloud}: {check.arithmetic}: {check.verdict}", markup=False)
     for line in report.advice:
         err.print(f"- {line}", markup=False)
+
+
+def _where(candidate) -> str:
+    capacity = "spot" if candidate.spot else "on-demand"
+    return f"{candidate.cloud} {candidate.region or 'any'} {candidate.accelerators or 'CPU'} {capacity}"
+
+
+def _show_rehearsal_plan(plan) -> None:
+    nodes = plan.targets[0].nodes if plan.targets else 1
+    err.print(f"rehearsal of '{plan.recipe.name}': {len(plan.targets)} spot candidate(s), {nodes} node(s) each, "
+              "the tiny model for 5 steps: " + ", ".join(t.key.text() for t in plan.targets), markup=False,
+              highlight=False, soft_wrap=True)
+
+
+def _show_rehearsals(records) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="Rehearsals (recorded in $SKYSPOT_HOME/rehearsals.json; a failed one is skipped by the "
+                  "launch unless --force)", header_style="bold")
+    for header in ("CLOUD", "IMAGE", "ACCELERATORS", "RESULT", "MINUTES", "COST", "RUN"):
+        table.add_column(header)
+    for r in records:
+        table.add_row(r.cloud, r.image, r.accelerators, escape(r.line if r.ok else f"failed: {r.line}"), f"{r.minutes:.1f}",
+                      _money(r.cost_usd), r.run)
+    err.print(table)
+
+
+def _money(usd) -> str:
+    """A rehearsal costs cents: four decimals below a dollar (as `status` shows a run's cost so far)."""
+    if usd is None:
+        return "-"
+    return f"${usd:,.4f}" if usd < 1 else f"${usd:,.2f}"

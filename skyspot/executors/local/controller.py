@@ -69,6 +69,9 @@ POLL_SECONDS = 0.2
 # Endings a restart cannot fix (trainer/exit_codes.py): the next attempt meets the same recipe, store and checkpoints.
 NOT_RETRIED = {USAGE: "a configuration error", NO_VALID_CHECKPOINT: "no usable checkpoint"}
 CAUSE_CHARS = 400
+FAIL_SETUP_ENV = "SKYSPOT_TEST_FAIL_SETUP"
+"""Tests only: a comma-separated list of simulated clouds (aws, gcp, azure) whose setup fails at once, on a
+fresh node or not: how a rehearsal that finds a broken image is tested (tests/app/test_rehearse.py)."""
 # DeepSpeed's CPU communication op (ShareMemCommBuilder.NAME), JIT-built on first use (trainer/prepare.py).
 SHM_OP = "deepspeed_shm_comm"
 
@@ -389,6 +392,10 @@ class Controller:
 
     def _setup(self, attempt: Attempt) -> Optional[Ending]:
         """A fresh node's setup on every node, as SkyPilot runs it on every newly provisioned VM."""
+        failing = os.environ.get(FAIL_SETUP_ENV, "")
+        if self.spec.cloud in failing.split(","):  # the tests' hook: this simulated cloud's setup fails
+            self.say(f"setup on node 0 fails: {FAIL_SETUP_ENV}={failing} (a test hook)")
+            return Ending(1, End.SETUP_FAILED, [1], f"the task's setup exited 1 on node 0 ({FAIL_SETUP_ENV})")
         if self.fresh is None:
             return None
         from skyspot.executors.local.fresh_node import run_setup
