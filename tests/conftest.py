@@ -26,6 +26,10 @@ def _isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_SERVICE", raising=False)
     # Code with no cloud configured stays quiet; these make sure SDKs never reach metadata addresses.
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # A launch with AWS EFA candidates asks EC2 for Amazon's EFA image (clouds/aws_images.py): in a test
+    # that does not start moto's EC2 for it (the aws_env fixture), the ask goes to a closed loopback
+    # port and fails at once, never to a real EC2 endpoint.
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", "http://127.0.0.1:9")
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "200")
     yield

@@ -148,7 +148,8 @@ def test_the_dashboards_secrets_are_named_in_the_task_never_valued(canary_env):
     assert set(given) == {"WANDB_API_KEY", "SKYSPOT_WHEELHOUSE_KEY"} and given["WANDB_API_KEY"] == "k"
 
 
-def test_the_wheelhouse_key_reaches_the_nodes_as_a_secret_and_nothing_else_keeps_it(canary_env, monkeypatch):
+def test_the_wheelhouse_key_reaches_the_nodes_as_a_secret_and_nothing_else_keeps_it(aws_env, canary_env, monkeypatch):
+    # aws_env first (moto's EC2 holds Amazon's EFA image the launch resolves), so the canaries replace its keys.
     """The run's key (wheelhouse.py) is made on the launching machine at the first launch, kept in
     $SKYSPOT_HOME/keys/<run> (0600), sent to SkyPilot in memory as the task's secret, the same at resume,
     and found in no rendered task, ledger row, report or local spec."""
