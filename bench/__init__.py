@@ -1,1 +1,1 @@
-"""skyspot's benchmark suite: `python -m bench` (about 15 minutes on 2 cores) or `python -m bench --quick`."""
+"""skyspot's benchmark suite: `python -m bench` (everything) or `python -m bench --quick` (five of the ten, shortened; docs/benchmarks.md, Quick mode)."""

@@ -34,9 +34,21 @@ class Figure:
 
 
 @dataclass
+class Section:
+    """A block of docs/benchmarks.md a benchmark rewrites between its own two markers (bench/__main__.py
+    writes it, with the results, and only without --no-write)."""
+
+    start: str
+    end: str
+    block: str
+    """The text from `start` to `end`, both markers included."""
+
+
+@dataclass
 class Results:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sections: list[Section] = field(default_factory=list)
 
     def add(self, figure: Figure) -> Figure:
         self.figures.append(figure)

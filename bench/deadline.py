@@ -1,7 +1,8 @@
 """Benchmark: deadlines. Cost against all on-demand and against greedy, and deadline misses (goal 0).
 
     python -m bench --only deadline            # about 20 minutes on 2 cores
-    python -m bench --only deadline --quick    # two traces on the local executor, fewer random traces
+    python -m bench --only deadline --quick    # one trace on the local executor, a third of the random traces
+                                               # (`python -m bench --quick` leaves it out: bench/__main__.py)
 
 Three parts, written to docs/benchmarks.md (section 8, between its markers):
 
@@ -23,23 +24,21 @@ import json
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
 from bench._launch import BIN, REPO, bench_env, ensure_shm_op
-from bench.common import Figure, Results
+from bench.common import Figure, Results, Section, machine
 
 from skyspot.planning import deadline as dl
 from skyspot.executors.local.spot_trace import SpotTrace
 
 TRACES = ["calm", "outage", "flaky", "evening", "diurnal"]
-QUICK_TRACES = ["outage", "evening"]
+QUICK_TRACES = ["outage"]
 LOCAL = ["--deadline", "260s", "--provision-delay", "2", "--grace", "60", "train.steps=300",
          "checkpoint.every_steps=50", "train.log_every=100", "resources.step_seconds_hint=0.33"]
 PACE = "step_end/0:pause=0.25"
 HOUR = 3600.0
-DOC = REPO / "docs" / "benchmarks.md"
 START, END = "<!-- deadline results: written by `python -m bench --only deadline` -->", "<!-- /deadline results -->"
 # Can't Be Late, Table 5 (real workloads on SkyPilot; cost vs on-demand under Uniform Progress), and
 # section 7.2 (ML training, loose deadline: greedy saved 15 %, Uniform Progress 48 %, Omniscient 55 %).
@@ -50,7 +49,7 @@ PAPER = [("ML training, p3.2xlarge, AWS", "-41 %", "-48 %"), ("Bioinformatics, c
 def run(results: Results, quick: bool) -> None:
     sections = [_local(results, QUICK_TRACES if quick else TRACES), _stretched(results),
                 _random(results, per_cell=2 if quick else 6)]
-    _write(sections, quick)
+    results.sections.append(_section(sections, quick))
 
 
 # --------------------------------------------------------------------------- 1. the local executor
@@ -189,9 +188,8 @@ def _random(results: Results, per_cell: int) -> str:
 # --------------------------------------------------------------------------- the report
 
 
-def _write(sections: list[str], quick: bool) -> None:
-    from bench.common import machine
-
+def _section(sections: list[str], quick: bool) -> Section:
+    """Section 8 of docs/benchmarks.md, between its markers; bench/__main__.py writes it (not with --no-write)."""
     m = machine()
     paper = "\n".join(f"| {w} | {t} | {lesson} |" for w, t, lesson in PAPER)
     block = (f"{START}\n\nLatest: `python -m bench --only deadline{' --quick' if quick else ''}`, {m['date']}, "
@@ -203,12 +201,4 @@ def _write(sections: list[str], quick: bool) -> None:
              f"**Can't Be Late's figures** (Table 5, real workloads on SkyPilot, Uniform Progress vs on-demand; "
              f"section 7.2: ML training with the loose deadline, greedy -15 %, Uniform Progress -48 %, "
              f"Omniscient -55 %):\n\n| workload | tight deadline (0.9) | loose (0.75) |\n|---|---|---|\n{paper}\n\n{END}")
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        print("docs/benchmarks.md has no deadline markers; the tables follow", file=sys.stderr)
-        print(block, file=sys.stderr)
-        return
-    DOC.write_text(text)
+    return Section(START, END, block)

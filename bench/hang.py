@@ -15,8 +15,10 @@ local executor's `--hang-at-steps` injects. Rank 0 then waits in its next collec
   --grace, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, applies only to signals torchrun receives).
 
 Times are scaled down from a cloud's: the floor F = 10 s for the default 300 s, the timeout T = 20 s
-for the task's 600 s (task/render.py DIST_ENV); torchrun's 30 s is what it is. The ratio (collective
-timeout path / watchdog) is from the one run; the note projects both to the cloud's values.
+for the task's 600 s (task/render.py DIST_ENV), halved again with --quick (F = 5 s, T = 10 s); torchrun's
+30 s is what it is. The ratio (collective timeout path / watchdog) is from the one run; the note projects
+both to the cloud's values, from what each path spent beyond its own bound, so full and quick runs
+project alike.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bench.common import Figure, Results
 
 OVERRIDES = ["train.steps=100000", "checkpoint.every_steps=100000", "train.log_every=100000"]
 FLOOR_S, TIMEOUT_S = 10.0, 20.0
+QUICK_FLOOR_S, QUICK_TIMEOUT_S = 5.0, 10.0
 TORCHRUN_STOP_S = 30.0  # LocalElasticAgent._shutdown(timeout=30): SIGTERM, then SIGKILL, on a worker failure
 CLOUD = {"floor": 300.0, "timeout": 600.0}
 START_TIMEOUT_S = 300
@@ -70,14 +73,15 @@ def _hang(run_dir: Path, log: Path, supervise_flags: list[str], wait_s: float, *
 
 def run(results: Results, quick: bool) -> None:
     ensure_shm_op(results)
+    floor, timeout = (QUICK_FLOOR_S, QUICK_TIMEOUT_S) if quick else (FLOOR_S, TIMEOUT_S)
     with tempfile.TemporaryDirectory(prefix="skyspot-bench-hang-") as tmp:
         log = Path(tempfile.gettempdir()) / "skyspot-bench-hang.log"
         log.write_bytes(b"")
-        dog = _hang(Path(tmp) / "watchdog", log, ["--hang-floor", str(FLOOR_S), "--hang-factor", "10"], wait_s=120)
+        dog = _hang(Path(tmp) / "watchdog", log, ["--hang-floor", str(floor), "--hang-factor", "10"], wait_s=120)
         mark = len(log.read_bytes())
-        timeout_wait = TIMEOUT_S + TORCHRUN_STOP_S + 120
+        timeout_wait = timeout + TORCHRUN_STOP_S + 120
         plain = _hang(Path(tmp) / "timeout", log, ["--no-watchdog"], wait_s=timeout_wait,
-                      SKYSPOT_DIST_TIMEOUT_SECONDS=str(TIMEOUT_S))
+                      SKYSPOT_DIST_TIMEOUT_SECONDS=str(timeout))
         tail = log.read_bytes()[mark:].decode(errors="replace")
     if dog["record"] is None:
         raise RuntimeError("the watchdog declared no hang")
@@ -87,7 +91,7 @@ def run(results: Results, quick: bool) -> None:
           f"{dog['ended'] if dog['ended'] is None else round(dog['ended'], 1)}s; collective timeout path: "
           f"{plain['ended'] if plain['ended'] is None else round(plain['ended'], 1)}s, fired: {fired}",
           file=sys.stderr, flush=True)
-    results.add(Figure("hang", f"SIGSTOP of a rank -> killed by the watchdog (floor {FLOOR_S:.0f} s)", "s",
+    results.add(Figure("hang", f"SIGSTOP of a rank -> killed by the watchdog (floor {floor:.0f} s)", "s",
                        [dog["killed"]], goal="<= bound + 3 s", met=dog["killed"] <= bound + 3,
                        note=f"bound {bound:.0f} s; the node exits {dog['ended']:.1f} s after the stop "
                             "(torchrun here has no in-place restarts)" if dog["ended"] is not None else
@@ -95,14 +99,14 @@ def run(results: Results, quick: bool) -> None:
     results.add(Figure("hang", "watchdog's own cost: kill - bound (poll, py-spy dumps)", "s",
                        [dog["killed"] - bound]))
     if plain["ended"] is None:
-        results.add(Figure("hang", f"SIGSTOP -> node exit, no watchdog, collective timeout {TIMEOUT_S:.0f} s", "s",
+        results.add(Figure("hang", f"SIGSTOP -> node exit, no watchdog, collective timeout {timeout:.0f} s", "s",
                            [timeout_wait], note=f"still hung after {timeout_wait:.0f} s (gloo's timeout "
                                                 f"{'fired' if fired else 'did not fire'}); killed by the benchmark"))
         return
-    extra = plain["ended"] - TIMEOUT_S - TORCHRUN_STOP_S
+    extra = plain["ended"] - timeout - TORCHRUN_STOP_S
     cloud_plain = CLOUD["timeout"] + TORCHRUN_STOP_S + extra
     cloud_dog = CLOUD["floor"] + dog["killed"] - bound
-    results.add(Figure("hang", f"SIGSTOP -> node exit, no watchdog: gloo timeout {TIMEOUT_S:.0f} s", "s",
+    results.add(Figure("hang", f"SIGSTOP -> node exit, no watchdog: gloo timeout {timeout:.0f} s", "s",
                        [plain["ended"]],
                        note=(f"gloo's timeout {'fired' if fired else 'did not fire'} (exit {plain['code']}); then "
                              f"torchrun's SIGTERM, which the stopped rank cannot act on, and its SIGKILL "

@@ -45,14 +45,14 @@ def _plan(quick: bool) -> list[dict]:
 
     Full: AWS's 120 s notices (SIGTERM at the deadline), two traces whose notice falls at two
     phases of the 50-step checkpoint interval: 10 s and 25 s of training after the first start.
-    --quick: one trace, a 10 s notice 15 s into training. Each run is long enough that both
+    --quick: one trace, a 5 s notice 10 s into training. Each run is long enough that both
     variants train some seconds into the attempt after the notice.
     """
     startup = _launch.CALIBRATION["startup_s"]
     step = _launch.CALIBRATION["step_s"]
     provision = 2.0
     if quick:
-        shapes, notice, tail = [("short notice", 15.0)], 10.0, 5.0
+        shapes, notice, tail = [("short notice", 10.0)], 5.0, 3.0
     else:
         shapes, notice, tail = [("120 s notice, early", 10.0), ("120 s notice, late", 25.0)], 120.0, 20.0
     plans = []
