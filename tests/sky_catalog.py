@@ -7,6 +7,9 @@ fixture `enable_all_clouds`) narrowed to what its optimizer touches for AWS, GCP
   (`sky.catalog.common.get_catalog_path`; SkyPilot's suite checks in its own fixture CSVs). A file
   without `.sky/catalogs/v8/.meta/<file>.md5` counts as "modified by the user" and is never
   re-downloaded (`is_catalog_modified`), so nothing reaches the network;
+- `azure/images.csv` is the skypilot-catalog's, rows as published (`AZURE_IMAGE_ROWS`): SkyPilot checks and
+  sizes a `skypilot:` image tag through it (sky/clouds/azure.py `get_image_size`), which Azure ND candidates
+  name (skyspot/clouds/azure.py AZURE_HPC_IMAGE);
 - the enabled clouds are what `sky check` would have cached (no credentials exist here);
 - AWS zone IDs map to zone names as for an account: SkyPilot's suite reads
   `tests/default_aws_az_mappings.csv`, which lists regular availability zones only; an account that
@@ -45,6 +48,17 @@ CATALOG_COLUMNS = {
 }
 SKY_CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}
 
+# skypilot-org/skypilot-catalog catalogs/v5/azure/images.csv as published (commit 58e5b17d9aae18888e40a263a4a64826dbfc9a43),
+# header and rows. SkyPilot 0.14.1 downloads catalogs/v8's copy, which was not readable here; a v7-layout copy
+# (op-devteam/machine-catalog catalogs/v7/azure/images.csv, tags renamed) maps gpu-ubuntu-2204 to the same image.
+# SkyPilot reads Tag, Region and ImageId only (sky/catalog/common.py `get_image_id_from_tag_impl`).
+AZURE_IMAGE_ROWS = (
+    "Tag,Region,OS,OSVersion,ImageId",
+    "skypilot:gpu-ubuntu-2204,,Ubuntu,22.04,microsoft-dsvm:ubuntu-hpc:2204:22.04.2023080201",
+    "skypilot:k80-ubuntu-2004,,Ubuntu,20.04,microsoft-dsvm:ubuntu-2004:2004-gen2:21.08.30",
+    "skypilot:v1-ubuntu-2004,,Ubuntu,20.04,microsoft-dsvm:ubuntu-2004:2004:21.11.04",
+)
+
 # A regular AWS availability zone ID (use1-az4). Local Zones (use1-atl2-az1) and Wavelength zones
 # carry a location between the region code and the AZ number.
 _AWS_AZ_ID = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")
@@ -65,7 +79,8 @@ def snapshot_rows() -> list[dict[str, str]]:
 
 
 def write_catalog(catalog_dir: Path) -> None:
-    """`<cloud>/vms.csv` for AWS, GCP and Azure and `common/accelerators.csv`, from the snapshot."""
+    """`<cloud>/vms.csv` for AWS, GCP and Azure and `common/accelerators.csv`, from the snapshot, and Azure's
+    `images.csv` as published."""
     rows = snapshot_rows()
     for cloud, columns in CATALOG_COLUMNS.items():
         path = catalog_dir / cloud / "vms.csv"
@@ -83,6 +98,7 @@ def write_catalog(catalog_dir: Path) -> None:
                     "GpuInfo": r["accelerator_name"], "Price": r["price"], "SpotPrice": r["spot_price"],
                     "Region": r["region"], **({"AvailabilityZone": r["zone"]} if cloud != "azure" else {}),
                 })
+    (catalog_dir / "azure" / "images.csv").write_text("\n".join(AZURE_IMAGE_ROWS) + "\n", encoding="utf-8")
     # Which clouds offer each accelerator: read when SkyPilot canonicalises a GPU name.
     offered: dict[str, set[str]] = {}
     for r in rows:

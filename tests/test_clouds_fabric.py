@@ -10,8 +10,10 @@ import subprocess
 import pytest
 
 from skyspot.app.launch import add_efa_images, build, efa_regions
+from skyspot import clouds
 from skyspot.clouds import aws_images
 from skyspot.clouds.aws import MAX_EFA_INTERFACES, efa_interfaces, is_efa_instance_type
+from skyspot.clouds.azure import AZURE_HPC_IMAGE
 from skyspot.errors import UsageError
 from skyspot.trainer import nccl_env
 from tests.ec2_server import AMAZON_AMI
@@ -118,7 +120,23 @@ def test_each_clouds_fabric_candidate_gets_its_nccl_env_and_others_none():
     assert table["Standard_ND96isr_H100_v5"]["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
     assert table["Standard_ND96amsr_A100_v4"]["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
     assert "a2-ultragpu-8g" not in table  # GCP A100: no fabric, no env
-    assert not any("image_id" in e for e in built.task["resources"]["ordered"])  # Azure's HPC image: not yet
+    # Microsoft's HPC image (SkyPilot's tag for it) on every Azure ND candidate, no image on any other.
+    images = {(e["cloud"], e["accelerators"], e["use_spot"]): e.get("image_id") for e in built.task["resources"]["ordered"]}
+    assert {k: v for k, v in images.items() if v} == {("azure", a, s): AZURE_HPC_IMAGE
+                                                       for a in ("A100-80GB:8", "H100:8") for s in (True, False)}
+
+
+def test_azure_nd_candidates_note_infiniband_from_the_image_without_network_tier():
+    built = build("llama70b")
+    azure = [c for c in built.candidates if c.cloud == "azure"]
+    assert {c.instance_type for c in azure} == {"Standard_ND96amsr_A100_v4", "Standard_ND96isr_H100_v5"}
+    for c in azure:
+        assert c.network_tier is None  # SkyPilot 0.14.1 drops an Azure candidate that asks (CUSTOM_NETWORK_TIER)
+        assert c.fabric.startswith("InfiniBand via Microsoft's HPC image (skypilot:gpu-ubuntu-2204)"), c.fabric
+    azure_cloud = clouds.get("azure")
+    assert azure_cloud.fabric_image("Standard_NC24ads_A100_v4") is None  # one A100, no InfiniBand
+    assert azure_cloud.image_fabric("Standard_NC24ads_A100_v4") is None
+    assert all(clouds.get(n).image_fabric("p5.48xlarge") is None for n in ("aws", "gcp"))
 
 
 def test_a_recipe_without_the_fabric_renders_no_fabric_env():

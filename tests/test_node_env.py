@@ -25,6 +25,10 @@ from skyspot.ports import free_port
 @pytest.mark.parametrize("driver, lines", [
     ("525.60.13", ["cu126"]),  # CUDA 12's minimum under minor version compatibility
     ("535.230.02", ["cu126"]),  # Azure's ubuntu-hpc:2204 fallback, SkyPilot's 535 images
+    # Azure's HPC image as SkyPilot's catalog names it (ubuntu-hpc:2204:22.04.2023080201, Azure ND candidates):
+    # azhpc-images tag ubuntu-hpc-20230803, ubuntu/common/install_nvidiagpudriver.sh (docs/clouds.md)
+    ("535.54.03", ["cu126"]),
+    ("580.126.16", ["pypi", "cu126"]),  # the current 22.04 HPC build (azhpc-images versions.json)
     ("550.90.07", ["cu126"]),
     ("570.172.08", ["cu126"]),  # the AWS DLAMI of August 2025: torch 2.13 has no cu128 build
     ("575.57.08", ["cu126"]),

@@ -35,12 +35,18 @@ _AZURE_PREMIUM_SSD_MBPS = ((32, 25), (64, 50), (128, 100), (256, 125), (512, 150
 
 # ND A100 v4 / ND H100 v5 carry InfiniBand (8 x 200 Gb/s HDR, 8 x 400 Gb/s NDR:
 # https://learn.microsoft.com/azure/virtual-machines/nda100-v4-series, .../nd-h100-v5-series), but SkyPilot's
-# Azure GPU image has no RDMA user space. Microsoft's Ubuntu HPC image has it (MOFED, NCCL's topology files
-# in /opt/microsoft/: https://learn.microsoft.com/azure/virtual-machines/configure#vm-images and
-# github.com/Azure/azhpc-images `topology/`); SkyPilot itself falls back to it (`skypilot:gpu-ubuntu-2204`,
-# sky/clouds/azure.py:50, sized as `ubuntu-hpc` at :199). Its driver is read by node_env on the node, which
-# picks the torch line for it (node_env.py TORCH_LINES), as on any image.
-AZURE_HPC_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+# Azure GPU image has no RDMA user space. Microsoft's Ubuntu HPC image has it (MOFED, nvidia-peermem, NCCL's
+# topology files in /opt/microsoft/: https://learn.microsoft.com/azure/virtual-machines/configure#vm-images and
+# github.com/Azure/azhpc-images `topology/`, copied there by common/setup_sku_customizations.sh).
+# ND candidates name it by SkyPilot's own tag for it, its Azure fallback image (sky/clouds/azure.py:50
+# `_FALLBACK_IMAGE_ID`), not by URN: SkyPilot 0.14.1 sizes a `skypilot:` tag from its catalog's
+# azure/images.csv (`get_image_size`, :189-202: offer `ubuntu-hpc` -> 30 GB, no Azure call), where a URN
+# is sized by asking Azure (:204-281), which a task validated offline cannot. The catalog maps the tag to
+# `microsoft-dsvm:ubuntu-hpc:2204:22.04.2023080201` (skypilot-org/skypilot-catalog catalogs/v5/azure/images.csv),
+# resolved again at provisioning (:404-419) into the marketplace URN. That image's driver is 535.54.03
+# (azhpc-images tag ubuntu-hpc-20230803, ubuntu/common/install_nvidiagpudriver.sh); node_env reads the
+# driver on the node and picks the torch line for it (node_env.py TORCH_LINES), as on any image.
+AZURE_HPC_IMAGE = "skypilot:gpu-ubuntu-2204"
 ND_TOPOLOGY_FILES: Mapping[str, str] = {
     "standard_nd96asr_v4": "/opt/microsoft/ndv4-topo.xml",
     "standard_nd96amsr_a100_v4": "/opt/microsoft/ndv4-topo.xml",
@@ -78,12 +84,13 @@ class Azure(Cloud):
     store_scheme = "az"
     region_pattern = re.compile(r"^[a-z]+\d*$")  # eastus2
 
-    # `network_tier` is an unsupported feature on Azure in SkyPilot 0.14.1 (sky/clouds/azure.py
-    # CUSTOM_NETWORK_TIER), so a candidate asking for it is one SkyPilot's optimizer drops. Azure's
-    # ND A100 v4 / ND H100 v5 sizes carry InfiniBand in the VM itself, without asking.
+    # `network_tier` is an unsupported feature on Azure in SkyPilot 0.14.1 (sky/clouds/azure.py:102
+    # CUSTOM_NETWORK_TIER), so a candidate asking for it is one SkyPilot's optimizer drops. ND A100 v4 /
+    # ND H100 v5 sizes carry InfiniBand in the VM itself; NCCL uses it on the HPC image with the IB settings
+    # (`fabric_image`, `fabric_env`), without asking SkyPilot (`image_fabric`, the plan's note).
     fabric = None
     fabric_accelerators = ()
-    no_fabric = "SkyPilot has none on Azure (ND sizes carry InfiniBand anyway)"
+    no_fabric = "SkyPilot has no network_tier on Azure, and only ND A100 v4 / ND H100 v5 sizes carry InfiniBand"
 
     upload_gbps = 2.5  # ours: see skyspot/clouds/bandwidth.py
     prior_node_hours = {"large": 4.0, "small": 12.0, "cpu": 24.0}  # ours: see skyspot/clouds/priors.py
@@ -108,13 +115,20 @@ class Azure(Cloud):
         return {AZURE_ENDPOINT_VAR: url.rstrip("/"), "AZURE_POD_IDENTITY_AUTHORITY_HOST": url.rstrip("/")}
 
     def fabric_env(self, instance_type: Optional[str]) -> dict[str, str]:
-        topo = ND_TOPOLOGY_FILES.get(str(instance_type or "").lower())
+        topo = _nd_topology(instance_type)
         if topo is None:
             return {}
         return {**ND_NCCL_ENV, "NCCL_TOPO_FILE": topo}
 
     def fabric_image(self, instance_type: Optional[str]) -> Optional[str]:
-        # Not set yet: SkyPilot validates a user image_id on Azure by asking Azure for its size (sky/clouds/azure.py
-        # `get_image_size`), which the offline validation (tests/executors/sky/test_sky_real.py) cannot; AZURE_HPC_IMAGE
-        # is what it would be (issue 30, left open).
-        return None
+        return AZURE_HPC_IMAGE if _nd_topology(instance_type) else None
+
+    def image_fabric(self, instance_type: Optional[str]) -> Optional[str]:
+        if _nd_topology(instance_type) is None:
+            return None
+        return f"InfiniBand via Microsoft's HPC image ({AZURE_HPC_IMAGE}) and NCCL's IB settings, no network_tier"
+
+
+def _nd_topology(instance_type: Optional[str]) -> Optional[str]:
+    """The NCCL topology file of an ND size with InfiniBand, None for any other size."""
+    return ND_TOPOLOGY_FILES.get(str(instance_type or "").lower())

@@ -149,6 +149,11 @@ class Cloud(abc.ABC):
         """True for a zone an account must opt into before it can run there."""
         return False
 
+    def image_fabric(self, instance_type: Optional[str]) -> Optional[str]:
+        """The fabric a node of `instance_type` gets from its image and NCCL's settings alone (`fabric_image`,
+        `fabric_env`), without `network_tier`, for the plan's note; None for most clouds (Azure ND: InfiniBand)."""
+        return None
+
     def fast_fabric(self, accelerators: Optional[str]) -> tuple[Optional[str], str]:
         """(the fabric `network_tier: best` gets a candidate of `accelerators`, or None; why not, when None)."""
         if self.fabric is None:

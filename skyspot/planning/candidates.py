@@ -11,8 +11,9 @@ it) says so in `price_note` and comes after the priced ones of its group.
 
 A pair of cloud and accelerator the cloud does not offer (GCP has no A10G) is no candidate at all
 (`dropped` lists them and why: pricing.offered). With `resources.network_tier: best`, each candidate
-whose cloud provides a fast fabric for it asks SkyPilot for it (`network_tier`), and the others say
-why they go without (`fabric`; clouds.fast_fabric).
+whose cloud provides a fast fabric for it asks SkyPilot for it (`network_tier`), an Azure ND candidate gets
+InfiniBand from its image instead (no `network_tier`: SkyPilot has none on Azure), and the others say why
+they go without (`fabric`; clouds.fast_fabric, `Cloud.image_fabric`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class Candidate:
     network_tier: Optional[str] = None
     """`best` when the recipe asks for the fast fabric and this candidate's cloud provides it (rendered)."""
     fabric: Optional[str] = None
-    """The fabric `network_tier: best` gets it (EFA, GPUDirect-TCPX), or why it goes without."""
+    """The fabric `network_tier: best` gets it (EFA, GPUDirect-TCPX), the one its image gives it without
+    network_tier (Azure ND: InfiniBand), or why it goes without."""
 
     @property
     def accelerator_name(self) -> Optional[str]:
@@ -218,8 +220,10 @@ def candidates(recipe: Recipe, *, with_prices: bool = True,
                 if accelerator and _lacks(cloud, accelerator):
                     continue  # `dropped` says which and why
                 for region in cloud_regions:
-                    candidate = _with_fabric(Candidate(cloud, accelerator, region, spot), recipe)
-                    group.append(_expected(_priced(candidate), recipe, environ) if with_prices else candidate)
+                    candidate = Candidate(cloud, accelerator, region, spot)
+                    if with_prices:
+                        candidate = _expected(_priced(candidate), recipe, environ)
+                    group.append(_with_fabric(candidate, recipe))
         # Stable sort: unpriced candidates keep recipe order after the priced ones.
         group.sort(key=lambda c: (c.expected_usd_per_hour is None, c.expected_usd_per_hour or 0.0))
         planned.extend(group)
@@ -249,12 +253,14 @@ def _lacks(cloud: str, accelerator: str) -> Optional[str]:
 
 def _with_fabric(candidate: Candidate, recipe: Recipe) -> Candidate:
     """Ask for `network_tier: best` only where SkyPilot provides a fabric for it (clouds.fast_fabric):
-    on Azure the request alone makes SkyPilot's optimizer drop the candidate."""
+    on Azure the request alone makes SkyPilot's optimizer drop the candidate. A candidate whose fabric comes
+    with its image instead (Azure ND: the HPC image, task/render.py) says so; the rest say why they go without."""
     if recipe.resources.network_tier != "best":
         return candidate
-    from skyspot.clouds import fast_fabric
+    from skyspot import clouds
 
-    fabric, why_not = fast_fabric(candidate.cloud, candidate.accelerators)
-    if fabric is None:
-        return replace(candidate, fabric=f"no fast fabric: {why_not}")
-    return replace(candidate, network_tier="best", fabric=fabric)
+    fabric, why_not = clouds.fast_fabric(candidate.cloud, candidate.accelerators)
+    if fabric is not None:
+        return replace(candidate, network_tier="best", fabric=fabric)
+    from_image = clouds.get(candidate.cloud).image_fabric(candidate.instance_type)
+    return replace(candidate, fabric=from_image or f"no fast fabric: {why_not}")

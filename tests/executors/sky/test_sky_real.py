@@ -23,6 +23,7 @@ import yaml
 from typer.testing import CliRunner
 
 from skyspot.app.launch import build
+from skyspot.clouds.azure import AZURE_HPC_IMAGE
 from skyspot.task.package import PLACEHOLDER
 from skyspot.planning.candidates import dropped
 from skyspot.recipe import REGISTRY
@@ -347,7 +348,11 @@ def test_skypilot_drops_an_azure_candidate_that_asks_for_network_tier(plans, sky
     entry = next(e for e in built.task["resources"]["ordered"] if e["cloud"] == "azure"
                  and e["accelerators"] == "A100-80GB:8" and e["use_spot"])
     assert "network_tier" not in entry and fast_fabric("azure", "A100-80GB:8")[0] is None
-    asked = sky.Resources.from_yaml_config({**entry, "network_tier": "best"})
+    # With the HPC image it would not even validate: SkyPilot takes only a docker image beside network_tier: best.
+    with pytest.raises(ValueError, match="image_id must be a docker image"):
+        plans._optimize(built, sky.Resources.from_yaml_config({**entry, "network_tier": "best"}))
+    without_image = {k: v for k, v in entry.items() if k != "image_id"}
+    asked = sky.Resources.from_yaml_config({**without_image, "network_tier": "best"})
     assert isinstance(plans._optimize(built, asked), Exception)
     assert not isinstance(plans._optimize(built, sky.Resources.from_yaml_config(entry)), Exception)
 
@@ -368,6 +373,36 @@ def test_the_image_each_cloud_boots_with_the_fabric_is_the_one_docs_name(plans, 
     assert gcp_constants.GCP_GPU_DIRECT_IMAGE_ID.removeprefix("docker:") in docs
     assert sky_aws._EFA_IMAGE_NAME in docs
     assert sky_aws._is_efa_instance_type("p4de.24xlarge") and sky_aws._is_efa_instance_type("p5.48xlarge")
+
+
+def test_azure_nd_candidates_boot_microsofts_hpc_image_by_skypilots_own_tag(plans, sky, monkeypatch):
+    """Azure ND: the candidate names SkyPilot's Azure fallback tag, which SkyPilot checks and sizes from its catalog's
+    azure/images.csv alone (no Azure call: the tripwire), places on the same ND size, and resolves to the Ubuntu HPC
+    image's marketplace URN at provisioning. docs/clouds.md names the tag and the URN."""
+    from sky import catalog
+    from sky.clouds import azure as sky_azure
+
+    def _no_azure(*args, **kwargs):
+        raise AssertionError("SkyPilot asked Azure about the image")
+
+    monkeypatch.setattr(sky_azure.azure, "get_client", _no_azure)
+    assert AZURE_HPC_IMAGE == sky_azure._FALLBACK_IMAGE_ID
+    built = plans.built(("llama70b", None))
+    entry = next(e for e in built.task["resources"]["ordered"] if e["cloud"] == "azure"
+                 and e["accelerators"] == "A100-80GB:8" and e["use_spot"])
+    assert entry["image_id"] == AZURE_HPC_IMAGE and "network_tier" not in entry
+    placed = plans._optimize(built, sky.Resources.from_yaml_config(entry))
+    plain = plans._optimize(built, sky.Resources.from_yaml_config({k: v for k, v in entry.items() if k != "image_id"}))
+    assert placed.image_id == {placed.region: AZURE_HPC_IMAGE}
+    assert (placed.instance_type, placed.region, placed.get_cost(3600)) == (
+        plain.instance_type, plain.region, plain.get_cost(3600)) and placed.instance_type == "Standard_ND96amsr_A100_v4"
+    assert sky_azure.Azure.get_image_size(AZURE_HPC_IMAGE, placed.region) == sky_azure._DEFAULT_AZURE_UBUNTU_HPC_IMAGE_GB
+    # What provisioning boots (sky/clouds/azure.py:404-419 `make_deploy_resources_variables`, whose marketplace
+    # branch needs the Azure SDK this machine lacks): the tag through the same catalog call, a marketplace URN.
+    urn = catalog.get_image_id_from_tag(AZURE_HPC_IMAGE, clouds="azure")
+    assert urn == "microsoft-dsvm:ubuntu-hpc:2204:22.04.2023080201" and not urn.startswith(sky_azure._COMMUNITY_IMAGE_PREFIX)
+    docs = (REPO / "docs" / "clouds.md").read_text()
+    assert AZURE_HPC_IMAGE in docs and urn in docs
 
 
 # --- 3. secrets, as the jobs controller sees them -----------------------------------------
