@@ -153,10 +153,11 @@ class AzureStore:
                 raise self._missing(key) from None
             raise self._error(error, "download", key) from None
 
-    def get_bytes(self, key):
+    def get_bytes(self, key, limit=None):
         blob = self._blob(key)
+        ranged = {} if limit is None else {"offset": 0, "length": limit + 1}
         try:
-            return blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY).readall()
+            return blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY, **ranged).readall()
         except Exception as error:
             if _az_blob_missing(error):
                 return None
