@@ -251,6 +251,9 @@ _FIELD_KINDS: dict[str, str] = {
     "node_rank": _INT, "rank": _INT, "step": _INT, "run_id": _LABEL, "kind": _LABEL,
     "step_seconds": _SECONDS, "blocked_seconds": _SECONDS, "load_seconds": _SECONDS,
 }
+_INT_FIELDS = tuple(key for key, kind in _FIELD_KINDS.items() if kind == _INT)
+_SECONDS_FIELDS = tuple(key for key, kind in _FIELD_KINDS.items() if kind == _SECONDS)
+_LABEL_FIELDS = tuple(key for key, kind in _FIELD_KINDS.items() if kind == _LABEL)
 _WHERE_KINDS: dict[str, str] = {
     "cloud": _LABEL, "region": _LABEL, "zone": _LABEL, "instance_type": _LABEL, "num_nodes": _INT,
 }
@@ -297,9 +300,18 @@ def valid_event(event: Any) -> bool:
     attempt = event.get("attempt", 0)
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
         return False
-    for key, kind in _FIELD_KINDS.items():  # a loop, not all(generator): this runs for every line read
+    # The fields by kind, checked inline: this runs for every line read (280,000 for 20,000 attempts).
+    for key in _INT_FIELDS:
         value = event.get(key)
-        if value is not None and not _fits(value, kind):
+        if value is not None and (value is True or value is False or not isinstance(value, int)):
+            return False
+    for key in _SECONDS_FIELDS:
+        value = event.get(key)
+        if value is not None and not _is_number(value):
+            return False
+    for key in _LABEL_FIELDS:
+        value = event.get(key)
+        if value is not None and not isinstance(value, str):
             return False
     if event["type"] == EventType.STEP and not isinstance(event.get("step"), int):
         return False
@@ -383,10 +395,16 @@ def read_events_dir(directory: str | os.PathLike[str]) -> EventLog:
     directory = Path(directory)
     if not directory.is_dir():
         return log
-    for path in sorted(directory.glob("*.jsonl")):
+    try:  # scandir and names, not glob and Paths: 40,000 files for 20,000 attempts
+        names = sorted(entry.name for entry in os.scandir(directory) if entry.name.endswith(".jsonl"))
+    except OSError:
+        names = []
+    for name in names:
+        path = directory / name
         try:
+            found = os.stat(path)
             # Not one process's events (a planted or runaway file): skipped, counted, named, not even opened.
-            too_big = stat.S_ISREG(path.stat().st_mode) and path.stat().st_size > MAX_EVENTS_FILE_BYTES
+            too_big = stat.S_ISREG(found.st_mode) and found.st_size > MAX_EVENTS_FILE_BYTES
         except OSError:
             too_big = False
         # Bytes, not text mode: universal newlines would split a line at a stray "\r".
@@ -418,11 +436,16 @@ def read_regular(path: str | os.PathLike[str], offset: int = 0, limit: Optional[
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
             return None
         with os.fdopen(fd, "rb", closefd=False) as handle:
             handle.seek(offset)
-            return handle.read() if limit is None else handle.read(limit + 1)
+            if limit is None or opened.st_size - offset <= limit:
+                # To its end, sized from the file: read(limit + 1) would allocate the whole cap for every small
+                # file first. Grown past the cap since the fstat: the caller sees it passed, as below.
+                return handle.read()
+            return handle.read(limit + 1)
     except OSError:
         return None
     finally:
