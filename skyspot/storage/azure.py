@@ -161,6 +161,8 @@ class AzureStore:
         except Exception as error:
             if _az_blob_missing(error):
                 return None
+            if ranged and _az_code(error) == "InvalidRange":  # a range of an empty blob
+                return b""
             raise self._error(error, "read", key) from None
 
     def exists(self, key):
