@@ -18,10 +18,11 @@ from pathlib import Path
 from bench.common import Results, machine
 
 SUITES = ["cli", "upload", "checkpoint", "emergency", "recovery", "lost_work", "overhead", "deadline", "hang",
-          "inplace"]
+          "inplace", "bounds"]
 MODULES = {"cli": "bench.cli_latency", "upload": "bench.upload", "checkpoint": "bench.checkpoint",
            "emergency": "bench.emergency", "recovery": "bench.recovery", "lost_work": "bench.lost_work",
-           "overhead": "bench.overhead", "deadline": "bench.deadline", "hang": "bench.hang", "inplace": "bench.inplace"}
+           "overhead": "bench.overhead", "deadline": "bench.deadline", "hang": "bench.hang", "inplace": "bench.inplace",
+           "bounds": "bench.bounds"}
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 RESULTS_START = "<!-- results: written by `python -m bench`; edit the text above, not below -->"
 
