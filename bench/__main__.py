@@ -20,10 +20,11 @@ from pathlib import Path
 from bench.common import Results, Section, machine
 
 SUITES = ["cli", "upload", "checkpoint", "emergency", "recovery", "lost_work", "overhead", "deadline", "hang",
-          "inplace"]
+          "inplace", "bounds"]
 MODULES = {"cli": "bench.cli_latency", "upload": "bench.upload", "checkpoint": "bench.checkpoint",
            "emergency": "bench.emergency", "recovery": "bench.recovery", "lost_work": "bench.lost_work",
-           "overhead": "bench.overhead", "deadline": "bench.deadline", "hang": "bench.hang", "inplace": "bench.inplace"}
+           "overhead": "bench.overhead", "deadline": "bench.deadline", "hang": "bench.hang", "inplace": "bench.inplace",
+           "bounds": "bench.bounds"}
 # What `--quick` leaves out, and why: each named here is reported as left out (stderr and the report's notes),
 # never dropped silently; `--only NAME --quick` still runs it.
 QUICK_LEFT_OUT: dict[str, str] = {
@@ -32,6 +33,7 @@ QUICK_LEFT_OUT: dict[str, str] = {
     "inplace": "two 2-node launches on the local executor, a crash and a recovery in each: 2-3 min alone",
     "emergency": "two trainers streaming 0.31 GB to an S3 server, then three uploads for the CPU figures: 1.5-2 min",
     "overhead": "two trainers of 60 steps side by side: 1.5 min, and one pair's ratio moves by 15 % under load",
+    "bounds": "writes a run of thousands of attempts and reads it through the CLI: 1-2 min under load",
 }
 QUICK_MINUTES = "6.6 min measured on 2 cores at load 7-9 (meant: under 5 on idle ones)"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"

@@ -18,12 +18,14 @@ a second of start-up per case, which is most of the budget of the property tests
 from __future__ import annotations
 
 import _thread
+import json
 import os
 import resource
 import signal
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 CPU_S = 2.0
@@ -96,3 +98,95 @@ def bounded(what: object, *, cpu_s: float = CPU_S, memory_mb: int = MEMORY_MB, w
         raise OverBudget(f"{what}: {figures['peak_mb']:.1f} MB of memory, more than {memory_mb} MB")
     if figures["cpu_s"] > cpu_s:
         raise OverBudget(f"{what}: {figures['cpu_s']:.2f} s of CPU time, more than {cpu_s} s")
+
+
+# --------------------------------------------------------------------------- a big run, as the local executor leaves it
+
+BIG_T0 = 1_700_000_000.0
+BIG_WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g5.48xlarge",
+             "spot": True, "accelerators": None, "num_nodes": 1, "simulated": True}
+STEPS_PER_ATTEMPT = 5
+"""Each attempt of the big run trains this many new steps, checkpoints the last, and is preempted."""
+
+
+def big_run_events(attempts: int, run_id: str) -> dict[str, bytes]:
+    """The events files of a local run of `attempts` attempts, by file name, as the local controller and the
+    trainer write them (skyspot/executors/local/controller.py, skyspot/trainer/loop.py): per attempt the
+    executor's attempt_start, notice, SIGTERM and attempt_end, and rank 0's start, resume, steps, the
+    emergency checkpoint and exit 75; the last attempt completes. Attempt k trains steps 5k+1..5k+5 after
+    resuming at 5k, so the run ends at step 5 x attempts with no step lost (a checkpoint before each notice)."""
+    from skyspot.events import event_file_name
+
+    def line(ts: float, type: str, attempt: int, rank: int | None, **fields: object) -> str:
+        event = {"ts": ts, "run_id": run_id, "attempt": attempt, "node_rank": 0, "rank": rank, "type": type, **fields}
+        return json.dumps(event, separators=(",", ":")) + "\n"
+
+    files: dict[str, bytes] = {}
+    for k in range(attempts):
+        t = BIG_T0 + 100.0 * k
+        last = k == attempts - 1
+        first, final = STEPS_PER_ATTEMPT * k, STEPS_PER_ATTEMPT * (k + 1)
+        executor = [line(t, "attempt_start", k, None, where=BIG_WHERE)]
+        trainer = [line(t + 5, "start", k, 0, where=BIG_WHERE, world_size=1, total_steps=STEPS_PER_ATTEMPT * attempts,
+                        recipe="tiny", pid=1000 + k)]
+        if k:
+            trainer.append(line(t + 6, "resume", k, 0, step=first, checkpoint=f"step_{first}", source="local",
+                                load_seconds=1.0))
+        for step in range(first + 1, final + 1):
+            trainer.append(line(t + 10 + 10 * (step - first), "step", k, 0, step=step, loss=2.0, step_seconds=10.0,
+                                samples=8, tokens=512))
+        if last:
+            trainer += [line(t + 70, "checkpoint_end", k, 0, step=final, kind="final", blocked_seconds=1.0),
+                        line(t + 71, "exit", k, 0, code=0, reason="complete", step=final)]
+            executor.append(line(t + 72, "attempt_end", k, None, code=0, reason="complete"))
+        else:
+            executor += [line(t + 61, "preempt_notice_sent", k, None, deadline=t + 91),
+                         line(t + 62, "preempt_sigterm", k, None)]
+            trainer += [line(t + 63, "checkpoint_end", k, 0, step=final, kind="emergency", blocked_seconds=1.0),
+                        line(t + 64, "emergency_checkpoint", k, 0, step=final, signal_to_commit_seconds=2.0,
+                             durable_before_deadline=True),
+                        line(t + 65, "exit", k, 0, code=75, reason="preempted", step=final)]
+            executor.append(line(t + 70, "attempt_end", k, None, code=75, reason="preempted"))
+        files[event_file_name(k, 0, None)] = "".join(executor).encode()
+        files[event_file_name(k, 0, 0)] = "".join(trainer).encode()
+    return files
+
+
+def write_big_run(home: Path, name: str = "big", attempts: int = 20_000) -> Path:
+    """A finished local run of `attempts` attempts under SKYSPOT_HOME=`home`: its ledger row and its events
+    directory (two files per attempt). About 40,000 files, 60 MB; a few seconds to write."""
+    from skyspot.events import EVENTS_DIR
+
+    run_dir = home / "runs" / name
+    events = run_dir / EVENTS_DIR
+    events.mkdir(parents=True, exist_ok=True)
+    for file_name, data in big_run_events(attempts, name).items():
+        (events / file_name).write_bytes(data)
+    _add_row(home, name, run_dir, total_steps=STEPS_PER_ATTEMPT * attempts)
+    return run_dir
+
+
+def write_huge_events_file(home: Path, name: str = "huge", size: int = 1 << 30) -> Path:
+    """A finished local run of one attempt beside a 1 GiB events file under SKYSPOT_HOME=`home`. The file is
+    sparse (zeros, no disk spent): a reader that opens it at all reads zeros as fast as the page cache gives
+    them, so it costs the same as real data up to the first byte parsed; one that checks the size first
+    reads none of it."""
+    run_dir = home / "runs" / name
+    events = run_dir / "events"
+    events.mkdir(parents=True, exist_ok=True)
+    for file_name, data in big_run_events(1, name).items():
+        (events / file_name).write_bytes(data)
+    with open(events / "attempt-9.node-0.rank-0.jsonl", "wb") as huge:
+        huge.truncate(size)
+    _add_row(home, name, run_dir, total_steps=STEPS_PER_ATTEMPT)
+    return run_dir
+
+
+def _add_row(home: Path, name: str, run_dir: Path, *, total_steps: int) -> None:
+    from skyspot.ledger import Ledger
+
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with Ledger(home / "ledger.db") as ledger:
+        ledger.add(name, "tiny", "local", run_dir=str(run_dir), total_steps=total_steps, num_nodes=1,
+                   info={"cloud": "aws"})
+        ledger.set_status(name, "SUCCEEDED")

@@ -85,6 +85,11 @@ def run_report(run: Run, queue_record: Optional[Mapping[str, Any]] = None) -> Ru
     data.update(recipe=run.recipe, executor=run.executor, status=run.status, node_kinds=node_kinds(log.events))
     if log.malformed:
         data.setdefault("warnings", []).append(f"skipped {log.malformed} malformed event line(s)")
+    from skyspot.events import oversized_note
+
+    too_big = oversized_note(log.oversized)
+    if too_big:
+        data.setdefault("warnings", []).append(too_big)
     if log.unknown:
         data.setdefault("warnings", []).append(
             f"skipped {log.unknown} event(s) of types this skyspot does not know ({', '.join(sorted(log.unknown_types))})")

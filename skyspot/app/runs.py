@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from skyspot.app.status import events_signature, latest_losses, run_events, setup_failure, summarize
 from skyspot.errors import SkyspotError, UsageError
-from skyspot.events import EventLog
+from skyspot.events import EventLog, oversized_note
 from skyspot.executors import Executor, executor_for, refresh
 from skyspot.ledger import Ledger, Run
 from skyspot.statuses import RunStatus
@@ -58,6 +58,9 @@ def status(*, all_runs: bool = False) -> StatusView:
             row, malformed = _row(ledger, run, records.get(run.name))
             view.rows.append(row)
             view.malformed_events += malformed
+            note = oversized_note(row.get("oversized_event_files") or [])
+            if note:
+                view.notes.append(f"{row['name']}: {note}")
     return view
 
 

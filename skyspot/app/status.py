@@ -133,6 +133,7 @@ def summarize(run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]]
         "elapsed_seconds": round(end - run.created_at, 1),
         "cost_so_far_usd": cost, "simulated": executor_for(run).simulated or any(is_simulated(w) for w in wheres),
         "job_id": run.job_id, "malformed_event_lines": log.malformed,
+        "oversized_event_files": list(getattr(log, "oversized", [])),
         "unknown_event_types": dict(getattr(log, "unknown_types", {})),
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
         "deadline": _deadline(run, events),

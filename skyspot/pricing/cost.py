@@ -35,10 +35,13 @@ In-place restarts. torchrun's agent may restart every rank on the same machines 
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field, fields
+from itertools import accumulate
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from skyspot.pricing import prices as pricing
 from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, end_of_status,
@@ -98,7 +101,7 @@ class AttemptCost:
     the slowest node's bus bandwidth (GB/s), the expected figure, below_expected, the first warning."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _flat_dict(self)
 
 
 @dataclass
@@ -139,7 +142,7 @@ class Recovery:
     """The cloud's own name for it (its AttemptCost.cloud_cause)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return _flat_dict(self)
 
 
 @dataclass
@@ -240,11 +243,11 @@ class RunCost:
     """billed_seconds, line by line (GOODPUT_LINES): they add up to billed_seconds; `useful` over it is goodput."""
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["attempts"] = [a.to_dict() for a in self.attempts]
-        data["recovery_details"] = [r.to_dict() for r in self.recovery_details]
-        data["in_place_details"] = [r.to_dict() for r in self.in_place_details]
-        return data
+        # Not asdict(self): that converts every attempt twice (once here, once below) and deep-copies as it
+        # goes, 0.4 ms an attempt, most of the report's time for 20,000 of them (issue 31, item 9).
+        records = {"attempts", "recovery_details", "in_place_details"}
+        return {f.name: [r.to_dict() for r in getattr(self, f.name)] if f.name in records
+                else copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
 
 
 # Where billed time went (RunCost.goodput_breakdown), in this order; docs/cost.md defines each line.
@@ -313,6 +316,11 @@ class InPlaceRecovery:
         return asdict(self)
 
 
+def _flat_dict(record: Any) -> dict[str, Any]:
+    """A dataclass of plain values as a dict (what asdict gives for one, without its recursion)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
 # --- public API --------------------------------------------------------------------------
 
 
@@ -333,14 +341,17 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     split_attempts = split(events, now=now)
     warnings: list[str] = []
 
-    attempts = [_attempt_cost(a, queue_record=queue_record, warnings=warnings) for a in split_attempts]
+    price = _prices()
+    attempts = [_attempt_cost(a, queue_record=queue_record, warnings=warnings, price=price) for a in split_attempts]
     home = _store_cloud(store, warnings)
     for attempt, split_attempt in zip(attempts, split_attempts):
         _add_egress(attempt, split_attempt.events, home, warnings)
     runs = step_runs(log, split_attempts)
-    details = [_recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs)
+    # Every per-attempt question below asks this, never all the runs again: linear in attempts (issue 31.9).
+    runs_of = _by_attempt(runs)
+    details = [_recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs_of.get(prev.attempt, []))
                for i, (prev, nxt) in enumerate(zip(attempts, attempts[1:]))]
-    in_place = [r for a in split_attempts for r in _in_place(a, runs)]
+    in_place = [r for a in split_attempts for r in _in_place(a, runs_of.get(a.number, []))]
     evals = eval_runs(log, split_attempts)
 
     useful = [r for r in runs if not r.recomputed]
@@ -351,10 +362,10 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     egress = sum(a.egress_usd for a in attempts)
     cost = sum(a.compute_usd for a in attempts if a.compute_usd is not None) + egress
 
-    startup, wind_down = _startup_seconds(attempts, runs), _wind_down_seconds(attempts, runs)
+    startup, wind_down = _startup_seconds(attempts, runs_of), _wind_down_seconds(attempts, runs_of)
     useful_eval_seconds = sum(e.seconds for e in baseline_evals(evals, runs, wind_down))
     baseline_seconds = startup + useful_seconds + useful_eval_seconds + wind_down
-    baseline = _baseline(candidates, attempts, warnings)
+    baseline = _baseline(candidates, attempts, warnings, price)
     on_demand = baseline_seconds / 3600 * nodes * baseline.usd_per_hour if baseline else None
     savings = on_demand - cost if on_demand is not None else None
     totals = [r.total_seconds for r in details if r.total_seconds is not None]
@@ -427,7 +438,7 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         final_train_loss=final_step.loss if final_step else None,
         final_train_step=final_step.step if final_step else None,
         final_train_diverged=bool(final_step and final_step.diverged),
-        goodput_breakdown=_goodput_breakdown(attempts, split_attempts, runs, evals, checkpoints, in_place,
+        goodput_breakdown=_goodput_breakdown(attempts, split_attempts, runs, runs_of, evals, checkpoints, in_place,
                                              billed_seconds, startup),
     )
 
@@ -444,26 +455,31 @@ def _mean(values: list[float]) -> Optional[float]:
 
 
 def _goodput_breakdown(attempts: list[AttemptCost], split_attempts: list[Attempt], runs: list[StepRun],
-                       evals: list["EvalRun"], checkpoints: list[dict], in_place: list[InPlaceRecovery],
-                       billed_seconds: float, startup: float) -> dict[str, float]:
+                       runs_of: dict[int, list[StepRun]], evals: list["EvalRun"], checkpoints: list[dict],
+                       in_place: list[InPlaceRecovery], billed_seconds: float, startup: float) -> dict[str, float]:
     """Where the billed wall time went, one line per GOODPUT_LINES: each from its own events, and `other` the
     rest, so the lines add up to billed_seconds. A start-up or restart window leaves out the evaluations and
     checkpoint stalls inside it, which have their own lines."""
+    # What lies inside (begin, end], by prefix sums over the times: a window costs two bisections, not a pass
+    # over every evaluation and checkpoint of the run (one window per attempt: quadratic for 20,000 attempts).
+    marks = sorted([(e.ts, e.seconds) for e in evals]
+                   + [(float(c["ts"]), float(c.get("blocked_seconds") or 0.0)) for c in checkpoints])
+    times = [ts for ts, _ in marks]
+    totals = [0.0, *accumulate(seconds for _, seconds in marks)]
 
     def inside(begin: float, end: float) -> float:
-        return (sum(e.seconds for e in evals if begin < e.ts <= end)
-                + sum(float(c.get("blocked_seconds") or 0.0) for c in checkpoints if begin < c["ts"] <= end))
+        return totals[bisect_right(times, end)] - totals[bisect_right(times, begin)]
 
     def window(begin: Optional[float], end: Optional[float]) -> float:
         if begin is None or end is None or end <= begin:
             return 0.0
         return max(0.0, end - begin - inside(begin, end))
 
-    first = next((a for a in attempts if any(r.attempt == a.attempt for r in runs)), None)
+    first = next((a for a in attempts if runs_of.get(a.attempt)), None)
     first_start = first.start if first else (attempts[0].start if attempts else 0.0)
     later_start_ups = 0.0
     for a in attempts:
-        mine = [r for r in runs if r.attempt == a.attempt]
+        mine = runs_of.get(a.attempt, [])
         if a is not first and mine:
             step = min(mine, key=lambda r: r.ts)
             later_start_ups += window(a.start, min(a.end, step.ts - step.seconds))
@@ -474,9 +490,10 @@ def _goodput_breakdown(attempts: list[AttemptCost], split_attempts: list[Attempt
         if a is None:
             continue
         generation = a.generation(r.first_step_at) if r.first_step_at is not None else None
-        before = [s for s in runs if s.attempt == r.attempt and generation is not None and s.generation < generation
+        mine = runs_of.get(r.attempt, [])
+        before = [s for s in mine if generation is not None and s.generation < generation
                   and (r.failed_at is None or s.ts <= r.failed_at)]
-        after = [s for s in runs if s.attempt == r.attempt and s.generation == generation]
+        after = [s for s in mine if s.generation == generation]
         # From the old processes' last step (a hang's stall included) to the new processes' first step.
         begin = min([x for x in (r.failed_at, max((s.ts for s in before), default=None)) if x is not None],
                     default=None)
@@ -496,22 +513,30 @@ def _goodput_breakdown(attempts: list[AttemptCost], split_attempts: list[Attempt
     return {key: lines[key] for key in GOODPUT_LINES}
 
 
-def _startup_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
+def _by_attempt(runs: list[StepRun]) -> dict[int, list[StepRun]]:
+    """The step runs of each attempt, oldest first (as `runs` is)."""
+    grouped: dict[int, list[StepRun]] = {}
+    for r in runs:
+        grouped.setdefault(r.attempt, []).append(r)
+    return grouped
+
+
+def _startup_seconds(attempts: list[AttemptCost], runs_of: dict[int, list[StepRun]]) -> float:
     """Billing start to the first step's start, in the first attempt that ran a step."""
     for attempt in attempts:
-        mine = [r for r in runs if r.attempt == attempt.attempt]
+        mine = runs_of.get(attempt.attempt)
         if mine:
             first = min(mine, key=lambda r: r.ts)
             return min(attempt.seconds, max(0.0, first.ts - first.seconds - attempt.start))
     return attempts[0].seconds if attempts else 0.0
 
 
-def _wind_down_seconds(attempts: list[AttemptCost], runs: list[StepRun]) -> float:
+def _wind_down_seconds(attempts: list[AttemptCost], runs_of: dict[int, list[StepRun]]) -> float:
     """The last step's end to the end of the last attempt, for a run that completed."""
     if not attempts or attempts[-1].end_reason != "complete":
         return 0.0
     last = attempts[-1]
-    mine = [r.ts for r in runs if r.attempt == last.attempt]
+    mine = [r.ts for r in runs_of.get(last.attempt, [])]
     return max(0.0, last.end - max(mine)) if mine else 0.0
 
 
@@ -600,7 +625,7 @@ def _generations(events: list[dict], attempts: Optional[list[Attempt]]):
 
 def _in_place(attempt: Attempt, runs: list[StepRun]) -> list[InPlaceRecovery]:
     """The attempt's in-place restarts, from its `restart_in_place` events; the steps each one redid from
-    the step events (the replaced processes' runs that the new ones ran again)."""
+    the step events (the replaced processes' runs that the new ones ran again). `runs`: the attempt's own."""
     details = []
     hangs = {attempt.generation(h["ts"]): h for h in attempt.hangs}
     for e in attempt.restarts:
@@ -610,7 +635,7 @@ def _in_place(attempt: Attempt, runs: list[StepRun]) -> list[InPlaceRecovery]:
         seconds = float(seconds) if _finite(seconds) and 0 <= seconds <= e["ts"] - attempt.start else None
         new = attempt.generation(e["ts"])
         old = attempt.generation(failed_at) if failed_at is not None else new - 1
-        lost = [r for r in runs if r.attempt == attempt.number and r.in_place and old <= r.generation < new]
+        lost = [r for r in runs if r.in_place and old <= r.generation < new]
         cause = e.get("cause") if isinstance(e.get("cause"), str) else None
         hang = hangs.get(old)
         details.append(InPlaceRecovery(
@@ -643,7 +668,8 @@ def _int(value: Any) -> Optional[int]:
 # --- attempts ----------------------------------------------------------------------------
 
 
-def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) -> AttemptCost:
+def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str],
+                  price: Callable[..., pricing.Price] = pricing.hourly_price) -> AttemptCost:
     number, events = split_attempt.number, split_attempt.events
     trainer_starts = [e for e in events if e["type"] == T.START]
     where = dict(split_attempt.where)
@@ -666,13 +692,12 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
     seconds = max(0.0, end - start)
     billed_hours = seconds / 3600 * nodes
     accelerator, count = _accelerator(where.get("accelerators"))
-    price = None
+    found = None
     try:
-        price = pricing.hourly_price(where.get("cloud") or "", instance_type=_known(where.get("instance_type")),
-                                     accelerator=accelerator, accelerator_count=count,
-                                     region=_known(where.get("region")),
-                                     # AWS: the zone ID (use1-az4) the price data lists, when the node read it
-                                     zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
+        found = price(where.get("cloud") or "", instance_type=_known(where.get("instance_type")),
+                      accelerator=accelerator, accelerator_count=count, region=_known(where.get("region")),
+                      # AWS: the zone ID (use1-az4) the price data lists, when the node read it
+                      zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
     except UsageError as missing:
         warnings.append(f"attempt {number}: {missing}")
     fabrics = _one_per_key(events, T.FABRIC, ("node_rank",))
@@ -683,19 +708,38 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str]) 
             break
     return AttemptCost(
         attempt=number, cloud=str(where["cloud"]).lower() if where.get("cloud") else None, region=where.get("region"), zone=where.get("zone"),
-        instance_type=_known(where.get("instance_type")) or (price.instance_type if price else None),
+        instance_type=_known(where.get("instance_type")) or (found.instance_type if found else None),
         nodes=nodes, spot=spot, start=start, end=end, end_reason=reason, seconds=seconds,
         billed_hours=billed_hours,
-        usd_per_hour=price.usd_per_hour if price else None,
-        cost_usd=billed_hours * price.usd_per_hour if price else None,
-        price_source=price.source if price else None,
-        price_date=price.source_date if price else None,
-        price_detail=price.detail if price else None,
+        usd_per_hour=found.usd_per_hour if found else None,
+        cost_usd=billed_hours * found.usd_per_hour if found else None,
+        price_source=found.source if found else None,
+        price_date=found.source_date if found else None,
+        price_detail=found.detail if found else None,
         simulated=is_simulated(where),
-        compute_usd=billed_hours * price.usd_per_hour if price else None,
+        compute_usd=billed_hours * found.usd_per_hour if found else None,
         cause=cause, cloud_cause=cloud_cause, transport=", ".join(transports) or None,
         fabric=summarize_fabric(fabrics),
     )
+
+
+def _prices() -> Callable[..., pricing.Price]:
+    """pricing.hourly_price, asked once per distinct question for one report: 20,000 attempts on one instance
+    type read the price tables once, not 20,000 times (1.3 ms each; issue 31, item 9)."""
+    asked: dict[tuple, Any] = {}
+
+    def price(cloud: str, **ask: Any) -> pricing.Price:
+        key = (cloud, *sorted(ask.items()))
+        if key not in asked:
+            try:
+                asked[key] = pricing.hourly_price(cloud, **ask)
+            except UsageError as missing:
+                asked[key] = missing
+        found = asked[key]
+        if isinstance(found, UsageError):
+            raise found.with_traceback(None)
+        return found  # type: ignore[no-any-return]
+    return price
 
 
 def _known(value: Any) -> Optional[str]:
@@ -798,8 +842,8 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
     )
 
 
-def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost],
-              warnings: list[str]) -> Optional[pricing.Price]:
+def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost], warnings: list[str],
+              price: Callable[..., pricing.Price] = pricing.hourly_price) -> Optional[pricing.Price]:
     """The cheapest on-demand hourly price among the candidates (or the attempts' own instances)."""
     if candidates is not None:
         asks = [_candidate(c) for c in candidates]
@@ -808,8 +852,8 @@ def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost],
     prices = []
     for cloud, instance_type, accelerator, count, region in asks:
         try:
-            prices.append(pricing.hourly_price(cloud, instance_type=instance_type, accelerator=accelerator,
-                                               accelerator_count=count, region=region, spot=False))
+            prices.append(price(cloud, instance_type=instance_type, accelerator=accelerator,
+                                accelerator_count=count, region=region, spot=False))
         except UsageError as missing:
             warnings.append(f"baseline: {missing}")
     return min(prices, key=lambda p: p.usd_per_hour, default=None)

@@ -36,6 +36,8 @@ EVAL_COLOUR = "#f4a261"
 NOTICE_OFFSET = 0.38  # notices sit below their attempt's bar (y grows downwards here)
 
 
+LABELLED_ATTEMPTS = 40
+"""Up to this many attempts, each has its row's label and tick; more are drawn as rows without them."""
 TITLE_WIDTH = 125  # characters of a title line at its size that fit the figure's 11 inches
 
 FORMATS = ("png", "svg", "pdf")
@@ -77,18 +79,21 @@ def figure(run_cost: RunCost, log: EventLog):
     losses = loss_series(log, runs)
     has_loss = bool(losses["train"] or losses["eval"])
     fig = Figure(figsize=(11, 8.2 if has_loss else 6.6), layout="constrained")
-    heights = (max(1.4, 0.55 * len(attempts) + 0.8),) + ((2.0,) if has_loss else ()) + (2.2,)
+    heights = (max(1.4, 0.55 * min(len(attempts), LABELLED_ATTEMPTS) + 0.8),) + ((2.0,) if has_loss else ()) + (2.2,)
     axes = fig.subplots(len(heights), 1, sharex=True, height_ratios=heights)
     timeline, money = axes[0], axes[-1]
     loss_axis = axes[1] if has_loss else None
 
     # --- attempts -------------------------------------------------------------------------
+    # One artist per kind of mark, never one per attempt or event: 20,000 attempts drew 100,000 artists,
+    # 120 s and 2.3 GB (issue 31, item 9). Each attempt's own label and tick only while they can be read.
     rows = {a.attempt: i for i, a in enumerate(attempts)}
+    labelled = len(attempts) <= LABELLED_ATTEMPTS
     middle = x(t0 + span / 2)
-    for a in attempts:
+    _bars(timeline, [(rows[a.attempt], x(a.start), x(a.end)) for a in attempts],
+          facecolors=[SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR for a in attempts], alpha=0.85, linewidths=0)
+    for a in attempts if labelled else ():
         y = rows[a.attempt]
-        colour = SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR
-        timeline.barh(y, x(a.end) - x(a.start), left=x(a.start), height=0.5, color=colour, alpha=0.85)
         price = _usd(a.cost_usd) if a.cost_usd is not None else "no price"
         kind = "spot" if a.spot else "on-demand"
         ended = a.end_reason + (f": {a.cause}" if a.cause else "") + (f" ({a.cloud_cause})" if a.cloud_cause else "")
@@ -98,45 +103,52 @@ def figure(run_cost: RunCost, log: EventLog):
         left = x(a.start) <= middle
         timeline.text(x(a.start) if left else x(a.end), y - 0.3, label, fontsize=8, va="bottom",
                       ha="left" if left else "right", clip_on=True, gid=f"attempt-label-{a.attempt}")
-        if a.end_reason == "preempted":
-            timeline.plot(x(a.end), y, marker="X", markersize=11, color=PREEMPT_COLOUR, zorder=4)
+    preempted = [a for a in attempts if a.end_reason == "preempted"]
+    _marks(timeline, [(x(a.end), rows[a.attempt]) for a in preempted], marker="X", markersize=11,
+           color=PREEMPT_COLOUR, zorder=4)
 
     lost: dict[tuple, list] = {}  # per set of processes: one restart's redone stretch is not the next one's
     for r in runs:
         if r.recomputed and r.attempt in rows:
             lost.setdefault((r.attempt, r.generation), []).append(r)
-    for (attempt, _), stretch in lost.items():
-        begin, end = min(r.ts - r.seconds for r in stretch), max(r.ts for r in stretch)
-        timeline.barh(rows[attempt], x(end) - x(begin), left=x(begin), height=0.5, fill=False,
-                      hatch="///", edgecolor=PREEMPT_COLOUR, lw=0)
+    _bars(timeline, [(rows[attempt], x(min(r.ts - r.seconds for r in stretch)), x(max(r.ts for r in stretch)))
+                     for (attempt, _), stretch in lost.items()],
+          facecolors="none", hatch="///", edgecolors=PREEMPT_COLOUR, linewidths=0)
 
+    marks: dict[str, list[tuple[float, float]]] = {"checkpoint": [], "emergency": [], "notice": [], "hang": []}
     for e in log.events:
         y = rows.get(e.get("attempt"))
         if y is None:
             continue
         if e["type"] == T.CHECKPOINT_END and e.get("rank") in (0, None):
-            timeline.plot(x(e["ts"]), y, marker="|", markersize=16, mew=2, color=CHECKPOINT_COLOUR, zorder=3)
+            marks["checkpoint"].append((x(e["ts"]), y))
         elif e["type"] == T.EMERGENCY_CHECKPOINT and e.get("rank") in (0, None):
-            timeline.plot(x(e["ts"]), y, marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=6)
+            marks["emergency"].append((x(e["ts"]), y))
         elif e["type"] in (T.PREEMPTION_NOTICE, T.PREEMPT_NOTICE_SENT):
             # Below the bar, pointing at it: the emergency checkpoint a second later stays visible on the bar.
-            timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="^", markersize=9, color=NOTICE_COLOUR,
-                          markeredgecolor="black", zorder=5)
+            marks["notice"].append((x(e["ts"]), y + NOTICE_OFFSET))
         elif e["type"] == T.HANG:  # below the bar like a notice: the restart's mark sits on the bar
-            timeline.plot(x(e["ts"]), y + NOTICE_OFFSET, marker="s", markersize=8, color=RESTART_COLOUR, zorder=6)
-    for r in run_cost.in_place_details:
-        if r.failed_at is not None and r.attempt in rows:
-            timeline.plot(x(r.failed_at), rows[r.attempt], marker="o", markersize=8, color="white",
-                          markeredgecolor=RESTART_COLOUR, mew=2, zorder=6)
-            if r.first_step_at is not None:
-                timeline.plot([x(r.failed_at), x(r.first_step_at)], [rows[r.attempt]] * 2, color=RESTART_COLOUR,
-                              lw=3, zorder=5, solid_capstyle="butt")
+            marks["hang"].append((x(e["ts"]), y + NOTICE_OFFSET))
+    _marks(timeline, marks["checkpoint"], marker="|", markersize=16, mew=2, color=CHECKPOINT_COLOUR, zorder=3)
+    _marks(timeline, marks["emergency"], marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=6)
+    _marks(timeline, marks["notice"], marker="^", markersize=9, color=NOTICE_COLOUR, markeredgecolor="black",
+           zorder=5)
+    _marks(timeline, marks["hang"], marker="s", markersize=8, color=RESTART_COLOUR, zorder=6)
+    restarts = [r for r in run_cost.in_place_details if r.failed_at is not None and r.attempt in rows]
+    _marks(timeline, [(x(r.failed_at), rows[r.attempt]) for r in restarts if r.failed_at is not None], marker="o",
+           markersize=8, color="white", markeredgecolor=RESTART_COLOUR, mew=2, zorder=6)
+    _segments(timeline, [[(x(r.failed_at), rows[r.attempt]), (x(r.first_step_at), rows[r.attempt])]
+                         for r in restarts if r.failed_at is not None and r.first_step_at is not None],
+              color=RESTART_COLOUR, lw=3, zorder=5, solid_capstyle="butt")
 
-    for prev, nxt in zip(attempts, attempts[1:]):
-        for axis in axes:
-            axis.axvspan(x(prev.end), x(nxt.start), color=PREEMPT_COLOUR, alpha=0.07, lw=0)
+    gaps = [(x(prev.end), x(nxt.start)) for prev, nxt in zip(attempts, attempts[1:])]
+    for axis in axes:
+        _spans(axis, gaps, color=PREEMPT_COLOUR, alpha=0.07, lw=0)
 
-    timeline.set_yticks(range(len(attempts)), [f"attempt {a.attempt}" for a in attempts])
+    if labelled:
+        timeline.set_yticks(range(len(attempts)), [f"attempt {a.attempt}" for a in attempts])
+    else:
+        timeline.set_ylabel(f"attempts (row: attempt; {len(attempts):,} of them)")
     timeline.set_ylim(len(attempts) - 0.5 + NOTICE_OFFSET, -0.9)
     timeline.grid(axis="x", alpha=0.3)
     handles = [
@@ -155,11 +167,11 @@ def figure(run_cost: RunCost, log: EventLog):
 
     # --- loss -----------------------------------------------------------------------------
     if loss_axis is not None:
-        for segment in losses["train"]:
-            redone = segment[0][3]
-            loss_axis.plot([x(ts) for ts, _, _, _ in segment], [loss for _, _, loss, _ in segment],
-                           color=PREEMPT_COLOUR if redone else CHECKPOINT_COLOUR, lw=1.0 if redone else 1.4,
-                           alpha=0.6 if redone else 1.0)
+        for redone in (False, True):  # one line per style, its segments apart (NaN between them)
+            _segments(loss_axis, [[(x(ts), loss) for ts, _, loss, _ in segment] for segment in losses["train"]
+                                  if segment[0][3] == redone],
+                      color=PREEMPT_COLOUR if redone else CHECKPOINT_COLOUR, lw=1.0 if redone else 1.4,
+                      alpha=0.6 if redone else 1.0)
         if losses["eval"]:
             loss_axis.plot([x(ts) for ts, _, _ in losses["eval"]], [loss for _, _, loss in losses["eval"]],
                            ls="", marker="o", ms=6, color=EVAL_COLOUR, markeredgecolor="black", zorder=4)
@@ -174,12 +186,16 @@ def figure(run_cost: RunCost, log: EventLog):
     # --- money ----------------------------------------------------------------------------
     # Spend rises while nodes are up (in the attempt's colour) and stays flat between attempts.
     total, last_x = 0.0, 0.0
+    flat: list[list[tuple[float, float]]] = []
+    rising: dict[bool, list[list[tuple[float, float]]]] = {True: [], False: []}
     for a in attempts:
-        money.plot([last_x, x(a.start)], [total, total], color=BASELINE_COLOUR, lw=1.2)
+        flat.append([(last_x, total), (x(a.start), total)])
         after = total + (a.cost_usd or 0.0)
-        money.plot([x(a.start), x(a.end)], [total, after], lw=2.4,
-                   color=SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR)
+        rising[a.spot].append([(x(a.start), total), (x(a.end), after)])
         total, last_x = after, x(a.end)
+    _segments(money, flat, color=BASELINE_COLOUR, lw=1.2)
+    for spot, segments in rising.items():
+        _segments(money, segments, lw=2.4, color=SPOT_COLOUR if spot else ON_DEMAND_COLOUR)
     money.plot([], [], color=SPOT_COLOUR, lw=2.4, label=f"estimated cost  {_usd(total)}")
 
     if run_cost.baseline_usd_per_hour is not None:
@@ -198,6 +214,46 @@ def figure(run_cost: RunCost, log: EventLog):
     timeline.set_title(_footnote(run_cost), fontsize=8, loc="left", color="#555555")
     fig.legend(handles=handles, loc="outside lower center", ncols=5, fontsize=8, frameon=False)
     return fig
+
+
+def _bars(axis, spans: list[tuple[float, float, float]], **style) -> None:
+    """Bars (row, begin, end), 0.5 high, as one collection."""
+    from matplotlib.collections import PolyCollection
+
+    if not spans:
+        return
+    verts = [[(b, y - 0.25), (e, y - 0.25), (e, y + 0.25), (b, y + 0.25)] for y, b, e in spans]
+    axis.add_collection(PolyCollection(verts, **style))
+    axis.autoscale_view()
+
+
+def _spans(axis, spans: list[tuple[float, float]], **style) -> None:
+    """Vertical bands (begin, end) over the axis's whole height, as one collection (axvspan makes one each)."""
+    from matplotlib.collections import PolyCollection
+
+    if spans:
+        verts = [[(b, 0.0), (e, 0.0), (e, 1.0), (b, 1.0)] for b, e in spans]
+        axis.add_collection(PolyCollection(verts, transform=axis.get_xaxis_transform(), **style), autolim=False)
+
+
+def _marks(axis, points: list[tuple[float, float]], **style) -> None:
+    """Markers at (x, y) points, as one line without its line."""
+    if points:
+        axis.plot([p[0] for p in points], [p[1] for p in points], ls="", **style)
+
+
+def _segments(axis, segments: list[list[tuple[float, float]]], **style) -> None:
+    """Polylines as one line, a NaN between them so none joins the next."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for segment in segments:
+        if xs:
+            xs.append(float("nan"))
+            ys.append(float("nan"))
+        xs += [p[0] for p in segment]
+        ys += [p[1] for p in segment]
+    if xs:
+        axis.plot(xs, ys, **style)
 
 
 def loss_series(log: EventLog, runs: list[StepRun] | None = None) -> dict[str, list]:

@@ -153,13 +153,16 @@ class AzureStore:
                 raise self._missing(key) from None
             raise self._error(error, "download", key) from None
 
-    def get_bytes(self, key):
+    def get_bytes(self, key, limit=None):
         blob = self._blob(key)
+        ranged = {} if limit is None else {"offset": 0, "length": limit + 1}
         try:
-            return blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY).readall()
+            return blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY, **ranged).readall()
         except Exception as error:
             if _az_blob_missing(error):
                 return None
+            if ranged and _az_code(error) == "InvalidRange":  # a range of an empty blob
+                return b""
             raise self._error(error, "read", key) from None
 
     def exists(self, key):

@@ -94,13 +94,16 @@ class GCSStore:
                 raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}") from None
             raise self._error(error, "download", key) from None
 
-    def get_bytes(self, key):
+    def get_bytes(self, key, limit=None):
         blob = self._blob(key)
-        try:
-            return blob.download_as_bytes(retry=self._retry, timeout=self._timeout)
+        try:  # `end` is inclusive: limit + 1 bytes
+            return blob.download_as_bytes(retry=self._retry, timeout=self._timeout, start=0 if limit is not None else None,
+                                          end=limit)
         except Exception as error:
             if _is_not_found(error):
                 return None
+            if limit is not None and getattr(getattr(error, "response", None), "status_code", None) == 416:
+                return b""  # a range of an empty object
             raise self._error(error, "read", key) from None
 
     def exists(self, key):

@@ -58,8 +58,11 @@ class LocalStore:
         except OSError as error:
             raise self._os_error(error, key) from None
 
-    def get_bytes(self, key):
+    def get_bytes(self, key, limit=None):
         try:
+            if limit is not None:
+                with open(self._path(key), "rb") as handle:
+                    return handle.read(limit + 1)
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None

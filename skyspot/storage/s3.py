@@ -100,13 +100,16 @@ class S3Store:
                 raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}") from None
             raise self._error(error, "download", key) from None
 
-    def get_bytes(self, key):
+    def get_bytes(self, key, limit=None):
         client = self._s3()
+        ranged = {} if limit is None else {"Range": f"bytes=0-{limit}"}  # inclusive: limit + 1 bytes
         try:
-            return client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+            return client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)["Body"].read()
         except Exception as error:
             if _s3_code(error) in ("404", "NoSuchKey"):
                 return None
+            if ranged and _s3_code(error) in ("416", "InvalidRange"):  # a range of an empty object
+                return b""
             raise self._error(error, "read", key) from None
 
     def exists(self, key):

@@ -40,8 +40,9 @@ class Store(Protocol):
     def get_file(self, key: str, local_path: str | os.PathLike) -> None:
         """Download to `local_path` (written whole or not at all); FileNotFoundError if the key is missing."""
 
-    def get_bytes(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist."""
+    def get_bytes(self, key: str, limit: int | None = None) -> bytes | None:
+        """The object's bytes, or None when it does not exist. With `limit`: at most its first `limit` + 1
+        bytes, by a ranged read (a caller with a cap sees it passed without downloading the rest)."""
 
     def exists(self, key: str) -> bool: ...
 
