@@ -365,6 +365,10 @@ class ResourcesSection(_Section):
     """`best`: the fast inter-node fabric where SkyPilot provides one (SkyPilot's `network_tier`: EFA on
     AWS, GPUDirect-TCPX on GCP H100:8); each candidate that cannot have it runs without it and the plan
     says why (docs/clouds.md, "The fabric"). For multi-node recipes: ZeRO-3 over plain TCP crawls."""
+    placement: Literal["expected_cost", "price"] = "expected_cost"
+    """How candidates are ordered within spot and within on-demand: `expected_cost` (price, egress and the
+    expected preemptions' restarts and lost work, from this machine's preemption history blended with the
+    cloud's prior) or `price` (nodes + egress only). docs/reliability.md, "Placement by expected cost"."""
     disk_size: int = Field(256, ge=50, le=65536)
     """Disk per node in GB (the fast checkpoint tier lives there)."""
     local_only: bool = False

@@ -23,7 +23,7 @@ from skyspot.errors import UsageError
 from skyspot.executors import Executor, launch_executor
 from skyspot.ledger import check_new_run_name, check_run_name, new_run_name
 from skyspot.app import rehearsal_record
-from skyspot.planning.candidates import Candidate, candidates, dropped, egress_basis
+from skyspot.planning.candidates import RESTART_SECONDS, Candidate, candidates, dropped, egress_basis
 from skyspot.planning.notice_window import WindowReport, check_notice_windows
 from skyspot.task import package as packaging
 from skyspot.task.package import PACKAGE_MOUNT as PACKAGE_MOUNT  # re-exported: where the nodes find the wheel
@@ -179,7 +179,10 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
     environ = os.environ if environ is None else environ
     recipe = loaded if loaded is not None else load_recipe(recipe_arg, overrides, environ=environ, flags=flags)
     trainer_overrides = _trainer_overrides(recipe, overrides, environ, flags)
-    planned = [c for c in candidates(recipe) if c not in exclude]
+    from skyspot.planning.spot_risk import read_history
+
+    history = read_history() if recipe.resources.spot else None  # this machine's preemptions (spot_risk.py)
+    planned = [c for c in candidates(recipe, environ=environ, history=history) if c not in exclude]
     if not planned:
         raise UsageError(f"every candidate of '{recipe.name}' failed its last rehearsal: fix what it said and "
                          "`--rehearse` again, or pass --force to keep them")
@@ -198,6 +201,40 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
     return RenderedTask(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
                  candidates=planned, trainer_overrides=trainer_overrides, run_name=run_name,
                  package=package)
+
+
+def _where_text(c: Candidate) -> str:
+    return (f"{c.cloud} {c.region or 'any'} {c.accelerators or 'CPU'} {c.instance_type or '-'} "
+            f"{'spot' if c.spot else 'on-demand'}")
+
+
+def placement_notes(built: RenderedTask) -> list[str]:
+    """The plan's placement in lines: the order's rule, each spot risk figure's source (once per distinct
+    source), and, under expected_cost, each candidate whose place differs from its price order and why."""
+    placement = built.recipe.resources.placement
+    nodes = built.recipe.resources.num_nodes
+    if placement == "price":
+        lines = ["placement: by price (resources.placement=price): nodes + egress only; preemptions not counted"]
+    else:
+        lines = [f"placement: by expected cost per hour of training (resources.placement=expected_cost; "
+                 f"=price keeps the price order): nodes + egress + preemptions/node-h x {nodes} node(s) x the cost "
+                 f"of one (restart {RESTART_SECONDS / 60:.0f} min on every node + half a checkpoint interval)"]
+    seen: set[tuple[str, str]] = set()
+    for c in built.candidates:
+        if c.spot and c.risk_source and (_where_text(c), c.risk_source) not in seen:
+            seen.add((_where_text(c), c.risk_source))
+            lines.append(f"risk {_where_text(c)}: {c.preemptions_per_node_hour:.3f} preemptions/node-h: {c.risk_source}")
+    if placement != "expected_cost":
+        return lines
+    moved = [(i, c) for i, c in enumerate(built.candidates, 1) if c.price_rank is not None and c.price_rank != i]
+    if not moved:
+        lines.append("the expected-cost order is the price order here")
+    for i, c in moved:
+        overhead = (c.expected_cost_usd_per_hour or 0.0) - (c.expected_usd_per_hour or 0.0)
+        lines.append(f"#{i} {_where_text(c)} is #{c.price_rank} by price: ${c.expected_usd_per_hour or 0:,.2f}/h "
+                     f"+ expected preemptions ${overhead:,.2f}/h ({c.preemptions_per_node_hour or 0:.3f}/node-h x "
+                     f"{nodes} x ${c.preemption_usd or 0:,.2f} each) = ${c.expected_cost_usd_per_hour or 0:,.2f}/h")
+    return lines
 
 
 def check_hosts(recipe: Recipe, environ: Mapping[str, str]) -> None:
@@ -324,6 +361,11 @@ class Prepared:
     def egress_basis(self) -> Optional[str]:
         """How the plan's egress figures were made, or None when there are none."""
         return egress_basis(self.recipe)
+
+    def placement_notes(self) -> list[str]:
+        """How the candidates are ordered, each distinct risk figure's source, and where and why the order
+        differs from the price order (placement_notes)."""
+        return placement_notes(self.built)
 
     def efa_notes(self) -> list[str]:
         """Per AWS EFA candidate, the interfaces SkyPilot attaches and what gives all of them (efa_notes)."""

@@ -137,18 +137,23 @@ def _show_plan(prepared) -> None:
     nodes = built.recipe.resources.num_nodes
     money = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
     title = (f"{built.recipe.name}: {nodes} node(s); candidates in the order SkyPilot tries them, spot first, "
-             f"each group by expected $/h for all nodes (price snapshot; egress to and from the store)")
+             f"each group by {'expected $/h of training' if built.recipe.resources.placement == 'expected_cost' else 'price'}"
+             f" for all nodes (price snapshot; egress to and from the store; preemptions: below)")
     table = Table(title=title, header_style="bold")
     for header in ("#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "NODES $/H", "EGRESS $/H",
-                   "TOTAL $/H", "NOTE"):
+                   "TOTAL $/H", "PREEMPT/NODE-H", "EXPECTED $/H", "NOTE"):
         table.add_column(header)
     for i, c in enumerate(built.candidates, 1):
         compute = None if c.usd_per_hour is None else c.usd_per_hour * nodes
         note = "; ".join(n for n in (c.price_note, c.egress_note, c.fabric) if n)
         table.add_row(str(i), c.cloud, c.region or "any", c.accelerators or "CPU", c.instance_type or "-",
                       "spot" if c.spot else "on-demand", money(compute), money(c.egress_usd_per_hour),
-                      money(c.expected_usd_per_hour), note)
+                      money(c.expected_usd_per_hour),
+                      "-" if c.preemptions_per_node_hour is None else f"{c.preemptions_per_node_hour:.3f}",
+                      money(c.expected_cost_usd_per_hour), note)
     err.print(table)
+    for line in prepared.placement_notes():
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
     for candidate, record in prepared.rehearsed:
         fate = "kept (--force)" if prepared.request.force else "skipped (--force to keep)"
         err.print(f"{_where(candidate)}: rehearsal failed {record.when()}: {record.line}; {fate}", markup=False,

@@ -22,8 +22,18 @@ import os
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
+from typing import TYPE_CHECKING
+
 from skyspot.errors import UsageError
+from skyspot.planning.deadline import CLOUD_RESTART_PRIOR_SECONDS
 from skyspot.recipe import Recipe
+
+if TYPE_CHECKING:
+    from skyspot.planning.spot_risk import History
+
+RESTART_SECONDS = CLOUD_RESTART_PRIOR_SECONDS
+"""A recovery's provisioning, setup, start-up and restore on every node, before anything is measured: the
+deadline planner's prior (planning/deadline.py; Can't Be Late, Table 4: 0.2-0.3 h)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,17 @@ class Candidate:
     fabric: Optional[str] = None
     """The fabric `network_tier: best` gets it (EFA, GPUDirect-TCPX), the one its image gives it without
     network_tier (Azure ND: InfiniBand), or why it goes without."""
+    preemptions_per_node_hour: Optional[float] = None
+    """Expected preemptions per node-hour (planning/spot_risk.py: the prior blended with the history)."""
+    risk_source: Optional[str] = None
+    """Where that figure comes from: the prior, the preemptions observed, or both."""
+    preemption_usd: Optional[float] = None
+    """What one preemption costs, all nodes: the restart (RESTART_SECONDS) and half an interval of lost work."""
+    expected_cost_usd_per_hour: Optional[float] = None
+    """Per hour of training: `expected_usd_per_hour` plus the expected preemptions' cost (`expected_cost`);
+    what candidates are ordered by under `resources.placement: expected_cost`; None without a price."""
+    price_rank: Optional[int] = None
+    """This candidate's place (1, 2, ...) in the price order, to show where the expected-cost order differs."""
 
     @property
     def accelerator_name(self) -> Optional[str]:
@@ -196,10 +217,37 @@ def _expected(candidate: Candidate, recipe: Recipe, environ: Optional[Mapping[st
                    expected_usd_per_hour=total)
 
 
-def candidates(recipe: Recipe, *, with_prices: bool = True,
-               environ: Optional[Mapping[str, str]] = None) -> list[Candidate]:
-    """Every candidate placement for the recipe: spot first, then on-demand; each group ordered by
-    expected cost per hour (nodes + egress to and from the store), cheapest first, unpriced last."""
+def expected_cost(candidate: Candidate, recipe: Recipe, history: Optional["History"],
+                  environ: Optional[Mapping[str, str]]) -> Candidate:
+    """The candidate's risk and expected cost per hour of training (docs/reliability.md, "Placement by
+    expected cost"): price x hours + expected preemptions x (restart + lost work), egress included.
+
+    Per hour of training, the job (ZeRO-3: any node lost stops it) expects rate x nodes preemptions; each
+    pays every node for the restart (RESTART_SECONDS: provisioning, setup, start-up and restore, the planner's
+    prior before anything is measured) and for half a checkpoint interval of lost work. The run's hours
+    multiply every term alike, so the order per hour is the order per run."""
+    from skyspot.planning.spot_risk import rate_for
+
+    risk = rate_for(history, candidate.cloud, region=candidate.region, instance_type=candidate.instance_type,
+                    spot=candidate.spot, accelerator=candidate.accelerators)
+    found = replace(candidate, preemptions_per_node_hour=risk.per_node_hour, risk_source=risk.source)
+    if candidate.usd_per_hour is None or candidate.expected_usd_per_hour is None:
+        return found
+    nodes = recipe.resources.num_nodes
+    interval = _interval_s(recipe, candidate.cloud, os.environ if environ is None else environ)
+    lost_s = (interval or 0.0) / 2
+    per_preemption = candidate.usd_per_hour * nodes * (RESTART_SECONDS + lost_s) / 3600
+    overhead = risk.per_node_hour * nodes * per_preemption
+    return replace(found, preemption_usd=per_preemption,
+                   expected_cost_usd_per_hour=candidate.expected_usd_per_hour + overhead)
+
+
+def candidates(recipe: Recipe, *, with_prices: bool = True, environ: Optional[Mapping[str, str]] = None,
+               history: Optional["History"] = None) -> list[Candidate]:
+    """Every candidate placement for the recipe: spot first, then on-demand; each group ordered, cheapest
+    first and unpriced last, by expected cost per hour of training (`resources.placement: expected_cost`,
+    the default: price, egress and what the expected preemptions cost, from `history`, the prior alone
+    when None) or by price (`placement: price`: nodes + egress to and from the store)."""
     resources = recipe.resources
     regions_by_cloud: dict[str, list[Optional[str]]] = {}
     for region in resources.regions:
@@ -226,6 +274,11 @@ def candidates(recipe: Recipe, *, with_prices: bool = True,
                     group.append(_with_fabric(candidate, recipe))
         # Stable sort: unpriced candidates keep recipe order after the priced ones.
         group.sort(key=lambda c: (c.expected_usd_per_hour is None, c.expected_usd_per_hour or 0.0))
+        if with_prices:
+            group = [expected_cost(replace(c, price_rank=len(planned) + i), recipe, history, environ)
+                     for i, c in enumerate(group, 1)]
+            if recipe.resources.placement == "expected_cost":
+                group.sort(key=lambda c: (c.expected_cost_usd_per_hour is None, c.expected_cost_usd_per_hour or 0.0))
         planned.extend(group)
     if not planned:
         raise UsageError("no candidate resources: resources.regions names no region of resources.clouds")

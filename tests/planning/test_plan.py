@@ -122,12 +122,13 @@ def test_launch_dry_run_with_an_s3_store_shows_egress_per_candidate_and_orders_b
             if re.match(r"│ \d+ ", line)][:12]
     header = next(line for line in result.stderr.splitlines() if "EGRESS $/H" in line)
     assert [h.strip() for h in header.split("┃")[1:-1]] == [
-        "#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "NODES $/H", "EGRESS $/H", "TOTAL $/H", "NOTE"]
+        "#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "NODES $/H", "EGRESS $/H", "TOTAL $/H",
+        "PREEMPT/NODE-H", "EXPECTED $/H", "NOTE"]
     table = [(r[1], r[3], r[5], r[6], r[7], r[8]) for r in rows]
     assert table[:3] == [("aws", "A100-80GB:8", "spot", "32.11", "0.00", "32.11"),
                          ("aws", "H100:8", "spot", "45.02", "0.00", "45.02"),
                          ("azure", "A100-80GB:8", "spot", "14.42", "223.51", "237.93")]
-    assert ("azure", "H100:8", "spot", "-", "223.51", "-") == table[5] and "no spot price in snapshot" in rows[5][9]
+    assert ("azure", "H100:8", "spot", "-", "223.51", "-") == table[5] and "no spot price in snapshot" in rows[5][11]
     assert "egress: the store is on aws" in result.stderr
     # The rendered task on stdout lists the candidates in the same order.
     ordered = re.findall(r"- cloud: (\w+)\n    accelerators: (\S+)\n    use_spot: (\w+)", result.stdout)
