@@ -83,7 +83,7 @@ class Risk:
 
 def weight(ended_at: float, now: float) -> float:
     """The decay of an attempt that ended at `ended_at`: 1 now, 1/2 after HALF_LIFE_S."""
-    return 0.5 ** (max(0.0, now - ended_at) / HALF_LIFE_S)
+    return float(0.5 ** (max(0.0, now - ended_at) / HALF_LIFE_S))
 
 
 def add_attempts(history: History, events: Iterable[Mapping[str, Any]], *, num_nodes: int = 1) -> None:
@@ -94,7 +94,8 @@ def add_attempts(history: History, events: Iterable[Mapping[str, Any]], *, num_n
         where = attempt.where or {}
         if is_simulated(where) or not where.get("cloud"):
             continue
-        nodes = where.get("num_nodes") if isinstance(where.get("num_nodes"), int) else num_nodes
+        stated = where.get("num_nodes")
+        nodes: int = stated if isinstance(stated, int) and not isinstance(stated, bool) else num_nodes
         hours = attempt.uptime_s / 3600 * max(1, nodes)
         preempted = int(attempt.spot and attempt.preempted)
         w = weight(attempt.end, history.now)
