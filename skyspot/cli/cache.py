@@ -9,6 +9,9 @@ every one of them:
 - the bytes of a recipe file named by path;
 - the name, size and modification time of every file in the installed skyspot package: its code,
   its registry recipes and its price snapshot;
+- for `render` (`history=True`), what its candidates' order reads: the ledger's files (size and
+  modification time: every run recorded or updated) and the day, since the preemption history decays
+  (skyspot/planning/spot_risk.py);
 - the modification times of the directories on sys.path, which change when a package is
   installed, upgraded or removed (`render` pins the installed versions for the nodes).
 
@@ -32,8 +35,10 @@ KEEP = 64
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
-def key(command: str, args: Iterable[str], files: Iterable[str] = ()) -> str:
+def key(command: str, args: Iterable[str], files: Iterable[str] = (), *, history: bool = False) -> str:
     digest = hashlib.sha256()
+    if history:
+        digest.update(_history_signature().encode())
     for part in (command, *args, "\0cwd", os.getcwd(), os.environ.get("HOME", ""), sys.version):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\0")
     for name in sorted(os.environ):
@@ -86,9 +91,25 @@ def put(entry: str, text: str, needs: Iterable[str] = ()) -> None:
             pass
 
 
+def _home() -> Path:
+    return Path(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")
+
+
+def _history_signature() -> str:
+    import time
+
+    parts = [f"day={int(time.time() // 86400)}"]
+    for name in ("ledger.db", "ledger.db-wal"):
+        try:
+            stat = (_home() / name).stat()
+            parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{name}:-")
+    return "\0".join(parts)
+
+
 def _folder(create: bool = False) -> Optional[Path]:
-    home = Path(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")
-    folder = home / "cache"
+    folder = _home() / "cache"
     if create:
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)

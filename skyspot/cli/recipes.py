@@ -121,7 +121,7 @@ def render_command(
     if output is not None:
         check_output(output, force=force, flag="-o")  # before the work: a taken name costs nothing
     # Repeating a render skips loading the recipe models and hashing the package (skyspot/cli/cache.py).
-    entry = cache.key("render", [recipe, "\0", *(overrides or [])], files=[recipe])
+    entry = cache.key("render", [recipe, "\0", *(overrides or [])], files=[recipe], history=True)
     text = cache.get(entry)
     if text is None:
         from skyspot.app.recipes import render_task

@@ -109,7 +109,11 @@ def read_history(*, now: Optional[float] = None) -> History:
     from skyspot.events import EVENTS_DIR, read_events_dir
     from skyspot.ledger import Ledger
 
+    from skyspot.ledger import skyspot_home
+
     history = History(time.time() if now is None else now)
+    if not (skyspot_home() / "ledger.db").is_file():  # no run yet: the prior, and no ledger made for it
+        return history
     with Ledger() as ledger:
         runs = ledger.runs()
     for run in runs:

@@ -142,3 +142,21 @@ def test_an_unknown_placement_is_one_line_and_exit_2():
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "resources.placement" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_cached_render_follows_new_history():
+    def first_candidate() -> tuple[str, ...]:
+        result = CliRunner().invoke(app, ["render", "llama70b"])
+        assert result.exit_code == 0, result.stderr
+        found = re.search(r"- cloud: (\w+)\n    accelerators: (\S+)", result.stdout)
+        assert found
+        return found.groups()
+
+    assert first_candidate() == ("azure", "A100-80GB:8")
+    assert first_candidate() == ("azure", "A100-80GB:8")  # from the cache
+    plant_run("bursty", preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000,
+                                           run_id="bursty"), num_nodes=4)
+    assert first_candidate() == ("aws", "A100-80GB:8")
+    cached = sorted((skyspot_home() / "cache").iterdir())
+    assert first_candidate() == ("aws", "A100-80GB:8")  # reading the history leaves the key as it was: a hit
+    assert sorted((skyspot_home() / "cache").iterdir()) == cached and len(cached) == 2
