@@ -1,11 +1,11 @@
 """Run the benchmark suite and write docs/benchmarks.md.
 
-    python -m bench            # everything (the full run is unchanged by --quick's cuts)
-    python -m bench --quick    # five of the ten, shorter runs, fewer repeats, smaller states: 6.6 min measured on
-                               # 2 cores at load 7-9, meant for under 5 on idle ones (docs/benchmarks.md, Quick mode)
-    python -m bench --only deadline --quick   # a benchmark --quick leaves out, in its quick form
-    python -m bench --only cli,upload
-    python -m bench --gpu [--out DIR]   # the GPU check (bench/gpu.py; scripts/gpu_check.sh installs first)
+python -m bench            # everything (the full run is unchanged by --quick's cuts)
+python -m bench --quick    # five of the ten, shorter runs, fewer repeats, smaller states: 6.6 min measured on
+                           # 2 cores at load 7-9, meant for under 5 on idle ones (docs/benchmarks.md, Quick mode)
+python -m bench --only deadline --quick   # a benchmark --quick leaves out, in its quick form
+python -m bench --only cli,upload
+python -m bench --gpu [--out DIR]   # the GPU check (bench/gpu.py; scripts/gpu_check.sh installs first)
 """
 
 from __future__ import annotations
@@ -19,12 +19,32 @@ from pathlib import Path
 
 from bench.common import Results, Section, machine
 
-SUITES = ["cli", "upload", "checkpoint", "emergency", "recovery", "lost_work", "overhead", "deadline", "hang",
-          "inplace", "bounds"]
-MODULES = {"cli": "bench.cli_latency", "upload": "bench.upload", "checkpoint": "bench.checkpoint",
-           "emergency": "bench.emergency", "recovery": "bench.recovery", "lost_work": "bench.lost_work",
-           "overhead": "bench.overhead", "deadline": "bench.deadline", "hang": "bench.hang", "inplace": "bench.inplace",
-           "bounds": "bench.bounds"}
+SUITES = [
+    "cli",
+    "upload",
+    "checkpoint",
+    "emergency",
+    "recovery",
+    "lost_work",
+    "overhead",
+    "deadline",
+    "hang",
+    "inplace",
+    "bounds",
+]
+MODULES = {
+    "cli": "bench.cli_latency",
+    "upload": "bench.upload",
+    "checkpoint": "bench.checkpoint",
+    "emergency": "bench.emergency",
+    "recovery": "bench.recovery",
+    "lost_work": "bench.lost_work",
+    "overhead": "bench.overhead",
+    "deadline": "bench.deadline",
+    "hang": "bench.hang",
+    "inplace": "bench.inplace",
+    "bounds": "bench.bounds",
+}
 # What `--quick` leaves out, and why: each named here is reported as left out (stderr and the report's notes),
 # never dropped silently; `--only NAME --quick` still runs it.
 QUICK_LEFT_OUT: dict[str, str] = {
@@ -41,16 +61,27 @@ RESULTS_START = "<!-- results: written by `python -m bench`; edit the text above
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"shorter runs, fewer repeats, smaller states: "
-                                                             f"{QUICK_MINUTES}")
-    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(SUITES)} (with --quick: runs these "
-                                       "even if --quick leaves them out)")
-    parser.add_argument("--no-write", action="store_true", help="print the table; write no file (docs/benchmarks.md "
-                                                                "and its deadline section stay as they are)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="the GPU check instead (bench/gpu.py): writes DIR/gpu_check.json and .md, not the doc")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"shorter runs, fewer repeats, smaller states: {QUICK_MINUTES}"
+    )
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated subset of: {', '.join(SUITES)} (with --quick: runs these "
+        "even if --quick leaves them out)",
+    )
+    parser.add_argument(
+        "--no-write",
+        action="store_true",
+        help="print the table; write no file (docs/benchmarks.md and its deadline section stay as they are)",
+    )
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the GPU check instead (bench/gpu.py): writes DIR/gpu_check.json and .md, not the doc",
+    )
     parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="--gpu: where its figures go (%(default)s)")
     args = parser.parse_args(argv)
     if args.gpu:
@@ -60,8 +91,10 @@ def main(argv=None) -> int:
     chosen = [c.strip() for c in args.only.split(",")] if args.only else list(SUITES)
     unknown = [c for c in chosen if c not in MODULES]
     if unknown:
-        print(f"python -m bench: unknown benchmark(s): {', '.join(unknown)}; choose from: {', '.join(SUITES)}",
-              file=sys.stderr)
+        print(
+            f"python -m bench: unknown benchmark(s): {', '.join(unknown)}; choose from: {', '.join(SUITES)}",
+            file=sys.stderr,
+        )
         return 2
     results = Results()
     left_out = [s for s in chosen if s in QUICK_LEFT_OUT] if args.quick and not args.only else []
@@ -117,8 +150,10 @@ def render_table(results: Results) -> str:
     lines = []
     for f in results.figures:
         r = f.row()
-        lines.append(f"| {r['bench']} | {r['name']} ({r['unit']}) | {_fmt(r['min'])} | {_fmt(r['median'])} | "
-                     f"{_fmt(r['max'])} | {r['n']} | {r['goal']} | {r['met']} | {r['note']} |")
+        lines.append(
+            f"| {r['bench']} | {r['name']} ({r['unit']}) | {_fmt(r['min'])} | {_fmt(r['median'])} | "
+            f"{_fmt(r['max'])} | {r['n']} | {r['goal']} | {r['met']} | {r['note']} |"
+        )
     return header + "\n".join(lines)
 
 
@@ -139,14 +174,19 @@ def render_report(results: Results, command: str, seconds: float, kept: list[str
         table = "\n".join(lines[:2] + rows)
         earlier = [c.split(":", 1)[1].strip() for c in _previous_commands(DOC.read_text() if DOC.exists() else "")]
         suites = ", ".join(sorted({r.split("|")[1].strip() for r in kept}, key=lambda b: order.get(b, 0)))
-        dates = [line[len("- date: "):] for line in (DOC.read_text() if DOC.exists() else "").split(RESULTS_START)[-1]
-                 .splitlines() if line.startswith("- date: ")]
+        dates = [
+            line[len("- date: ") :]
+            for line in (DOC.read_text() if DOC.exists() else "").split(RESULTS_START)[-1].splitlines()
+            if line.startswith("- date: ")
+        ]
         when = f", run {dates[0]}" if dates else ""
         origin = f"- kept from: {'; '.join(earlier) or 'the previous report'} (the rows of {suites}{when})\n"
-    return (f"{RESULTS_START}\n\n## Latest run\n\n- command: `{command}` ({seconds / 60:.1f} min, {m['date']})\n"
-            f"{origin}"
-            f"- machine: {m['cores']} cores, {m['memory']} memory, {m['disk_free']} disk free, {m['cpu']}, "
-            f"Python {m['python']}\n- date: {m['date']}\n\n{table}\n\n{notes}")
+    return (
+        f"{RESULTS_START}\n\n## Latest run\n\n- command: `{command}` ({seconds / 60:.1f} min, {m['date']})\n"
+        f"{origin}"
+        f"- machine: {m['cores']} cores, {m['memory']} memory, {m['disk_free']} disk free, {m['cpu']}, "
+        f"Python {m['python']}\n- date: {m['date']}\n\n{table}\n\n{notes}"
+    )
 
 
 def write_doc(report: str, sections: list[Section] = ()) -> None:

@@ -21,10 +21,14 @@ def main() -> int:
     from skyspot.trainer import loop
     from skyspot.trainer.preemption import PreemptionWatch
 
-    if not (callable(getattr(PreemptionWatch, "install", None))
-            and callable(getattr(loop, "_start_notice_watcher", None))):
-        print("baseline not available: skyspot.trainer no longer has PreemptionWatch.install / "
-              "loop._start_notice_watcher to switch off", file=sys.stderr)
+    if not (
+        callable(getattr(PreemptionWatch, "install", None)) and callable(getattr(loop, "_start_notice_watcher", None))
+    ):
+        print(
+            "baseline not available: skyspot.trainer no longer has PreemptionWatch.install / "
+            "loop._start_notice_watcher to switch off",
+            file=sys.stderr,
+        )
         return UNAVAILABLE
     PreemptionWatch.install = lambda self: None
     loop._start_notice_watcher = lambda watch: None

@@ -89,9 +89,18 @@ def main(argv=None) -> int:
 
     watch = PreemptionWatch()
     watch.install()
-    args = loop.parse_args(["tiny", "--run-dir", str(opts.run_dir), f"train.steps={BIG}",
-                            f"checkpoint.every_steps={BIG}", "checkpoint.keep=2", "train.log_every=1000000",
-                            *opts.overrides])
+    args = loop.parse_args(
+        [
+            "tiny",
+            "--run-dir",
+            str(opts.run_dir),
+            f"train.steps={BIG}",
+            f"checkpoint.every_steps={BIG}",
+            "checkpoint.keep=2",
+            "train.log_every=1000000",
+            *opts.overrides,
+        ]
+    )
     args.run_dir.mkdir(parents=True, exist_ok=True)
     run = loop.setup(args, watch)
     code, reason = ERROR, "benchmark failed"
@@ -252,10 +261,16 @@ def measure(run, repeats: int, loop, Preempted) -> dict:
 
         bandwidth = disk_bandwidth(run.run_dir, max(node_bytes, 64 << 20))
     dist.barrier()
-    return {"params": sum(int(getattr(q, "ds_numel", q.numel())) for q in engine.module.parameters()),
-            "state_bytes_rank0": state_bytes, "node_bytes": node_bytes, "step_seconds": step_seconds,
-            "rounds": rounds, "emergency": emergency,
-            "write_bps": bandwidth[0] if bandwidth else None, "read_bps": bandwidth[1] if bandwidth else None}
+    return {
+        "params": sum(int(getattr(q, "ds_numel", q.numel())) for q in engine.module.parameters()),
+        "state_bytes_rank0": state_bytes,
+        "node_bytes": node_bytes,
+        "step_seconds": step_seconds,
+        "rounds": rounds,
+        "emergency": emergency,
+        "write_bps": bandwidth[0] if bandwidth else None,
+        "read_bps": bandwidth[1] if bandwidth else None,
+    }
 
 
 def _emergency(run, loop, Preempted, step_seconds: list[float]) -> dict:
@@ -265,6 +280,7 @@ def _emergency(run, loop, Preempted, step_seconds: list[float]) -> dict:
     typical = sorted(step_seconds)[len(step_seconds) // 2]
     sent = {}
     if run.placement.is_global_zero:
+
         def send():
             while run.step is None:  # train() sets it just before the first step
                 time.sleep(0.001)

@@ -45,9 +45,20 @@ def main(argv=None) -> int:
     os.environ.update(SKYSPOT_FAULT="step_end@1/0:hold=120", SKYSPOT_FAULT_DIR=str(faults))
     watch = PreemptionWatch()
     watch.install()
-    args = loop.parse_args(["tiny", "--run-dir", str(opts.run_dir), f"storage.store={opts.store}", "--run-name", "bench",
-                            f"train.steps={BIG}", f"checkpoint.every_steps={BIG}", "train.log_every=1000000",
-                            *opts.overrides])
+    args = loop.parse_args(
+        [
+            "tiny",
+            "--run-dir",
+            str(opts.run_dir),
+            f"storage.store={opts.store}",
+            "--run-name",
+            "bench",
+            f"train.steps={BIG}",
+            f"checkpoint.every_steps={BIG}",
+            "train.log_every=1000000",
+            *opts.overrides,
+        ]
+    )
     args.run_dir.mkdir(parents=True, exist_ok=True)
     run = loop.setup(args, watch)
     code, reason = ERROR, "benchmark failed"
@@ -55,6 +66,7 @@ def main(argv=None) -> int:
         loop.build(run)
         sent = {}
         if run.placement.is_global_zero:
+
             def signal_at_the_boundary():
                 fired = faults / "step_end@1.rank0"
                 while not fired.exists():
@@ -79,7 +91,9 @@ def main(argv=None) -> int:
                 if uploads or found.get("durable_before_deadline") is not True:
                     break
                 time.sleep(0.05)
-            emit_result({"emergency": {**found, "signal_sent": sent.get("ts")}, "upload": uploads[-1] if uploads else None})
+            emit_result(
+                {"emergency": {**found, "signal_sent": sent.get("ts")}, "upload": uploads[-1] if uploads else None}
+            )
     except Exception:
         traceback.print_exc()
     finally:

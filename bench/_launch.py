@@ -25,18 +25,24 @@ EXTENSIONS_DIR = Path.home() / ".cache" / "skyspot-bench" / "torch_extensions"
 # The large state of benchmarks 1 and 2: a Llama of about 103M parameters (8 layers, hidden 1024).
 # ZeRO-3 in fp32 checkpoints 12 bytes per parameter (weights and Adam's two moments), about
 # 1.24 GB per node on 2 ranks. One micro-batch of 32 tokens keeps a step short on 2 CPU cores.
-LARGE = ["model.config.hidden_size=1024", "model.config.intermediate_size=2816", "model.config.num_hidden_layers=8",
-         "model.config.num_attention_heads=16", "model.config.num_key_value_heads=16",
-         "train.micro_batch_size=1", "train.seq_len=32"]
+LARGE = [
+    "model.config.hidden_size=1024",
+    "model.config.intermediate_size=2816",
+    "model.config.num_hidden_layers=8",
+    "model.config.num_attention_heads=16",
+    "model.config.num_key_value_heads=16",
+    "train.micro_batch_size=1",
+    "train.seq_len=32",
+]
 # --quick: 2 layers, about 26M parameters, 0.31 GB.
-LARGE_QUICK = [o if not o.startswith("model.config.num_hidden_layers") else "model.config.num_hidden_layers=2"
-               for o in LARGE]
+LARGE_QUICK = [
+    o if not o.startswith("model.config.num_hidden_layers") else "model.config.num_hidden_layers=2" for o in LARGE
+]
 
 
 def bench_env(**extra: str) -> dict[str, str]:
     """This environment without skyspot/SkyPilot/torchrun settings that would change what runs."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SKYSPOT_", "SKYPILOT_", "PET_", "TORCH_ELASTIC"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_", "PET_", "TORCH_ELASTIC"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["AWS_EC2_METADATA_DISABLED"] = "true"  # no SDK may look for a real metadata service
@@ -54,28 +60,65 @@ def torchrun(module: str, args: list[str], nproc: int = 2) -> list[str]:
     # script is the base interpreter's, not in the venv's bin: then torchrun's own module.
     script = BIN / "torchrun"
     launcher = [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    return [*launcher, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(free_port()), "-m", module, *args]
+    return [
+        *launcher,
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        module,
+        *args,
+    ]
 
 
-def trainer_command(run_dir: Path, overrides: list[str], *, fresh: bool = False, module: str = "skyspot.trainer",
-                    recipe: str = "tiny", nproc: int = 2) -> list[str]:
+def trainer_command(
+    run_dir: Path,
+    overrides: list[str],
+    *,
+    fresh: bool = False,
+    module: str = "skyspot.trainer",
+    recipe: str = "tiny",
+    nproc: int = 2,
+) -> list[str]:
     """The real trainer entry, as a node runs it: supervise -- torchrun -m skyspot.trainer."""
-    return [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-            *torchrun(module, [recipe, "--run-dir", str(run_dir), *(["--fresh"] if fresh else []), *overrides],
-                      nproc)]
+    return [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--",
+        *torchrun(module, [recipe, "--run-dir", str(run_dir), *(["--fresh"] if fresh else []), *overrides], nproc),
+    ]
 
 
-def run_worker(module: str, args: list[str], *, timeout: float, log: Optional[Path] = None,
-               env: Optional[dict[str, str]] = None, cpus: Optional[set[int]] = None,
-               nproc: int = 2) -> dict[str, Any]:
+def run_worker(
+    module: str,
+    args: list[str],
+    *,
+    timeout: float,
+    log: Optional[Path] = None,
+    env: Optional[dict[str, str]] = None,
+    cpus: Optional[set[int]] = None,
+    nproc: int = 2,
+) -> dict[str, Any]:
     """Run a torchrun worker script to the end (on `cpus` only, when given); its BENCH_JSON object."""
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    proc = subprocess.run(torchrun(module, args, nproc), cwd=REPO, env=env or bench_env(), capture_output=True,
-                          text=True, timeout=timeout, preexec_fn=pin)
+    proc = subprocess.run(
+        torchrun(module, args, nproc),
+        cwd=REPO,
+        env=env or bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=pin,
+    )
     if log is not None:
         log.write_text(proc.stdout + proc.stderr)
-    found = [line[len(JSON_PREFIX):] for line in proc.stdout.splitlines() if line.startswith(JSON_PREFIX)]
+    found = [line[len(JSON_PREFIX) :] for line in proc.stdout.splitlines() if line.startswith(JSON_PREFIX)]
     if proc.returncode != 0 or not found:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
         raise RuntimeError(f"{module} exited {proc.returncode} without a result:\n{tail}")
@@ -173,17 +216,20 @@ def ensure_shm_op(results=None) -> float:
     if _SHM_READY:
         return 0.0
     start = time.perf_counter()
-    code = ("from deepspeed.accelerator import get_accelerator\n"
-            "b = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
-            "import deepspeed.ops\n"
-            "b is not None and deepspeed.ops.__compatible_ops__.get(b.NAME, False) and b.load()\n"
-            # and read what every trainer start imports, so the first measured start is not the
-            # only one that reads it from disk
-            "from transformers import AutoModelForCausalLM, LlamaForCausalLM\n")
+    code = (
+        "from deepspeed.accelerator import get_accelerator\n"
+        "b = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
+        "import deepspeed.ops\n"
+        "b is not None and deepspeed.ops.__compatible_ops__.get(b.NAME, False) and b.load()\n"
+        # and read what every trainer start imports, so the first measured start is not the
+        # only one that reads it from disk
+        "from transformers import AutoModelForCausalLM, LlamaForCausalLM\n"
+    )
     subprocess.run([sys.executable, "-c", code], env=bench_env(), capture_output=True, timeout=900)
     seconds = time.perf_counter() - start
     _SHM_READY.append(seconds)
     if seconds > 20 and results is not None:
-        results.notes.append(f"DeepSpeed's CPU shm comm op was compiled before measuring "
-                             f"({seconds:.0f} s, not counted)")
+        results.notes.append(
+            f"DeepSpeed's CPU shm comm op was compiled before measuring ({seconds:.0f} s, not counted)"
+        )
     return seconds

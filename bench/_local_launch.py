@@ -30,14 +30,23 @@ def main(argv=None) -> int:
 
     from skyspot.app.launch import LaunchRequest, prepare, submit
 
-    prepared = prepare(LaunchRequest(
-        recipe=args.recipe, overrides=args.overrides, name=args.name, local=True,
-        executor_flags={"spot_trace": args.spot_trace, "notice": args.notice, "grace": args.grace,
-                        "provision_delay": args.provision_delay}))
+    prepared = prepare(
+        LaunchRequest(
+            recipe=args.recipe,
+            overrides=args.overrides,
+            name=args.name,
+            local=True,
+            executor_flags={
+                "spot_trace": args.spot_trace,
+                "notice": args.notice,
+                "grace": args.grace,
+                "provision_delay": args.provision_delay,
+            },
+        )
+    )
     script = prepared.built.task["run"]
     if script.count(TRAINER) != 1:
-        print(f"baseline not available: the rendered run script no longer has one '{TRAINER.strip()}'",
-              file=sys.stderr)
+        print(f"baseline not available: the rendered run script no longer has one '{TRAINER.strip()}'", file=sys.stderr)
         return 2
     prepared.built.task["run"] = script.replace(TRAINER, f"-m {args.trainer_module} ")
     return submit(prepared, detach=False)

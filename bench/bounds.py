@@ -26,8 +26,9 @@ GOAL_MB = 500.0
 def measure(args: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall seconds, peak MB) of one CLI process."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "skyspot.cli.main", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skyspot.cli.main", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.monotonic() - start
@@ -44,8 +45,13 @@ def run(results: Results, quick: bool) -> None:
         home = Path(tmp) / "home"
         write_big_run(home, "big", attempts)
         write_huge_events_file(home, "huge")
-        env = {**os.environ, "SKYSPOT_HOME": str(home), "NO_COLOR": "1", "COLUMNS": "200",
-               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env = {
+            **os.environ,
+            "SKYSPOT_HOME": str(home),
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
         plot = str(Path(tmp) / "plot.png")
         commands = {
             f"status -a ({attempts:,} attempts + 1 GiB file)": ["status", "-a"],
@@ -53,19 +59,28 @@ def run(results: Results, quick: bool) -> None:
             f"cost-report RUN --plot ({attempts:,} attempts)": ["cost-report", "big", "--plot", plot, "--force"],
             "cost-report RUN (1 GiB events file)": ["cost-report", "huge"],
             "cost-report RUN --plot (1 GiB events file)": ["cost-report", "huge", "--plot", plot, "--force"],
-            f"render tiny ({overrides:,} overrides)": ["render", "tiny", "-o", str(Path(tmp) / "t.yaml"), "--force",
-                                                       *[f"deepspeed.extra.k{i}={i}" for i in range(overrides)]],
+            f"render tiny ({overrides:,} overrides)": [
+                "render",
+                "tiny",
+                "-o",
+                str(Path(tmp) / "t.yaml"),
+                "--force",
+                *[f"deepspeed.extra.k{i}={i}" for i in range(overrides)],
+            ],
         }
         for label, args in commands.items():
             if args[0] == "status":
-                subprocess.run([sys.executable, "-m", "skyspot.cli.main", "status", "-a"], env=env,
-                               capture_output=True)  # its summary cache: the figure is a re-read of the events
+                subprocess.run(
+                    [sys.executable, "-m", "skyspot.cli.main", "status", "-a"], env=env, capture_output=True
+                )  # its summary cache: the figure is a re-read of the events
                 _drop_cache(home)
             seconds, mb = measure(args, env)
-            results.add(Figure("bounds", f"{label}: time", "s", [seconds], goal=f"<= {GOAL_S:g} s",
-                               met=seconds <= GOAL_S))
-            results.add(Figure("bounds", f"{label}: peak memory", "MB", [mb], goal=f"<= {GOAL_MB:g} MB",
-                               met=mb <= GOAL_MB))
+            results.add(
+                Figure("bounds", f"{label}: time", "s", [seconds], goal=f"<= {GOAL_S:g} s", met=seconds <= GOAL_S)
+            )
+            results.add(
+                Figure("bounds", f"{label}: peak memory", "MB", [mb], goal=f"<= {GOAL_MB:g} MB", met=mb <= GOAL_MB)
+            )
 
 
 def _drop_cache(home: Path) -> None:

@@ -33,8 +33,17 @@ def _seed_ledger(home: Path, runs: int) -> None:
         run_dir = home / "runs" / name
         ledger.add(name, "tiny", "local", status="SUCCEEDED", run_dir=str(run_dir), total_steps=200, num_nodes=1)
         events = EventWriter(run_dir, name, 1, 0, None)
-        events.emit("attempt_start", where={"cloud": "aws", "region": "us-east-1", "instance_type": "g5.48xlarge",
-                                             "spot": True, "num_nodes": 1, "simulated": True})
+        events.emit(
+            "attempt_start",
+            where={
+                "cloud": "aws",
+                "region": "us-east-1",
+                "instance_type": "g5.48xlarge",
+                "spot": True,
+                "num_nodes": 1,
+                "simulated": True,
+            },
+        )
         trainer = EventWriter(run_dir, name, 1, 0, 0)
         for step in range(1, 201):
             trainer.emit("step", step=step, loss=1.0, step_seconds=0.1, samples=8, tokens=512)
@@ -67,14 +76,31 @@ def run(results: Results, quick: bool) -> None:
             values = timed(lambda: subprocess.run(cmd, env=env, capture_output=True, check=True), repeats)
             median = sorted(values)[len(values) // 2]
             ratio = median / sorted(sky_times)[len(sky_times) // 2]
-            results.add(Figure("cli", label, "s", values, goal=f"<= {GOAL_S} s", met=median <= GOAL_S,
-                               note=f"{ratio:.2f}x sky --help"))
+            results.add(
+                Figure(
+                    "cli",
+                    label,
+                    "s",
+                    values,
+                    goal=f"<= {GOAL_S} s",
+                    met=median <= GOAL_S,
+                    note=f"{ratio:.2f}x sky --help",
+                )
+            )
         cold = []
         for i in range(repeats):
             fresh = {**env, "SKYSPOT_HOME": str(Path(tmp) / f"cold-{i}")}
-            cold += timed(lambda: subprocess.run(skyspot + ["render", "llama70b"], env=fresh, capture_output=True,
-                                                 check=True), 1)
-        results.add(Figure("cli", "skyspot render llama70b, empty cache", "s", cold,
-                           note="loads the pydantic recipe models and builds the skyspot wheel the task mounts "
-                                "(hashes every package file, reads the installed versions to pin); no goal: "
-                                "a first render of a recipe"))
+            cold += timed(
+                lambda: subprocess.run(skyspot + ["render", "llama70b"], env=fresh, capture_output=True, check=True), 1
+            )
+        results.add(
+            Figure(
+                "cli",
+                "skyspot render llama70b, empty cache",
+                "s",
+                cold,
+                note="loads the pydantic recipe models and builds the skyspot wheel the task mounts "
+                "(hashes every package file, reads the installed versions to pin); no goal: "
+                "a first render of a recipe",
+            )
+        )

@@ -28,9 +28,18 @@ class Figure:
         return statistics.median(self.values)
 
     def row(self) -> dict:
-        return {"bench": self.bench, "name": self.name, "unit": self.unit, "min": min(self.values),
-                "median": self.median, "max": max(self.values), "n": len(self.values), "goal": self.goal or "",
-                "met": {None: "", True: "yes", False: "NO"}[self.met], "note": self.note}
+        return {
+            "bench": self.bench,
+            "name": self.name,
+            "unit": self.unit,
+            "min": min(self.values),
+            "median": self.median,
+            "max": max(self.values),
+            "n": len(self.values),
+            "goal": self.goal or "",
+            "met": {None: "", True: "yes", False: "NO"}[self.met],
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -72,6 +81,11 @@ def machine() -> dict:
     except ImportError:  # pragma: no cover
         memory = "?"
     disk = shutil.disk_usage(os.getcwd())
-    return {"cores": os.cpu_count(), "memory": memory, "disk_free": f"{disk.free / 2**30:.0f} GiB",
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {
+        "cores": os.cpu_count(),
+        "memory": memory,
+        "disk_free": f"{disk.free / 2**30:.0f} GiB",
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }

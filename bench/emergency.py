@@ -43,8 +43,9 @@ from bench.common import Figure, Results
 GOAL_RATIO, GOAL_FIXED_S = 1.25, 1.0
 GOAL_CPU = 0.3
 # About 2.2 GB per node: the LARGE Llama with 14 layers (180M parameters x 12 bytes).
-STATE = [o if not o.startswith("model.config.num_hidden_layers") else "model.config.num_hidden_layers=14"
-         for o in LARGE]
+STATE = [
+    o if not o.startswith("model.config.num_hidden_layers") else "model.config.num_hidden_layers=14" for o in LARGE
+]
 BUCKET = "bench-emergency"
 
 
@@ -55,8 +56,13 @@ def _cpu() -> float:
 
 def _moto(port: int, log: Path) -> subprocess.Popen:
     pin = (lambda: os.sched_setaffinity(0, SERVER_CPUS)) if len(os.sched_getaffinity(0)) > 1 else None
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=bench_env(), preexec_fn=pin)
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        env=bench_env(),
+        preexec_fn=pin,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -103,8 +109,11 @@ def _costs() -> dict[str, float]:
 
     data = os.urandom(256 << 20)
     out = {}
-    for name, fn in (("copy", lambda: bytearray(data)), ("crc32", lambda: _crc32(data)),
-                     ("sha256", lambda: hashlib.sha256(data).digest())):
+    for name, fn in (
+        ("copy", lambda: bytearray(data)),
+        ("crc32", lambda: _crc32(data)),
+        ("sha256", lambda: hashlib.sha256(data).digest()),
+    ):
         start = time.perf_counter()
         fn()
         out[name] = (time.perf_counter() - start) / (len(data) / 1e9)
@@ -114,9 +123,11 @@ def _costs() -> dict[str, float]:
 def _crc32(data: bytes) -> int:
     try:
         from awscrt import checksums
+
         return checksums.crc32(data)
     except ImportError:
         import zlib
+
         return zlib.crc32(data)
 
 
@@ -128,8 +139,13 @@ def run(results: Results, quick: bool) -> None:
     ensure_shm_op(results)
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    env = dict(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-               AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    env = dict(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     saved = {k: os.environ.get(k) for k in [*env, "SKYSPOT_S3_CLIENT"]}
     os.environ.update(env)
     tmp = Path(tempfile.mkdtemp(prefix="skyspot-bench-emergency-"))
@@ -146,9 +162,14 @@ def run(results: Results, quick: bool) -> None:
         for variant, extra in (("streamed", {}), ("sequential", {"SKYSPOT_STREAM_UPLOADS": "0"})):
             log = Path(tempfile.gettempdir()) / f"skyspot-bench-emergency-{variant}.log"
             start = time.time()
-            out = run_worker("bench._emergency_worker", ["--run-dir", str(tmp / variant), "--store",
-                                                         f"s3://{BUCKET}/{variant}", *overrides],
-                             timeout=1800, log=log, env=bench_env(**env, **extra), cpus=client_cpus)
+            out = run_worker(
+                "bench._emergency_worker",
+                ["--run-dir", str(tmp / variant), "--store", f"s3://{BUCKET}/{variant}", *overrides],
+                timeout=1800,
+                log=log,
+                env=bench_env(**env, **extra),
+                cpus=client_cpus,
+            )
             found[variant] = out
             print(f"   emergency {variant}: {time.time() - start:.0f}s", file=sys.stderr, flush=True)
             _empty(client, f"{variant}/")
@@ -176,7 +197,7 @@ def run(results: Results, quick: bool) -> None:
             stream = stream_store.open_stream("one-object")
             view = memoryview(data)
             for offset in range(0, len(view), 64 << 20):
-                stream.write(view[offset:offset + (64 << 20)])
+                stream.write(view[offset : offset + (64 << 20)])
             assert stream.finish(timeout=1800)
             cpu_figures[label] = ((_cpu() - cpu) / (nbytes / 1e9), nbytes / (time.perf_counter() - start))
             _empty(client, f"cpu-{choice}/")
@@ -185,8 +206,10 @@ def run(results: Results, quick: bool) -> None:
         source.write_bytes(data)
         cpu, start = _cpu(), time.perf_counter()
         manager.upload(str(source), BUCKET, "file/one-object").result()
-        cpu_figures["CRT client reading a file itself (reference)"] = ((_cpu() - cpu) / (nbytes / 1e9),
-                                                                        nbytes / (time.perf_counter() - start))
+        cpu_figures["CRT client reading a file itself (reference)"] = (
+            (_cpu() - cpu) / (nbytes / 1e9),
+            nbytes / (time.perf_counter() - start),
+        )
         _empty(client, "file/")
         source.unlink()
         sock_s, sock_cpu = _socket_floor(data)
@@ -206,43 +229,86 @@ def run(results: Results, quick: bool) -> None:
     floor = nbytes / raw_bps
     goal = GOAL_RATIO * floor + GOAL_FIXED_S
     size = f"{nbytes / 1e9:.2f} GB/node"
-    results.add(Figure("emergency", f"raw store bandwidth: one parallel CRT transfer ({size})", "MB/s",
-                       [raw_bps / 1e6], note=f"moto's S3 server on loopback; floor = {floor:.1f} s; "
-                                             f"{raw_cpu / (nbytes / 1e9):.2f} core-s/GB in the client"))
+    results.add(
+        Figure(
+            "emergency",
+            f"raw store bandwidth: one parallel CRT transfer ({size})",
+            "MB/s",
+            [raw_bps / 1e6],
+            note=f"moto's S3 server on loopback; floor = {floor:.1f} s; "
+            f"{raw_cpu / (nbytes / 1e9):.2f} core-s/GB in the client",
+        )
+    )
     for variant in ("streamed", "sequential"):
         ev, up = found[variant]["emergency"], found[variant].get("upload") or {}
         total = ev.get("notice_to_safe_seconds")
         durable = ev.get("durable_before_deadline")
-        parts = (f"commit {ev['signal_to_commit_seconds']:.1f} s after the signal (step in flight, snapshot, "
-                 f"write {ev['write_seconds']:.1f} s); durable {ev.get('save_to_safe_seconds')} s after the save "
-                 f"began; {up.get('streamed_bytes', 0) / 1e9:.2f} GB streamed")
+        parts = (
+            f"commit {ev['signal_to_commit_seconds']:.1f} s after the signal (step in flight, snapshot, "
+            f"write {ev['write_seconds']:.1f} s); durable {ev.get('save_to_safe_seconds')} s after the save "
+            f"began; {up.get('streamed_bytes', 0) / 1e9:.2f} GB streamed"
+        )
         if variant == "streamed":
             met = bool(durable) and total is not None and total <= goal
             why = "" if met else f"; missed: see docs/benchmarks.md ({total} s against {goal:.1f} s)"
-            results.add(Figure("emergency", f"signal -> durable, skyspot streaming ({size})", "s",
-                               [total if total is not None else float("nan")],
-                               goal=f"<= {GOAL_RATIO}x floor + {GOAL_FIXED_S:g} s = {goal:.1f} s", met=met,
-                               note=parts + why))
+            results.add(
+                Figure(
+                    "emergency",
+                    f"signal -> durable, skyspot streaming ({size})",
+                    "s",
+                    [total if total is not None else float("nan")],
+                    goal=f"<= {GOAL_RATIO}x floor + {GOAL_FIXED_S:g} s = {goal:.1f} s",
+                    met=met,
+                    note=parts + why,
+                )
+            )
         else:
-            results.add(Figure("emergency", f"signal -> durable, write then upload (before) ({size})", "s",
-                               [total if total is not None else float("nan")], note=parts))
+            results.add(
+                Figure(
+                    "emergency",
+                    f"signal -> durable, write then upload (before) ({size})",
+                    "s",
+                    [total if total is not None else float("nan")],
+                    note=parts,
+                )
+            )
     streamed, sequential = (found[v]["emergency"].get("notice_to_safe_seconds") for v in ("streamed", "sequential"))
     if streamed and sequential:
-        results.add(Figure("emergency", "signal -> durable, streamed / sequential", "x", [streamed / sequential],
-                           note=f"{streamed:.1f} s against {sequential:.1f} s in the same run"))
+        results.add(
+            Figure(
+                "emergency",
+                "signal -> durable, streamed / sequential",
+                "x",
+                [streamed / sequential],
+                note=f"{streamed:.1f} s against {sequential:.1f} s in the same run",
+            )
+        )
     sock_per_gb = sock_cpu / (nbytes / 1e9)
-    machine = (f"this machine per GB: memory copy {costs['copy']:.2f} s, CRC32 {costs['crc32']:.2f} s, sha256 "
-               f"{costs['sha256']:.2f} s, the kernel's send (loopback, sender's half) {sock_per_gb:.2f} s")
+    machine = (
+        f"this machine per GB: memory copy {costs['copy']:.2f} s, CRC32 {costs['crc32']:.2f} s, sha256 "
+        f"{costs['sha256']:.2f} s, the kernel's send (loopback, sender's half) {sock_per_gb:.2f} s"
+    )
     for label, (per_gb, bps) in cpu_figures.items():
         reference = "reference" in label
-        results.add(Figure("emergency", f"upload CPU, {label}", "core-s/GB", [per_gb],
-                           goal=None if reference else f"<= {GOAL_CPU}", met=None if reference else per_gb <= GOAL_CPU,
-                           note=f"{bps / 1e6:.0f} MB/s" + ("" if reference else f"; {machine}")))
+        results.add(
+            Figure(
+                "emergency",
+                f"upload CPU, {label}",
+                "core-s/GB",
+                [per_gb],
+                goal=None if reference else f"<= {GOAL_CPU}",
+                met=None if reference else per_gb <= GOAL_CPU,
+                note=f"{bps / 1e6:.0f} MB/s" + ("" if reference else f"; {machine}"),
+            )
+        )
 
 
 def _empty(client, prefix: str) -> None:
     """Delete what a measurement left: moto keeps every object in memory."""
-    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-            for o in page.get("Contents", ())]
+    keys = [
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        for o in page.get("Contents", ())
+    ]
     for start in range(0, len(keys), 1000):
-        client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]]})
+        client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[start : start + 1000]]})

@@ -47,11 +47,25 @@ START_TIMEOUT_S = 300
 def _hang(run_dir: Path, log: Path, supervise_flags: list[str], wait_s: float, **env: str) -> dict:
     """Start a node, SIGSTOP rank 1 after step 5; seconds from the stop to the kill (hang.json) and to
     the node's exit (None when it had not exited within `wait_s`)."""
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), *supervise_flags, "--",
-               *torchrun("skyspot.trainer", ["tiny", "--run-dir", str(run_dir), *OVERRIDES])]
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        *supervise_flags,
+        "--",
+        *torchrun("skyspot.trainer", ["tiny", "--run-dir", str(run_dir), *OVERRIDES]),
+    ]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(command, cwd=_launch.REPO, env=bench_env(**env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=_launch.REPO,
+            env=bench_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_for_event(run_dir, proc, lambda e: e.get("type") == "step" and e.get("step", 0) >= 5, START_TIMEOUT_S)
             launcher = psutil.Process(proc.pid).children()[0]
@@ -67,8 +81,12 @@ def _hang(run_dir: Path, log: Path, supervise_flags: list[str], wait_s: float, *
             kill_group(proc)
     hang = run_dir / "hang.json"
     record = json.loads(hang.read_text()) if hang.exists() else None
-    return {"killed": record["ts"] - stopped if record else None, "ended": ended, "record": record,
-            "code": proc.returncode}
+    return {
+        "killed": record["ts"] - stopped if record else None,
+        "ended": ended,
+        "record": record,
+        "code": proc.returncode,
+    }
 
 
 def run(results: Results, quick: bool) -> None:
@@ -80,39 +98,78 @@ def run(results: Results, quick: bool) -> None:
         dog = _hang(Path(tmp) / "watchdog", log, ["--hang-floor", str(floor), "--hang-factor", "10"], wait_s=120)
         mark = len(log.read_bytes())
         timeout_wait = timeout + TORCHRUN_STOP_S + 120
-        plain = _hang(Path(tmp) / "timeout", log, ["--no-watchdog"], wait_s=timeout_wait,
-                      SKYSPOT_DIST_TIMEOUT_SECONDS=str(timeout))
+        plain = _hang(
+            Path(tmp) / "timeout",
+            log,
+            ["--no-watchdog"],
+            wait_s=timeout_wait,
+            SKYSPOT_DIST_TIMEOUT_SECONDS=str(timeout),
+        )
         tail = log.read_bytes()[mark:].decode(errors="replace")
     if dog["record"] is None:
         raise RuntimeError("the watchdog declared no hang")
     bound = dog["record"]["bound_seconds"]
     fired = "Timed out" in tail or "timed out" in tail.lower()
-    print(f"   hang: watchdog kill {dog['killed']:.1f}s (bound {bound:.0f}s), node exit "
-          f"{dog['ended'] if dog['ended'] is None else round(dog['ended'], 1)}s; collective timeout path: "
-          f"{plain['ended'] if plain['ended'] is None else round(plain['ended'], 1)}s, fired: {fired}",
-          file=sys.stderr, flush=True)
-    results.add(Figure("hang", f"SIGSTOP of a rank -> killed by the watchdog (floor {floor:.0f} s)", "s",
-                       [dog["killed"]], goal="<= bound + 3 s", met=dog["killed"] <= bound + 3,
-                       note=f"bound {bound:.0f} s; the node exits {dog['ended']:.1f} s after the stop "
-                            "(torchrun here has no in-place restarts)" if dog["ended"] is not None else
-                            f"bound {bound:.0f} s; the node had not exited"))
-    results.add(Figure("hang", "watchdog's own cost: kill - bound (poll, py-spy dumps)", "s",
-                       [dog["killed"] - bound]))
+    print(
+        f"   hang: watchdog kill {dog['killed']:.1f}s (bound {bound:.0f}s), node exit "
+        f"{dog['ended'] if dog['ended'] is None else round(dog['ended'], 1)}s; collective timeout path: "
+        f"{plain['ended'] if plain['ended'] is None else round(plain['ended'], 1)}s, fired: {fired}",
+        file=sys.stderr,
+        flush=True,
+    )
+    results.add(
+        Figure(
+            "hang",
+            f"SIGSTOP of a rank -> killed by the watchdog (floor {floor:.0f} s)",
+            "s",
+            [dog["killed"]],
+            goal="<= bound + 3 s",
+            met=dog["killed"] <= bound + 3,
+            note=f"bound {bound:.0f} s; the node exits {dog['ended']:.1f} s after the stop "
+            "(torchrun here has no in-place restarts)"
+            if dog["ended"] is not None
+            else f"bound {bound:.0f} s; the node had not exited",
+        )
+    )
+    results.add(Figure("hang", "watchdog's own cost: kill - bound (poll, py-spy dumps)", "s", [dog["killed"] - bound]))
     if plain["ended"] is None:
-        results.add(Figure("hang", f"SIGSTOP -> node exit, no watchdog, collective timeout {timeout:.0f} s", "s",
-                           [timeout_wait], note=f"still hung after {timeout_wait:.0f} s (gloo's timeout "
-                                                f"{'fired' if fired else 'did not fire'}); killed by the benchmark"))
+        results.add(
+            Figure(
+                "hang",
+                f"SIGSTOP -> node exit, no watchdog, collective timeout {timeout:.0f} s",
+                "s",
+                [timeout_wait],
+                note=f"still hung after {timeout_wait:.0f} s (gloo's timeout "
+                f"{'fired' if fired else 'did not fire'}); killed by the benchmark",
+            )
+        )
         return
     extra = plain["ended"] - timeout - TORCHRUN_STOP_S
     cloud_plain = CLOUD["timeout"] + TORCHRUN_STOP_S + extra
     cloud_dog = CLOUD["floor"] + dog["killed"] - bound
-    results.add(Figure("hang", f"SIGSTOP -> node exit, no watchdog: gloo timeout {timeout:.0f} s", "s",
-                       [plain["ended"]],
-                       note=(f"gloo's timeout {'fired' if fired else 'did not fire'} (exit {plain['code']}); then "
-                             f"torchrun's SIGTERM, which the stopped rank cannot act on, and its SIGKILL "
-                             f"{TORCHRUN_STOP_S:.0f} s later; {extra:+.1f} s beyond those two; no stacks")))
-    results.add(Figure("hang", "collective timeout path / watchdog (same run)", "x",
-                       [plain["ended"] / dog["killed"]],
-                       note=(f"at the task's {CLOUD['timeout']:.0f} s timeout and the watchdog's default "
-                             f"{CLOUD['floor']:.0f} s floor: {cloud_plain:.0f} s against {cloud_dog:.0f} s, "
-                             f"{cloud_plain / cloud_dog:.1f}x")))
+    results.add(
+        Figure(
+            "hang",
+            f"SIGSTOP -> node exit, no watchdog: gloo timeout {timeout:.0f} s",
+            "s",
+            [plain["ended"]],
+            note=(
+                f"gloo's timeout {'fired' if fired else 'did not fire'} (exit {plain['code']}); then "
+                f"torchrun's SIGTERM, which the stopped rank cannot act on, and its SIGKILL "
+                f"{TORCHRUN_STOP_S:.0f} s later; {extra:+.1f} s beyond those two; no stacks"
+            ),
+        )
+    )
+    results.add(
+        Figure(
+            "hang",
+            "collective timeout path / watchdog (same run)",
+            "x",
+            [plain["ended"] / dog["killed"]],
+            note=(
+                f"at the task's {CLOUD['timeout']:.0f} s timeout and the watchdog's default "
+                f"{CLOUD['floor']:.0f} s floor: {cloud_plain:.0f} s against {cloud_dog:.0f} s, "
+                f"{cloud_plain / cloud_dog:.1f}x"
+            ),
+        )
+    )

@@ -33,16 +33,39 @@ from bench.common import Figure, Results
 PROVISION_S = 350.0
 QUICK_PROVISION_S = 10.0  # --quick: the same two paths; the ratio's note projects it to PROVISION_S
 CRASH_AT = 7
-OVERRIDES = ["train.steps=16", "checkpoint.every_steps=2", "train.log_every=100", "resources.num_nodes=2",
-             "resources.cpu_ranks=1"]
+OVERRIDES = [
+    "train.steps=16",
+    "checkpoint.every_steps=2",
+    "train.log_every=100",
+    "resources.num_nodes=2",
+    "resources.cpu_ranks=1",
+]
 
 
 def _run(name: str, home: Path, provision: float, extra: list[str], log: Path) -> float:
-    command = [str(BIN / "skyspot"), "launch", "tiny", "--local", "-n", name, "--provision-delay", str(provision),
-               "--crash-at-steps", f"{CRASH_AT}:1", *OVERRIDES, *extra]
+    command = [
+        str(BIN / "skyspot"),
+        "launch",
+        "tiny",
+        "--local",
+        "-n",
+        name,
+        "--provision-delay",
+        str(provision),
+        "--crash-at-steps",
+        f"{CRASH_AT}:1",
+        *OVERRIDES,
+        *extra,
+    ]
     with open(log, "ab") as out:
-        code = subprocess.run(command, cwd=_launch.REPO, env=bench_env(SKYSPOT_HOME=str(home)), stdout=out,
-                              stderr=subprocess.STDOUT, timeout=provision + 600).returncode
+        code = subprocess.run(
+            command,
+            cwd=_launch.REPO,
+            env=bench_env(SKYSPOT_HOME=str(home)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=provision + 600,
+        ).returncode
     if code != 0:
         raise RuntimeError(f"{name}: launch exited {code} (log: {log})")
     run_dir = home / "runs" / name
@@ -63,16 +86,46 @@ def run(results: Results, quick: bool) -> None:
         started = time.time()
         in_place = _run("bench-in-place", home, provision, [], log)
         again = _run("bench-reprovisioned", home, provision, ["resilience.restarts_in_place=0"], log)
-        print(f"   inplace: in place {in_place:.1f}s, re-provisioned {again:.1f}s ({time.time() - started:.0f}s)",
-              file=sys.stderr, flush=True)
-    source = ("SkyPilot issue 3695's measured `sky launch` (Azure, mean of 5)" if not quick
-              else f"--quick's {QUICK_PROVISION_S:g} s (the full run: {PROVISION_S:g} s)")
-    results.add(Figure("inplace", "crash -> next step, restarted in place (2 nodes, tiny)", "s", [in_place],
-                       note="torchrun's agents restart every rank, resumed from the local checkpoint; "
-                            "includes the first restart's 5 s backoff"))
-    results.add(Figure("inplace", f"crash -> next step, re-provisioned (--provision-delay {provision:g})", "s",
-                       [again], note=f"restarts_in_place=0; the delay is {source}"))
-    results.add(Figure("inplace", "re-provisioned / in place", "x", [again / in_place],
-                       note=f"without the provisioning delay: {(again - provision) / in_place:.1f}x"
-                            + ("" if provision == PROVISION_S else
-                               f"; at {PROVISION_S:g} s: {(again - provision + PROVISION_S) / in_place:.1f}x")))
+        print(
+            f"   inplace: in place {in_place:.1f}s, re-provisioned {again:.1f}s ({time.time() - started:.0f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    source = (
+        "SkyPilot issue 3695's measured `sky launch` (Azure, mean of 5)"
+        if not quick
+        else f"--quick's {QUICK_PROVISION_S:g} s (the full run: {PROVISION_S:g} s)"
+    )
+    results.add(
+        Figure(
+            "inplace",
+            "crash -> next step, restarted in place (2 nodes, tiny)",
+            "s",
+            [in_place],
+            note="torchrun's agents restart every rank, resumed from the local checkpoint; "
+            "includes the first restart's 5 s backoff",
+        )
+    )
+    results.add(
+        Figure(
+            "inplace",
+            f"crash -> next step, re-provisioned (--provision-delay {provision:g})",
+            "s",
+            [again],
+            note=f"restarts_in_place=0; the delay is {source}",
+        )
+    )
+    results.add(
+        Figure(
+            "inplace",
+            "re-provisioned / in place",
+            "x",
+            [again / in_place],
+            note=f"without the provisioning delay: {(again - provision) / in_place:.1f}x"
+            + (
+                ""
+                if provision == PROVISION_S
+                else f"; at {PROVISION_S:g} s: {(again - provision + PROVISION_S) / in_place:.1f}x"
+            ),
+        )
+    )

@@ -64,30 +64,56 @@ def _plan(quick: bool) -> list[dict]:
         # slower than the steady ones; 0.08-0.11 s was seen here): a run that ends inside the window is
         # never preempted and compares nothing.
         steps = max(2 * EVERY_STEPS, int((first + tail) / min(0.8 * step, 0.06)))
-        plans.append({"name": name, "notice": notice, "steps": steps, "provision": provision, "trace": [at],
-                      "timeout": 420.0 if quick else 900.0})
+        plans.append(
+            {
+                "name": name,
+                "notice": notice,
+                "steps": steps,
+                "provision": provision,
+                "trace": [at],
+                "timeout": 420.0 if quick else 900.0,
+            }
+        )
     return plans
 
 
 def _launch_run(variant: str, home: Path, plan: dict, trace: Path, log: Path) -> tuple[int, float]:
     name = f"bench-{variant}"
     overrides = [f"train.steps={plan['steps']}", f"checkpoint.every_steps={EVERY_STEPS}", "train.log_every=100"]
-    flags = ["--spot-trace", str(trace), "--notice", str(plan["notice"]), "--provision-delay", str(plan["provision"]),
-             "-n", name]
+    flags = [
+        "--spot-trace",
+        str(trace),
+        "--notice",
+        str(plan["notice"]),
+        "--provision-delay",
+        str(plan["provision"]),
+        "-n",
+        name,
+    ]
     if variant == "skyspot":
         command = [str(BIN / "skyspot"), "launch", "tiny", "--local", *flags, *overrides]
     else:
-        command = [sys.executable, "-m", "bench._local_launch", "--trainer-module", "bench._baseline_trainer",
-                   *flags, "tiny", *overrides]
+        command = [
+            sys.executable,
+            "-m",
+            "bench._local_launch",
+            "--trainer-module",
+            "bench._baseline_trainer",
+            *flags,
+            "tiny",
+            *overrides,
+        ]
     env = bench_env(SKYSPOT_HOME=str(home))
     start = time.time()
     with open(log, "ab") as out:
         try:
-            code = subprocess.run(command, cwd=_launch.REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=plan["timeout"]).returncode
+            code = subprocess.run(
+                command, cwd=_launch.REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=plan["timeout"]
+            ).returncode
         except subprocess.TimeoutExpired:
-            subprocess.run([str(BIN / "skyspot"), "cancel", name, "-y"], env=env, stdout=out,
-                           stderr=subprocess.STDOUT, timeout=400)
+            subprocess.run(
+                [str(BIN / "skyspot"), "cancel", name, "-y"], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=400
+            )
             raise RuntimeError(f"{variant}: the run did not finish within {plan['timeout']:.0f} s")
     return code, time.time() - start
 
@@ -119,8 +145,15 @@ def analyse(run_dir: Path, total: int) -> dict:
             gap = by_attempt[b]["ts"][0] - by_attempt[a]["ts"][-1] - median_step
             costs.append(gap + lost[-1] * median_step)
     executed = sum(len(by_attempt[a]["steps"]) for a in order)
-    return {"attempts": len(order), "preemptions": preempted, "lost": lost, "executed": executed,
-            "fraction": total / executed if executed else 0.0, "costs": costs, "median_step": median_step}
+    return {
+        "attempts": len(order),
+        "preemptions": preempted,
+        "lost": lost,
+        "executed": executed,
+        "fraction": total / executed if executed else 0.0,
+        "costs": costs,
+        "median_step": median_step,
+    }
 
 
 def run(results: Results, quick: bool) -> None:
@@ -130,8 +163,12 @@ def run(results: Results, quick: bool) -> None:
 
 
 def run_trace(results: Results, plan: dict) -> None:
-    print(f"   lost_work ({plan['name']}): {plan['steps']} steps, notices at {plan['trace']} s, SIGTERM "
-          f"{plan['notice']:.0f} s later", file=sys.stderr, flush=True)
+    print(
+        f"   lost_work ({plan['name']}): {plan['steps']} steps, notices at {plan['trace']} s, SIGTERM "
+        f"{plan['notice']:.0f} s later",
+        file=sys.stderr,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="skyspot-bench-lost-") as tmp:
         trace = Path(tmp) / "trace.yaml"
         trace.write_text(json.dumps({"preemptions": plan["trace"]}) + "\n")  # JSON is YAML
@@ -147,51 +184,101 @@ def run_trace(results: Results, plan: dict) -> None:
                     results.notes.append("lost_work: baseline not available (see bench/_baseline_trainer.py)")
                     continue
                 raise RuntimeError(f"{variant} run exited {code}; see {log}")
-            found[variant] = {**analyse(home / "runs" / f"bench-{variant}", plan["steps"]), "wall": wall,
-                              "window": _window_use(home / "runs" / f"bench-{variant}")}
+            found[variant] = {
+                **analyse(home / "runs" / f"bench-{variant}", plan["steps"]),
+                "wall": wall,
+                "window": _window_use(home / "runs" / f"bench-{variant}"),
+            }
             f = found[variant]
-            print(f"   lost_work {variant}: {wall:.0f}s, {f['preemptions']} preemptions, lost {f['lost']}, "
-                  f"{f['executed']} steps executed", file=sys.stderr, flush=True)
+            print(
+                f"   lost_work {variant}: {wall:.0f}s, {f['preemptions']} preemptions, lost {f['lost']}, "
+                f"{f['executed']} steps executed",
+                file=sys.stderr,
+                flush=True,
+            )
 
-    setting = (f"{plan['name']}: tiny, {plan['steps']} steps, notice at "
-               f"{', '.join(f'{t:.0f}' for t in plan['trace'])} s, SIGTERM {plan['notice']:.0f} s later")
+    setting = (
+        f"{plan['name']}: tiny, {plan['steps']} steps, notice at "
+        f"{', '.join(f'{t:.0f}' for t in plan['trace'])} s, SIGTERM {plan['notice']:.0f} s later"
+    )
     ours = found["skyspot"]
     base = found.get("baseline")
     lost = ours["lost"] or [0]
-    results.add(Figure("lost_work", f"steps needed / executed, skyspot ({setting})", "x", [ours["fraction"]],
-                       goal=f">= {GOAL_FRACTION}", met=ours["fraction"] >= GOAL_FRACTION,
-                       note=f"{ours['executed']} executed, {ours['preemptions']} preemptions, "
-                            f"{ours['wall']:.0f} s to finish"))
+    results.add(
+        Figure(
+            "lost_work",
+            f"steps needed / executed, skyspot ({setting})",
+            "x",
+            [ours["fraction"]],
+            goal=f">= {GOAL_FRACTION}",
+            met=ours["fraction"] >= GOAL_FRACTION,
+            note=f"{ours['executed']} executed, {ours['preemptions']} preemptions, {ours['wall']:.0f} s to finish",
+        )
+    )
     window = ours["window"]
-    results.add(Figure("lost_work", f"lost steps per preemption, skyspot ({plan['name']})", "steps", lost,
-                       goal=f"<= {GOAL_LOST}", met=max(lost) <= GOAL_LOST,
-                       note=("" if ours["lost"] else "no preemption hit the run: it finished first")
-                       + (f"; {window}" if window else "")))
+    results.add(
+        Figure(
+            "lost_work",
+            f"lost steps per preemption, skyspot ({plan['name']})",
+            "steps",
+            lost,
+            goal=f"<= {GOAL_LOST}",
+            met=max(lost) <= GOAL_LOST,
+            note=("" if ours["lost"] else "no preemption hit the run: it finished first")
+            + (f"; {window}" if window else ""),
+        )
+    )
     if base is not None:
-        results.add(Figure("lost_work", f"steps needed / executed, baseline ({plan['name']}, every 50 steps, "
-                                        "no signal handling)",
-                           "x", [base["fraction"]],
-                           note=f"{base['executed']} executed, {base['preemptions']} preemptions, "
-                                f"{base['wall']:.0f} s to finish"))
-        results.add(Figure("lost_work", f"lost steps per preemption, baseline ({plan['name']})", "steps",
-                           base["lost"] or [0],
-                           note="" if base["lost"] else "no preemption hit the run: it finished first"))
+        results.add(
+            Figure(
+                "lost_work",
+                f"steps needed / executed, baseline ({plan['name']}, every 50 steps, no signal handling)",
+                "x",
+                [base["fraction"]],
+                note=f"{base['executed']} executed, {base['preemptions']} preemptions, {base['wall']:.0f} s to finish",
+            )
+        )
+        results.add(
+            Figure(
+                "lost_work",
+                f"lost steps per preemption, baseline ({plan['name']})",
+                "steps",
+                base["lost"] or [0],
+                note="" if base["lost"] else "no preemption hit the run: it finished first",
+            )
+        )
         if ours["costs"] and base["costs"]:
-            results.add(Figure("lost_work", f"time a preemption cost, skyspot / baseline ({plan['name']})", "x",
-                               [sum(ours["costs"]) / sum(base["costs"])],
-                               note=f"{sum(ours['costs']):.1f} s against {sum(base['costs']):.1f} s: last step before the "
-                                    "preemption to the first after it, plus the steps done again, at each run's own "
-                                    f"median step ({ours['median_step'] * 1000:.0f} and {base['median_step'] * 1000:.0f} ms)"))
+            results.add(
+                Figure(
+                    "lost_work",
+                    f"time a preemption cost, skyspot / baseline ({plan['name']})",
+                    "x",
+                    [sum(ours["costs"]) / sum(base["costs"])],
+                    note=f"{sum(ours['costs']):.1f} s against {sum(base['costs']):.1f} s: last step before the "
+                    "preemption to the first after it, plus the steps done again, at each run's own "
+                    f"median step ({ours['median_step'] * 1000:.0f} and {base['median_step'] * 1000:.0f} ms)",
+                )
+            )
         ratio = ours["wall"] / base["wall"]
-        results.add(Figure("lost_work", f"wall-clock to finish, skyspot / baseline ({plan['name']})", "x", [ratio],
-                           goal=f"<= {GOAL_WALL:g}", met=ratio <= GOAL_WALL,
-                           note=f"{ours['wall']:.0f} s against {base['wall']:.0f} s"
-                                + ("" if ratio <= GOAL_WALL else "; missed: see docs/benchmarks.md")))
+        results.add(
+            Figure(
+                "lost_work",
+                f"wall-clock to finish, skyspot / baseline ({plan['name']})",
+                "x",
+                [ratio],
+                goal=f"<= {GOAL_WALL:g}",
+                met=ratio <= GOAL_WALL,
+                note=f"{ours['wall']:.0f} s against {base['wall']:.0f} s"
+                + ("" if ratio <= GOAL_WALL else "; missed: see docs/benchmarks.md"),
+            )
+        )
 
 
 def _window_use(run_dir: Path) -> str:
     """How skyspot spent the notice windows (its emergency_checkpoint events), in words."""
     found = [e for e in events(run_dir, "emergency_checkpoint") if e.get("window_seconds")]
-    return "; ".join(f"trained {e['steps_after_notice']} steps ({e['trained_after_notice_seconds']:.0f} s) of a "
-                     f"{e['window_seconds']:.0f} s window, safe {e['slack_seconds']:.1f} s before the deadline"
-                     for e in found)
+    return "; ".join(
+        f"trained {e['steps_after_notice']} steps ({e['trained_after_notice_seconds']:.0f} s) of a "
+        f"{e['window_seconds']:.0f} s window, safe {e['slack_seconds']:.1f} s before the deadline"
+        for e in found
+    )

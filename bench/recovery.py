@@ -60,8 +60,14 @@ def attempt(run_dir: Path, *, fresh: bool, log: Path) -> dict:
     """One start; returns launch -> first step, start event -> first step, and the resume event."""
     with open(log, "ab") as out:
         t0 = time.time()
-        proc = subprocess.Popen(trainer_command(run_dir, OVERRIDES, fresh=fresh), cwd=_launch.REPO, env=bench_env(),
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            trainer_command(run_dir, OVERRIDES, fresh=fresh),
+            cwd=_launch.REPO,
+            env=bench_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             first = wait_for_event(run_dir, proc, _after(t0, "step"), TIMEOUT_S)
             if fresh:  # leave a committed checkpoint for the next start
@@ -72,10 +78,12 @@ def attempt(run_dir: Path, *, fresh: bool, log: Path) -> dict:
     start = [e for e in events(run_dir, "start") if e["ts"] >= t0]
     resume = [e for e in events(run_dir, "resume") if e["ts"] >= t0]
     steps = [e for e in events(run_dir, "step") if e["ts"] >= t0]
-    return {"launch_to_step": first["ts"] - t0,
-            "start_to_step": first["ts"] - start[0]["ts"] if start else None,
-            "resume": resume[0] if resume else None,
-            "step_seconds": [e["step_seconds"] for e in steps]}
+    return {
+        "launch_to_step": first["ts"] - t0,
+        "start_to_step": first["ts"] - start[0]["ts"] if start else None,
+        "resume": resume[0] if resume else None,
+        "step_seconds": [e["step_seconds"] for e in steps],
+    }
 
 
 def run(results: Results, quick: bool) -> None:
@@ -89,8 +97,11 @@ def run(results: Results, quick: bool) -> None:
         for _ in range(rounds):
             cold.append(attempt(run_dir, fresh=True, log=log))
             warm.append(attempt(run_dir, fresh=False, log=log))
-            print(f"   recovery: cold {cold[-1]['launch_to_step']:.1f}s, resume {warm[-1]['launch_to_step']:.1f}s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"   recovery: cold {cold[-1]['launch_to_step']:.1f}s, resume {warm[-1]['launch_to_step']:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
         missing = [w for w in warm if w["resume"] is None]
         if missing:
             raise RuntimeError("a resumed start logged no resume event (it started over?)")
@@ -106,17 +117,47 @@ def run(results: Results, quick: bool) -> None:
     c = [a["launch_to_step"] for a in cold]
     w = [a["launch_to_step"] for a in warm]
     ratios = [b / a for a, b in zip(c, w)]
-    results.add(Figure("recovery", "cold start: launch -> first step (tiny)", "s", c,
-                       note=f"trainer start event -> first step: "
-                            f"{statistics.median(a['start_to_step'] for a in cold):.2f} s (the rest is imports)"))
-    results.add(Figure("recovery", "resumed start: launch -> first step (tiny)", "s", w,
-                       note=f"start event -> first step: {statistics.median(a['start_to_step'] for a in warm):.2f} s"))
+    results.add(
+        Figure(
+            "recovery",
+            "cold start: launch -> first step (tiny)",
+            "s",
+            c,
+            note=f"trainer start event -> first step: "
+            f"{statistics.median(a['start_to_step'] for a in cold):.2f} s (the rest is imports)",
+        )
+    )
+    results.add(
+        Figure(
+            "recovery",
+            "resumed start: launch -> first step (tiny)",
+            "s",
+            w,
+            note=f"start event -> first step: {statistics.median(a['start_to_step'] for a in warm):.2f} s",
+        )
+    )
     median = statistics.median(ratios)
-    results.add(Figure("recovery", "resume / cold start", "x", ratios, goal=f"<= {GOAL}", met=median <= GOAL,
-                       note="" if median <= GOAL else "missed: see the load figure"))
+    results.add(
+        Figure(
+            "recovery",
+            "resume / cold start",
+            "x",
+            ratios,
+            goal=f"<= {GOAL}",
+            met=median <= GOAL,
+            note="" if median <= GOAL else "missed: see the load figure",
+        )
+    )
     loads = [a["resume"]["load_seconds"] for a in warm]
     floor = nbytes / read_bps
-    results.add(Figure("recovery", f"resume load (tiny, {nbytes / 1e6:.1f} MB)", "s", loads,
-                       note=f"bytes / read bandwidth = {floor * 1000:.1f} ms ({read_bps / 1e9:.1f} GB/s, page cache); "
-                            f"{statistics.median(loads) / floor:.0f}x that: DeepSpeed's load_checkpoint, RNG and "
-                            "bias-correction replay, not bytes, at this size"))
+    results.add(
+        Figure(
+            "recovery",
+            f"resume load (tiny, {nbytes / 1e6:.1f} MB)",
+            "s",
+            loads,
+            note=f"bytes / read bandwidth = {floor * 1000:.1f} ms ({read_bps / 1e9:.1f} GB/s, page cache); "
+            f"{statistics.median(loads) / floor:.0f}x that: DeepSpeed's load_checkpoint, RNG and "
+            "bias-correction replay, not bytes, at this size",
+        )
+    )

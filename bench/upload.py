@@ -31,10 +31,23 @@ def run(results: Results, quick: bool) -> None:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "AWS_ENDPOINT_URL",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "AWS_EC2_METADATA_DISABLED",
+        )
+    }
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     try:
         client = boto3.client("s3")
         client.create_bucket(Bucket="bench-bucket")
@@ -67,8 +80,15 @@ def run(results: Results, quick: bool) -> None:
                 uploader.close()
             results.add(Figure("upload", f"single-stream put_object ({total / 1e6:.0f} MB)", "MB/s", base))
             ratio = sorted(ours)[len(ours) // 2] / sorted(base)[len(base) // 2]
-            results.add(Figure("upload", f"skyspot uploader ({total / 1e6:.0f} MB)", "MB/s", ours,
-                               note=f"{ratio:.2f}x single-stream (loopback, CPU-bound)"))
+            results.add(
+                Figure(
+                    "upload",
+                    f"skyspot uploader ({total / 1e6:.0f} MB)",
+                    "MB/s",
+                    ours,
+                    note=f"{ratio:.2f}x single-stream (loopback, CPU-bound)",
+                )
+            )
     finally:
         server.stop()
         for key, value in saved.items():

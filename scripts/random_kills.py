@@ -134,37 +134,69 @@ class Result:
         kinds = {k: sum(1 for x in self.kills if x.kind == k) for k in KINDS}
         uploads = f"{self.durable_uploads} uploads made durable, " if self.store else ""
         if self.wipe:
-            uploads += (f"{self.wipes} local disks wiped, {self.durable_verified} durable checkpoint checks "
-                        f"({self.durable_corrupt} corrupt), ")
-        return (f"seed {self.seed}: {len(self.kills)} kills ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
-                f"{self.starts} starts, {self.resumes} resumes ({self.resumes_from_store} from the store), "
-                f"{self.lost_steps} steps recomputed, {self.lost_committed} committed checkpoints lost, "
-                f"{self.corrupt_seen} corrupt, {self.incomplete_seen} cut writes skipped, {self.orphans} orphans, "
-                f"{uploads}{self.steps_compared} step losses compared, final params "
-                f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
-                f"{self.seconds:.0f} s")
+            uploads += (
+                f"{self.wipes} local disks wiped, {self.durable_verified} durable checkpoint checks "
+                f"({self.durable_corrupt} corrupt), "
+            )
+        return (
+            f"seed {self.seed}: {len(self.kills)} kills ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
+            f"{self.starts} starts, {self.resumes} resumes ({self.resumes_from_store} from the store), "
+            f"{self.lost_steps} steps recomputed, {self.lost_committed} committed checkpoints lost, "
+            f"{self.corrupt_seen} corrupt, {self.incomplete_seen} cut writes skipped, {self.orphans} orphans, "
+            f"{uploads}{self.steps_compared} step losses compared, final params "
+            f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
+            f"{self.seconds:.0f} s"
+        )
 
 
 # --------------------------------------------------------------------------- launching
 
 
-def launch(run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Path] = None,
-           **env: str) -> subprocess.Popen:
+def launch(
+    run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Path] = None, **env: str
+) -> subprocess.Popen:
     """One node: `supervise -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny`, in its own session."""
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--grace", str(GRACE_S),
-               "--", str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir),
-               "--run-name", run_dir.name, *([f"storage.store={store}"] if store else []), *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--grace",
+        str(GRACE_S),
+        "--",
+        str(BIN / "torchrun"),
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "skyspot.trainer",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+        "--run-name",
+        run_dir.name,
+        *([f"storage.store={store}"] if store else []),
+        *overrides,
+    ]
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        return subprocess.Popen(command, cwd=REPO, env=trainer_env(**env), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command, cwd=REPO, env=trainer_env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def overrides_for(steps: int, every: int, keep: int) -> list[str]:
-    return [f"train.steps={steps}", f"checkpoint.every_steps={every}", f"checkpoint.keep={keep}",
-            f"train.log_every={steps}"]
+    return [
+        f"train.steps={steps}",
+        f"checkpoint.every_steps={every}",
+        f"checkpoint.keep={keep}",
+        f"train.log_every={steps}",
+    ]
 
 
 # --------------------------------------------------------------------------- reading a run
@@ -254,7 +286,9 @@ def verify_durable(store: Path, run_name: str) -> tuple[int, list[str]]:
         except (OSError, ValueError) as err:
             problems.append(f"durable step_{step}: manifest or marker unreadable ({err})")
             continue
-        if hashlib.sha256((directory / "manifest.node-0.json").read_bytes()).hexdigest() != marker.get("manifest_sha256"):
+        if hashlib.sha256((directory / "manifest.node-0.json").read_bytes()).hexdigest() != marker.get(
+            "manifest_sha256"
+        ):
             problems.append(f"durable step_{step}: the manifest does not match its marker")
         for rel, meta in manifest.get("files", {}).items():
             path = directory / rel
@@ -292,8 +326,20 @@ def environ_rank(p: psutil.Process) -> Optional[int]:
 
 
 class Harness:
-    def __init__(self, *, seed: int, kills: int, steps: int, every: int, keep: int, work: Path,
-                 reference: Optional[Path], store: bool, say=None, wipe: bool = False):
+    def __init__(
+        self,
+        *,
+        seed: int,
+        kills: int,
+        steps: int,
+        every: int,
+        keep: int,
+        work: Path,
+        reference: Optional[Path],
+        store: bool,
+        say=None,
+        wipe: bool = False,
+    ):
         self.rng = random.Random(seed)
         store = store or wipe
         self.wipe = wipe
@@ -330,8 +376,10 @@ class Harness:
         if kind == "startup":
             return kind, {"target": self.rng.choice(("tree", "group"))}
         if kind in ("step", "worker"):
-            plan = {"step": self._target_step(newest, remaining, n - 1),
-                    "target": self.rng.choice(("tree", "group")) if kind == "step" else f"rank-{self.rng.randint(0, 1)}"}
+            plan = {
+                "step": self._target_step(newest, remaining, n - 1),
+                "target": self.rng.choice(("tree", "group")) if kind == "step" else f"rank-{self.rng.randint(0, 1)}",
+            }
             return kind, plan
         candidates = [s for s in range(newest + 1, n + 1) if s % self.every == 0 or s == n]
         span = max(1, math.ceil(2 * len(candidates) / (remaining + 1)))
@@ -370,8 +418,9 @@ class Harness:
         alive = [p for p in alive if _alive(p)]
         if alive:
             self.result.orphans += len(alive)
-            self.result.violations.append(f"{where}: {len(alive)} process(es) outlived the kill: "
-                                          f"{[p.pid for p in alive]}")
+            self.result.violations.append(
+                f"{where}: {len(alive)} process(es) outlived the kill: {[p.pid for p in alive]}"
+            )
             for p in alive:
                 p.kill()
 
@@ -381,17 +430,22 @@ class Harness:
         env = {}
         faults = self.work / "faults" / f"start-{number}"
         if kind == "write":
-            env = {"SKYSPOT_FAULT": f"{plan['point']}@{plan['step']}/{plan['rank']}:hold=600",
-                   "SKYSPOT_FAULT_DIR": str(faults)}
+            env = {
+                "SKYSPOT_FAULT": f"{plan['point']}@{plan['step']}/{plan['rank']}:hold=600",
+                "SKYSPOT_FAULT_DIR": str(faults),
+            }
         launched = time.monotonic()
-        proc = launch(self.run_dir, self.overrides, self.work / "logs" / f"start-{number:03d}.txt", store=self.store,
-                      **env)
+        proc = launch(
+            self.run_dir, self.overrides, self.work / "logs" / f"start-{number:03d}.txt", store=self.store, **env
+        )
         self.result.starts += 1
         kill = None
         first_step_at = None
         deadline = launched + START_TIMEOUT_S
         if kind == "startup":
-            estimate = sorted(self.startup_estimates)[len(self.startup_estimates) // 2] if self.startup_estimates else 20.0
+            estimate = (
+                sorted(self.startup_estimates)[len(self.startup_estimates) // 2] if self.startup_estimates else 20.0
+            )
             fire_at = launched + self.rng.uniform(0.05, 1.0) * estimate
         else:
             fire_at = None
@@ -414,21 +468,40 @@ class Harness:
                 if fire_at is None:
                     fire_at = now + self.rng.uniform(0.0, 1.2) * self.step_estimate
                 elif now >= fire_at:
-                    kill = Kill(number, kind, plan["target"], None, None, f"random moment after step {plan['step']}",
-                                f"after step {reached}")
+                    kill = Kill(
+                        number,
+                        kind,
+                        plan["target"],
+                        None,
+                        None,
+                        f"random moment after step {plan['step']}",
+                        f"after step {reached}",
+                    )
             elif kind == "write":
                 fired = faults / f"{plan['point']}@{plan['step']}.rank{plan['rank']}"
                 if fired.exists():
                     time.sleep(self.rng.uniform(0.0, 0.2))  # held: the moment within the hold does not matter
-                    kill = Kill(number, kind, plan["target"], None, None,
-                                f"{plan['point']}@{plan['step']} rank {plan['rank']}",
-                                f"held at {plan['point']}@{plan['step']}/{plan['rank']}")
+                    kill = Kill(
+                        number,
+                        kind,
+                        plan["target"],
+                        None,
+                        None,
+                        f"{plan['point']}@{plan['step']} rank {plan['rank']}",
+                        f"held at {plan['point']}@{plan['step']}/{plan['rank']}",
+                    )
                 elif reached >= plan["step"] + 2:
                     settle_until = settle_until or now + 20.0
                     if now >= settle_until:  # the point never fired (should not happen): kill anyway
-                        kill = Kill(number, kind, plan["target"], None, None,
-                                    f"{plan['point']}@{plan['step']} rank {plan['rank']} (never fired)",
-                                    f"after step {reached}")
+                        kill = Kill(
+                            number,
+                            kind,
+                            plan["target"],
+                            None,
+                            None,
+                            f"{plan['point']}@{plan['step']} rank {plan['rank']} (never fired)",
+                            f"after step {reached}",
+                        )
             if kill is not None:
                 kill.seconds = round(now - launched, 3)
                 procs = self._kill(proc, plan["target"])
@@ -448,8 +521,15 @@ class Harness:
         return proc.returncode, kill, attempt
 
     # ------------------------------------------------------------------ the checks around a start
-    def _check_start(self, number: int, attempt: Optional[int], valid_before: list[int],
-                     durable_before: list[int], killed: bool, code: Optional[int]) -> Optional[int]:
+    def _check_start(
+        self,
+        number: int,
+        attempt: Optional[int],
+        valid_before: list[int],
+        durable_before: list[int],
+        killed: bool,
+        code: Optional[int],
+    ) -> Optional[int]:
         """Check one start's resume; returns the step it resumed from (None: no resume event)."""
         r = self.result
         newest_before = max(valid_before[:1] + durable_before[:1], default=None)
@@ -465,8 +545,10 @@ class Harness:
             r.resumes_from_store += resumes[0].get("source") == "store"
             r.incomplete_seen += sum("incomplete" in line for line in resumes[0].get("skipped") or [])
             if resumed != newest_before:
-                r.violations.append(f"start {number} (attempt {attempt}) resumed from step {resumed}, "
-                                    f"the newest valid checkpoint was {newest_before}")
+                r.violations.append(
+                    f"start {number} (attempt {attempt}) resumed from step {resumed}, "
+                    f"the newest valid checkpoint was {newest_before}"
+                )
             if resumed not in valid_before and resumed not in durable_before:
                 r.violations.append(f"start {number} resumed from step {resumed}, which was not a valid checkpoint")
         elif steps and newest_before is not None:
@@ -477,28 +559,40 @@ class Harness:
             r.violations.append(f"start {number} completed although it was killed")
         return resumed
 
-    def _check_nothing_lost(self, number: int, valid_before: list[int], valid_after: list[int],
-                            durable_before: list[int], durable_after: list[int], committed_events: list[int]) -> None:
+    def _check_nothing_lost(
+        self,
+        number: int,
+        valid_before: list[int],
+        valid_after: list[int],
+        durable_before: list[int],
+        durable_after: list[int],
+        committed_events: list[int],
+    ) -> None:
         r = self.result
         where = f"after start {number}"
         if self.wipe:  # the local disk goes with every kill by design: only the store's copies count
             valid_before, valid_after, committed_events = [], [], []
         if valid_before and (not valid_after or valid_after[0] < valid_before[0]):
             r.lost_committed += 1
-            r.violations.append(f"{where}: the newest valid checkpoint went back from {valid_before[0]} "
-                                f"to {valid_after[:1] or None}")
+            r.violations.append(
+                f"{where}: the newest valid checkpoint went back from {valid_before[0]} to {valid_after[:1] or None}"
+            )
         for step in sorted(set(valid_before) | set(committed_events)):
             if step in valid_after:
                 continue
             newer = [s for s in valid_after if s > step]
             if len(newer) < self.keep:  # retention keeps the newest `keep`; only older ones may go
                 r.lost_committed += 1
-                r.violations.append(f"{where}: committed step {step} is gone with only {len(newer)} newer valid "
-                                    f"checkpoint(s) (keep={self.keep})")
+                r.violations.append(
+                    f"{where}: committed step {step} is gone with only {len(newer)} newer valid "
+                    f"checkpoint(s) (keep={self.keep})"
+                )
         if durable_before and (not durable_after or durable_after[0] < durable_before[0]):
             r.lost_committed += 1
-            r.violations.append(f"{where}: the newest durable checkpoint in the store went back from "
-                                f"{durable_before[0]} to {durable_after[:1] or None}")
+            r.violations.append(
+                f"{where}: the newest durable checkpoint in the store went back from "
+                f"{durable_before[0]} to {durable_after[:1] or None}"
+            )
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Result:
@@ -531,8 +625,15 @@ class Harness:
             resumed = self._check_start(number, attempt, valid_before, durable_before, kill is not None, code)
             valid_after = valid_steps(self.run_dir, r, f"after start {number}")
             durable_after = durable_steps(self.store, self.run_dir.name)
-            committed = [e["step"] for e in read_events(self.run_dir)
-                         if e.get("attempt") == attempt and e["type"] == "checkpoint_end"] if attempt else []
+            committed = (
+                [
+                    e["step"]
+                    for e in read_events(self.run_dir)
+                    if e.get("attempt") == attempt and e["type"] == "checkpoint_end"
+                ]
+                if attempt
+                else []
+            )
             self._check_nothing_lost(number, valid_before, valid_after, durable_before, durable_after, committed)
             if kill is not None and self.wipe:
                 self._wipe_and_verify(number)
@@ -541,9 +642,11 @@ class Harness:
                 # The work this kill cost: what the next start must redo (it resumes at the newest valid).
                 kill.lost_steps = max(0, kill.reached - max(valid_after[:1] + durable_after[:1], default=0))
                 r.kills.append(kill)
-                self.say(f"kill {len(r.kills)}/{len(self.order)}: {kill.kind:7} {kill.target:6} {kill.planned}; "
-                         f"landed: {kill.phase}, {kill.seconds:.1f} s after launch; started from "
-                         f"{newest or 'scratch'}; valid now {valid_after[:3]}")
+                self.say(
+                    f"kill {len(r.kills)}/{len(self.order)}: {kill.kind:7} {kill.target:6} {kill.planned}; "
+                    f"landed: {kill.phase}, {kill.seconds:.1f} s after launch; started from "
+                    f"{newest or 'scratch'}; valid now {valid_after[:3]}"
+                )
             elif retry:
                 misses += 1
                 self.say(f"start {number} ended (exit 0) before its {kind} kill; trying that kill again")
@@ -577,14 +680,19 @@ class Harness:
         from safetensors.torch import load_file
 
         r = self.result
-        expected = {e["step"]: (e["loss"], e["lr"]) for e in read_events(self.reference) if e["type"] == "step"
-                    and e.get("rank") == 0}
+        expected = {
+            e["step"]: (e["loss"], e["lr"])
+            for e in read_events(self.reference)
+            if e["type"] == "step" and e.get("rank") == 0
+        }
         for event in read_events(self.run_dir):
             if event["type"] == "step" and event.get("rank") == 0:
                 r.steps_compared += 1
                 if (event["loss"], event["lr"]) != expected.get(event["step"]):
-                    r.violations.append(f"attempt {event['attempt']} step {event['step']}: loss/lr "
-                                        f"{(event['loss'], event['lr'])} != reference {expected.get(event['step'])}")
+                    r.violations.append(
+                        f"attempt {event['attempt']} step {event['step']}: loss/lr "
+                        f"{(event['loss'], event['lr'])} != reference {expected.get(event['step'])}"
+                    )
         ours_path = self.run_dir / "final" / "model.safetensors"
         theirs_path = self.reference / "final" / "model.safetensors"
         if not ours_path.exists() or not theirs_path.exists():
@@ -601,35 +709,62 @@ class Harness:
         return self.result
 
 
-def run(seed: int, kills: int, steps: int = 24, every: int = 1, keep: int = 3, work: Optional[Path] = None,
-        reference: Optional[Path] = None, store: bool = False, say=None, wipe: bool = False) -> Result:
+def run(
+    seed: int,
+    kills: int,
+    steps: int = 24,
+    every: int = 1,
+    keep: int = 3,
+    work: Optional[Path] = None,
+    reference: Optional[Path] = None,
+    store: bool = False,
+    say=None,
+    wipe: bool = False,
+) -> Result:
     """The harness as a function (tests/reliability/test_random_kills.py calls it)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
-    return Harness(seed=seed, kills=kills, steps=steps, every=every, keep=keep, work=work, reference=reference,
-                   store=store, say=say, wipe=wipe).run()
+    return Harness(
+        seed=seed,
+        kills=kills,
+        steps=steps,
+        every=every,
+        keep=keep,
+        work=work,
+        reference=reference,
+        store=store,
+        say=say,
+        wipe=wipe,
+    ).run()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
     parser.add_argument("--kills", type=int, default=12, help="SIGKILLs before the last, uninterrupted start")
     parser.add_argument("--steps", type=int, default=None, help="train.steps (default: max(24, kills + 8))")
     parser.add_argument("--every", type=int, default=1, help="checkpoint.every_steps (default 1)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoint.keep (default 3)")
     parser.add_argument("--store", action="store_true", help="also upload to a local-directory store")
-    parser.add_argument("--wipe", action="store_true",
-                        help="every kill also wipes the node's local disk: resumes come from the store alone (implies --store)")
+    parser.add_argument(
+        "--wipe",
+        action="store_true",
+        help="every kill also wipes the node's local disk: resumes come from the store alone (implies --store)",
+    )
     parser.add_argument("--work", type=Path, default=None, help="working directory (default: a new temporary one)")
-    parser.add_argument("--reference", type=Path, default=None,
-                        help="run dir of an uninterrupted run with the same train.steps (default: run one first)")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="run dir of an uninterrupted run with the same train.steps (default: run one first)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"seed {seed}", flush=True)
     steps = args.steps or max(24, args.kills + 8)
-    result = run(seed, args.kills, steps, args.every, args.keep, args.work, args.reference, args.store,
-                 wipe=args.wipe)
+    result = run(seed, args.kills, steps, args.every, args.keep, args.work, args.reference, args.store, wipe=args.wipe)
     if args.json:
         args.json.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=2) + "\n")
     for line in result.violations:

@@ -72,25 +72,28 @@ UNKNOWN = "unknown"  # what a trainer's `where` says for a fact SKYPILOT_CLUSTER
 
 # Why an attempt that did not complete ended: a stable word, and its phrase (one, many) for summaries.
 CAUSES: dict[str, tuple[str, str]] = {
-    "spot-preemption": ("spot preemption", "spot preemptions"),        # the cloud took the spot VM back
+    "spot-preemption": ("spot preemption", "spot preemptions"),  # the cloud took the spot VM back
     "planned-maintenance": ("planned maintenance", "planned maintenance"),  # a scheduled stop, reboot, redeploy
     "rebalance": ("rebalance recommendation", "rebalance recommendations"),  # only AWS's early warning came
-    "deadline-switch": ("deadline switch", "deadline switches"),       # the deadline moved to the other capacity
+    "deadline-switch": ("deadline switch", "deadline switches"),  # the deadline moved to the other capacity
     "sigterm": ("SIGTERM without notice", "SIGTERMs without notice"),  # a SIGTERM no notice explains
-    "signal": ("other signal", "other signals"),                      # SIGUSR1 (a scheduler's warning)
-    "node-lost": ("lost node", "lost nodes"),                          # no notice, no signal, no exit: gone
+    "signal": ("other signal", "other signals"),  # SIGUSR1 (a scheduler's warning)
+    "node-lost": ("lost node", "lost nodes"),  # no notice, no signal, no exit: gone
     "cancelled": ("cancellation", "cancellations"),
     "setup-failed": ("setup failure", "setup failures"),
     "error": ("error", "errors"),
-    "unknown": ("unknown ending", "unknown endings"),                  # ended preempted, nothing says why
+    "unknown": ("unknown ending", "unknown endings"),  # ended preempted, nothing says why
 }
 
 # Which of the notice watchers' `action` words (skyspot/trainer/notice/, docs/notices.md) are a planned
 # shutdown rather than a spot preemption, and the cloud's own spelling of each, are each cloud's facts
 # (skyspot/clouds/: `planned_actions`, `native_action`).
 # What the executor's attempt_end says that is a cause of its own.
-_RECORDED_CAUSES: dict[str, str] = {AttemptEnd.CANCELLED: "cancelled", AttemptEnd.SWITCHED: "deadline-switch",
-                    AttemptEnd.SETUP_FAILED: "setup-failed"}
+_RECORDED_CAUSES: dict[str, str] = {
+    AttemptEnd.CANCELLED: "cancelled",
+    AttemptEnd.SWITCHED: "deadline-switch",
+    AttemptEnd.SETUP_FAILED: "setup-failed",
+}
 # A job's status (statuses.RunStatus, SkyPilot's names) for a last attempt whose end only the queue record knows.
 _QUEUE_CAUSES = {RunStatus.CANCELLED: "cancelled", RunStatus.FAILED_SETUP: "setup-failed"}
 
@@ -145,8 +148,9 @@ class Attempt:
     @property
     def preempted(self) -> bool:
         """Ended preempted; or nothing says how it ended and a notice came."""
-        return self.reason == AttemptEnd.PREEMPTED or (self.reason in (AttemptEnd.RUNNING, AttemptEnd.UNKNOWN)
-                                                      and self.notice_at is not None)
+        return self.reason == AttemptEnd.PREEMPTED or (
+            self.reason in (AttemptEnd.RUNNING, AttemptEnd.UNKNOWN) and self.notice_at is not None
+        )
 
     @property
     def uptime_s(self) -> float:
@@ -163,8 +167,7 @@ def split(events: Iterable[Mapping[str, Any]], *, now: Optional[float] = None) -
     by_attempt: dict[int, list[Mapping[str, Any]]] = {}
     for e in ordered:
         number = e.get("attempt", 0)
-        by_attempt.setdefault(number if isinstance(number, int) and not isinstance(number, bool) else 0,
-                              []).append(e)
+        by_attempt.setdefault(number if isinstance(number, int) and not isinstance(number, bool) else 0, []).append(e)
     numbers = sorted(by_attempt)
     attempts = [_attempt(n, by_attempt[n], later=i + 1 < len(numbers), now=now) for i, n in enumerate(numbers)]
     for a in attempts:
@@ -190,9 +193,9 @@ def _attempt(number: int, events: list[Mapping[str, Any]], *, later: bool, now: 
     process_starts = sorted({e["ts"] for e in trainer_starts if e.get("rank") == 0})
     # After an in-place restart, the exits of the processes it replaced (a crashed rank's peers) end nothing.
     newest = process_starts[-1] if len(process_starts) > 1 else None
-    record = next((e for e in reversed(events) if e.get("type") == T.ATTEMPT_END), None) or \
-        next((e for e in reversed(events) if e.get("type") == T.EXIT and (newest is None or e["ts"] >= newest)),
-             None)
+    record = next((e for e in reversed(events) if e.get("type") == T.ATTEMPT_END), None) or next(
+        (e for e in reversed(events) if e.get("type") == T.EXIT and (newest is None or e["ts"] >= newest)), None
+    )
     if record is not None:
         end, reason = record["ts"], end_reason(record.get("reason"))
     elif later:
@@ -202,11 +205,22 @@ def _attempt(number: int, events: list[Mapping[str, Any]], *, later: bool, now: 
     else:
         end, reason = events[-1]["ts"], AttemptEnd.UNKNOWN
     notices = [e["ts"] for e in events if e.get("type") in NOTICE_TYPES]
-    return Attempt(number=number, events=events, where=where, spot=is_spot(where), start=start,
-                   started=executor_start is not None or bool(trainer_starts), end=end, reason=reason,
-                   recorded_end=record is not None, open=record is None and not later,
-                   notice_at=min(notices) if notices else None, process_starts=process_starts,
-                   restarts=_restarts(events), hangs=_hangs(events, process_starts))
+    return Attempt(
+        number=number,
+        events=events,
+        where=where,
+        spot=is_spot(where),
+        start=start,
+        started=executor_start is not None or bool(trainer_starts),
+        end=end,
+        reason=reason,
+        recorded_end=record is not None,
+        open=record is None and not later,
+        notice_at=min(notices) if notices else None,
+        process_starts=process_starts,
+        restarts=_restarts(events),
+        hangs=_hangs(events, process_starts),
+    )
 
 
 def _restarts(events: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -228,8 +242,9 @@ def _hangs(events: list[Mapping[str, Any]], process_starts: list[float]) -> list
     return [chosen[k] for k in sorted(chosen)]
 
 
-def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
-             queue_status: Any = None) -> tuple[Optional[str], Optional[str]]:
+def cause_of(
+    attempt: Attempt, *, reason: Optional[str] = None, queue_status: Any = None
+) -> tuple[Optional[str], Optional[str]]:
     """Why an attempt that did not complete ended: (one of CAUSES, the cloud's own name or None).
 
     (None, None) when it completed, is still running, or is the open last attempt with nothing to say.
@@ -253,8 +268,13 @@ def cause_of(attempt: Attempt, *, reason: Optional[str] = None,
     notice = next((e for e in events if e.get("type") == T.PREEMPTION_NOTICE), None)
     if notice is not None:
         source, action = _word(notice.get("source")), _word(notice.get("action"))
-        kind = ("planned-maintenance" if _planned(source, action) else
-                "rebalance" if action == "rebalance" else "spot-preemption")
+        kind = (
+            "planned-maintenance"
+            if _planned(source, action)
+            else "rebalance"
+            if action == "rebalance"
+            else "spot-preemption"
+        )
         return kind, _cloud_name(source, action)
     if any(e.get("type") == T.PREEMPT_NOTICE_SENT for e in events):
         return "spot-preemption", None  # the local executor's simulated spot interruption
@@ -298,8 +318,12 @@ def count_causes(attempts: Iterable[Any]) -> dict[str, int]:
         if cause:
             counts[cause] = counts.get(cause, 0) + 1
     order = list(CAUSES)
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], order.index(item[0]) if item[0] in order
-                                                         else len(order), item[0])))
+    return dict(
+        sorted(
+            counts.items(),
+            key=lambda item: (-item[1], order.index(item[0]) if item[0] in order else len(order), item[0]),
+        )
+    )
 
 
 def describe_causes(counts: Mapping[str, int]) -> str:

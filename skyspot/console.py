@@ -30,8 +30,12 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     line breaks too unless `keep_newlines` (an error stays one line whatever the user typed)."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c == " " or (keep_newlines and c in "\n\t")
-                   else c.encode("unicode_escape", "backslashreplace").decode("ascii") for c in text)
+    return "".join(
+        c
+        if c.isprintable() or c == " " or (keep_newlines and c in "\n\t")
+        else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+        for c in text
+    )
 
 
 class _LazyConsole:

@@ -42,8 +42,10 @@ def parse_deadline(text: str, now: Optional[float] = None) -> float:
         if seconds <= 0:
             raise DeadlineError(f"deadline '{shown}' is no time at all: give a duration above zero, e.g. 36h")
         if not math.isfinite(seconds) or seconds > MAX_AHEAD_SECONDS:
-            raise DeadlineError(f"deadline '{shown}' is more than {MAX_AHEAD_SECONDS / 86400:.0f} days away: give a "
-                                "duration up to that (e.g. 36h, 30d) or an ISO 8601 time")
+            raise DeadlineError(
+                f"deadline '{shown}' is more than {MAX_AHEAD_SECONDS / 86400:.0f} days away: give a "
+                "duration up to that (e.g. 36h, 30d) or an ISO 8601 time"
+            )
         return now + seconds
     try:
         moment = datetime.fromisoformat(raw)
@@ -51,12 +53,16 @@ def parse_deadline(text: str, now: Optional[float] = None) -> float:
     except (ValueError, OverflowError, OSError) as error:
         # fromisoformat reads 9999-12-31T23:59-12:00, whose instant is in year 10000: timestamp() fails.
         if isinstance(error, ValueError) and "out of range" not in str(error):
-            raise DeadlineError(f"deadline '{shown}' is neither a duration (36h, 90m, 2d, 1h30m) nor an ISO 8601 "
-                                "time (2026-05-01T17:00, 2026-05-01T17:00+02:00)") from None
+            raise DeadlineError(
+                f"deadline '{shown}' is neither a duration (36h, 90m, 2d, 1h30m) nor an ISO 8601 "
+                "time (2026-05-01T17:00, 2026-05-01T17:00+02:00)"
+            ) from None
         stamp = math.nan
     if not _EARLIEST <= stamp <= _LATEST:
-        raise DeadlineError(f"deadline '{shown}' is outside the years 1970 to 9000 that skyspot reads: give a "
-                            "time within them (2026-05-01T17:00+02:00) or a duration (36h)")
+        raise DeadlineError(
+            f"deadline '{shown}' is outside the years 1970 to 9000 that skyspot reads: give a "
+            "time within them (2026-05-01T17:00+02:00) or a duration (36h)"
+        )
     return stamp
 
 

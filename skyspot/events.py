@@ -88,7 +88,19 @@ EVENT_TYPES: dict[EventType, tuple[str, ...]] = {
     EventType.EMERGENCY_CHECKPOINT: ("step", "signal_to_commit_seconds", "durable_before_deadline"),
     EventType.NOTICE_WINDOW: ("step", "deadline", "upload_deadline", "predicted_seconds", "margin_seconds"),
     EventType.LOCAL_DISK: ("write_gbps", "mountpoint", "devices"),
-    EventType.NODE: ("kind", "image", "instance_type", "python", "driver", "torch", "nccl", "gpus", "fabric", "nvme", "setup"),
+    EventType.NODE: (
+        "kind",
+        "image",
+        "instance_type",
+        "python",
+        "driver",
+        "torch",
+        "nccl",
+        "gpus",
+        "fabric",
+        "nvme",
+        "setup",
+    ),
     EventType.FABRIC: ("backend", "transport", "network", "gdr", "source", "num_nodes"),
     EventType.INTERVAL_PLAN: ("every_seconds", "inputs"),
     EventType.BASE_MODEL: ("repo", "source", "weights", "seconds"),
@@ -141,8 +153,16 @@ def event_file_name(attempt: int, node_rank: int, rank: int | None, *, superviso
 class EventWriter:
     """Appends events for one process. Each line is flushed at once so a kill loses at most that line."""
 
-    def __init__(self, run_root: str | os.PathLike[str], run_id: str, attempt: int,
-                 node_rank: int, rank: int | None, *, supervisor: bool = False):
+    def __init__(
+        self,
+        run_root: str | os.PathLike[str],
+        run_id: str,
+        attempt: int,
+        node_rank: int,
+        rank: int | None,
+        *,
+        supervisor: bool = False,
+    ):
         self.run_id = run_id
         self.attempt = attempt
         self.node_rank = node_rank
@@ -158,8 +178,15 @@ class EventWriter:
         kind = EventType.parse(type)
         if kind is None:
             raise ValueError(f"unknown event type {type!r}")
-        event = {"ts": time.time(), "run_id": self.run_id, "attempt": self.attempt,
-                 "node_rank": self.node_rank, "rank": self.rank, "type": kind, **fields}
+        event = {
+            "ts": time.time(),
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "node_rank": self.node_rank,
+            "rank": self.rank,
+            "type": kind,
+            **fields,
+        }
         # One write() per line: O_APPEND keeps lines whole even if two handles share a file.
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
         with self._lock:
@@ -248,14 +275,24 @@ _INT = "int"  # an int (not a bool) or null
 _SECONDS = "seconds"  # a finite number or null
 _LABEL = "label"  # a string or null (used as a key)
 _FIELD_KINDS: dict[str, str] = {
-    "node_rank": _INT, "rank": _INT, "step": _INT, "run_id": _LABEL, "kind": _LABEL,
-    "step_seconds": _SECONDS, "blocked_seconds": _SECONDS, "load_seconds": _SECONDS,
+    "node_rank": _INT,
+    "rank": _INT,
+    "step": _INT,
+    "run_id": _LABEL,
+    "kind": _LABEL,
+    "step_seconds": _SECONDS,
+    "blocked_seconds": _SECONDS,
+    "load_seconds": _SECONDS,
 }
 _INT_FIELDS = tuple(key for key, kind in _FIELD_KINDS.items() if kind == _INT)
 _SECONDS_FIELDS = tuple(key for key, kind in _FIELD_KINDS.items() if kind == _SECONDS)
 _LABEL_FIELDS = tuple(key for key, kind in _FIELD_KINDS.items() if kind == _LABEL)
 _WHERE_KINDS: dict[str, str] = {
-    "cloud": _LABEL, "region": _LABEL, "zone": _LABEL, "instance_type": _LABEL, "num_nodes": _INT,
+    "cloud": _LABEL,
+    "region": _LABEL,
+    "zone": _LABEL,
+    "instance_type": _LABEL,
+    "num_nodes": _INT,
 }
 
 
@@ -385,8 +422,10 @@ def oversized_note(oversized: list[str]) -> Optional[str]:
     if not oversized:
         return None
     names = ", ".join(oversized[:3]) + (f" and {len(oversized) - 3} more" if len(oversized) > 3 else "")
-    return (f"skipped {len(oversized)} events file(s) over {MAX_EVENTS_FILE_BYTES >> 20} MiB unread "
-            f"(one process's events are far smaller): {names}")
+    return (
+        f"skipped {len(oversized)} events file(s) over {MAX_EVENTS_FILE_BYTES >> 20} MiB unread "
+        f"(one process's events are far smaller): {names}"
+    )
 
 
 def read_events_dir(directory: str | os.PathLike[str]) -> EventLog:
@@ -468,7 +507,7 @@ class FileTail:
         """The new bytes; `whole_lines`: only up to the last newline (a line still being written waits)."""
         data = read_regular(self.path, self.offset) or b""
         if whole_lines:
-            data = data[:data.rfind(b"\n") + 1]
+            data = data[: data.rfind(b"\n") + 1]
         self.offset += len(data)
         return data
 

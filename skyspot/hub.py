@@ -54,8 +54,9 @@ def token(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     value = (environ.get("HF_TOKEN") or environ.get("HUGGING_FACE_HUB_TOKEN") or "").strip()
     if value:
         return value
-    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                  "huggingface")
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     path = Path(environ.get("HF_TOKEN_PATH") or os.path.join(home, "token"))
     try:
         return path.read_text().strip() or None
@@ -67,8 +68,9 @@ def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """The hub cache huggingface_hub uses under this environment."""
     if environ.get("HF_HUB_CACHE"):
         return Path(environ["HF_HUB_CACHE"])
-    home = environ.get("HF_HOME") or os.path.join(environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                  "huggingface")
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return Path(home) / "hub"
 
 
@@ -79,16 +81,18 @@ def endpoint(environ: Mapping[str, str] = os.environ) -> str:
 def network_reason(error: BaseException) -> str:
     """A few words for why the hub could not be reached (the libraries' messages run to lines)."""
     text = f"{type(error).__name__}: {error}"
-    for needle, reason in (("NameResolution", "the host name does not resolve"),
-                           ("Name or service not known", "the host name does not resolve"),
-                           ("Temporary failure in name resolution", "the host name does not resolve"),
-                           ("nodename nor servname", "the host name does not resolve"),
-                           ("Connection refused", "connection refused"),
-                           ("ConnectionRefused", "connection refused"),
-                           ("Network is unreachable", "the network is unreachable"),
-                           ("timed out", f"no answer within {HUB_TIMEOUT_S:.0f} s"),
-                           ("Timeout", f"no answer within {HUB_TIMEOUT_S:.0f} s"),
-                           ("SSL", "the TLS handshake failed")):
+    for needle, reason in (
+        ("NameResolution", "the host name does not resolve"),
+        ("Name or service not known", "the host name does not resolve"),
+        ("Temporary failure in name resolution", "the host name does not resolve"),
+        ("nodename nor servname", "the host name does not resolve"),
+        ("Connection refused", "connection refused"),
+        ("ConnectionRefused", "connection refused"),
+        ("Network is unreachable", "the network is unreachable"),
+        ("timed out", f"no answer within {HUB_TIMEOUT_S:.0f} s"),
+        ("Timeout", f"no answer within {HUB_TIMEOUT_S:.0f} s"),
+        ("SSL", "the TLS handshake failed"),
+    ):
         if needle in text:
             return reason
     first = text.splitlines()[0] if text else type(error).__name__
@@ -97,15 +101,29 @@ def network_reason(error: BaseException) -> str:
 
 def is_network_error(error: BaseException) -> bool:
     names = {cls.__name__ for cls in type(error).__mro__}
-    return bool(names & {"ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout", "TimeoutException",
-                         "ConnectError", "NetworkError", "ProxyError", "SSLError", "TimeoutError",
-                         "OfflineModeIsEnabled"})
+    return bool(
+        names
+        & {
+            "ConnectionError",
+            "Timeout",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "TimeoutException",
+            "ConnectError",
+            "NetworkError",
+            "ProxyError",
+            "SSLError",
+            "TimeoutError",
+            "OfflineModeIsEnabled",
+        }
+    )
 
 
 def unreachable(what: str, environ: Mapping[str, str], error: BaseException) -> UsageError:
     return UsageError(
         f"cannot reach the Hugging Face hub at {endpoint(environ)} for {what} ({network_reason(error)}); check the "
-        "network, or set HF_HUB_OFFLINE=1 to use the local cache, or give a local directory (an absolute path)")
+        "network, or set HF_HUB_OFFLINE=1 to use the local cache, or give a local directory (an absolute path)"
+    )
 
 
 # --------------------------------------------------------------------------- local directories
@@ -115,14 +133,19 @@ def check_local_model(path: str, *, need_weights: bool = True) -> None:
     """A local model directory that from_pretrained (and skyspot's ZeRO-3 loader) can read."""
     directory = Path(path)
     if not directory.is_dir():
-        raise UsageError(f"model.hub_id {path} is not a directory on this machine; a local model is a directory "
-                         "that save_pretrained wrote (config.json and *.safetensors)")
+        raise UsageError(
+            f"model.hub_id {path} is not a directory on this machine; a local model is a directory "
+            "that save_pretrained wrote (config.json and *.safetensors)"
+        )
     if not (directory / "config.json").is_file():
-        raise UsageError(f"model.hub_id {path} has no config.json; a local model is a directory that "
-                         "save_pretrained wrote")
+        raise UsageError(
+            f"model.hub_id {path} has no config.json; a local model is a directory that save_pretrained wrote"
+        )
     if need_weights and not any(directory.glob("*.safetensors")):
-        raise UsageError(f"model.hub_id {path} has no *.safetensors weights (save_pretrained(..., "
-                         "safe_serialization=True) writes them)")
+        raise UsageError(
+            f"model.hub_id {path} has no *.safetensors weights (save_pretrained(..., "
+            "safe_serialization=True) writes them)"
+        )
 
 
 def check_local_tokenizer(path: str) -> None:
@@ -131,8 +154,10 @@ def check_local_tokenizer(path: str) -> None:
     if not directory.is_dir():
         raise UsageError(f"model.tokenizer {path} is not a directory on this machine")
     if not any((directory / n).is_file() for n in names):
-        raise UsageError(f"model.tokenizer {path} holds no tokenizer (tokenizer.json or tokenizer_config.json, "
-                         "as save_pretrained writes them)")
+        raise UsageError(
+            f"model.tokenizer {path} holds no tokenizer (tokenizer.json or tokenizer_config.json, "
+            "as save_pretrained writes them)"
+        )
 
 
 def local_config(ref: Optional[str]) -> Optional[dict[str, Any]]:
@@ -153,8 +178,9 @@ def _cached(repo: str, revision: Optional[str], environ: Mapping[str, str], repo
     from huggingface_hub import try_to_load_from_cache
 
     filename = "config.json" if repo_type == "model" else "README.md"
-    found = try_to_load_from_cache(repo, filename, cache_dir=str(cache_dir(environ)), revision=revision,
-                                   repo_type=repo_type)
+    found = try_to_load_from_cache(
+        repo, filename, cache_dir=str(cache_dir(environ)), revision=revision, repo_type=repo_type
+    )
     if isinstance(found, str):
         return True
     # A dataset cached without a card still has a snapshot directory.
@@ -162,8 +188,15 @@ def _cached(repo: str, revision: Optional[str], environ: Mapping[str, str], repo
     return repo_type != "model" and folder.is_dir() and any(folder.iterdir())
 
 
-def check_model(repo: str, *, revision: Optional[str], gated: bool, environ: Mapping[str, str] = os.environ,
-                what: str = "model.hub_id", need_weights: bool = True) -> None:
+def check_model(
+    repo: str,
+    *,
+    revision: Optional[str],
+    gated: bool,
+    environ: Mapping[str, str] = os.environ,
+    what: str = "model.hub_id",
+    need_weights: bool = True,
+) -> None:
     """The hub model can be loaded from here, or a UsageError that says why, in one line.
 
     Offline: the cache must hold it. Online: the hub is asked once (with a short timeout) whether
@@ -173,16 +206,17 @@ def check_model(repo: str, *, revision: Optional[str], gated: bool, environ: Map
     label = f"{repo}" + (f"@{revision}" if revision else "")
     if offline(environ):
         if not _cached(repo, revision, environ):
-            raise UsageError(f"HF_HUB_OFFLINE is set and {what} {label} is not in the Hugging Face cache "
-                             f"({cache_dir(environ)}): download it once with the network on "
-                             f"(`huggingface-cli download {repo}`), or give a local directory")
+            raise UsageError(
+                f"HF_HUB_OFFLINE is set and {what} {label} is not in the Hugging Face cache "
+                f"({cache_dir(environ)}): download it once with the network on "
+                f"(`huggingface-cli download {repo}`), or give a local directory"
+            )
         return
     hf_token = token(environ)
     if gated and not hf_token:
         raise UsageError(_gated_line(repo, what))
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     api = HfApi(endpoint=endpoint(environ), token=hf_token or False)
     try:
@@ -190,18 +224,21 @@ def check_model(repo: str, *, revision: Optional[str], gated: bool, environ: Map
     except GatedRepoError:
         raise UsageError(_gated_line(repo, what, have_token=bool(hf_token))) from None
     except RepositoryNotFoundError:
-        raise UsageError(f"{what} {repo}: no such model on {endpoint(environ)}"
-                         + (" (or HF_TOKEN's account cannot see it)" if hf_token else
-                            " (or it is private: export HF_TOKEN)")) from None
+        raise UsageError(
+            f"{what} {repo}: no such model on {endpoint(environ)}"
+            + (" (or HF_TOKEN's account cannot see it)" if hf_token else " (or it is private: export HF_TOKEN)")
+        ) from None
     except RevisionNotFoundError:
         raise UsageError(f"model.revision {revision!r} does not exist in {repo}") from None
     except HfHubHTTPError as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status == 401:
-            raise UsageError(f"{what} {repo}: the hub refused HF_TOKEN (401): the token is invalid or "
-                             "expired") from None
-        raise UsageError(f"{what} {repo}: the hub answered {status or 'an error'} "
-                         f"({str(err).splitlines()[0][:120]})") from None
+            raise UsageError(
+                f"{what} {repo}: the hub refused HF_TOKEN (401): the token is invalid or expired"
+            ) from None
+        raise UsageError(
+            f"{what} {repo}: the hub answered {status or 'an error'} ({str(err).splitlines()[0][:120]})"
+        ) from None
     except Exception as err:  # noqa: BLE001 - the network's many ways to fail
         if is_network_error(err):
             raise unreachable(f"{what} {repo}", environ, err) from None
@@ -210,24 +247,32 @@ def check_model(repo: str, *, revision: Optional[str], gated: bool, environ: Map
         raise UsageError(_gated_line(repo, what) + "; set model.gated: true so launch passes HF_TOKEN to the task")
     files = [s.rfilename for s in (info.siblings or [])]
     if need_weights and files and not any(f.endswith(".safetensors") and "/" not in f for f in files):
-        raise UsageError(f"{what} {repo} has no safetensors weights at its top level (skyspot loads only "
-                         "*.safetensors); convert it, or pick a repository that has them")
+        raise UsageError(
+            f"{what} {repo} has no safetensors weights at its top level (skyspot loads only "
+            "*.safetensors); convert it, or pick a repository that has them"
+        )
 
 
 def _gated_line(repo: str, what: str, have_token: bool = False) -> str:
     if have_token:
-        return (f"{what} {repo} is gated and HF_TOKEN's account has no access: accept its licence at "
-                f"https://huggingface.co/{repo} with that account")
-    return (f"{what} {repo} is gated: export HF_TOKEN=hf_... (a token of an account that accepted the licence "
-            f"at https://huggingface.co/{repo})")
+        return (
+            f"{what} {repo} is gated and HF_TOKEN's account has no access: accept its licence at "
+            f"https://huggingface.co/{repo} with that account"
+        )
+    return (
+        f"{what} {repo} is gated: export HF_TOKEN=hf_... (a token of an account that accepted the licence "
+        f"at https://huggingface.co/{repo})"
+    )
 
 
 def check_dataset(repo: str, *, environ: Mapping[str, str] = os.environ) -> None:
     """The hub dataset exists and this token may read it (its fields are checked where it is loaded)."""
     if offline(environ):
         if not _cached(repo, None, environ, repo_type="dataset"):
-            raise UsageError(f"HF_HUB_OFFLINE is set and the dataset {repo} is not in the Hugging Face cache "
-                             f"({cache_dir(environ)}); give data.source a local file, or download it once")
+            raise UsageError(
+                f"HF_HUB_OFFLINE is set and the dataset {repo} is not in the Hugging Face cache "
+                f"({cache_dir(environ)}); give data.source a local file, or download it once"
+            )
         return
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
@@ -240,8 +285,10 @@ def check_dataset(repo: str, *, environ: Mapping[str, str] = os.environ) -> None
     except RepositoryNotFoundError:
         raise UsageError(f"data.source hf://{repo}: no such dataset on {endpoint(environ)}") from None
     except HfHubHTTPError as err:
-        raise UsageError(f"data.source hf://{repo}: the hub answered "
-                         f"{getattr(getattr(err, 'response', None), 'status_code', None) or 'an error'}") from None
+        raise UsageError(
+            f"data.source hf://{repo}: the hub answered "
+            f"{getattr(getattr(err, 'response', None), 'status_code', None) or 'an error'}"
+        ) from None
     except Exception as err:  # noqa: BLE001
         if is_network_error(err):
             raise unreachable(f"data.source hf://{repo}", environ, err) from None

@@ -59,8 +59,9 @@ def skyspot_home() -> Path:
     try:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as error:
-        raise SkyspotError(f"cannot use {home} as skyspot's home ({error.strerror or error}); "
-                           "set SKYSPOT_HOME to a directory you own") from None
+        raise SkyspotError(
+            f"cannot use {home} as skyspot's home ({error.strerror or error}); set SKYSPOT_HOME to a directory you own"
+        ) from None
     if not home.is_dir():
         raise SkyspotError(f"{home} is not a directory; set SKYSPOT_HOME to a directory you own")
     return home
@@ -108,11 +109,21 @@ class Run:
 # Column -> the Python types a row may hold there; a row that disagrees is damaged.
 _NUMBER = (int, float)
 _COLUMN_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,), "recipe": (str,), "executor": (str,), "status": (str,),
-    "created_at": _NUMBER, "updated_at": _NUMBER, "ended_at": _NUMBER + (type(None),),
-    "run_dir": (str, type(None)), "store": (str, type(None)),
-    "job_id": (int, type(None)), "controller_pid": (int, type(None)), "total_steps": (int, type(None)),
-    "num_nodes": (int, type(None)), "exit_code": (int, type(None)), "info": (str, type(None)),
+    "name": (str,),
+    "recipe": (str,),
+    "executor": (str,),
+    "status": (str,),
+    "created_at": _NUMBER,
+    "updated_at": _NUMBER,
+    "ended_at": _NUMBER + (type(None),),
+    "run_dir": (str, type(None)),
+    "store": (str, type(None)),
+    "job_id": (int, type(None)),
+    "controller_pid": (int, type(None)),
+    "total_steps": (int, type(None)),
+    "num_nodes": (int, type(None)),
+    "exit_code": (int, type(None)),
+    "info": (str, type(None)),
 }
 
 
@@ -128,8 +139,9 @@ class Ledger:
             elif self.path.is_file() and self.path.stat().st_mode & 0o077 and self.path.stat().st_uid == os.getuid():
                 os.chmod(self.path, 0o600)  # a ledger from an older version or a copy: make it private again
         except OSError as error:
-            raise SkyspotError(f"cannot open the ledger {self.path} ({error.strerror or error}); "
-                               "check SKYSPOT_HOME") from None
+            raise SkyspotError(
+                f"cannot open the ledger {self.path} ({error.strerror or error}); check SKYSPOT_HOME"
+            ) from None
         try:
             self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout=30000")
@@ -192,9 +204,16 @@ class Ledger:
     # see the others' writes, and info keys are merged into the row's info there, never read earlier
     # in Python and written back whole (which loses whatever another writer merged in between).
 
-    def _change(self, name: str, *, status: Optional[str] = None, unless_ended: bool = False,
-                info: Optional[dict[str, Any]] = None, append: Optional[dict[str, Any]] = None,
-                **columns: Any) -> bool:
+    def _change(
+        self,
+        name: str,
+        *,
+        status: Optional[str] = None,
+        unless_ended: bool = False,
+        info: Optional[dict[str, Any]] = None,
+        append: Optional[dict[str, Any]] = None,
+        **columns: Any,
+    ) -> bool:
         """Set `status` and `columns` and merge `info` into the row's info (`append`: key -> a value added
         to the list under that key), all in one transaction; with `unless_ended`, nothing when the row
         has reached a TERMINAL status. Whether the row changed."""
@@ -216,12 +235,14 @@ class Ledger:
                     merged[key] = [*(earlier if isinstance(earlier, list) else []), value]
                 columns["info"] = json.dumps(merged, default=str)
             columns["updated_at"] = time.time()
-            db.execute(f"UPDATE runs SET {', '.join(f'{k} = ?' for k in columns)} WHERE name = ?",
-                       [*columns.values(), name])
+            db.execute(
+                f"UPDATE runs SET {', '.join(f'{k} = ?' for k in columns)} WHERE name = ?", [*columns.values(), name]
+            )
         return True
 
-    def set_status(self, name: str, status: str, *, unless_ended: bool = False,
-                   ended_at: Optional[float] = None) -> bool:
+    def set_status(
+        self, name: str, status: str, *, unless_ended: bool = False, ended_at: Optional[float] = None
+    ) -> bool:
         """The executor's status as it last saw it (SkyPilot's queue, a deadline waiting for capacity)."""
         ended: dict[str, Any] = {"ended_at": ended_at} if ended_at is not None else {}
         return self._change(name, status=status, unless_ended=unless_ended, **ended)
@@ -237,8 +258,14 @@ class Ledger:
     def set_resumed(self, name: str, *, previous_job_id: Optional[int] = None, **info: Any) -> None:
         """A stopped run started again under its name: PENDING, no end yet; a cloud run's earlier job id
         joins `previous_job_ids`."""
-        self._change(name, status="PENDING", ended_at=None, exit_code=None, info=info,
-                     append={"previous_job_ids": previous_job_id} if previous_job_id is not None else None)
+        self._change(
+            name,
+            status="PENDING",
+            ended_at=None,
+            exit_code=None,
+            info=info,
+            append={"previous_job_ids": previous_job_id} if previous_job_id is not None else None,
+        )
 
     def set_started(self, name: str, controller_pid: int) -> None:
         """The local controller provisions the first attempt."""
@@ -248,11 +275,13 @@ class Ledger:
         """The local controller provisions a replacement after an attempt ended."""
         self._change(name, status="RECOVERING", info=info)
 
-    def record_attempt(self, name: str, attempt: int, where: dict[str, Any], *, controller_pid: int,
-                       **info: Any) -> None:
+    def record_attempt(
+        self, name: str, attempt: int, where: dict[str, Any], *, controller_pid: int, **info: Any
+    ) -> None:
         """An attempt's nodes are running: where, and its number."""
-        self._change(name, status="RUNNING", controller_pid=controller_pid,
-                     info={**info, "where": where, "attempt": attempt})
+        self._change(
+            name, status="RUNNING", controller_pid=controller_pid, info={**info, "where": where, "attempt": attempt}
+        )
 
     def set_activity(self, name: str, text: Optional[str], **info: Any) -> None:
         """What the run is doing when no event says it (None: nothing to say), for `launch` to show."""
@@ -292,8 +321,11 @@ class Ledger:
     def get(self, name: str) -> Run:
         rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
         if not rows:
-            names = [r[0] for r in self._query("SELECT name FROM runs ORDER BY created_at DESC LIMIT 200")
-                     if isinstance(r[0], str)]
+            names = [
+                r[0]
+                for r in self._query("SELECT name FROM runs ORDER BY created_at DESC LIMIT 200")
+                if isinstance(r[0], str)
+            ]
             import difflib
 
             close = difflib.get_close_matches(name, names, n=1)
@@ -302,8 +334,9 @@ class Ledger:
         try:
             return self._row(rows[0])
         except ValueError as error:
-            raise SkyspotError(f"the ledger's row for run '{name}' is damaged ({error}); "
-                               f"move {self.path} aside to start a new ledger") from None
+            raise SkyspotError(
+                f"the ledger's row for run '{name}' is damaged ({error}); move {self.path} aside to start a new ledger"
+            ) from None
 
     def runs(self, include_finished: bool = True) -> list[Run]:
         # Sorted here, not by SQLite: a damaged created_at must not reorder or break the listing.
@@ -353,8 +386,10 @@ RUN_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 def check_run_name(name: str) -> str:
     # fullmatch: `$` in re.match would also accept a trailing newline.
     if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
-        raise UsageError(f"run name '{name}' is not allowed: use 1-63 lowercase letters, digits and hyphens, "
-                         "starting with a letter or digit")
+        raise UsageError(
+            f"run name '{name}' is not allowed: use 1-63 lowercase letters, digits and hyphens, "
+            "starting with a letter or digit"
+        )
     return name
 
 
@@ -380,8 +415,10 @@ def check_new_run_name(name: str) -> str:
     with Ledger() as ledger:
         existing = {run.name: run for run in ledger.runs(include_finished=True)}.get(name)
     if existing is not None:
-        raise UsageError(f"a run named '{name}' exists already ({existing.status}); `skyspot resume {name}` "
-                         "continues it from its newest durable checkpoint, or pick another -n/--name")
+        raise UsageError(
+            f"a run named '{name}' exists already ({existing.status}); `skyspot resume {name}` "
+            "continues it from its newest durable checkpoint, or pick another -n/--name"
+        )
     return name
 
 
@@ -410,16 +447,35 @@ class _Launch(Protocol):
     def candidates(self) -> Sequence[_Placement]: ...
 
 
-def record_launch(name: str, built: _Launch, executor: str, *, info: Optional[dict[str, Any]] = None,
-                  **fields: Any) -> None:
+def record_launch(
+    name: str, built: _Launch, executor: str, *, info: Optional[dict[str, Any]] = None, **fields: Any
+) -> None:
     """The ledger row of a run, written before anything is submitted or started (never secrets)."""
     with Ledger() as ledger:
-        ledger.add(name, built.recipe.name, executor, status="PENDING", store=built.recipe.storage.store,
-                   total_steps=built.recipe.train.steps, num_nodes=built.recipe.resources.num_nodes,
-                   info={**_info(built), **(info or {})}, **fields)
+        ledger.add(
+            name,
+            built.recipe.name,
+            executor,
+            status="PENDING",
+            store=built.recipe.storage.store,
+            total_steps=built.recipe.train.steps,
+            num_nodes=built.recipe.resources.num_nodes,
+            info={**_info(built), **(info or {})},
+            **fields,
+        )
 
 
 def _info(built: _Launch) -> dict[str, Any]:
-    return {"candidates": [{"cloud": c.cloud, "region": c.region, "accelerators": c.accelerators,
-                            "instance_type": c.instance_type, "spot": c.spot} for c in built.candidates],
-            "recipe_fingerprint": built.recipe.fingerprint()}
+    return {
+        "candidates": [
+            {
+                "cloud": c.cloud,
+                "region": c.region,
+                "accelerators": c.accelerators,
+                "instance_type": c.instance_type,
+                "spot": c.spot,
+            }
+            for c in built.candidates
+        ],
+        "recipe_fingerprint": built.recipe.fingerprint(),
+    }

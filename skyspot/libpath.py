@@ -30,8 +30,10 @@ from typing import Iterable, Mapping, Optional
 KEEP_ENV = "SKYSPOT_LIBPATH_KEEP"
 
 # The CUDA toolkit's and NCCL's shared libraries (not the driver's: libcuda, libnvidia-*, libnvcuvid).
-_TOOLKIT_LIB = re.compile(r"^lib(nccl|cudart|cublas(Lt)?|cudnn[a-z_]*|nvJitLink|nvrtc|cufft|curand|cusolver|"
-                          r"cusparse(Lt)?|nvToolsExt|cupti|nvshmem[a-z_]*)\.so(\.|$)")
+_TOOLKIT_LIB = re.compile(
+    r"^lib(nccl|cudart|cublas(Lt)?|cudnn[a-z_]*|nvJitLink|nvrtc|cufft|curand|cusolver|"
+    r"cusparse(Lt)?|nvToolsExt|cupti|nvshmem[a-z_]*)\.so(\.|$)"
+)
 _TOOLKIT_DIR = re.compile(r"(^|[/_.-])(cuda|nccl|cudnn)([/_.0-9-]|$)", re.IGNORECASE)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 def llama_linear_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     """(in, out) of each linear layer of one block, by module name. Raises ValueError for a bad config."""
+
     def number(name: str, default=None) -> int:
         value = config.get(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -29,10 +30,15 @@ def llama_linear_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, int]]
     heads = number("num_attention_heads")
     kv_heads = number("num_key_value_heads", heads)
     head_dim = number("head_dim", hidden // heads if hidden % heads == 0 else None)
-    return {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_heads * head_dim),
-            "v_proj": (hidden, kv_heads * head_dim), "o_proj": (heads * head_dim, hidden),
-            "gate_proj": (hidden, intermediate), "up_proj": (hidden, intermediate),
-            "down_proj": (intermediate, hidden)}
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, intermediate),
+        "up_proj": (hidden, intermediate),
+        "down_proj": (intermediate, hidden),
+    }
 
 
 def trainable_params(config: Mapping[str, Any], r: int, target_modules: Iterable[str]) -> int:

@@ -133,7 +133,6 @@ def torch_version(requirements: Sequence[str]) -> str:
     return DEFAULT_TORCH
 
 
-
 def _line(name: str, index_base: str) -> CudaLine:
     known = next(line for line in CUDA_LINES if line.name == name)
     return known if known.index_url is None else replace(known, index_url=f"{index_base.rstrip('/')}/{name}")
@@ -151,15 +150,16 @@ def cuda_lines(driver: Optional[str], torch: str = DEFAULT_TORCH, index_base: st
     if fits:
         return fits
     oldest = min(candidates, key=lambda line: line.min_driver)
-    raise NodeEnvError(f"the NVIDIA driver {driver.strip()} is older than any CUDA build of torch {torch} "
-                       f"(the oldest, {oldest.name}, needs >= {'.'.join(map(str, oldest.min_driver))}): use an image "
-                       "with a newer driver (SkyPilot's default GPU images; docs/clouds.md)")
+    raise NodeEnvError(
+        f"the NVIDIA driver {driver.strip()} is older than any CUDA build of torch {torch} "
+        f"(the oldest, {oldest.name}, needs >= {'.'.join(map(str, oldest.min_driver))}): use an image "
+        "with a newer driver (SkyPilot's default GPU images; docs/clouds.md)"
+    )
 
 
 def cuda_line(driver: Optional[str], torch: str = DEFAULT_TORCH) -> CudaLine:
     """The torch build a node with this NVIDIA driver tries first (None: no driver, PyPI's default)."""
     return cuda_lines(driver, torch)[0]
-
 
 
 def requirements_for(requirements: Sequence[str], line: CudaLine) -> list[str]:
@@ -205,8 +205,10 @@ def interpreter_tag() -> str:
     """cp310-x86_64-glibc2.35: what decides which wheels fit this interpreter and machine."""
     libc, version = platform.libc_ver()
     implementation = "cp" if sys.implementation.name == "cpython" else sys.implementation.name
-    return (f"{implementation}{sys.version_info[0]}{sys.version_info[1]}-{platform.machine() or 'unknown'}"
-            f"-{libc or 'libc'}{version}")
+    return (
+        f"{implementation}{sys.version_info[0]}{sys.version_info[1]}-{platform.machine() or 'unknown'}"
+        f"-{libc or 'libc'}{version}"
+    )
 
 
 def wheelhouse_key(tag: str, line: CudaLine, requirements: Sequence[str]) -> str:
@@ -221,9 +223,16 @@ def wheelhouse_key(tag: str, line: CudaLine, requirements: Sequence[str]) -> str
 def manifest_for(local: Path, key: str, line: CudaLine, requirements: Sequence[str]) -> dict:
     """The marker for a wheelhouse built in `local` (signed and written into it last, by `save`)."""
     files = wheelhouse.files_of(local)
-    return {"key": key, "interpreter": interpreter_tag(), "python": platform.python_version(),
-            "cuda_line": line.name, "index_url": line.index_url, "requirements": list(requirements),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
+    return {
+        "key": key,
+        "interpreter": interpreter_tag(),
+        "python": platform.python_version(),
+        "cuda_line": line.name,
+        "index_url": line.index_url,
+        "requirements": list(requirements),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": files,
+    }
 
 
 # ------------------------------------------------------------------ installing
@@ -237,8 +246,10 @@ def find_uv(environ: Mapping[str, str] = os.environ) -> str:
         return found
     if home_uv.is_file():
         return str(home_uv)
-    raise NodeEnvError("uv is not on this node (SkyPilot installs it in ~/.local/bin): install it "
-                       "(`pip install uv`) or use an image SkyPilot prepares")
+    raise NodeEnvError(
+        "uv is not on this node (SkyPilot installs it in ~/.local/bin): install it "
+        "(`pip install uv`) or use an image SkyPilot prepares"
+    )
 
 
 def _tool_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -251,8 +262,14 @@ def _tool_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _run(args: list[str], environ: Mapping[str, str], what: str) -> None:
-    proc = subprocess.run(args, env=_tool_env(environ), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        args,
+        env=_tool_env(environ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
         raise NodeEnvError(f"{what} failed (exit {proc.returncode}):\n{tail}")
@@ -261,30 +278,69 @@ def _run(args: list[str], environ: Mapping[str, str], what: str) -> None:
 def _index_args(line: CudaLine) -> list[str]:
     # PyTorch's index beside PyPI, each package from whichever has the best match: what pip does with
     # --extra-index-url; torch's exact local version (+cu128) pins it to PyTorch's build.
-    return [] if line.index_url is None else ["--extra-index-url", line.index_url,
-                                              "--index-strategy", "unsafe-best-match"]
+    return (
+        [] if line.index_url is None else ["--extra-index-url", line.index_url, "--index-strategy", "unsafe-best-match"]
+    )
 
 
-def build_from_index(python: str, uv: str, requirements: Sequence[str], line: CudaLine, local: Path,
-                     environ: Mapping[str, str]) -> None:
+def build_from_index(
+    python: str, uv: str, requirements: Sequence[str], line: CudaLine, local: Path, environ: Mapping[str, str]
+) -> None:
     """Resolve for this interpreter, then download and build every wheel of the result into `local`."""
     if local.exists():
         shutil.rmtree(local)
     local.mkdir(parents=True)
     wanted = local / ".requirements.in"
     wanted.write_text("\n".join(requirements) + "\n")
-    _run([uv, "pip", "compile", "--quiet", "--no-config", "--python", python, "--generate-hashes",
-          *_index_args(line), str(wanted), "-o", str(local / LOCK)], environ, "resolving the node's requirements")
+    _run(
+        [
+            uv,
+            "pip",
+            "compile",
+            "--quiet",
+            "--no-config",
+            "--python",
+            python,
+            "--generate-hashes",
+            *_index_args(line),
+            str(wanted),
+            "-o",
+            str(local / LOCK),
+        ],
+        environ,
+        "resolving the node's requirements",
+    )
     wanted.unlink()
     pip_index = [] if line.index_url is None else ["--extra-index-url", line.index_url]
-    if subprocess.run([python, "-m", "pip", "--version"], env=_tool_env(environ), capture_output=True,
-                      stdin=subprocess.DEVNULL).returncode != 0:  # skyspot's venv is made without pip
+    if (
+        subprocess.run(
+            [python, "-m", "pip", "--version"], env=_tool_env(environ), capture_output=True, stdin=subprocess.DEVNULL
+        ).returncode
+        != 0
+    ):  # skyspot's venv is made without pip
         _run([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "pip"], environ, "installing pip")
     # pip, not uv, fetches: uv has no `pip download`/`pip wheel`, and the wheelhouse needs the files
     # themselves (DeepSpeed built from its sdist once). The lock's hashes check every download.
-    _run([python, "-m", "pip", "wheel", "--quiet", "--progress-bar", "off", "--disable-pip-version-check",
-          "--no-deps", *pip_index, "-r", str(local / LOCK), "-w", str(local)], environ,
-         "downloading and building the node's wheels")
+    _run(
+        [
+            python,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--progress-bar",
+            "off",
+            "--disable-pip-version-check",
+            "--no-deps",
+            *pip_index,
+            "-r",
+            str(local / LOCK),
+            "-w",
+            str(local),
+        ],
+        environ,
+        "downloading and building the node's wheels",
+    )
     # The lock the node installs from names the files themselves: DeepSpeed's wheel built here has no
     # hash in the index's lock (that one is its sdist's), and hashes are required at every install.
     (local / LOCK).write_text(wheelhouse.hashed_lock(local))
@@ -295,9 +351,28 @@ def install_offline(python: str, uv: str, local: Path, wheel: Path, environ: Map
     own = local / ".skyspot.in"
     own.write_text(wheelhouse.own_wheel_requirement(wheel))
     try:
-        _run([uv, "pip", "install", "--quiet", "--no-config", "--python", python, "--offline", "--no-index",
-              "--find-links", str(local), "--require-hashes", "-r", str(local / LOCK), "-r", str(own)], environ,
-             "installing from the wheelhouse")
+        _run(
+            [
+                uv,
+                "pip",
+                "install",
+                "--quiet",
+                "--no-config",
+                "--python",
+                python,
+                "--offline",
+                "--no-index",
+                "--find-links",
+                str(local),
+                "--require-hashes",
+                "-r",
+                str(local / LOCK),
+                "-r",
+                str(own),
+            ],
+            environ,
+            "installing from the wheelhouse",
+        )
     finally:
         own.unlink()
 
@@ -319,8 +394,9 @@ class NodeContext:
 
 
 def node_context(store: Optional[str], environ: Mapping[str, str]) -> NodeContext:
-    run = next((v.strip() for v in (environ.get("SKYSPOT_RUN_NAME"), environ.get("SKYPILOT_TASK_ID"))
-                if v and v.strip()), None)  # the trainer's run id (trainer/cluster.py), hence its store prefix
+    run = next(
+        (v.strip() for v in (environ.get("SKYSPOT_RUN_NAME"), environ.get("SKYPILOT_TASK_ID")) if v and v.strip()), None
+    )  # the trainer's run id (trainer/cluster.py), hence its store prefix
     rank_text = environ.get("SKYPILOT_SETUP_NODE_RANK") or environ.get("SKYPILOT_NODE_RANK") or "0"
     try:
         rank = int(rank_text)
@@ -345,11 +421,13 @@ MANAGED_PYTHON = "3.12"
 
 def _probe(python: str, environ: Mapping[str, str]) -> Optional[dict]:
     """The interpreter's version, tag and prefix, asked of it (None if it does not run)."""
-    code = ("import json, platform, sys; libc, v = platform.libc_ver(); "
-            "impl = 'cp' if sys.implementation.name == 'cpython' else sys.implementation.name; "
-            "print(json.dumps({'version': platform.python_version(), 'info': list(sys.version_info[:2]), "
-            "'tag': '%s%d%d-%s-%s%s' % (impl, sys.version_info[0], sys.version_info[1], "
-            "platform.machine() or 'unknown', libc or 'libc', v), 'prefix': sys.prefix}))")
+    code = (
+        "import json, platform, sys; libc, v = platform.libc_ver(); "
+        "impl = 'cp' if sys.implementation.name == 'cpython' else sys.implementation.name; "
+        "print(json.dumps({'version': platform.python_version(), 'info': list(sys.version_info[:2]), "
+        "'tag': '%s%d%d-%s-%s%s' % (impl, sys.version_info[0], sys.version_info[1], "
+        "platform.machine() or 'unknown', libc or 'libc', v), 'prefix': sys.prefix}))"
+    )
     try:
         done = subprocess.run([python, "-c", code], env=_tool_env(environ), capture_output=True, text=True, timeout=60)
         return json.loads(done.stdout) if done.returncode == 0 else None
@@ -371,14 +449,24 @@ def find_python(uv: str, environ: Mapping[str, str], floor: Tuple[int, int] = MI
     env = _tool_env(environ)
     env.pop("VIRTUAL_ENV", None)  # SkyPilot's or conda's env is not a request for that interpreter
     env.pop("CONDA_PREFIX", None)
-    found = subprocess.run([uv, "python", "find", "--no-project", "--system", wanted], env=env,
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    found = subprocess.run(
+        [uv, "python", "find", "--no-project", "--system", wanted],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if found.returncode == 0 and found.stdout.strip():
         return found.stdout.strip().splitlines()[-1], "image"
     _say(f"no Python {wanted} on this image: installing uv's managed Python {managed}")
     _run([uv, "python", "install", "--no-bin", managed], environ, f"installing Python {managed} with uv")
-    found = subprocess.run([uv, "python", "find", "--no-project", "--managed-python", managed], env=env,
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    found = subprocess.run(
+        [uv, "python", "find", "--no-project", "--managed-python", managed],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if found.returncode != 0 or not found.stdout.strip():
         raise NodeEnvError(f"uv installed Python {managed} but cannot find it: {found.stderr.strip()[-300:]}")
     return found.stdout.strip().splitlines()[-1], "uv-managed"
@@ -395,8 +483,11 @@ def make_venv(uv: str, venv: Path, environ: Mapping[str, str], floor: Tuple[int,
     base, origin = find_python(uv, environ, floor)
     # No --seed: seeding pip needs the index, and a recovery installs from the wheelhouse with none
     # (build_from_index adds pip when it needs it).
-    _run([uv, "venv", "--quiet", "--clear", "--no-project", "--python", base, str(venv)], environ,
-         f"making skyspot's venv at {venv}")
+    _run(
+        [uv, "venv", "--quiet", "--clear", "--no-project", "--python", base, str(venv)],
+        environ,
+        f"making skyspot's venv at {venv}",
+    )
     facts = _probe(python, environ)
     if not facts:
         raise NodeEnvError(f"skyspot's venv at {venv} (from {base}) has no working python")
@@ -438,26 +529,40 @@ def failure_facts(environ: Mapping[str, str], driver: Optional[str] = None) -> d
             instance = "%s %s" % (info.get("cloud") or "", info["instance_type"])
     except ValueError:
         pass
-    return {"driver": driver or "none", "python": f"{platform.python_version()} ({sys.executable})",
-            "image": environ.get("SKYSPOT_IMAGE") or _os_name() or "unknown",
-            "instance": (instance or "unknown").strip()}
+    return {
+        "driver": driver or "none",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "image": environ.get("SKYSPOT_IMAGE") or _os_name() or "unknown",
+        "instance": (instance or "unknown").strip(),
+    }
 
 
 def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]) -> str:
     """The one line a setup that cannot mend its node ends with; also kept as
     `<SKYSPOT_STORE_MOUNT>/<run>/setup/node-<rank>.json` where the store is mounted, so `status` can say why."""
     facts = failure_facts(environ, driver)
-    line = (f"{error.splitlines()[0]} [node: driver {facts['driver']}, python {facts['python']}, "
-            f"image {facts['image']}, instance {facts['instance']}]")
+    line = (
+        f"{error.splitlines()[0]} [node: driver {facts['driver']}, python {facts['python']}, "
+        f"image {facts['image']}, instance {facts['instance']}]"
+    )
     context = node_context(None, environ)
     if environ.get("SKYSPOT_STORE_MOUNT") and context.run:
         target = Path(environ["SKYSPOT_STORE_MOUNT"]) / context.run / "setup" / f"node-{context.node_rank}.json"
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps({"type": "setup_failed", "error": error, "driver": facts["driver"],
-                                          "python": facts["python"], "image": facts["image"],
-                                          "instance": facts["instance"],
-                                          "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+            target.write_text(
+                json.dumps(
+                    {
+                        "type": "setup_failed",
+                        "error": error,
+                        "driver": facts["driver"],
+                        "python": facts["python"],
+                        "image": facts["image"],
+                        "instance": facts["instance"],
+                        "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    }
+                )
+            )
         except OSError:
             pass  # a read-only mount: the line in the log still says it
     return line
@@ -466,8 +571,13 @@ def record_failure(error: str, environ: Mapping[str, str], driver: Optional[str]
 # ------------------------------------------------------------------ the setup step
 
 
-def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.environ,
-          python: Optional[str] = None, extras: Sequence[str] = ()) -> str:
+def setup(
+    wheel: Path,
+    store: Optional[str],
+    environ: Mapping[str, str] = os.environ,
+    python: Optional[str] = None,
+    extras: Sequence[str] = (),
+) -> str:
     """Install skyspot and its stack into skyspot's own venv (`python`: an interpreter whose environment
     to use instead, for tests and the GPU check), with the wheel's `extras` the recipe needs (wandb,
     mlflow: they are in the requirement set, so in the wheelhouse key); returns where it came from
@@ -491,8 +601,10 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
     lines = cuda_lines(driver, torch, environ.get("SKYSPOT_TORCH_INDEX") or PYTORCH_INDEX)
     plans = [(line, requirements_for(declared, line)) for line in lines]
     plans = [(line, reqs, wheelhouse_key(tag, line, reqs)) for line, reqs in plans]
-    _say(f"Python {facts['version']} ({tag}) in {facts['prefix']}, NVIDIA driver {driver or 'none'}: torch {torch} "
-         f"from {' then '.join('%s (%s)' % (ln.index_url or 'PyPI', ln.name) for ln, _, _ in plans)}")
+    _say(
+        f"Python {facts['version']} ({tag}) in {facts['prefix']}, NVIDIA driver {driver or 'none'}: torch {torch} "
+        f"from {' then '.join('%s (%s)' % (ln.index_url or 'PyPI', ln.name) for ln, _, _ in plans)}"
+    )
     installed = Path(facts["prefix"]) / INSTALLED
     try:
         done = json.loads(installed.read_text())
@@ -511,8 +623,7 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
         for plan in plans:
             line, requirements, key = plan
             try:
-                _, problem = wheelhouse.fetch(context.wheelhouses / key, cache / key, key,
-                                              wheelhouse.node_key(environ))
+                _, problem = wheelhouse.fetch(context.wheelhouses / key, cache / key, key, wheelhouse.node_key(environ))
             except OSError as error:  # a read through the mount that fails half-way: the index can still serve
                 problem = f"it could not be read ({error})"
             if problem is None:
@@ -525,8 +636,10 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
             if problem == "no wheelhouse":
                 problem = None
             elif problem is not None:
-                _say(f"the run's wheelhouse is refused: {problem}; nothing from it is installed, installing "
-                     f"from the index ({key})")
+                _say(
+                    f"the run's wheelhouse is refused: {problem}; nothing from it is installed, installing "
+                    f"from the index ({key})"
+                )
                 break
     if source == "index":
         for at, plan in enumerate(plans):
@@ -537,35 +650,63 @@ def setup(wheel: Path, store: Optional[str], environ: Mapping[str, str] = os.env
                 if at + 1 == len(plans):
                     raise
                 following = plans[at + 1][0]
-                _say(f"torch {torch} for {line.name} did not resolve from {line.index_url or 'PyPI'} "
-                     f"({str(error).splitlines()[-1].strip()[:160]}); trying {following.name}, the next line "
-                     f"driver {driver} runs")
+                _say(
+                    f"torch {torch} for {line.name} did not resolve from {line.index_url or 'PyPI'} "
+                    f"({str(error).splitlines()[-1].strip()[:160]}); trying {following.name}, the next line "
+                    f"driver {driver} runs"
+                )
                 continue
             chosen = plan
             install_offline(python, uv, cache / key, wheel, environ)
             break
     line, requirements, key = chosen
     # Read back by the node's facts (trainer/node_facts.py): where the stack and the interpreter came from.
-    installed.write_text(json.dumps({"key": key, "wheel": wheel.name, "source": source, "cuda_line": line.name,
-                                     "python_origin": facts.get("origin") or _previous_origin(installed)}))
+    installed.write_text(
+        json.dumps(
+            {
+                "key": key,
+                "wheel": wheel.name,
+                "source": source,
+                "cuda_line": line.name,
+                "python_origin": facts.get("origin") or _previous_origin(installed),
+            }
+        )
+    )
     origin = "the run's wheelhouse" if source == "wheelhouse" else "the index"
-    _say(f"installed from {origin} in {time.monotonic() - started:.1f}s: torch {torch} ({line.name}), "
-         f"wheelhouse {key}")
+    _say(f"installed from {origin} in {time.monotonic() - started:.1f}s: torch {torch} ({line.name}), wheelhouse {key}")
     if source == "index" and context.wheelhouses is not None and context.node_rank == 0 and store:
         # The installed skyspot writes it, through the store's SDK (durability explicit, as for checkpoints).
-        proc = subprocess.run([python, "-m", "skyspot.node_env", "save", "--store", store, "--run", context.run,
-                               "--key", key, "--local", str(cache / key), "--cuda-line", line.name,
-                               *(["--index-url", line.index_url] if line.index_url else []),
-                               *(["--replace"] if problem else []),
-                               *[a for r in requirements for a in ("--requirement", r)]],
-                              env=_tool_env(environ), stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [
+                python,
+                "-m",
+                "skyspot.node_env",
+                "save",
+                "--store",
+                store,
+                "--run",
+                context.run,
+                "--key",
+                key,
+                "--local",
+                str(cache / key),
+                "--cuda-line",
+                line.name,
+                *(["--index-url", line.index_url] if line.index_url else []),
+                *(["--replace"] if problem else []),
+                *[a for r in requirements for a in ("--requirement", r)],
+            ],
+            env=_tool_env(environ),
+            stdin=subprocess.DEVNULL,
+        )
         if proc.returncode != 0:
             _say("the wheelhouse was not kept (see above); later starts install from the index")
     return source
 
 
-def save(store_uri: str, run: str, key: str, local: Path, line: CudaLine, requirements: Sequence[str],
-         replace: bool = False) -> None:
+def save(
+    store_uri: str, run: str, key: str, local: Path, line: CudaLine, requirements: Sequence[str], replace: bool = False
+) -> None:
     """Keep a wheelhouse built in `local` in the run's store, its marker last (`replace`: one that was
     found broken goes, marker first). Runs in the installed venv."""
     from skyspot.storage import join_key, open_store
@@ -585,8 +726,10 @@ def save(store_uri: str, run: str, key: str, local: Path, line: CudaLine, requir
     store.upload_dir(local, prefix, sorted(manifest["files"]))
     store.put_bytes(join_key(prefix, MARKER), json.dumps(manifest, indent=1, sort_keys=True).encode())
     size = sum(f["size"] for f in manifest["files"].values())
-    _say(f"kept the wheelhouse in {store_uri.rstrip('/')}/{prefix}/ ({len(manifest['files'])} files, "
-         f"{size / 1e9:.2f} GB) in {time.monotonic() - started:.1f}s")
+    _say(
+        f"kept the wheelhouse in {store_uri.rstrip('/')}/{prefix}/ ({len(manifest['files'])} files, "
+        f"{size / 1e9:.2f} GB) in {time.monotonic() - started:.1f}s"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -596,8 +739,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     one.add_argument("--wheel", required=True, type=Path)
     one.add_argument("--store", default=None)
     one.add_argument("--extras", default="", help="the wheel's extras to install too, comma-separated (wandb,mlflow)")
-    one.add_argument("--python", default=None, help="install into this interpreter's environment instead of "
-                     "skyspot's own venv ($SKYSPOT_VENV, else ~/.skyspot/venv)")
+    one.add_argument(
+        "--python",
+        default=None,
+        help="install into this interpreter's environment instead of "
+        "skyspot's own venv ($SKYSPOT_VENV, else ~/.skyspot/venv)",
+    )
     keep = sub.add_parser("save", help="keep a wheelhouse in the run's store (setup runs this after an index install)")
     keep.add_argument("--store", required=True)
     keep.add_argument("--run", required=True)
@@ -605,13 +752,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     keep.add_argument("--local", required=True, type=Path)
     keep.add_argument("--cuda-line", required=True, choices=[line.name for line in CUDA_LINES])
     keep.add_argument("--requirement", action="append", default=[])
-    keep.add_argument("--index-url", default=None, help="the line's index (a mirror's, where SKYSPOT_TORCH_INDEX set one)")
+    keep.add_argument(
+        "--index-url", default=None, help="the line's index (a mirror's, where SKYSPOT_TORCH_INDEX set one)"
+    )
     keep.add_argument("--replace", action="store_true", help="the wheelhouse there was found broken: replace it")
     args = parser.parse_args(argv)
     try:
         if args.command == "setup":
-            setup(args.wheel, args.store, python=args.python,
-                  extras=[e.strip() for e in args.extras.split(",") if e.strip()])
+            setup(
+                args.wheel,
+                args.store,
+                python=args.python,
+                extras=[e.strip() for e in args.extras.split(",") if e.strip()],
+            )
         else:
             line = next(line for line in CUDA_LINES if line.name == args.cuda_line)
             line = replace(line, index_url=args.index_url) if args.index_url and line.index_url else line

@@ -34,6 +34,8 @@ def node_kinds(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def kind_lines(kinds: list[dict[str, Any]]) -> list[str]:
     """One line per kind, for text reports."""
-    return [f"nodes: {row['kind']} ({row['starts']} node start{'s' if row['starts'] != 1 else ''}, "
-            f"attempt{'s' if len(row['attempts']) != 1 else ''} {', '.join(map(str, row['attempts']))})"
-            for row in kinds]
+    return [
+        f"nodes: {row['kind']} ({row['starts']} node start{'s' if row['starts'] != 1 else ''}, "
+        f"attempt{'s' if len(row['attempts']) != 1 else ''} {', '.join(map(str, row['attempts']))})"
+        for row in kinds
+    ]

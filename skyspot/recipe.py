@@ -27,8 +27,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union, overload
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from skyspot import yaml12
 from skyspot.errors import RecipeError, UsageError
@@ -51,7 +59,17 @@ Cloud = Literal["aws", "gcp", "azure"]
 
 # Accelerator names as SkyPilot spells them (`sky show-gpus`), for the ones this tool targets.
 KNOWN_ACCELERATORS = (
-    "A100", "A100-80GB", "H100", "H100-MEGA", "H200", "B200", "L4", "L40S", "A10G", "V100", "T4",
+    "A100",
+    "A100-80GB",
+    "H100",
+    "H100-MEGA",
+    "H200",
+    "B200",
+    "L4",
+    "L40S",
+    "A10G",
+    "V100",
+    "T4",
 )
 
 ENV_PREFIX = "SKYSPOT_"
@@ -117,8 +135,10 @@ def _hub_ref(value: Optional[str]) -> Optional[str]:
         _one_line(value)
         return os.path.abspath(os.path.expanduser(value))
     if value.startswith(".") or value.count("/") > 1:
-        raise ValueError(f"{value!r} is not a Hugging Face repo id (org/name) nor an absolute path; give a "
-                         "local directory as an absolute path (the trainer may run in another directory)")
+        raise ValueError(
+            f"{value!r} is not a Hugging Face repo id (org/name) nor an absolute path; give a "
+            "local directory as an absolute path (the trainer may run in another directory)"
+        )
     return _hub_id(value)
 
 
@@ -157,8 +177,10 @@ class ModelSection(_Section):
         if self.config is not None and self.tokenizer is None:
             self.tokenizer = "bytes"
         if self.revision is not None and (self.hub_id is None or self.is_local):
-            raise ValueError("model.revision applies to a hub model (model.hub_id = org/name), not to "
-                             + ("a local directory" if self.hub_id else "model.config"))
+            raise ValueError(
+                "model.revision applies to a hub model (model.hub_id = org/name), not to "
+                + ("a local directory" if self.hub_id else "model.config")
+            )
         return self
 
     @property
@@ -199,21 +221,23 @@ class DataSection(_Section):
         # The task mounts a bucket source and hands the mount path to the trainer, so only
         # bucket URIs the store knows (s3, gs, az) or hf:// may carry a scheme.
         if value.startswith("hf://"):
-            name, colon, split = value[len("hf://"):].partition(":")
+            name, colon, split = value[len("hf://") :].partition(":")
             if colon and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", split):
                 raise ValueError(f"{split!r} is not a dataset split name (hf://org/name:split)")
             return "hf://" + _hub_id(name) + (f":{split}" if colon else "")
         if value == "synthetic":
             return value
         from skyspot.storage import canonical  # import-light: no cloud SDKs
+
         try:
             # One spelling (storage/uri.py): `S3://b/x` is s3://b/x; file:///x and a relative or ~/ path
             # are this machine's absolute path, so a trainer started elsewhere (the local executor runs
             # it in the run directory) reads the same file.
             return canonical(value)
         except UsageError as err:
-            raise ValueError(str(err).replace("store", "data source", 1)
-                             + " (or synthetic, or hf://ORG/NAME)") from None
+            raise ValueError(
+                str(err).replace("store", "data source", 1) + " (or synthetic, or hf://ORG/NAME)"
+            ) from None
 
     @field_validator("eval_split")
     @classmethod
@@ -224,8 +248,10 @@ class DataSection(_Section):
         if value is None or source is None:  # no source: its own error says why
             return value
         if source == "synthetic":
-            raise ValueError("data.eval_split names a split of a hub dataset or a second data file; the synthetic "
-                             "set has neither: use eval.fraction")
+            raise ValueError(
+                "data.eval_split names a split of a hub dataset or a second data file; the synthetic "
+                "set has neither: use eval.fraction"
+            )
         if source.startswith("hf://"):
             if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}", value):
                 raise ValueError(f"data.eval_split {value!r} is not a dataset split name (e.g. validation)")
@@ -239,8 +265,10 @@ class DataSection(_Section):
         except UsageError as err:
             raise ValueError("data.eval_split: " + str(err).replace("store", "data file", 1)) from None
         if held_out == source:  # issue 31.13: the model would be scored on what it trained on
-            raise ValueError("data.eval_split is data.source itself: the evaluation would score the training data; "
-                             "name a held-out file, or use eval.fraction")
+            raise ValueError(
+                "data.eval_split is data.source itself: the evaluation would score the training data; "
+                "name a held-out file, or use eval.fraction"
+            )
         return held_out
 
 
@@ -256,7 +284,8 @@ class LoraSection(_Section):
     dropout: float = Field(0.05, ge=0, lt=1)
     """Dropout on each adapter's input."""
     target_modules: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]{0,127}$")]] = Field(
-        default_factory=lambda: list(LLAMA_LINEAR), min_length=1)
+        default_factory=lambda: list(LLAMA_LINEAR), min_length=1
+    )
     """Layers that get adapters, by module name (as peft matches them). Default: every linear layer of a
     Llama-style block."""
 
@@ -447,6 +476,7 @@ class StorageSection(_Section):
     def _valid_store(cls, value: Optional[str]) -> Optional[str]:
         if value:
             from skyspot.storage import canonical  # import-light: no cloud SDKs
+
             try:
                 # The store's one spelling (storage/uri.py): what the ledger records, what the task
                 # mounts and what the trainer resolves are this string. A relative path is made
@@ -474,7 +504,6 @@ class EvalSection(_Section):
     batches: int = Field(8, ge=1, le=1 << 20)
     """Micro-batches per rank in one evaluation (train.micro_batch_size sequences each), the same ones
     every time, so evaluations are comparable across the run and exact across resumes."""
-
 
 
 class MetricsSection(_Section):
@@ -555,8 +584,10 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _held_out_set(self) -> "Recipe":
         if self.data.eval_split is not None and self.eval.fraction is not None:
-            raise ValueError("set one of data.eval_split and eval.fraction: both name the held-out set "
-                             "(eval.fraction=null unsets a recipe's fraction)")
+            raise ValueError(
+                "set one of data.eval_split and eval.fraction: both name the held-out set "
+                "(eval.fraction=null unsets a recipe's fraction)"
+            )
         if (self.eval.every_steps or self.eval.every_seconds) and not self.has_eval:
             raise ValueError("eval.every_steps/every_seconds need a held-out set: data.eval_split or eval.fraction")
         return self
@@ -569,8 +600,10 @@ class Recipe(_Section):
     @model_validator(mode="after")
     def _elastic_needs_a_store(self) -> "Recipe":
         if self.resources.fewest_nodes < self.resources.num_nodes and not self.storage.store:
-            raise ValueError("resources.min_nodes below resources.num_nodes needs storage.store: a resume on fewer "
-                             "nodes reads the missing nodes' checkpoint parts from it")
+            raise ValueError(
+                "resources.min_nodes below resources.num_nodes needs storage.store: a resume on fewer "
+                "nodes reads the missing nodes' checkpoint parts from it"
+            )
         return self
 
     @model_validator(mode="after")
@@ -581,8 +614,10 @@ class Recipe(_Section):
         if data.format == "chat" and model.tokenizer == "bytes":
             raise ValueError("data.format=chat needs a tokenizer with a chat template; the byte tokenizer has none")
         if self.train.lora is not None and model.config is not None:
-            raise ValueError("train.lora adapts a pretrained model (model.hub_id); model.config builds one from "
-                             "scratch, which a full fine-tune trains")
+            raise ValueError(
+                "train.lora adapts a pretrained model (model.hub_id); model.config builds one from "
+                "scratch, which a full fine-tune trains"
+            )
         if self.export.merge and self.train.lora is None:
             raise ValueError("export.merge needs train.lora: a full fine-tune's final/ is the whole model already")
         return self
@@ -687,11 +722,13 @@ def _env_key(name: str) -> Optional[str]:
     when it is no override; one that would give a key no override can have is refused."""
     if not is_override_variable(name):
         return None
-    key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+    key = name[len(ENV_PREFIX) :].lower().replace("__", ".")
     if not _KEY.fullmatch(key):
-        raise UsageError(f"environment variable {name} is not of the form SKYSPOT_SECTION__KEY (letters, digits "
-                         f"and '_' only, e.g. SKYSPOT_TRAIN__STEPS): it would set '{key}', which the trainer's "
-                         "override parser refuses; rename or unset it")
+        raise UsageError(
+            f"environment variable {name} is not of the form SKYSPOT_SECTION__KEY (letters, digits "
+            f"and '_' only, e.g. SKYSPOT_TRAIN__STEPS): it would set '{key}', which the trainer's "
+            "override parser refuses; rename or unset it"
+        )
     return key
 
 
@@ -710,8 +747,9 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any]]:
     return found
 
 
-def override_texts(overrides: Sequence[str] = (), *, environ: Mapping[str, str],
-                   flags: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+def override_texts(
+    overrides: Sequence[str] = (), *, environ: Mapping[str, str], flags: Optional[Mapping[str, Any]] = None
+) -> dict[str, str]:
     """Every value set on top of the recipe file, as dotted key -> `key=value` text that
     `parse_overrides` reads back to the same value: the environment's, then the command line's,
     then the flags' (the precedence of `load_recipe`; a later source replaces an earlier one's
@@ -784,9 +822,13 @@ def _field_exists(model: type[BaseModel], parts: list[str]) -> bool:
     return "dict" in str(annotation)
 
 
-def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
-                environ: Optional[Mapping[str, str]] = None,
-                flags: Optional[Mapping[str, Any]] = None) -> Recipe:
+def load_recipe(
+    name_or_path: str,
+    overrides: Sequence[str] = (),
+    *,
+    environ: Optional[Mapping[str, str]] = None,
+    flags: Optional[Mapping[str, Any]] = None,
+) -> Recipe:
     """Load, merge (flags > command line > env > file > defaults) and validate a recipe. Raises
     RecipeError with every problem."""
     path = recipe_path(name_or_path)
@@ -797,7 +839,9 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     except OSError as err:
         raise UsageError(f"cannot read recipe '{path}': {err.strerror or err}") from None
     if len(raw) > MAX_RECIPE_BYTES:
-        raise RecipeError(source, [f"the file is larger than {MAX_RECIPE_BYTES >> 10} KiB; a recipe is a short YAML file"])
+        raise RecipeError(
+            source, [f"the file is larger than {MAX_RECIPE_BYTES >> 10} KiB; a recipe is a short YAML file"]
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -814,8 +858,10 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
     if not isinstance(data, dict):
         raise RecipeError(source, ["a recipe must be a YAML mapping of sections"])
     if _too_big(data):
-        raise RecipeError(source, [f"more than {MAX_RECIPE_NODES} values once YAML aliases are expanded "
-                                   "(or an alias that refers to itself)"])
+        raise RecipeError(
+            source,
+            [f"more than {MAX_RECIPE_NODES} values once YAML aliases are expanded (or an alias that refers to itself)"],
+        )
 
     problems: list[str] = []
     env_pairs = env_overrides(environ if environ is not None else os.environ)
@@ -836,8 +882,13 @@ def load_recipe(name_or_path: str, overrides: Sequence[str] = (), *,
 
     if data and not set(map(str, data)) & set(Recipe.model_fields):
         # Not a recipe at all (a config, /etc/shadow): said without echoing a line of it.
-        raise RecipeError(source, [f"not a recipe: none of its {len(data)} top-level key(s) is a recipe section "
-                                   f"({', '.join(Recipe.model_fields)})"])
+        raise RecipeError(
+            source,
+            [
+                f"not a recipe: none of its {len(data)} top-level key(s) is a recipe section "
+                f"({', '.join(Recipe.model_fields)})"
+            ],
+        )
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:
@@ -876,8 +927,15 @@ _STRICT_TYPES = ("int_type", "float_type", "bool_type", "string_type", "list_typ
 
 
 def _kind(value: Any) -> str:
-    return {bool: "the boolean", int: "the integer", float: "the number", str: "the string", list: "the list",
-            dict: "the mapping", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        bool: "the boolean",
+        int: "the integer",
+        float: "the number",
+        str: "the string",
+        list: "the list",
+        dict: "the mapping",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _shown(value: Any) -> str:
@@ -887,8 +945,13 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _origins(env_pairs: Sequence[tuple[str, Any]], environ: Mapping[str, str], cli_pairs: Sequence[tuple[str, Any]],
-             overrides: Sequence[str], flag_pairs: Sequence[tuple[str, Any]]) -> dict[str, str]:
+def _origins(
+    env_pairs: Sequence[tuple[str, Any]],
+    environ: Mapping[str, str],
+    cli_pairs: Sequence[tuple[str, Any]],
+    overrides: Sequence[str],
+    flag_pairs: Sequence[tuple[str, Any]],
+) -> dict[str, str]:
     """Dotted key -> how the user set it (`override train.steps=abc`), the winning source last."""
     found: dict[str, str] = {}
     env_raw = {_env_key(name): (name, raw) for name, raw in environ.items() if _env_key(name) is not None}

@@ -76,8 +76,13 @@ def _field_docstrings(model: type[BaseModel]) -> dict[str, str]:
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     docs = {}
     for field, after in zip(body, body[1:]):
-        if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[field.target.id] = inspect.cleandoc(after.value.value)
     return docs
 

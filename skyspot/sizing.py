@@ -26,17 +26,54 @@ if TYPE_CHECKING:  # the recipe module pulls in pydantic; callers already have a
 # the hub shows on each model page: Llama-3.1-8B 8,030,261,248 ("8.03B"), Llama-3.1-70B 70,553,706,496
 # ("70.6B"), Llama-3.2-1B 1,235,814,400 ("1.24B"), Llama-3.2-3B 3,212,749,824 ("3.21B"); the same
 # counts as transformers' LlamaForCausalLM built from each config (checked when this table was written).
-_LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
-_LLAMA3_70B = dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                   num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False)
-_LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                   num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)
-_LLAMA32_3B = dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                   num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+_LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+)
+_LLAMA3_70B = dict(
+    vocab_size=128256,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+)
+_LLAMA32_1B = dict(
+    vocab_size=128256,
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    tie_word_embeddings=True,
+)
+_LLAMA32_3B = dict(
+    vocab_size=128256,
+    hidden_size=3072,
+    intermediate_size=8192,
+    num_hidden_layers=28,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+)
 # HuggingFaceTB/SmolLM2-360M (ungated, Apache-2.0; LlamaForCausalLM): 361,821,120 parameters ("362M").
-_SMOLLM2_360M = dict(vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32,
-                     num_attention_heads=15, num_key_value_heads=5, tie_word_embeddings=True)
+_SMOLLM2_360M = dict(
+    vocab_size=49152,
+    hidden_size=960,
+    intermediate_size=2560,
+    num_hidden_layers=32,
+    num_attention_heads=15,
+    num_key_value_heads=5,
+    tie_word_embeddings=True,
+)
 KNOWN_MODELS: dict[str, dict[str, Any]] = {
     "HuggingFaceTB/SmolLM2-360M": _SMOLLM2_360M,
     "HuggingFaceTB/SmolLM2-360M-Instruct": _SMOLLM2_360M,
@@ -83,6 +120,7 @@ def llama_param_count(config: Mapping[str, Any]) -> int:
     the MLP 3*H*I, two RMSNorms 2*H; a final norm H; the LM head V*H unless tied to the embeddings.
     Raises ValueError naming a missing or malformed field.
     """
+
     def number(name: str, default: Optional[int] = None) -> int:
         value = config.get(name, default)
         if value is None:
@@ -146,7 +184,9 @@ def model_params(recipe: "Recipe", environ: Optional[Mapping[str, str]] = None) 
         try:
             count = float(raw)
         except ValueError:
-            raise UsageError(f"{PARAMS_ENV}='{raw}' is not a number; expected a parameter count such as 7.2e9") from None
+            raise UsageError(
+                f"{PARAMS_ENV}='{raw}' is not a number; expected a parameter count such as 7.2e9"
+            ) from None
         if not math.isfinite(count) or count < 1:
             raise UsageError(f"{PARAMS_ENV}='{raw}' must be a positive parameter count such as 7.2e9")
         return int(count), f"{PARAMS_ENV}"
@@ -159,8 +199,10 @@ def model_params(recipe: "Recipe", environ: Optional[Mapping[str, str]] = None) 
     hub_id = model.hub_id or ""
     name = _KNOWN_LOWER.get(hub_id.lower())
     if name is None:
-        return None, (f"'{hub_id}' is not in skyspot's table of known models; set {PARAMS_ENV} "
-                      f"to its parameter count (e.g. {PARAMS_ENV}=7.2e9)")
+        return None, (
+            f"'{hub_id}' is not in skyspot's table of known models; set {PARAMS_ENV} "
+            f"to its parameter count (e.g. {PARAMS_ENV}=7.2e9)"
+        )
     return llama_param_count(KNOWN_MODELS[name]), f"{name} config.json on the Hugging Face hub"
 
 
@@ -193,35 +235,70 @@ def state_bytes(recipe: "Recipe", *, environ: Optional[Mapping[str, str]] = None
     if params is not None and lora is not None:
         try:
             if arch is None:
-                raise ValueError("the model's architecture is unknown (neither in skyspot's table nor a local "
-                                 "directory with config.json)")
+                raise ValueError(
+                    "the model's architecture is unknown (neither in skyspot's table nor a local "
+                    "directory with config.json)"
+                )
             trainable = trainable_params(arch, lora.r, lora.target_modules)
         except ValueError as err:
             params, source = None, f"cannot count LoRA's trainable parameters: {err}"
         else:
             frozen, params = params, trainable
-            source = (f"LoRA r={lora.r} on {', '.join(dict.fromkeys(lora.target_modules))}: {trainable:,} of "
-                      f"{frozen:,} parameters trainable ({source})")
+            source = (
+                f"LoRA r={lora.r} on {', '.join(dict.fromkeys(lora.target_modules))}: {trainable:,} of "
+                f"{frozen:,} parameters trainable ({source})"
+            )
     if params is None:
-        return StateEstimate(name, None, source, ds.zero_stage, nodes, per_node, CHECKPOINT_BYTES_PER_PARAM,
-                             MEMORY_BYTES_PER_PARAM, None, None, None, None, None, "parameter count unknown")
+        return StateEstimate(
+            name,
+            None,
+            source,
+            ds.zero_stage,
+            nodes,
+            per_node,
+            CHECKPOINT_BYTES_PER_PARAM,
+            MEMORY_BYTES_PER_PARAM,
+            None,
+            None,
+            None,
+            None,
+            None,
+            "parameter count unknown",
+        )
     total = CHECKPOINT_BYTES_PER_PARAM * params
     weight_bytes = (2 if ds.bf16 else 4) * params
-    note = ("LoRA: a checkpoint holds the adapters' state only; the frozen base comes back from its files"
-            if frozen else "")
+    note = (
+        "LoRA: a checkpoint holds the adapters' state only; the frozen base comes back from its files" if frozen else ""
+    )
     if ds.zero_stage == 3:
         busiest_node, busiest_rank = math.ceil(total / nodes), math.ceil(total / ranks)
     elif ds.zero_stage in (1, 2):
         total += weight_bytes
         busiest_node = math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / nodes) + weight_bytes
         busiest_rank = math.ceil(CHECKPOINT_BYTES_PER_PARAM * params / ranks) + weight_bytes
-        note = "; ".join(n for n in (note, f"ZeRO stage {ds.zero_stage}: node 0 also saves the whole 16-bit "
-                                           "model (approximate)") if n)
+        note = "; ".join(
+            n
+            for n in (note, f"ZeRO stage {ds.zero_stage}: node 0 also saves the whole 16-bit model (approximate)")
+            if n
+        )
     else:
         total += weight_bytes
         busiest_node = busiest_rank = total
         note = "; ".join(n for n in (note, "ZeRO stage 0: rank 0 saves everything (approximate)") if n)
     memory = MEMORY_BYTES_PER_PARAM * params + (2 if ds.bf16 else 4) * frozen
-    return StateEstimate(name, params, source, ds.zero_stage, nodes, per_node, CHECKPOINT_BYTES_PER_PARAM,
-                         MEMORY_BYTES_PER_PARAM, total, busiest_node, busiest_rank, memory,
-                         math.ceil(memory / ranks) if ds.zero_stage == 3 else None, note)
+    return StateEstimate(
+        name,
+        params,
+        source,
+        ds.zero_stage,
+        nodes,
+        per_node,
+        CHECKPOINT_BYTES_PER_PARAM,
+        MEMORY_BYTES_PER_PARAM,
+        total,
+        busiest_node,
+        busiest_rank,
+        memory,
+        math.ceil(memory / ranks) if ds.zero_stage == 3 else None,
+        note,
+    )

@@ -75,8 +75,15 @@ class RunStatus(StrEnum):
         return cls.FAILED if word.startswith("FAILED_") else None
 
 
-_FAILED = frozenset({RunStatus.FAILED, RunStatus.FAILED_SETUP, RunStatus.FAILED_PRECHECKS,
-                     RunStatus.FAILED_NO_RESOURCE, RunStatus.FAILED_CONTROLLER})
+_FAILED = frozenset(
+    {
+        RunStatus.FAILED,
+        RunStatus.FAILED_SETUP,
+        RunStatus.FAILED_PRECHECKS,
+        RunStatus.FAILED_NO_RESOURCE,
+        RunStatus.FAILED_CONTROLLER,
+    }
+)
 _TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.CANCELLED}) | _FAILED
 # ManagedJobStatus member names that differ from their values.
 _SKY_NAMES = {"DEPRECATED_SUBMITTED": "SUBMITTED"}

@@ -120,8 +120,11 @@ def sha256_of(path: Path) -> str:
 
 def files_of(local: Path) -> Dict[str, dict]:
     """Every file of a wheelhouse built in `local`: its size and sha256 (what the marker vouches for)."""
-    return {p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)}
-            for p in sorted(local.iterdir()) if p.is_file() and not p.name.startswith(".") and p.name != MARKER}
+    return {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_of(p)}
+        for p in sorted(local.iterdir())
+        if p.is_file() and not p.name.startswith(".") and p.name != MARKER
+    }
 
 
 def read_marker(folder: Path, name: str, key: Optional[bytes]) -> Tuple[Optional[dict], Optional[str]]:

@@ -25,8 +25,10 @@ import yaml
 _BOOL = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 _NULL = re.compile(r"^(?:~|null|Null|NULL|)$")
 _INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
-_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
 _MERGE = re.compile(r"^(?:<<)$")
 
 
@@ -59,16 +61,18 @@ class Loader(yaml.SafeLoader):
                 if name in seen:
                     what = "merge key '<<'" if name == "<<" else f"key '{name}'"
                     hint = " (merge several with one: `<<: [*a, *b]`)" if name == "<<" else ""
-                    raise DuplicateKey(None, None, f"duplicate {what} (first at line {seen[name]}){hint}",
-                                       key_node.start_mark)
+                    raise DuplicateKey(
+                        None, None, f"duplicate {what} (first at line {seen[name]}){hint}", key_node.start_mark
+                    )
                 seen[name] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_bool(self, node):
         value = self.construct_scalar(node)
         if not _BOOL.match(value):  # `!!bool yes`
-            raise yaml.constructor.ConstructorError(None, None, f"{value!r} is no YAML 1.2 boolean (true/false)",
-                                                    node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{value!r} is no YAML 1.2 boolean (true/false)", node.start_mark
+            )
         return value.lower() == "true"
 
     def construct_yaml_int(self, node):
@@ -82,14 +86,14 @@ class Loader(yaml.SafeLoader):
                 return int(value, 10)
             except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
                 pass
-        raise yaml.constructor.ConstructorError(None, None, f"{value[:40]!r} is no YAML 1.2 integer",
-                                                node.start_mark)
+        raise yaml.constructor.ConstructorError(None, None, f"{value[:40]!r} is no YAML 1.2 integer", node.start_mark)
 
     def construct_yaml_float(self, node):
         value = self.construct_scalar(node)
         if not _FLOAT.match(value):
-            raise yaml.constructor.ConstructorError(None, None, f"{value[:40]!r} is no YAML 1.2 number",
-                                                    node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{value[:40]!r} is no YAML 1.2 number", node.start_mark
+            )
         lowered = value.lower()
         if lowered.endswith(".inf"):
             return -math.inf if lowered.startswith("-") else math.inf

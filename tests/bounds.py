@@ -52,7 +52,9 @@ def _rss() -> int:
 
 
 @contextmanager
-def bounded(what: object, *, cpu_s: float = CPU_S, memory_mb: int = MEMORY_MB, wall_s: float = WALL_S) -> Iterator[dict]:
+def bounded(
+    what: object, *, cpu_s: float = CPU_S, memory_mb: int = MEMORY_MB, wall_s: float = WALL_S
+) -> Iterator[dict]:
     """Run the body within the bounds; OverBudget (naming `what`) when it goes past one. Yields a dict
     that holds the figures afterwards: cpu_s, wall_s, peak_mb (growth of the resident set)."""
     figures: dict = {}
@@ -92,8 +94,9 @@ def bounded(what: object, *, cpu_s: float = CPU_S, memory_mb: int = MEMORY_MB, w
         stop.set()
         watcher.join()
     peak[0] = max(peak[0], _rss())
-    figures.update(cpu_s=_cpu() - start_cpu, wall_s=time.monotonic() - start_wall,
-                   peak_mb=(peak[0] - start_rss) / 2**20)
+    figures.update(
+        cpu_s=_cpu() - start_cpu, wall_s=time.monotonic() - start_wall, peak_mb=(peak[0] - start_rss) / 2**20
+    )
     if over_memory.is_set() or figures["peak_mb"] > memory_mb:
         raise OverBudget(f"{what}: {figures['peak_mb']:.1f} MB of memory, more than {memory_mb} MB")
     if figures["cpu_s"] > cpu_s:
@@ -103,8 +106,16 @@ def bounded(what: object, *, cpu_s: float = CPU_S, memory_mb: int = MEMORY_MB, w
 # --------------------------------------------------------------------------- a big run, as the local executor leaves it
 
 BIG_T0 = 1_700_000_000.0
-BIG_WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g5.48xlarge",
-             "spot": True, "accelerators": None, "num_nodes": 1, "simulated": True}
+BIG_WHERE = {
+    "cloud": "aws",
+    "region": "us-east-1",
+    "zone": "us-east-1a",
+    "instance_type": "g5.48xlarge",
+    "spot": True,
+    "accelerators": None,
+    "num_nodes": 1,
+    "simulated": True,
+}
 STEPS_PER_ATTEMPT = 5
 """Each attempt of the big run trains this many new steps, checkpoints the last, and is preempted."""
 
@@ -127,25 +138,61 @@ def big_run_events(attempts: int, run_id: str) -> dict[str, bytes]:
         last = k == attempts - 1
         first, final = STEPS_PER_ATTEMPT * k, STEPS_PER_ATTEMPT * (k + 1)
         executor = [line(t, "attempt_start", k, None, where=BIG_WHERE)]
-        trainer = [line(t + 5, "start", k, 0, where=BIG_WHERE, world_size=1, total_steps=STEPS_PER_ATTEMPT * attempts,
-                        recipe="tiny", pid=1000 + k)]
+        trainer = [
+            line(
+                t + 5,
+                "start",
+                k,
+                0,
+                where=BIG_WHERE,
+                world_size=1,
+                total_steps=STEPS_PER_ATTEMPT * attempts,
+                recipe="tiny",
+                pid=1000 + k,
+            )
+        ]
         if k:
-            trainer.append(line(t + 6, "resume", k, 0, step=first, checkpoint=f"step_{first}", source="local",
-                                load_seconds=1.0))
+            trainer.append(
+                line(t + 6, "resume", k, 0, step=first, checkpoint=f"step_{first}", source="local", load_seconds=1.0)
+            )
         for step in range(first + 1, final + 1):
-            trainer.append(line(t + 10 + 10 * (step - first), "step", k, 0, step=step, loss=2.0, step_seconds=10.0,
-                                samples=8, tokens=512))
+            trainer.append(
+                line(
+                    t + 10 + 10 * (step - first),
+                    "step",
+                    k,
+                    0,
+                    step=step,
+                    loss=2.0,
+                    step_seconds=10.0,
+                    samples=8,
+                    tokens=512,
+                )
+            )
         if last:
-            trainer += [line(t + 70, "checkpoint_end", k, 0, step=final, kind="final", blocked_seconds=1.0),
-                        line(t + 71, "exit", k, 0, code=0, reason="complete", step=final)]
+            trainer += [
+                line(t + 70, "checkpoint_end", k, 0, step=final, kind="final", blocked_seconds=1.0),
+                line(t + 71, "exit", k, 0, code=0, reason="complete", step=final),
+            ]
             executor.append(line(t + 72, "attempt_end", k, None, code=0, reason="complete"))
         else:
-            executor += [line(t + 61, "preempt_notice_sent", k, None, deadline=t + 91),
-                         line(t + 62, "preempt_sigterm", k, None)]
-            trainer += [line(t + 63, "checkpoint_end", k, 0, step=final, kind="emergency", blocked_seconds=1.0),
-                        line(t + 64, "emergency_checkpoint", k, 0, step=final, signal_to_commit_seconds=2.0,
-                             durable_before_deadline=True),
-                        line(t + 65, "exit", k, 0, code=75, reason="preempted", step=final)]
+            executor += [
+                line(t + 61, "preempt_notice_sent", k, None, deadline=t + 91),
+                line(t + 62, "preempt_sigterm", k, None),
+            ]
+            trainer += [
+                line(t + 63, "checkpoint_end", k, 0, step=final, kind="emergency", blocked_seconds=1.0),
+                line(
+                    t + 64,
+                    "emergency_checkpoint",
+                    k,
+                    0,
+                    step=final,
+                    signal_to_commit_seconds=2.0,
+                    durable_before_deadline=True,
+                ),
+                line(t + 65, "exit", k, 0, code=75, reason="preempted", step=final),
+            ]
             executor.append(line(t + 70, "attempt_end", k, None, code=75, reason="preempted"))
         files[event_file_name(k, 0, None)] = "".join(executor).encode()
         files[event_file_name(k, 0, 0)] = "".join(trainer).encode()
@@ -187,6 +234,7 @@ def _add_row(home: Path, name: str, run_dir: Path, *, total_steps: int) -> None:
 
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     with Ledger(home / "ledger.db") as ledger:
-        ledger.add(name, "tiny", "local", run_dir=str(run_dir), total_steps=total_steps, num_nodes=1,
-                   info={"cloud": "aws"})
+        ledger.add(
+            name, "tiny", "local", run_dir=str(run_dir), total_steps=total_steps, num_nodes=1, info={"cloud": "aws"}
+        )
         ledger.set_status(name, "SUCCEEDED")

@@ -47,12 +47,21 @@ def sky_env(tmp_path_factory):
     home = sky_home(tmp_path_factory)
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_", "AWS_", "GOOGLE_"))}
-    env.update(HOME=str(home), AWS_EC2_METADATA_DISABLED="true", NO_COLOR="1",
-               SKYSPOT_HOME=str(home / ".skyspot"), COLUMNS="200")
+    env.update(
+        HOME=str(home),
+        AWS_EC2_METADATA_DISABLED="true",
+        NO_COLOR="1",
+        SKYSPOT_HOME=str(home / ".skyspot"),
+        COLUMNS="200",
+    )
     yield env
     if (home / ".sky").exists():
-        subprocess.run([sys.executable, "-c", "from sky.client import sdk; sdk.api_stop()"],
-                       env=env, capture_output=True, timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", "from sky.client import sdk; sdk.api_stop()"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
 
 
 # One uninterrupted `tiny` run every faulted run outside tests/trainer must equal bitwise (the

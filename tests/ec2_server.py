@@ -23,15 +23,35 @@ def ec2_server(tmp_path_factory):
     """moto's server in a process of its own, seeded (MOTO_AMIS_PATH, read when moto is imported) with one
     AMI of SkyPilot's EFA name; moto gives the images of that file the owner alias "amazon"."""
     seed = tmp_path_factory.mktemp("amis") / "amis.json"
-    seed.write_text(json.dumps([{
-        "ami_id": AMAZON_AMI, "state": "available", "public": True, "owner_id": "898082745236",
-        "name": aws_images.EFA_IMAGE_NAME, "description": "Amazon's", "image_type": "machine",
-        "architecture": "x86_64", "virtualization_type": "hvm", "root_device_type": "ebs",
-        "root_device_name": "/dev/sda1", "hypervisor": "xen", "creation_date": "2025-08-08T00:00:00.000Z"}]))
+    seed.write_text(
+        json.dumps(
+            [
+                {
+                    "ami_id": AMAZON_AMI,
+                    "state": "available",
+                    "public": True,
+                    "owner_id": "898082745236",
+                    "name": aws_images.EFA_IMAGE_NAME,
+                    "description": "Amazon's",
+                    "image_type": "machine",
+                    "architecture": "x86_64",
+                    "virtualization_type": "hvm",
+                    "root_device_type": "ebs",
+                    "root_device_name": "/dev/sda1",
+                    "hypervisor": "xen",
+                    "creation_date": "2025-08-08T00:00:00.000Z",
+                }
+            ]
+        )
+    )
     port = free_port()
     env = {**os.environ, "MOTO_AMIS_PATH": str(seed)}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     import urllib.request
 

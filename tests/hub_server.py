@@ -27,9 +27,17 @@ import pytest
 
 DENIED_TOKEN = "hf_no_access"
 COMMIT = "a" * 40
-WEIGHTS = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-           "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
-           "tokenizer_config.json", "special_tokens_map.json", "original/consolidated.00.pth"]
+WEIGHTS = [
+    "config.json",
+    "generation_config.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "original/consolidated.00.pth",
+]
 
 MODELS = {
     "meta-llama/Llama-3.1-8B": {"gated": "manual", "files": WEIGHTS},
@@ -94,7 +102,7 @@ class _Handler(BaseHTTPRequestHandler):
             prefix = f"/api/{kind}/"
             if not path.startswith(prefix):
                 continue
-            repo, _, revision = path[len(prefix):].partition("/revision/")
+            repo, _, revision = path[len(prefix) :].partition("/revision/")
             info = known.get(repo)
             if kind == "models" and repo in SERVED:
                 info = {"gated": False, "files": sorted(p.name for p in SERVED[repo].iterdir() if p.is_file())}
@@ -104,8 +112,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, {"error": "Invalid rev id"}, "RevisionNotFound")
             if info["gated"] and (not token or token == DENIED_TOKEN):
                 return self._send(403, {"error": "Access to this model is restricted"}, "GatedRepo")
-            return self._send(200, {"id": repo, "sha": COMMIT, "private": False, "gated": info["gated"],
-                                    "siblings": [{"rfilename": f} for f in info.get("files", [])]})
+            return self._send(
+                200,
+                {
+                    "id": repo,
+                    "sha": COMMIT,
+                    "private": False,
+                    "gated": info["gated"],
+                    "siblings": [{"rfilename": f} for f in info.get("files", [])],
+                },
+            )
         self._send(404, {"error": "not found"})
 
 

@@ -38,13 +38,48 @@ from skyspot.pricing import prices as pricing
 # Columns the snapshot does not carry (disk, EFA, Azure image generation) stay empty; the optimizer
 # reads none of them for a request without local disks.
 CATALOG_COLUMNS = {
-    "aws": ["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", "MemoryGiB", "GpuInfo", "Price",
-            "SpotPrice", "Region", "AvailabilityZone", "Arch", "LocalDiskType", "NVMeSupported", "LocalDiskSize",
-            "LocalDiskCount", "MaximumEfaInterfaces"],
-    "gcp": ["InstanceType", "vCPUs", "MemoryGiB", "AcceleratorName", "AcceleratorCount", "GpuInfo", "Region",
-            "AvailabilityZone", "Price", "SpotPrice"],
-    "azure": ["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", "MemoryGiB", "GpuInfo", "Price",
-              "SpotPrice", "Region", "Generation"],
+    "aws": [
+        "InstanceType",
+        "AcceleratorName",
+        "AcceleratorCount",
+        "vCPUs",
+        "MemoryGiB",
+        "GpuInfo",
+        "Price",
+        "SpotPrice",
+        "Region",
+        "AvailabilityZone",
+        "Arch",
+        "LocalDiskType",
+        "NVMeSupported",
+        "LocalDiskSize",
+        "LocalDiskCount",
+        "MaximumEfaInterfaces",
+    ],
+    "gcp": [
+        "InstanceType",
+        "vCPUs",
+        "MemoryGiB",
+        "AcceleratorName",
+        "AcceleratorCount",
+        "GpuInfo",
+        "Region",
+        "AvailabilityZone",
+        "Price",
+        "SpotPrice",
+    ],
+    "azure": [
+        "InstanceType",
+        "AcceleratorName",
+        "AcceleratorCount",
+        "vCPUs",
+        "MemoryGiB",
+        "GpuInfo",
+        "Price",
+        "SpotPrice",
+        "Region",
+        "Generation",
+    ],
 }
 SKY_CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}
 
@@ -64,8 +99,12 @@ AZURE_IMAGE_ROWS = (
 _AWS_AZ_ID = re.compile(r"^[a-z]+[0-9]+-az[0-9]+$")
 
 # Modules that bind catalog paths when imported (module-level `common.read_catalog`).
-_CATALOG_MODULES = ("sky.utils.accelerator_registry", "sky.catalog.aws_catalog", "sky.catalog.gcp_catalog",
-                    "sky.catalog.azure_catalog")
+_CATALOG_MODULES = (
+    "sky.utils.accelerator_registry",
+    "sky.catalog.aws_catalog",
+    "sky.catalog.gcp_catalog",
+    "sky.catalog.azure_catalog",
+)
 
 # Variables that would hand SkyPilot real (or another fixture's) cloud credentials, a remote API
 # server, or another runtime directory.
@@ -91,13 +130,21 @@ def write_catalog(catalog_dir: Path) -> None:
             for r in rows:
                 if r["cloud"] != cloud:
                     continue
-                writer.writerow({
-                    "InstanceType": r["instance_type"], "AcceleratorName": r["accelerator_name"],
-                    "AcceleratorCount": r["accelerator_count"], "vCPUs": r["vcpus"], "MemoryGiB": r["memory_gib"],
-                    # GCP and Azure fetchers write the GPU name here; only `sky gpus list` parses it.
-                    "GpuInfo": r["accelerator_name"], "Price": r["price"], "SpotPrice": r["spot_price"],
-                    "Region": r["region"], **({"AvailabilityZone": r["zone"]} if cloud != "azure" else {}),
-                })
+                writer.writerow(
+                    {
+                        "InstanceType": r["instance_type"],
+                        "AcceleratorName": r["accelerator_name"],
+                        "AcceleratorCount": r["accelerator_count"],
+                        "vCPUs": r["vcpus"],
+                        "MemoryGiB": r["memory_gib"],
+                        # GCP and Azure fetchers write the GPU name here; only `sky gpus list` parses it.
+                        "GpuInfo": r["accelerator_name"],
+                        "Price": r["price"],
+                        "SpotPrice": r["spot_price"],
+                        "Region": r["region"],
+                        **({"AvailabilityZone": r["zone"]} if cloud != "azure" else {}),
+                    }
+                )
     (catalog_dir / "azure" / "images.csv").write_text("\n".join(AZURE_IMAGE_ROWS) + "\n", encoding="utf-8")
     # Which clouds offer each accelerator: read when SkyPilot canonicalises a GPU name.
     offered: dict[str, set[str]] = {}
@@ -171,8 +218,9 @@ def offline_skypilot(home: Path) -> Iterator[Path]:
         mp.setenv("HOME", str(home))
         mp.setenv("AWS_EC2_METADATA_DISABLED", "true")  # botocore never asks 169.254.169.254
         # The expression sky/catalog/common.py evaluated at import, evaluated again under this HOME.
-        catalog_dir = Path(runtime_utils.get_runtime_dir_path(
-            os.path.join(".sky/catalogs", constants.CATALOG_SCHEMA_VERSION)))
+        catalog_dir = Path(
+            runtime_utils.get_runtime_dir_path(os.path.join(".sky/catalogs", constants.CATALOG_SCHEMA_VERSION))
+        )
         write_catalog(catalog_dir)
         mp.setattr(catalog_common, "_ABSOLUTE_VERSIONED_CATALOG_DIR", str(catalog_dir))
         try:

@@ -91,8 +91,13 @@ class S3Server:
         import boto3
 
         name = name or f"test-{next(_names)}"
-        client = boto3.client("s3", endpoint_url=self.url, region_name="us-east-1",
-                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         try:
             client.create_bucket(Bucket=name)
         except client.exceptions.BucketAlreadyOwnedByYou:
@@ -127,10 +132,26 @@ class GCSServer:
         log_path = self.root / "server.log"
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
-                [str(_get_binary_path()), "-scheme", "http", "-host", HOST, "-port", str(self.port),
-                 "-backend", "filesystem", "-filesystem-root", str(self.root / "data"),
-                 "-external-url", self.url, "-log-level", "warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    str(_get_binary_path()),
+                    "-scheme",
+                    "http",
+                    "-host",
+                    HOST,
+                    "-port",
+                    str(self.port),
+                    "-backend",
+                    "filesystem",
+                    "-filesystem-root",
+                    str(self.root / "data"),
+                    "-external-url",
+                    self.url,
+                    "-log-level",
+                    "warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -157,8 +178,11 @@ class GCSServer:
         """Create a bucket (a fresh unique one without a name) and return its URI, `gs://NAME`."""
         name = name or f"test-{next(_names)}"
         request = urllib.request.Request(
-            f"{self.url}/storage/v1/b?project=test", data=json.dumps({"name": name}).encode(),
-            headers={"Content-Type": "application/json"}, method="POST")
+            f"{self.url}/storage/v1/b?project=test",
+            data=json.dumps({"name": name}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         try:
             with _direct.open(request, timeout=5):
                 pass
@@ -191,15 +215,18 @@ class AzureServer:
 
     @property
     def connection_string(self) -> str:
-        return (f"DefaultEndpointsProtocol=http;AccountName={self.ACCOUNT};AccountKey={self.KEY};"
-                f"BlobEndpoint={self.url};")
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={self.ACCOUNT};AccountKey={self.KEY};BlobEndpoint={self.url};"
+        )
 
     @staticmethod
     def binary() -> Path:
         path = Path(os.environ.get("AZURITE_BIN") or REPO / ".node" / "node_modules" / ".bin" / "azurite-blob")
         if not path.exists():
-            raise RuntimeError(f"Azurite not found at {path}; install it as the README's test command does: "
-                               "npm install --no-save --prefix .node azurite@<version>")
+            raise RuntimeError(
+                f"Azurite not found at {path}; install it as the README's test command does: "
+                "npm install --no-save --prefix .node azurite@<version>"
+            )
         return path
 
     def start(self, timeout: float = 30.0) -> None:
@@ -207,10 +234,22 @@ class AzureServer:
         log_path = self.root / "server.log"
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
-                [str(self.binary()), "--blobHost", HOST, "--blobPort", str(self.port),
-                 "--location", str(self.root / "data"), "--loose", "--skipApiVersionCheck",
-                 "--disableTelemetry", "--silent"],  # telemetry would leave loopback
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    str(self.binary()),
+                    "--blobHost",
+                    HOST,
+                    "--blobPort",
+                    str(self.port),
+                    "--location",
+                    str(self.root / "data"),
+                    "--loose",
+                    "--skipApiVersionCheck",
+                    "--disableTelemetry",
+                    "--silent",
+                ],  # telemetry would leave loopback
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:

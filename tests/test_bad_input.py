@@ -34,8 +34,9 @@ from tests.conftest import REPO
 
 runner = CliRunner()
 
-FUZZ = settings(max_examples=120, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 TASK_KEYS = {"name", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run"}
 SENTINEL = "# a file the user had before: a failed render must leave it as it was\n"
@@ -62,8 +63,9 @@ def outcome(result) -> str:
     if lines and lines[-1].startswith("Error: "):
         # An unknown option or a missing argument, reported by Click before any skyspot code runs
         # (with its "Usage:" lines when it knows the command).
-        assert result.exit_code == 2 and all(line.startswith(("Usage: ", "Try ", "Error: ")) for line in lines), \
+        assert result.exit_code == 2 and all(line.startswith(("Usage: ", "Try ", "Error: ")) for line in lines), (
             result.stderr
+        )
         return _count("usage")
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert result.exit_code in (1, 2)
@@ -75,7 +77,7 @@ def assert_valid_task(text: str) -> dict:
     task = yaml.safe_load(text)
     assert isinstance(task, dict)
     assert set(task) <= TASK_KEYS and {"name", "num_nodes", "resources", "envs", "setup", "run"} <= set(task)
-    header = text[:text.index("\nname: ")].splitlines()
+    header = text[: text.index("\nname: ")].splitlines()
     assert header and all(line.startswith("# ") for line in header), header
     assert isinstance(task["num_nodes"], int) and 1 <= task["num_nodes"] <= 1024
     assert task["resources"]["ordered"] and isinstance(task["run"], str)
@@ -84,20 +86,74 @@ def assert_valid_task(text: str) -> dict:
 
 # --------------------------------------------------------------------------- strategies
 
-NASTY_TEXT = ["", " ", "\n", "x\ny", "\r\n", "\x00", "\x07", "\x85", "\u2028", "\u2029", "\ufeff", "\u202e",
-              "\udcff", "é", "😀", "${HOME}", "$(touch pwned)", "`touch pwned`", "x; rm -rf /", "'", '"',
-              "\\", "---", "...", "- a", "a: b", "{", "[", "&a", "*a", "!!python/object/apply:os.system ['true']",
-              "1e400", "-1", "0", "10000000000000000000000", "nan", ".inf", "null", "~", "yes", "no",
-              "../../etc/passwd", "/etc/passwd", "s3://", "file:///etc", "hf://", "H100:0", "H100:1e3"]
+NASTY_TEXT = [
+    "",
+    " ",
+    "\n",
+    "x\ny",
+    "\r\n",
+    "\x00",
+    "\x07",
+    "\x85",
+    "\u2028",
+    "\u2029",
+    "\ufeff",
+    "\u202e",
+    "\udcff",
+    "é",
+    "😀",
+    "${HOME}",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "x; rm -rf /",
+    "'",
+    '"',
+    "\\",
+    "---",
+    "...",
+    "- a",
+    "a: b",
+    "{",
+    "[",
+    "&a",
+    "*a",
+    "!!python/object/apply:os.system ['true']",
+    "1e400",
+    "-1",
+    "0",
+    "10000000000000000000000",
+    "nan",
+    ".inf",
+    "null",
+    "~",
+    "yes",
+    "no",
+    "../../etc/passwd",
+    "/etc/passwd",
+    "s3://",
+    "file:///etc",
+    "hf://",
+    "H100:0",
+    "H100:1e3",
+]
 
 scalars = st.one_of(
-    st.none(), st.booleans(),
-    st.integers(), st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64 + 1, 10**30, -(10**30)]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64 + 1, 10**30, -(10**30)]),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.sampled_from(NASTY_TEXT),
+    st.text(max_size=12),
+    st.sampled_from(NASTY_TEXT),
 )
-junk = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.text(max_size=6) | st.sampled_from(NASTY_TEXT), inner, max_size=3), max_leaves=8)
+junk = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=6) | st.sampled_from(NASTY_TEXT), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 BASES = {name: yaml.safe_load((RECIPES_DIR / file).read_text()) for name, file in REGISTRY.items()}
 
@@ -166,28 +222,70 @@ def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-RECIPE_KEYS = _leaf_keys(Recipe) + ["model.config.hidden_size", "model.config.x", "deepspeed.extra.zero_optimization",
-                                    "train", "model.config", "resources.accelerators.0"]
+RECIPE_KEYS = _leaf_keys(Recipe) + [
+    "model.config.hidden_size",
+    "model.config.x",
+    "deepspeed.extra.zero_optimization",
+    "train",
+    "model.config",
+    "resources.accelerators.0",
+]
 
-PLAUSIBLE_VALUES = ["true", "false", "aws", "gcp", "azure", "aws,gcp", "[aws, gcp]", "3e-4", "0.5", "H100:8",
-                    "A100-80GB:8,H100:8", "us-east-1", "[us-east-1, us-central1]", "s3://my-bucket/x", "gs://data/x.jsonl",
-                    "hf://org/name", "synthetic", "text", "auto", "none", "cpu", "2+", "meta-llama/Llama-3.1-8B", "x y"]
+PLAUSIBLE_VALUES = [
+    "true",
+    "false",
+    "aws",
+    "gcp",
+    "azure",
+    "aws,gcp",
+    "[aws, gcp]",
+    "3e-4",
+    "0.5",
+    "H100:8",
+    "A100-80GB:8,H100:8",
+    "us-east-1",
+    "[us-east-1, us-central1]",
+    "s3://my-bucket/x",
+    "gs://data/x.jsonl",
+    "hf://org/name",
+    "synthetic",
+    "text",
+    "auto",
+    "none",
+    "cpu",
+    "2+",
+    "meta-llama/Llama-3.1-8B",
+    "x y",
+]
 override_values = st.one_of(
-    st.integers(min_value=0, max_value=2000).map(str), st.sampled_from(PLAUSIBLE_VALUES),  # often valid
-    st.text(max_size=24), st.sampled_from(NASTY_TEXT), junk.map(json.dumps), st.integers().map(str),
+    st.integers(min_value=0, max_value=2000).map(str),
+    st.sampled_from(PLAUSIBLE_VALUES),  # often valid
+    st.text(max_size=24),
+    st.sampled_from(NASTY_TEXT),
+    junk.map(json.dumps),
+    st.integers().map(str),
     st.sampled_from(["[aws, oracle]", "H100:8,A100:8", "s3://my-bucket/x y", "{a: 1}", "[]"]),
 )
-SHIPPED_VALUES = sorted({(".".join(path), json.dumps(_parent(data, path)[path[-1]]))
-                         for data in BASES.values() for path in _dict_paths(data)
-                         if not isinstance(_parent(data, path)[path[-1]], dict)})
+SHIPPED_VALUES = sorted(
+    {
+        (".".join(path), json.dumps(_parent(data, path)[path[-1]]))
+        for data in BASES.values()
+        for path in _dict_paths(data)
+        if not isinstance(_parent(data, path)[path[-1]], dict)
+    }
+)
 # key=value with a value like the shipped one (JSON is YAML): these often render.
 plausible_overrides = st.sampled_from(SHIPPED_VALUES).flatmap(
-    lambda kv: _plausible(json.loads(kv[1])).map(lambda v: f"{kv[0]}={json.dumps(v)}"))
+    lambda kv: _plausible(json.loads(kv[1])).map(lambda v: f"{kv[0]}={json.dumps(v)}")
+)
 overrides = st.one_of(
-    plausible_overrides, plausible_overrides, plausible_overrides,
+    plausible_overrides,
+    plausible_overrides,
+    plausible_overrides,
     st.builds(lambda k, v: f"{k}={v}", st.sampled_from(RECIPE_KEYS), override_values),
     st.builds(lambda k, v: f"{k}={v}", st.text(max_size=12), override_values),
-    st.text(max_size=20), st.sampled_from(["=", "train.steps", "train.steps==3", " train.steps=3", "TRAIN.STEPS=3"]),
+    st.text(max_size=20),
+    st.sampled_from(["=", "train.steps", "train.steps==3", " train.steps=3", "TRAIN.STEPS=3"]),
 )
 
 
@@ -240,15 +338,20 @@ def test_any_bytes_as_a_recipe_fail_in_one_line(tmp_path, content):
     assert _render_file(tmp_path, content, use_output=True) == "error"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("name: x\n" + "[" * 3000 + "]" * 3000 + "\n", "malformed YAML"),
-    ("a: &a [*a]\n", "aliases"),
-    ("a: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
-     "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n",
-     "aliases"),
-    ("!!python/object/apply:os.system ['touch pwned']\n", "malformed YAML"),
-    ("\ufeffname: x\n\x00\n", "malformed YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: x\n" + "[" * 3000 + "]" * 3000 + "\n", "malformed YAML"),
+        ("a: &a [*a]\n", "aliases"),
+        (
+            "a: &a [x,x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+            "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]\n",
+            "aliases",
+        ),
+        ("!!python/object/apply:os.system ['touch pwned']\n", "malformed YAML"),
+        ("\ufeffname: x\n\x00\n", "malformed YAML"),
+    ],
+)
 def test_hostile_yaml_is_refused_quickly(tmp_path, monkeypatch, text, message):
     """Deep nesting, self-referencing and exponential aliases, python tags: one line, nothing run."""
     monkeypatch.chdir(tmp_path)
@@ -266,20 +369,23 @@ def test_an_oversized_recipe_file_is_refused(tmp_path):
     assert outcome(result) == "error" and "larger than" in result.stderr
 
 
-@pytest.mark.parametrize("override, message", [
-    ("description=x\nfile_mounts: {/root/.ssh: ~/.ssh}", "one line"),  # would inject a task key via the header
-    ("description=a\x07b", "one line"),                                 # would make the YAML unparseable
-    ("train.lr=.inf", "finite"),
-    ("train.steps=100000000000000000000000", "less than or equal"),   # past SQLite's int64
-    ("train.seed=-1", "greater than or equal"),
-    ("resources.accelerators=[H100:²]", "integer from 1 to 64"),
-    ("resources.cpus=2; rm -rf /", "resources.cpus"),
-    ('resources.regions=["us-east-1\\n"]', "resources.regions"),
-    ("data.source=ftp://host/x", "unsupported data source scheme"),
-    ("data.source=s3://", "has no bucket"),
-    ("model.hub_id=../../etc", "not a Hugging Face repo id"),
-    ('storage.store="s3://bucket/x\\ny"', "one line"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("description=x\nfile_mounts: {/root/.ssh: ~/.ssh}", "one line"),  # would inject a task key via the header
+        ("description=a\x07b", "one line"),  # would make the YAML unparseable
+        ("train.lr=.inf", "finite"),
+        ("train.steps=100000000000000000000000", "less than or equal"),  # past SQLite's int64
+        ("train.seed=-1", "greater than or equal"),
+        ("resources.accelerators=[H100:²]", "integer from 1 to 64"),
+        ("resources.cpus=2; rm -rf /", "resources.cpus"),
+        ('resources.regions=["us-east-1\\n"]', "resources.regions"),
+        ("data.source=ftp://host/x", "unsupported data source scheme"),
+        ("data.source=s3://", "has no bucket"),
+        ("model.hub_id=../../etc", "not a Hugging Face repo id"),
+        ('storage.store="s3://bucket/x\\ny"', "one line"),
+    ],
+)
 def test_values_that_would_break_the_task_are_refused(override, message):
     result = invoke("render", "llama8b", override)
     assert outcome(result) == "error" and message in result.stderr, result.stderr
@@ -289,7 +395,9 @@ def test_a_file_store_uri_is_a_local_path_not_a_bucket_mount():
     # A cloud render refuses it as launch does (a store on this machine); a local dry run renders it unmounted.
     refused = invoke("render", "llama8b", "storage.store=file:///tmp/runs")
     assert refused.exit_code == 2 and "storage.store /tmp/runs is a directory on this machine" in refused.stderr
-    task = assert_valid_task(invoke("launch", "llama8b", "--local", "--dry-run", "storage.store=file:///tmp/runs").stdout)
+    task = assert_valid_task(
+        invoke("launch", "llama8b", "--local", "--dry-run", "storage.store=file:///tmp/runs").stdout
+    )
     assert list(task["file_mounts"]) == ["/skyspot/package"] and "storage.store=/tmp/runs" in task["run"]
 
 
@@ -297,9 +405,11 @@ def test_a_file_store_uri_is_a_local_path_not_a_bucket_mount():
 
 
 @FUZZ
-@given(recipe=st.sampled_from(sorted(REGISTRY)),
-       pairs=st.lists(plausible_overrides, min_size=1, max_size=3) | st.lists(overrides, min_size=1, max_size=3),
-       use_output=st.booleans())
+@given(
+    recipe=st.sampled_from(sorted(REGISTRY)),
+    pairs=st.lists(plausible_overrides, min_size=1, max_size=3) | st.lists(overrides, min_size=1, max_size=3),
+    use_output=st.booleans(),
+)
 def test_any_overrides_render_or_fail_in_one_line(tmp_path, recipe, pairs, use_output):
     target = tmp_path / "task.yaml"
     target.write_text(SENTINEL)
@@ -314,9 +424,18 @@ def test_any_overrides_render_or_fail_in_one_line(tmp_path, recipe, pairs, use_o
 
 
 @settings(FUZZ, max_examples=40)
-@given(name=st.sampled_from(["SKYSPOT_TRAIN__STEPS", "SKYSPOT_RESOURCES__CLOUDS", "SKYSPOT_BOGUS__KEY",
-                             "SKYSPOT_MODEL__CONFIG__X", "SKYSPOT_TRAIN__LR"]),
-       value=override_values.filter(lambda v: "\x00" not in v))
+@given(
+    name=st.sampled_from(
+        [
+            "SKYSPOT_TRAIN__STEPS",
+            "SKYSPOT_RESOURCES__CLOUDS",
+            "SKYSPOT_BOGUS__KEY",
+            "SKYSPOT_MODEL__CONFIG__X",
+            "SKYSPOT_TRAIN__LR",
+        ]
+    ),
+    value=override_values.filter(lambda v: "\x00" not in v),
+)
 def test_any_environment_override_renders_or_fails_in_one_line(name, value):
     kind = outcome(invoke("render", "tiny", env={name: value}))
     assert kind in ("ok", "error")
@@ -324,13 +443,64 @@ def test_any_environment_override_renders_or_fails_in_one_line(name, value):
 
 # --------------------------------------------------------------------------- command lines
 
-OPTION_TOKENS = ["--json", "--csv", "-a", "--all", "-o", "-n", "--clouds", "--store", "--no-on-demand-fallback",
-                 "--plot", "--help", "-y", "--", "-", "--bogus", "--local", "--cloud", "--notice", "--grace",
-                 "--preempt-at-steps", "--preempt-every", "--simulate", "--fallback-after", "-d"]
-VALUE_TOKENS = ["lama70b", "tiny.yaml", "recipes/tiny.yaml", "missing.yaml", "etc/passwd", "aws,gcp", "aws,oracle",
-                "", "s3://my-bucket/runs", "s3://Bad_Bucket/x", "gs://b", "ftp://x/y", "out.yaml", "sub/out.yaml",
-                "nodir/x/y.yaml", ".", "sub", "train.steps=3", "train.steps=x", "resources.num_nodes=0", "-1", "1e9",
-                "15,40", "x,y", "gcp", "oracle", "run-1", "../x", "a/b", "UPPER"]
+OPTION_TOKENS = [
+    "--json",
+    "--csv",
+    "-a",
+    "--all",
+    "-o",
+    "-n",
+    "--clouds",
+    "--store",
+    "--no-on-demand-fallback",
+    "--plot",
+    "--help",
+    "-y",
+    "--",
+    "-",
+    "--bogus",
+    "--local",
+    "--cloud",
+    "--notice",
+    "--grace",
+    "--preempt-at-steps",
+    "--preempt-every",
+    "--simulate",
+    "--fallback-after",
+    "-d",
+]
+VALUE_TOKENS = [
+    "lama70b",
+    "tiny.yaml",
+    "recipes/tiny.yaml",
+    "missing.yaml",
+    "etc/passwd",
+    "aws,gcp",
+    "aws,oracle",
+    "",
+    "s3://my-bucket/runs",
+    "s3://Bad_Bucket/x",
+    "gs://b",
+    "ftp://x/y",
+    "out.yaml",
+    "sub/out.yaml",
+    "nodir/x/y.yaml",
+    ".",
+    "sub",
+    "train.steps=3",
+    "train.steps=x",
+    "resources.num_nodes=0",
+    "-1",
+    "1e9",
+    "15,40",
+    "x,y",
+    "gcp",
+    "oracle",
+    "run-1",
+    "../x",
+    "a/b",
+    "UPPER",
+]
 junk_tokens = st.one_of(st.sampled_from(OPTION_TOKENS), st.sampled_from(VALUE_TOKENS), arg_text)
 recipe_args = st.sampled_from(sorted(REGISTRY) * 3 + ["recipes/tiny.yaml", "lama70b", "missing.yaml", ""]) | arg_text
 
@@ -396,11 +566,15 @@ def test_any_command_line_gives_a_result_or_one_line(tmp_path, monkeypatch, no_s
         assert isinstance(json.loads(result.stdout), list)
 
 
-@pytest.mark.parametrize("args, option, taken", [
-    (["launch", "--store", "--dry-run", "tiny"], "--store", "--dry-run"),
-    (["launch", "tiny", "-n", "--local"], "--name", "--local"),
-    (["launch", "tiny", "--clouds", "--dry-run"], "--clouds", "--dry-run"),
-    (["render", "tiny", "-o", "--help"], "--output", "--help")])
+@pytest.mark.parametrize(
+    "args, option, taken",
+    [
+        (["launch", "--store", "--dry-run", "tiny"], "--store", "--dry-run"),
+        (["launch", "tiny", "-n", "--local"], "--name", "--local"),
+        (["launch", "tiny", "--clouds", "--dry-run"], "--clouds", "--dry-run"),
+        (["render", "tiny", "-o", "--help"], "--output", "--help"),
+    ],
+)
 def test_an_option_given_another_option_as_its_value_is_a_missing_value(args, option, taken, tmp_path, monkeypatch):
     """Found by the fuzzer: `launch --store --dry-run tiny` read --dry-run as the store and launched for real."""
     monkeypatch.chdir(tmp_path)
@@ -414,10 +588,17 @@ def test_an_option_given_another_option_as_its_value_is_a_missing_value(args, op
 def test_valid_examples_parse_with_skypilot():
     """SkyPilot's own parser accepts what render prints, for each recipe and a few overrides."""
     sky = pytest.importorskip("sky")
-    cases = [["tiny"], ["llama8b", "resources.clouds=[aws, gcp]", "train.steps=7"],
-             ["llama70b", "resources.regions=[us-east-1, us-central1]", "storage.store=s3://my-bucket/runs",
-              "data.text_field=$(touch pwned); x"],
-             ["llama8b", "data.source=gs://my-data/train.jsonl", "resources.spot=false"]]
+    cases = [
+        ["tiny"],
+        ["llama8b", "resources.clouds=[aws, gcp]", "train.steps=7"],
+        [
+            "llama70b",
+            "resources.regions=[us-east-1, us-central1]",
+            "storage.store=s3://my-bucket/runs",
+            "data.text_field=$(touch pwned); x",
+        ],
+        ["llama8b", "data.source=gs://my-data/train.jsonl", "resources.spot=false"],
+    ]
     for args in cases:
         result = invoke("render", *args)
         assert outcome(result) == "ok", result.stderr
@@ -429,8 +610,7 @@ def test_valid_examples_parse_with_skypilot():
 # --------------------------------------------------------------------------- escapes
 
 
-@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", ".", "..", "x\n", "Upper", "-x", "a" * 64, "", "a b",
-                                  "x\x00"])
+@pytest.mark.parametrize("name", ["../x", "/abs", "a/b", ".", "..", "x\n", "Upper", "-x", "a" * 64, "", "a b", "x\x00"])
 def test_a_run_name_that_could_escape_is_refused_before_anything_runs(no_submission, name):
     for args in (["launch", "tiny", "--dry-run", "-n", name], ["launch", "tiny", "--local", "-d", "-n", name]):
         result = invoke(*args)
@@ -438,8 +618,19 @@ def test_a_run_name_that_could_escape_is_refused_before_anything_runs(no_submiss
         assert result.exit_code == 2
 
 
-@pytest.mark.parametrize("arg", ["../../etc/passwd-not-here", "/nonexistent/recipe.yaml", "recipes/../../x.yaml",
-                                 "/dev/zero", "..", "/", "tiny/", "etc"])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "../../etc/passwd-not-here",
+        "/nonexistent/recipe.yaml",
+        "recipes/../../x.yaml",
+        "/dev/zero",
+        "..",
+        "/",
+        "tiny/",
+        "etc",
+    ],
+)
 def test_a_recipe_argument_that_is_not_a_recipe_file_is_refused(tmp_path, monkeypatch, arg):
     monkeypatch.chdir(tmp_path)
     result = invoke("render", arg)
@@ -493,37 +684,137 @@ def test_a_name_is_the_registry_or_a_path_never_a_guess(tmp_path, monkeypatch, n
 
 from tests.bounds import bounded  # noqa: E402
 
-COMMANDS = ["render", "launch", "recipes", "ls", "keys", "cp", "status", "logs", "cancel", "resume",
-            "cost-report", "prices"]
-NUMBERS = ["0", "1", "-1", "-3", "0.001", "1e-9", "2", "30", "1e9", "1e300", "1e309", "inf", "-inf", "nan",
-           "-0", "9" * 40, "abc", "", " 5 ", "1,2", "0x10", "1_000"]
+COMMANDS = [
+    "render",
+    "launch",
+    "recipes",
+    "ls",
+    "keys",
+    "cp",
+    "status",
+    "logs",
+    "cancel",
+    "resume",
+    "cost-report",
+    "prices",
+]
+NUMBERS = [
+    "0",
+    "1",
+    "-1",
+    "-3",
+    "0.001",
+    "1e-9",
+    "2",
+    "30",
+    "1e9",
+    "1e300",
+    "1e309",
+    "inf",
+    "-inf",
+    "nan",
+    "-0",
+    "9" * 40,
+    "abc",
+    "",
+    " 5 ",
+    "1,2",
+    "0x10",
+    "1_000",
+]
 STEP_LISTS = ["15,40", "1", "0", "abc", "1,,2", ",", "1,-2", "3,3,3", "999999999999", "1e3", "2,1,2", "1" * 50, ""]
-DEADLINES = ["1h", "36h", "90m", "2d", "1h30m", "30s", "0s", "-1h", "0", "3000000d", "1" + "0" * 400 + "d",
-             "9999-12-31T23:59-12:00", "0001-01-01T00:00+14:00", "2020-01-01T00:00Z", "2099-01-01T00:00Z",
-             "tomorrow", "", "1e308h", "nan", "inf", "1h1h", "P1D", "\x1b[2J"]
+DEADLINES = [
+    "1h",
+    "36h",
+    "90m",
+    "2d",
+    "1h30m",
+    "30s",
+    "0s",
+    "-1h",
+    "0",
+    "3000000d",
+    "1" + "0" * 400 + "d",
+    "9999-12-31T23:59-12:00",
+    "0001-01-01T00:00+14:00",
+    "2020-01-01T00:00Z",
+    "2099-01-01T00:00Z",
+    "tomorrow",
+    "",
+    "1e308h",
+    "nan",
+    "inf",
+    "1h1h",
+    "P1D",
+    "\x1b[2J",
+]
 TRACES = ["trace.yaml", "bad-trace.yaml", "fifo", "sub", "/nonexistent", "/dev/zero", "", "trace.yaml\x00"]
 RUNS = ["run-1", "live-1", "cancelled-1", "nope", "", "../x", "run-1\x1b[2J"]
-OUTPUTS = ["out.yaml", "out.png", "out.svg", "out.pdf", "out.txt", "out", "sub", "sub/out.png", "nodir/x.png", "",
-           "fifo", "link.png", "existing.png", "."]
-LAUNCH_VALUES = {"-n": ["my-run", "run-1", "Bad Name", "", "a" * 70], "--clouds": ["aws", "aws,gcp", "oracle", "", ","],
-                 "--store": ["s3://my-bucket/runs", "gs://b/p", "./relative-store", "/tmp", "", "ftp://x/y", "S3://b/x"],
-                 "--deadline": DEADLINES, "--preempt-every": NUMBERS, "--preempt-at-steps": STEP_LISTS,
-                 "--spot-trace": TRACES, "--notice": NUMBERS, "--grace": NUMBERS, "--provision-delay": NUMBERS,
-                 "--fallback-after": NUMBERS, "--spot-nodes": STEP_LISTS, "--simulate": ["aws", "gcp", "azure", "bogus", ""]}
+OUTPUTS = [
+    "out.yaml",
+    "out.png",
+    "out.svg",
+    "out.pdf",
+    "out.txt",
+    "out",
+    "sub",
+    "sub/out.png",
+    "nodir/x.png",
+    "",
+    "fifo",
+    "link.png",
+    "existing.png",
+    ".",
+]
+LAUNCH_VALUES = {
+    "-n": ["my-run", "run-1", "Bad Name", "", "a" * 70],
+    "--clouds": ["aws", "aws,gcp", "oracle", "", ","],
+    "--store": ["s3://my-bucket/runs", "gs://b/p", "./relative-store", "/tmp", "", "ftp://x/y", "S3://b/x"],
+    "--deadline": DEADLINES,
+    "--preempt-every": NUMBERS,
+    "--preempt-at-steps": STEP_LISTS,
+    "--spot-trace": TRACES,
+    "--notice": NUMBERS,
+    "--grace": NUMBERS,
+    "--provision-delay": NUMBERS,
+    "--fallback-after": NUMBERS,
+    "--spot-nodes": STEP_LISTS,
+    "--simulate": ["aws", "gcp", "azure", "bogus", ""],
+}
 LAUNCH_FLAGS = ["-y", "-d", "--no-on-demand-fallback", "--local", "--cloud", "--fresh-node"]
 # Overrides each valid alone, absurd together or with the flags above (huge step counts and step times
 # with a deadline, a thousand nodes on one machine, checkpoints rarer than the run, ...).
-EXTREME_OVERRIDES = ["train.steps=1", "train.steps=1000000000000", "train.steps=10000000",
-                     "resources.step_seconds_hint=1000000000000", "resources.step_seconds_hint=0.000001",
-                     "resources.step_seconds_hint=1", "resources.num_nodes=1024", "resources.min_nodes=1",
-                     "checkpoint.every_steps=1", "checkpoint.every_steps=1000000000000", "checkpoint.keep=1",
-                     "train.micro_batch_size=1048576", "train.seq_len=16777216", "train.grad_accum=100000",
-                     "checkpoint.every_seconds=auto", "checkpoint.every_seconds=0.001", "train.warmup_steps=1000000000",
-                     "resources.deadline_policy=greedy", "resources.spot=false", "resources.on_demand_fallback=false",
-                     "resources.cpu_ranks=64", "data.num_samples=1", "train.lr=1e300", "train.log_every=1000000000"]
+EXTREME_OVERRIDES = [
+    "train.steps=1",
+    "train.steps=1000000000000",
+    "train.steps=10000000",
+    "resources.step_seconds_hint=1000000000000",
+    "resources.step_seconds_hint=0.000001",
+    "resources.step_seconds_hint=1",
+    "resources.num_nodes=1024",
+    "resources.min_nodes=1",
+    "checkpoint.every_steps=1",
+    "checkpoint.every_steps=1000000000000",
+    "checkpoint.keep=1",
+    "train.micro_batch_size=1048576",
+    "train.seq_len=16777216",
+    "train.grad_accum=100000",
+    "checkpoint.every_seconds=auto",
+    "checkpoint.every_seconds=0.001",
+    "train.warmup_steps=1000000000",
+    "resources.deadline_policy=greedy",
+    "resources.spot=false",
+    "resources.on_demand_fallback=false",
+    "resources.cpu_ranks=64",
+    "data.num_samples=1",
+    "train.lr=1e300",
+    "train.log_every=1000000000",
+]
 value_of = lambda option: st.sampled_from(LAUNCH_VALUES[option]) | arg_text  # noqa: E731
-recipes_or_junk = st.sampled_from(["tiny", "tiny", "llama8b", "llama70b", "trace.yaml", "sub", "fifo", "mine.yaml",
-                                   "lama70b", ""]) | arg_text
+recipes_or_junk = (
+    st.sampled_from(["tiny", "tiny", "llama8b", "llama70b", "trace.yaml", "sub", "fifo", "mine.yaml", "lama70b", ""])
+    | arg_text
+)
 
 
 @st.composite
@@ -566,9 +857,12 @@ def any_command(draw):
         if draw(st.booleans()):
             args += ["--plot", draw(st.sampled_from(OUTPUTS) | arg_text)]
     else:
-        args = ["prices", *draw(st.lists(st.sampled_from(["aws", "gcp", "azure", "oracle", ""]), max_size=1)),
-                *draw(st.lists(st.sampled_from(["p4d.24xlarge", "g5.48xlarge", "nope", ""]), max_size=1)),
-                *pick("--json")]
+        args = [
+            "prices",
+            *draw(st.lists(st.sampled_from(["aws", "gcp", "azure", "oracle", ""]), max_size=1)),
+            *draw(st.lists(st.sampled_from(["p4d.24xlarge", "g5.48xlarge", "nope", ""]), max_size=1)),
+            *pick("--json"),
+        ]
     if draw(st.integers(0, 5)) == 0:
         args.insert(draw(st.integers(1, len(args))), draw(junk_tokens))
     return args
@@ -693,11 +987,15 @@ def test_every_command_and_option_answers_within_bounds(tmp_path, stranger, cont
 
 
 @settings(FUZZ, max_examples=120)
-@given(recipe=st.sampled_from(sorted(REGISTRY)), deadline=st.sampled_from(DEADLINES),
-       extra=st.lists(st.sampled_from(EXTREME_OVERRIDES), min_size=1, max_size=4, unique=True),
-       local=st.booleans())
-def test_values_valid_alone_but_absurd_together_answer_within_bounds(tmp_path, stranger, controllers_never_start,
-                                                                    recipe, deadline, extra, local):
+@given(
+    recipe=st.sampled_from(sorted(REGISTRY)),
+    deadline=st.sampled_from(DEADLINES),
+    extra=st.lists(st.sampled_from(EXTREME_OVERRIDES), min_size=1, max_size=4, unique=True),
+    local=st.booleans(),
+)
+def test_values_valid_alone_but_absurd_together_answer_within_bounds(
+    tmp_path, stranger, controllers_never_start, recipe, deadline, extra, local
+):
     """A deadline with huge step counts and step times, a thousand nodes, checkpoints rarer than the run:
     each value passes on its own; together they must still be answered (planned or refused) in bounds."""
     args = ["launch", recipe, "--dry-run", "--deadline", deadline, *(["--local"] if local else []), "--", *extra]
@@ -712,7 +1010,7 @@ def test_the_fuzzed_command_lines_cover_every_command_and_option():
     app_commands = typer.main.get_command(app).commands
     assert set(COMMANDS) == set(app_commands)
     source = Path(__file__).read_text()
-    section = source[source.index("def any_command("):source.index("def _stage(")]
+    section = source[source.index("def any_command(") : source.index("def _stage(")]
     covered = set(LAUNCH_VALUES) | set(LAUNCH_FLAGS)
     for name, command in app_commands.items():
         for param in command.params:
@@ -728,6 +1026,8 @@ def _bounded_figures():
     if BOUNDED_CASES:
         worst_cpu = max(BOUNDED_CASES, key=lambda c: c["cpu_s"])
         worst_mem = max(BOUNDED_CASES, key=lambda c: c["peak_mb"])
-        print(f"\nbounded cases: {len(BOUNDED_CASES)}; most CPU {worst_cpu['cpu_s']:.2f} s ({worst_cpu['args']}); "
-              f"most memory {worst_mem['peak_mb']:.0f} MB ({worst_mem['args']}); "
-              f"longest wall {max(c['wall_s'] for c in BOUNDED_CASES):.2f} s")
+        print(
+            f"\nbounded cases: {len(BOUNDED_CASES)}; most CPU {worst_cpu['cpu_s']:.2f} s ({worst_cpu['args']}); "
+            f"most memory {worst_mem['peak_mb']:.0f} MB ({worst_mem['args']}); "
+            f"longest wall {max(c['wall_s'] for c in BOUNDED_CASES):.2f} s"
+        )

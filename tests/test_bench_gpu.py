@@ -28,8 +28,14 @@ def test_the_report_says_what_failed_without_figures():
 @pytest.mark.slow
 def test_the_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "bench", "--gpu", "--out", str(out)], cwd=REPO, timeout=900,
-                          env=trainer_env(SKYSPOT_GPU_CHECK_CPU="1"), capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--gpu", "--out", str(out)],
+        cwd=REPO,
+        timeout=900,
+        env=trainer_env(SKYSPOT_GPU_CHECK_CPU="1"),
+        capture_output=True,
+        text=True,
+    )
     report = json.loads((out / "gpu_check.json").read_text())
     assert done.returncode == 0 and report["errors"] == [], done.stderr[-3000:]
     resume, stall, speed = report["resume"], report["stall"], report["speed"]

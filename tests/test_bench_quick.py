@@ -53,10 +53,14 @@ def fake_suites(tmp_path, monkeypatch):
             calls.append((suite, quick))
             results.add(Figure(suite, "fake figure", "s", [1.0]))
             results.sections.append(Section(SECTION_START, SECTION_END, f"{SECTION_START}\nnew {suite}\n{SECTION_END}"))
+
         return types.SimpleNamespace(run=run)
 
-    monkeypatch.setattr(bench_main.importlib, "import_module",
-                        lambda name: fake_module(next(s for s, m in bench_main.MODULES.items() if m == name)))
+    monkeypatch.setattr(
+        bench_main.importlib,
+        "import_module",
+        lambda name: fake_module(next(s for s, m in bench_main.MODULES.items() if m == name)),
+    )
     return doc, calls
 
 
@@ -81,7 +85,10 @@ def test_a_left_out_suite_is_named_in_the_report_and_its_old_rows_kept(fake_suit
     monkeypatch.setattr(bench_main, "QUICK_LEFT_OUT", {"hang": "too slow for the test"})
     assert bench_main.main(["--quick"]) == 0
     assert "hang" not in [s for s, _ in calls]
-    assert "hang: left out of --quick (too slow for the test): run `python -m bench --only hang`" in capsys.readouterr().err
+    assert (
+        "hang: left out of --quick (too slow for the test): run `python -m bench --only hang`"
+        in capsys.readouterr().err
+    )
     results = doc.read_text().split(bench_main.RESULTS_START)[1]
     assert "- hang: left out of --quick (too slow for the test): run `python -m bench --only hang`" in results
     assert "| hang | kept row (s) | 1 | 1 | 1 | 1 |  |  | from before |" in results
@@ -130,16 +137,27 @@ def test_the_deadline_benchmark_hands_its_section_over_instead_of_writing_the_do
 def test_a_real_quick_cli_run_with_no_write_changes_no_doc(tmp_path):
     docs = sorted((REPO / "docs").glob("*.md"))
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in docs}
-    done = subprocess.run([sys.executable, "-m", "bench", "--only", "cli", "--quick", "--no-write"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "cli", "--quick", "--no-write"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| cli | skyspot --help (s) |" in done.stdout and "== cli" in done.stderr
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in docs} == before
 
 
 def test_an_unknown_benchmark_is_a_one_line_usage_error():
-    done = subprocess.run([sys.executable, "-m", "bench", "--only", "cli,hangg", "--quick"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "cli,hangg", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
-        f"python -m bench: unknown benchmark(s): hangg; choose from: {', '.join(bench_main.SUITES)}"]
+        f"python -m bench: unknown benchmark(s): hangg; choose from: {', '.join(bench_main.SUITES)}"
+    ]

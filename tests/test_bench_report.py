@@ -38,5 +38,6 @@ def test_only_replaces_the_rows_it_ran_and_keeps_the_rest(tmp_path, monkeypatch)
     assert [r.split("|")[1].strip() for r in rows] == ["cli", "checkpoint", "overhead"]
     assert "| new |" in rows[0] and "old" not in text.split(bench_main.RESULTS_START)[1]
     assert "kept too" in rows[2]
-    assert "- kept from: `python -m bench` (12.0 min) (the rows of checkpoint, overhead, run 2026-11-29 13:33 UTC)" \
-        in text
+    assert (
+        "- kept from: `python -m bench` (12.0 min) (the rows of checkpoint, overhead, run 2026-11-29 13:33 UTC)" in text
+    )

@@ -34,12 +34,15 @@ def test_bandwidth_precedence_argument_then_cloud_env_then_env_then_default():
     assert bandwidth_for("azure", environ=env, overrides=given).write_gbps == 4.0
 
 
-@pytest.mark.parametrize("env, overrides, message", [
-    ({"SKYSPOT_UPLOAD_GBPS": "fast"}, None, "SKYSPOT_UPLOAD_GBPS"),
-    ({"SKYSPOT_WRITE_GBPS": "-1"}, None, "positive"),
-    ({}, {"aws": {"write_gbs": 1}}, "unknown keys"),
-    ({}, {"awz": {"write_gbps": 1}}, "unknown cloud 'awz'"),
-])
+@pytest.mark.parametrize(
+    "env, overrides, message",
+    [
+        ({"SKYSPOT_UPLOAD_GBPS": "fast"}, None, "SKYSPOT_UPLOAD_GBPS"),
+        ({"SKYSPOT_WRITE_GBPS": "-1"}, None, "positive"),
+        ({}, {"aws": {"write_gbs": 1}}, "unknown keys"),
+        ({}, {"awz": {"write_gbps": 1}}, "unknown cloud 'awz'"),
+    ],
+)
 def test_bad_bandwidth_settings_are_usage_errors(env, overrides, message):
     with pytest.raises(UsageError, match=message):
         bandwidth_for("aws", environ=env, overrides=overrides)
@@ -55,6 +58,7 @@ def test_priors_are_per_node_and_shrink_with_the_job():
 
 
 # --------------------------------------------------------------------------- the registry (issue 33)
+
 
 def test_the_three_clouds_are_registered_in_order():
     assert clouds.names() == ("aws", "gcp", "azure") == clouds.CLOUDS
@@ -84,25 +88,47 @@ def test_every_registered_cloud_provides_every_part(cloud):
     # its simulated node is in one of the cloud's own regions
     assert cloud.region_pattern.match(cloud.simulated.region) and cloud.simulated.min_poll_s > 0
     # its store scheme is one skyspot.storage parses, and names this cloud back
-    assert parse_store_uri(f"{cloud.store_scheme}://acct/bucket/run" if cloud.store_scheme == "az"
-                           else f"{cloud.store_scheme}://bucket/run").scheme == cloud.store_scheme
+    assert (
+        parse_store_uri(
+            f"{cloud.store_scheme}://acct/bucket/run"
+            if cloud.store_scheme == "az"
+            else f"{cloud.store_scheme}://bucket/run"
+        ).scheme
+        == cloud.store_scheme
+    )
     assert clouds.STORE_CLOUDS[cloud.store_scheme] == cloud.name
 
 
 def _complete_parts() -> dict:
     """Every part of REQUIRED, with values a cloud could have (a planted fourth cloud)."""
-    return {"name": "oracle", "label": "OCI", "notice_window_s": 30.0, "notice_poll_s": 5.0, "notice_detect_s": 5.0,
-            "notice_watcher": "skyspot.trainer.notice.oracle", "sigterm": None, "planned_actions": frozenset(),
-            "metadata_endpoint_var": "SKYSPOT_OCI_METADATA_ENDPOINT",
-            "metadata_default_endpoint": "http://169.254.169.254", "store_scheme": "oci",
-            "region_pattern": re.compile(r"^[a-z]+-[a-z]+-\d+$"), "fabric": None, "fabric_accelerators": (),
-            "no_fabric": "none", "upload_gbps": 1.0, "prior_node_hours": {"large": 1.0, "small": 1.0, "cpu": 1.0},
-            "attached_gpus": (), "spot_at_on_demand_is_spot": True, "count_fixes": {},
-            "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),
-            "native_action": lambda self, action: action,
-            "simulated": SimulatedPlace(region="us-ashburn-1", zone=None, stand_in="BM.GPU.H100.8", min_poll_s=0.05),
-            "metadata_redirect_env": lambda self, url: {"SKYSPOT_OCI_METADATA_ENDPOINT": url},
-            "fabric_env": lambda self, instance_type: {}, "fabric_image": lambda self, instance_type: None}
+    return {
+        "name": "oracle",
+        "label": "OCI",
+        "notice_window_s": 30.0,
+        "notice_poll_s": 5.0,
+        "notice_detect_s": 5.0,
+        "notice_watcher": "skyspot.trainer.notice.oracle",
+        "sigterm": None,
+        "planned_actions": frozenset(),
+        "metadata_endpoint_var": "SKYSPOT_OCI_METADATA_ENDPOINT",
+        "metadata_default_endpoint": "http://169.254.169.254",
+        "store_scheme": "oci",
+        "region_pattern": re.compile(r"^[a-z]+-[a-z]+-\d+$"),
+        "fabric": None,
+        "fabric_accelerators": (),
+        "no_fabric": "none",
+        "upload_gbps": 1.0,
+        "prior_node_hours": {"large": 1.0, "small": 1.0, "cpu": 1.0},
+        "attached_gpus": (),
+        "spot_at_on_demand_is_spot": True,
+        "count_fixes": {},
+        "root_disk_write": lambda self, disk_size_gb: (1.0, "planted"),
+        "native_action": lambda self, action: action,
+        "simulated": SimulatedPlace(region="us-ashburn-1", zone=None, stand_in="BM.GPU.H100.8", min_poll_s=0.05),
+        "metadata_redirect_env": lambda self, url: {"SKYSPOT_OCI_METADATA_ENDPOINT": url},
+        "fabric_env": lambda self, instance_type: {},
+        "fabric_image": lambda self, instance_type: None,
+    }
 
 
 def test_a_planted_cloud_with_every_part_passes_the_check():
@@ -129,8 +155,15 @@ def test_register_refuses_what_is_not_a_cloud_and_a_second_class_of_one_name():
     assert type(clouds.get("aws")).__name__ == "AWS"
 
 
-@pytest.mark.parametrize("lookup", [clouds.get, lambda name: bandwidth_for(name, environ={}),
-                                    lambda name: mtbp_prior(name), lambda name: clouds.fast_fabric(name, "H100:8")])
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        clouds.get,
+        lambda name: bandwidth_for(name, environ={}),
+        lambda name: mtbp_prior(name),
+        lambda name: clouds.fast_fabric(name, "H100:8"),
+    ],
+)
 def test_an_unknown_cloud_is_a_one_line_usage_error(lookup):
     with pytest.raises(UsageError) as raised:
         lookup("oracle")
@@ -141,8 +174,10 @@ def test_an_unknown_cloud_is_a_one_line_usage_error(lookup):
 
 
 def test_an_unknown_cloud_on_the_command_line_is_one_line_and_exit_2():
-    code = ("import sys\nfrom skyspot import clouds\nfrom skyspot.errors import UsageError\n"
-            "try:\n    clouds.get('oracle')\nexcept UsageError as e:\n    print(e); sys.exit(e.exit_code)\n")
+    code = (
+        "import sys\nfrom skyspot import clouds\nfrom skyspot.errors import UsageError\n"
+        "try:\n    clouds.get('oracle')\nexcept UsageError as e:\n    print(e); sys.exit(e.exit_code)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout.count("\n") == 1 and "Traceback" not in done.stderr
 

@@ -18,10 +18,14 @@ from skyspot.errors import UsageError
 from skyspot.trainer import nccl_env
 from tests.ec2_server import AMAZON_AMI
 
+
 def _squat(ec2) -> str:
     """A newer public AMI of the same name from another account (moto's own, 123456789012)."""
-    return ec2.register_image(Name=aws_images.EFA_IMAGE_NAME, RootDeviceName="/dev/sda1",
-                              BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 8}}])["ImageId"]
+    return ec2.register_image(
+        Name=aws_images.EFA_IMAGE_NAME,
+        RootDeviceName="/dev/sda1",
+        BlockDeviceMappings=[{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 8}}],
+    )["ImageId"]
 
 
 def test_amazons_efa_image_is_chosen_and_a_newer_look_alike_never(aws_env):
@@ -115,15 +119,22 @@ def test_each_clouds_fabric_candidate_gets_its_nccl_env_and_others_none():
     assert table["p4de.24xlarge"]["FI_PROVIDER"] == "efa" and table["p5.48xlarge"]["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert "/opt/amazon/ofi-nccl/lib" in table["p5.48xlarge"]["SKYSPOT_LIBPATH_PREPEND"]
     tcpx = table["a3-highgpu-8g"]
-    assert (tcpx["NCCL_ALGO"], tcpx["NCCL_PROTO"], tcpx["NCCL_NSOCKS_PERTHREAD"], tcpx["NCCL_BUFFSIZE"]) == \
-        ("Ring", "Simple", "4", "8388608")
+    assert (tcpx["NCCL_ALGO"], tcpx["NCCL_PROTO"], tcpx["NCCL_NSOCKS_PERTHREAD"], tcpx["NCCL_BUFFSIZE"]) == (
+        "Ring",
+        "Simple",
+        "4",
+        "8388608",
+    )
     assert table["Standard_ND96isr_H100_v5"]["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
     assert table["Standard_ND96amsr_A100_v4"]["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
     assert "a2-ultragpu-8g" not in table  # GCP A100: no fabric, no env
     # Microsoft's HPC image (SkyPilot's tag for it) on every Azure ND candidate, no image on any other.
-    images = {(e["cloud"], e["accelerators"], e["use_spot"]): e.get("image_id") for e in built.task["resources"]["ordered"]}
-    assert {k: v for k, v in images.items() if v} == {("azure", a, s): AZURE_HPC_IMAGE
-                                                       for a in ("A100-80GB:8", "H100:8") for s in (True, False)}
+    images = {
+        (e["cloud"], e["accelerators"], e["use_spot"]): e.get("image_id") for e in built.task["resources"]["ordered"]
+    }
+    assert {k: v for k, v in images.items() if v} == {
+        ("azure", a, s): AZURE_HPC_IMAGE for a in ("A100-80GB:8", "H100:8") for s in (True, False)
+    }
 
 
 def test_azure_nd_candidates_note_infiniband_from_the_image_without_network_tier():
@@ -154,8 +165,12 @@ def test_the_node_exports_only_its_own_instance_types_env():
     assert "export FI_PROVIDER=efa" in aws and any(x.startswith("export LD_LIBRARY_PATH=") for x in aws)
     assert nccl_env.exports(envs, {"cloud": "gcp", "instance_type": "a2-ultragpu-8g"}) == []
     assert nccl_env.exports(envs, None) == []
-    out = subprocess.run(["bash", "-c", "eval \"$1\"; echo \"$FI_PROVIDER|$SKYSPOT_LIBPATH_KEEP\"", "-", "\n".join(aws)],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        ["bash", "-c", 'eval "$1"; echo "$FI_PROVIDER|$SKYSPOT_LIBPATH_KEEP"', "-", "\n".join(aws)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert out == "efa|/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 
 

@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import json
 
-from skyspot.events import (EVENT_TYPES, CheckpointKind, Event, EventLog, EventType, EventWriter, parse_event,
-                            parse_lines, read_events_dir)
+from skyspot.events import (
+    EVENT_TYPES,
+    CheckpointKind,
+    Event,
+    EventLog,
+    EventType,
+    EventWriter,
+    parse_event,
+    parse_lines,
+    read_events_dir,
+)
 
 
 def test_every_event_type_lists_its_fields():
@@ -16,7 +25,9 @@ def test_every_event_type_lists_its_fields():
 
 
 def test_a_line_is_read_into_a_typed_record_that_still_writes_the_same_json():
-    line = '{"ts":1.5,"run_id":"r","attempt":2,"node_rank":0,"rank":1,"type":"checkpoint_end","step":8,"kind":"emergency"}'
+    line = (
+        '{"ts":1.5,"run_id":"r","attempt":2,"node_rank":0,"rank":1,"type":"checkpoint_end","step":8,"kind":"emergency"}'
+    )
     event = parse_event(json.loads(line))
     assert isinstance(event, Event) and event.type is EventType.CHECKPOINT_END
     assert (event.ts, event.attempt, event.node_rank, event.rank, event.step) == (1.5, 2, 0, 1, 8)
@@ -32,8 +43,13 @@ def test_an_invalid_line_is_no_record():
 
 
 def test_unknown_event_types_are_counted_not_read():
-    lines = ['{"ts":1,"type":"start","rank":0}', '{"ts":2,"type":"from_the_future","rank":0}',
-             '{"ts":3,"type":"from_the_future"}', '{"ts":4,"type":"teleport"}', "not json"]
+    lines = [
+        '{"ts":1,"type":"start","rank":0}',
+        '{"ts":2,"type":"from_the_future","rank":0}',
+        '{"ts":3,"type":"from_the_future"}',
+        '{"ts":4,"type":"teleport"}',
+        "not json",
+    ]
     log = EventLog()
     parse_lines(lines, "x.jsonl", log)
     assert [e.type for e in log.events] == [EventType.START]
@@ -56,7 +72,12 @@ def test_the_writer_takes_members_and_strings_and_refuses_other_types(tmp_path):
     else:
         raise AssertionError("an unknown type was written")
     writer.close()
-    raw = [json.loads(line) for line in (tmp_path / "events" / "attempt-0.node-0.rank-0.jsonl").read_text().splitlines()]
+    raw = [
+        json.loads(line) for line in (tmp_path / "events" / "attempt-0.node-0.rank-0.jsonl").read_text().splitlines()
+    ]
     assert [(e["type"], e.get("kind")) for e in raw] == [("step", None), ("checkpoint_begin", "interval")]
     log = read_events_dir(tmp_path / "events")
-    assert [e.type for e in log.of_type(EventType.CHECKPOINT_BEGIN, "step")] == [EventType.STEP, EventType.CHECKPOINT_BEGIN]
+    assert [e.type for e in log.of_type(EventType.CHECKPOINT_BEGIN, "step")] == [
+        EventType.STEP,
+        EventType.CHECKPOINT_BEGIN,
+    ]

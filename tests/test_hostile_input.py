@@ -71,6 +71,7 @@ def _limited(seconds: int = 30, gigabytes: float = 2.0):
     def limit():
         cap = int(gigabytes * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
     return limit
 
 
@@ -79,9 +80,26 @@ def test_a_deadline_check_answers_at_once_whatever_the_steps(tmp_path, steps, hi
     """Item 1: `launch --deadline 1h` with 10**12 steps ran 10 minutes to 22 GB (a tick-by-tick replay)."""
     env = {**os.environ, "SKYSPOT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "skyspot.cli.main", "launch", "tiny", "--dry-run", "--deadline", "1h",
-                           f"train.steps={steps}", f"resources.step_seconds_hint={hint}"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60, preexec_fn=_limited())
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "skyspot.cli.main",
+            "launch",
+            "tiny",
+            "--dry-run",
+            "--deadline",
+            "1h",
+            f"train.steps={steps}",
+            f"resources.step_seconds_hint={hint}",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited(),
+    )
     assert done.returncode == 2 and "even all on-demand cannot make the deadline" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and time.monotonic() - started < 30
 
@@ -89,8 +107,9 @@ def test_a_deadline_check_answers_at_once_whatever_the_steps(tmp_path, steps, hi
 def test_feasibility_is_arithmetic_and_a_replay_is_bounded_by_its_ticks():
     check = dl.feasibility(now=0.0, deadline=HOUR, steps=10**12, step_seconds_hint=1e12, restart_seconds=900.0)
     assert not check.ok and check.needed_seconds == 900.0 + 1e24
-    outcome = dl.simulate(dl.Job(steps=10**12, step_seconds=1e12, deadline=HOUR, restart_seconds=1.0),
-                          _NoLosses(), "adaptive")
+    outcome = dl.simulate(
+        dl.Job(steps=10**12, step_seconds=1e12, deadline=HOUR, restart_seconds=1.0), _NoLosses(), "adaptive"
+    )
     assert len(outcome.decisions) <= dl.MAX_TICKS + 1 and not outcome.met
 
 
@@ -105,8 +124,9 @@ class _NoLosses:
 # --------------------------------------------------------------------------- 7: deadlines out of range
 
 
-@pytest.mark.parametrize("given", ["3000000d", "9999-12-31T23:59-12:00", "0001-01-01T00:00+14:00", "9" * 400 + "d",
-                                   "8000-01-01T00:00Z"])
+@pytest.mark.parametrize(
+    "given", ["3000000d", "9999-12-31T23:59-12:00", "0001-01-01T00:00+14:00", "9" * 400 + "d", "8000-01-01T00:00Z"]
+)
 def test_a_deadline_out_of_range_is_one_line_and_exit_2(given):
     """Item 7: these printed `year ... is out of range` tracebacks, or (400 digits) became infinity."""
     one_line_error(invoke("launch", "tiny", "--dry-run", "--deadline", given), "deadline")
@@ -123,8 +143,11 @@ def test_far_times_show_as_unknown_rather_than_raise():
 
 def test_a_deadline_shorter_than_the_start_up_is_refused_without_a_hint():
     """Item 2: 20 s for a 50,000-step run was accepted when no step time was known."""
-    line = one_line_error(invoke("launch", "tiny", "--dry-run", "--deadline", "20s", "train.steps=50000"),
-                          "even all on-demand cannot make the deadline", "at least")
+    line = one_line_error(
+        invoke("launch", "tiny", "--dry-run", "--deadline", "20s", "train.steps=50000"),
+        "even all on-demand cannot make the deadline",
+        "at least",
+    )
     assert "50,000 steps" in line
 
 
@@ -147,17 +170,20 @@ def _state(**kw):
 
 def test_a_deadline_that_cannot_be_met_any_more_is_said_and_run_on_demand():
     """Item 2: with the deadline gone the policy said `spot first (even when behind)`, projected_finish null."""
-    unknown = dl.Estimates(step_seconds={dl.SPOT: None, dl.ON_DEMAND: None}, restart_seconds=30.0,
-                           restart_seconds_max=30.0)
+    unknown = dl.Estimates(
+        step_seconds={dl.SPOT: None, dl.ON_DEMAND: None}, restart_seconds=30.0, restart_seconds_max=30.0
+    )
     gone = dl.decide("adaptive", _state(now=2500.0, mode=dl.IDLE), unknown)
     assert (gone.mode, gone.reason, gone.committed) == (dl.ON_DEMAND, dl.UNREACHABLE, True)
-    known = dl.Estimates(step_seconds={dl.SPOT: 2.0, dl.ON_DEMAND: 2.0}, restart_seconds=30.0,
-                         restart_seconds_max=30.0)
+    known = dl.Estimates(step_seconds={dl.SPOT: 2.0, dl.ON_DEMAND: 2.0}, restart_seconds=30.0, restart_seconds_max=30.0)
     late = dl.decide("adaptive", _state(), known)  # 900 steps x 2 s from t=1000 ends at 2800 > 2000
     assert late.reason == dl.UNREACHABLE and "cannot be met" in late.why
     assert dl.news(None, late, 2000.0).startswith("deadline UNREACHABLE: on-demand")
-    row = dl.status_row({"at": 2000.0, "policy": "adaptive"},
-                        [{"ts": 1.0, "type": dl.DECISION_EVENT, **late.event_fields(_state(), known)}], ended_at=None)
+    row = dl.status_row(
+        {"at": 2000.0, "policy": "adaptive"},
+        [{"ts": 1.0, "type": dl.DECISION_EVENT, **late.event_fields(_state(), known)}],
+        ended_at=None,
+    )
     from skyspot.app.status import deadline_text
 
     assert row["unreachable"] is True and deadline_text(row).startswith("UNREACHABLE, on-demand to the end")
@@ -178,7 +204,7 @@ def test_the_local_controller_says_an_unreachable_deadline_at_once(tmp_path):
     controller = FakeController(tmp_path, at=5, total_steps=100)  # 100 steps x 1 s (the hint) in 5 s: gone
     assert Planner(controller).choose() is False  # on-demand, to finish as soon as it can
     assert any(line.startswith("deadline UNREACHABLE") for line in controller.lines), controller.lines
-    decision, = read_events_dir(tmp_path / "events").of_type(dl.DECISION_EVENT)
+    (decision,) = read_events_dir(tmp_path / "events").of_type(dl.DECISION_EVENT)
     assert (decision["reason"], decision["mode"], decision["committed"]) == (dl.UNREACHABLE, dl.ON_DEMAND, True)
 
 
@@ -192,13 +218,14 @@ def test_the_controller_on_skypilot_says_it_too_and_runs_on_demand(monkeypatch, 
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     plan, start = _plan(tmp_path, hours=2)  # 100 steps x 300 s (the hint) = 8.3 h: gone from the start
     lines: list[str] = []
-    controller = sky_deadline.CloudController(plan, store=open_store(plan["store"]), clock=Clock(start),
-                                              sleep=lambda s: None, say=lines.append)
+    controller = sky_deadline.CloudController(
+        plan, store=open_store(plan["store"]), clock=Clock(start), sleep=lambda s: None, say=lines.append
+    )
     assert controller.step() is None
-    (_, task, _), = fake.launched
+    ((_, task, _),) = fake.launched
     assert {r.use_spot for r in task.resources} == {False}
     assert any(line.startswith("deadline UNREACHABLE") for line in lines), lines
-    decision, = read_events_store(controller.store, "due").of_type(dl.DECISION_EVENT)
+    (decision,) = read_events_store(controller.store, "due").of_type(dl.DECISION_EVENT)
     assert decision["reason"] == dl.UNREACHABLE
 
 
@@ -208,15 +235,18 @@ def test_the_controller_on_skypilot_says_it_too_and_runs_on_demand(monkeypatch, 
 STORE_A, STORE_B = "s3://bucket-a/pa", "s3://bucket-b/pb"
 
 
-@pytest.mark.parametrize("overrides, environ, flag, expected", [
-    (["storage={store: %s}" % STORE_A], {}, STORE_B, STORE_B),  # the issue's example
-    ([f"storage.store={STORE_A}"], {}, STORE_B, STORE_B),
-    (["storage={store: %s}" % STORE_A, f"storage.store={STORE_B}"], {}, None, STORE_B),
-    ([f"storage.store={STORE_B}", "storage={store: %s}" % STORE_A], {}, None, STORE_A),  # the later word wins
-    (["storage={store: %s}" % STORE_A], {"SKYSPOT_STORAGE__STORE": STORE_B}, None, STORE_A),
-    ([], {"SKYSPOT_STORAGE__STORE": STORE_A}, STORE_B, STORE_B),
-    ([], {"SKYSPOT_STORAGE__STORE": STORE_A}, None, STORE_A),
-])
+@pytest.mark.parametrize(
+    "overrides, environ, flag, expected",
+    [
+        (["storage={store: %s}" % STORE_A], {}, STORE_B, STORE_B),  # the issue's example
+        ([f"storage.store={STORE_A}"], {}, STORE_B, STORE_B),
+        (["storage={store: %s}" % STORE_A, f"storage.store={STORE_B}"], {}, None, STORE_B),
+        ([f"storage.store={STORE_B}", "storage={store: %s}" % STORE_A], {}, None, STORE_A),  # the later word wins
+        (["storage={store: %s}" % STORE_A], {"SKYSPOT_STORAGE__STORE": STORE_B}, None, STORE_A),
+        ([], {"SKYSPOT_STORAGE__STORE": STORE_A}, STORE_B, STORE_B),
+        ([], {"SKYSPOT_STORAGE__STORE": STORE_A}, None, STORE_A),
+    ],
+)
 def test_the_recorded_store_the_mount_and_the_trainers_store_are_one_value(overrides, environ, flag, expected):
     """Item 3: `'storage={store: A}' --store B` mounted and recorded B while the trainer resolved A."""
     built = build("llama8b", overrides, flags={"storage.store": flag}, environ=environ, run_name="r1")
@@ -229,8 +259,11 @@ def test_the_recorded_store_the_mount_and_the_trainers_store_are_one_value(overr
 
 
 def test_every_override_reaches_the_trainer_as_the_value_launch_resolved():
-    built = build("tiny", ["train={steps: 9, micro_batch_size: 2, lr: 0.5, seq_len: 32}", "train.steps=7"],
-                  environ={"SKYSPOT_TRAIN__LR": "0.25"})
+    built = build(
+        "tiny",
+        ["train={steps: 9, micro_batch_size: 2, lr: 0.5, seq_len: 32}", "train.steps=7"],
+        environ={"SKYSPOT_TRAIN__LR": "0.25"},
+    )
     node = as_the_trainer_reads_it(built.task)
     assert node.train == built.recipe.train and node.train.steps == 7
     assert sum(w.startswith("train") for w in trainer_words(built.task)) == 1  # the section, once
@@ -275,10 +308,16 @@ def test_an_environment_key_the_trainer_would_refuse_is_refused_at_launch():
         load_recipe("tiny", ["model.config.hidden_size=64"], environ=env)
 
 
-@pytest.mark.parametrize("override, read", [
-    ("train.steps=true", "the boolean"), ("train.lr=true", "the boolean"), ("train.steps=5.0", "the number 5.0"),
-    ('train.steps=" 5 "', "the string ' 5 '"), ("resources.spot=1", "the integer 1"),
-])
+@pytest.mark.parametrize(
+    "override, read",
+    [
+        ("train.steps=true", "the boolean"),
+        ("train.lr=true", "the boolean"),
+        ("train.steps=5.0", "the number 5.0"),
+        ('train.steps=" 5 "', "the string ' 5 '"),
+        ("resources.spot=1", "the integer 1"),
+    ],
+)
 def test_a_value_of_the_wrong_type_is_refused_not_coerced(override, read):
     """Item 11: `train.steps=true` was 1 step, `train.lr=true` 1.0, `5.0` and " 5 " passed."""
     one_line_error(invoke("launch", "tiny", "--dry-run", override), override, read)
@@ -315,8 +354,9 @@ def test_a_scheme_in_capitals_is_one_bucket_everywhere():
     from skyspot.storage import canonical, is_bucket_uri
 
     assert is_bucket_uri("S3://bucket/x") and canonical("S3://bucket/x/") == "s3://bucket/x"
-    built = build("llama8b", ["data.source=S3://my-data/sets/train.jsonl"], flags={"storage.store": "GS://ckpt-b/r"},
-                  environ={})
+    built = build(
+        "llama8b", ["data.source=S3://my-data/sets/train.jsonl"], flags={"storage.store": "GS://ckpt-b/r"}, environ={}
+    )
     assert (built.recipe.data.source, built.recipe.storage.store) == ("s3://my-data/sets/train.jsonl", "gs://ckpt-b/r")
     assert built.task["file_mounts"]["/skyspot/data/my-data"]["source"] == "s3://my-data"
     preflight(load_recipe("tiny", ["data.source=S3://my-data/sets/train.txt"], environ={}), local=False)  # no error
@@ -351,15 +391,15 @@ def test_a_local_run_reads_a_bucket_source_itself_not_through_a_cloud_mount(tmp_
     node = as_the_trainer_reads_it(built.task)
     assert node.data.source == source
     assert local_source_path(node.data.source, tmp_path / "run" / "data") == str(
-        tmp_path / "run" / "data" / "my-data" / "sets" / "train.txt")
+        tmp_path / "run" / "data" / "my-data" / "sets" / "train.txt"
+    )
     cloud = build("tiny", [f"data.source={source}"], environ={})  # a cloud node still reads it through its mount
     assert "data.source=/skyspot/data/my-data/sets/train.txt" in trainer_words(cloud.task)
 
 
 def test_decision_events_stay_json(tmp_path):
     """The unreachable decision's fields serialise (the local planner writes them as JSON lines)."""
-    known = dl.Estimates(step_seconds={dl.SPOT: 2.0, dl.ON_DEMAND: 2.0}, restart_seconds=30.0,
-                         restart_seconds_max=30.0)
+    known = dl.Estimates(step_seconds={dl.SPOT: 2.0, dl.ON_DEMAND: 2.0}, restart_seconds=30.0, restart_seconds_max=30.0)
     fields = dl.decide("greedy", _state(), known).event_fields(_state(), known)
     assert json.loads(json.dumps(fields))["reason"] == dl.UNREACHABLE
 
@@ -371,8 +411,12 @@ SETTERS = st.lists(st.tuples(st.sampled_from(["section", "key"]), st.sampled_fro
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(words=SETTERS, env=st.none() | st.sampled_from(STORES), flag=st.none() | st.sampled_from(STORES),
-       in_file=st.booleans())
+@given(
+    words=SETTERS,
+    env=st.none() | st.sampled_from(STORES),
+    flag=st.none() | st.sampled_from(STORES),
+    in_file=st.booleans(),
+)
 def test_any_combination_of_store_setters_gives_one_store(tmp_path_factory, words, env, flag, in_file):
     """Item 3, whatever the combination: flags > the command line's later word > environment > file
     (`null` unsets it: the file's store must not come back on the node)."""
@@ -396,10 +440,15 @@ def test_any_combination_of_store_setters_gives_one_store(tmp_path_factory, word
 
 def test_an_iso_deadline_in_an_override_or_a_file_stays_text(tmp_path):
     """YAML 1.1 read `2030-05-01T17:00` as a datetime, which the strict string field would refuse."""
-    assert load_recipe("tiny", ["resources.deadline=2030-05-01T17:00+02:00"], environ={}).resources.deadline == \
-        "2030-05-01T17:00+02:00"
-    text = (REPO / "skyspot" / "recipes" / "tiny.yaml").read_text().replace("resources:\n",
-                                                                            "resources:\n  deadline: 2030-05-01\n", 1)
+    assert (
+        load_recipe("tiny", ["resources.deadline=2030-05-01T17:00+02:00"], environ={}).resources.deadline
+        == "2030-05-01T17:00+02:00"
+    )
+    text = (
+        (REPO / "skyspot" / "recipes" / "tiny.yaml")
+        .read_text()
+        .replace("resources:\n", "resources:\n  deadline: 2030-05-01\n", 1)
+    )
     path = tmp_path / "dated.yaml"
     path.write_text(text)
     assert load_recipe(str(path), environ={}).resources.deadline == "2030-05-01"

@@ -20,7 +20,7 @@ TRAINER_MAY_IMPORT = {
     "skyspot.recipe": "the recipe the node trains, loaded with the same rules as the CLI",
     "skyspot.errors": "the project's error types (exit 2 for usage errors, 1 for the rest)",
     "skyspot.clouds": "cloud facts, one class per cloud: notice windows, metadata endpoints and paths, the notice "
-                      "protocol each cloud binds, bandwidths, preemption priors (standard library only)",
+    "protocol each cloud binds, bandwidths, preemption priors (standard library only)",
     "skyspot.hub": "the Hugging Face hub, where a node fetches the base model and its tokenizer",
     "skyspot.sizing": "a recipe's state size, which the first interval plan (initial_plan) divides by bandwidth",
     "skyspot.node_host": "the node's driver, skyspot's venv and setup's record in it, which the node event reports",
@@ -45,10 +45,14 @@ TRAINER_CONTRACTS = {
 
 # Leaves: both sides import them, so they import (almost) nothing of skyspot themselves.
 # skyspot.clouds is a package: its modules import each other and the errors, nothing else of skyspot.
-LEAVES = {"skyspot.clouds": {"skyspot.errors"}, "skyspot.ports": set(), "skyspot.str_enum": set(),
-          "skyspot.statuses": {"skyspot.str_enum"},
-          # the event and status types it reads, themselves leaves (events.py's one lazy import aside: the store)
-          "skyspot.attempts": {"skyspot.clouds", "skyspot.events", "skyspot.statuses", "skyspot.str_enum"}}
+LEAVES = {
+    "skyspot.clouds": {"skyspot.errors"},
+    "skyspot.ports": set(),
+    "skyspot.str_enum": set(),
+    "skyspot.statuses": {"skyspot.str_enum"},
+    # the event and status types it reads, themselves leaves (events.py's one lazy import aside: the store)
+    "skyspot.attempts": {"skyspot.clouds", "skyspot.events", "skyspot.statuses", "skyspot.str_enum"},
+}
 
 
 def _module_name(path: Path) -> str:
@@ -67,12 +71,16 @@ def _imports(path: Path) -> set[str]:
             if node.level:  # relative: from the module's own package up
                 module = _module_name(path)
                 parts = (module if path.name == "__init__.py" else module.rpartition(".")[0]).split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
                 # `from skyspot import hub` names a module; `from skyspot.pricing.cost import run_cost` a function.
-                found.add(candidate if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists()
-                          or (PACKAGE.parent / candidate.replace(".", "/")).is_dir() else base)
+                found.add(
+                    candidate
+                    if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists()
+                    or (PACKAGE.parent / candidate.replace(".", "/")).is_dir()
+                    else base
+                )
     return {name for name in found if name == "skyspot" or name.startswith("skyspot.")}
 
 
@@ -96,22 +104,31 @@ def test_the_walk_sees_the_whole_package():
 
 
 def test_the_trainer_imports_only_the_trainer_and_the_shared_contracts():
-    wrong = {f"{module} imports {name}" for module, names in _modules().items() if _in_trainer(module)
-             for name in names if not _in_trainer(name) and not _trainer_may_import(name) and name != "skyspot"}
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in _modules().items()
+        if _in_trainer(module)
+        for name in names
+        if not _in_trainer(name) and not _trainer_may_import(name) and name != "skyspot"
+    }
     assert not wrong, "the trainer reaches into the CLI side:\n" + "\n".join(sorted(wrong))
 
 
 def test_outside_the_trainer_only_its_public_contracts_are_imported():
-    wrong = {f"{module} imports {name}" for module, names in _modules().items() if not _in_trainer(module)
-             for name in names if _in_trainer(name) and name not in TRAINER_CONTRACTS}
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in _modules().items()
+        if not _in_trainer(module)
+        for name in names
+        if _in_trainer(name) and name not in TRAINER_CONTRACTS
+    }
     assert not wrong, "trainer internals imported from outside the trainer:\n" + "\n".join(sorted(wrong))
 
 
 def _leaf_imports(modules: dict[str, set[str]], leaf: str) -> set[str]:
     """What the leaf (a module, or a package and its modules) imports from outside itself."""
     inside = [m for m in modules if m == leaf or m.startswith(leaf + ".")]
-    return {name for m in inside for name in modules[m]
-            if name != leaf and not name.startswith(leaf + ".")}
+    return {name for m in inside for name in modules[m] if name != leaf and not name.startswith(leaf + ".")}
 
 
 def test_cloud_facts_and_attempts_are_leaves():
@@ -132,8 +149,13 @@ def test_the_rule_catches_a_trainer_module_importing_the_cli(tmp_path):
 def test_nothing_below_the_cli_imports_the_cli():
     """The CLI is the thin shell on top: executors, runs, cost and the rest print through
     skyspot.console and raise skyspot.errors; none of them reaches back up into skyspot.cli."""
-    wrong = {f"{module} imports {name}" for module, names in _modules().items()
-             if not module.startswith("skyspot.cli") for name in names if name.startswith("skyspot.cli")}
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in _modules().items()
+        if not module.startswith("skyspot.cli")
+        for name in names
+        if name.startswith("skyspot.cli")
+    }
     assert not wrong, "the arrows run upward:\n" + "\n".join(sorted(wrong))
 
 
@@ -150,10 +172,34 @@ LAYERS = [
     ("planning", ("skyspot.planning",)),
     ("pricing", ("skyspot.pricing",)),
     ("node", ("skyspot.trainer", "skyspot.node_env")),
-    ("contracts", ("skyspot.storage", "skyspot.recipe", "skyspot.recipe_keys", "skyspot.events", "skyspot.attempts",
-                   "skyspot.clouds", "skyspot.hub", "skyspot.sizing", "skyspot.start_bounds", "skyspot.lora",
-                   "skyspot.ledger", "skyspot.errors", "skyspot.console", "skyspot.ports", "skyspot.deadline_text",
-                   "skyspot.yaml12", "skyspot.node_host", "skyspot.node_kinds", "skyspot.libpath", "skyspot.wheelhouse", "skyspot.statuses", "skyspot.str_enum", "skyspot")),
+    (
+        "contracts",
+        (
+            "skyspot.storage",
+            "skyspot.recipe",
+            "skyspot.recipe_keys",
+            "skyspot.events",
+            "skyspot.attempts",
+            "skyspot.clouds",
+            "skyspot.hub",
+            "skyspot.sizing",
+            "skyspot.start_bounds",
+            "skyspot.lora",
+            "skyspot.ledger",
+            "skyspot.errors",
+            "skyspot.console",
+            "skyspot.ports",
+            "skyspot.deadline_text",
+            "skyspot.yaml12",
+            "skyspot.node_host",
+            "skyspot.node_kinds",
+            "skyspot.libpath",
+            "skyspot.wheelhouse",
+            "skyspot.statuses",
+            "skyspot.str_enum",
+            "skyspot",
+        ),
+    ),
 ]
 
 # Arrows that point up, each with why; none may be added without one.
@@ -173,9 +219,12 @@ def _layer(module: str) -> int:
 
 
 def _upward(modules: dict[str, set[str]]) -> set[str]:
-    return {f"{module} ({LAYERS[_layer(module)][0]}) imports {name} ({LAYERS[_layer(name)][0]})"
-            for module, names in modules.items() for name in names
-            if _layer(name) < _layer(module) and (module, name) not in UPWARD}
+    return {
+        f"{module} ({LAYERS[_layer(module)][0]}) imports {name} ({LAYERS[_layer(name)][0]})"
+        for module, names in modules.items()
+        for name in names
+        if _layer(name) < _layer(module) and (module, name) not in UPWARD
+    }
 
 
 def test_every_module_is_on_a_floor_and_no_import_points_up():
@@ -185,9 +234,13 @@ def test_every_module_is_on_a_floor_and_no_import_points_up():
 
 def test_the_trainer_and_the_node_entry_import_only_the_contracts_below_them():
     contracts = len(LAYERS) - 1
-    wrong = {f"{module} imports {name}" for module, names in _modules().items()
-             if LAYERS[_layer(module)][0] == "node" for name in names if _layer(name) < contracts
-             and not (_in_trainer(module) and _in_trainer(name))}
+    wrong = {
+        f"{module} imports {name}"
+        for module, names in _modules().items()
+        if LAYERS[_layer(module)][0] == "node"
+        for name in names
+        if _layer(name) < contracts and not (_in_trainer(module) and _in_trainer(name))
+    }
     assert not wrong, "\n".join(sorted(wrong))
 
 
@@ -204,7 +257,11 @@ def test_a_planted_upward_import_fails_the_layer_rule(tmp_path):
     planted.write_text("def where(record):\n    from skyspot.executors.sky.sdk import where_from_queue\n")
     planted_app = tmp_path / "sdk.py"
     planted_app.write_text("from skyspot.app.launch import launch\n")
-    modules = {**_modules(), "skyspot.pricing.cost": _imports(planted), "skyspot.executors.sky.sdk": _imports(planted_app)}
+    modules = {
+        **_modules(),
+        "skyspot.pricing.cost": _imports(planted),
+        "skyspot.executors.sky.sdk": _imports(planted_app),
+    }
     wrong = _upward(modules)
     assert "skyspot.pricing.cost (pricing) imports skyspot.executors.sky.sdk (executors)" in wrong
     assert "skyspot.executors.sky.sdk (executors) imports skyspot.app.launch (app)" in wrong
@@ -254,8 +311,10 @@ def _circles(modules: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_has_no_circle_within_a_floor_either():
     circles = _circles({m: names - {"skyspot"} for m, names in _modules().items()})
     assert not circles, "modules that import each other (round, lazily or not):\n" + "\n".join(map(str, circles))
-    planted = {"skyspot.executors.sky.sdk": {"skyspot.executors.sky.submit"},
-               "skyspot.executors.sky.submit": {"skyspot.executors.sky.sdk"}}
+    planted = {
+        "skyspot.executors.sky.sdk": {"skyspot.executors.sky.submit"},
+        "skyspot.executors.sky.submit": {"skyspot.executors.sky.sdk"},
+    }
     assert _circles(planted) == [["skyspot.executors.sky.sdk", "skyspot.executors.sky.submit"]]
 
 
@@ -266,9 +325,14 @@ CLI_MAY_IMPORT = ("skyspot.app", "skyspot.console", "skyspot.errors", "skyspot.c
 
 
 def _cli_reaches_past_app(modules: dict[str, set[str]]) -> set[str]:
-    return {f"{module} imports {name}" for module, names in modules.items() if module.startswith("skyspot.cli")
-            for name in names if name != "skyspot"
-            and not any(name == allowed or name.startswith(allowed + ".") for allowed in CLI_MAY_IMPORT)}
+    return {
+        f"{module} imports {name}"
+        for module, names in modules.items()
+        if module.startswith("skyspot.cli")
+        for name in names
+        if name != "skyspot"
+        and not any(name == allowed or name.startswith(allowed + ".") for allowed in CLI_MAY_IMPORT)
+    }
 
 
 def test_the_cli_imports_only_the_use_cases_the_console_and_the_errors():
@@ -277,9 +341,13 @@ def test_the_cli_imports_only_the_use_cases_the_console_and_the_errors():
 
 
 def test_a_planted_cli_import_of_an_executor_fails_the_shell_rule(tmp_path):
-    for planted_import in ("from skyspot.executors import executor_for", "from skyspot.task import package",
-                           "from skyspot.planning.deadline import when", "import skyspot.pricing.prices",
-                           "from skyspot.ledger import Ledger"):
+    for planted_import in (
+        "from skyspot.executors import executor_for",
+        "from skyspot.task import package",
+        "from skyspot.planning.deadline import when",
+        "import skyspot.pricing.prices",
+        "from skyspot.ledger import Ledger",
+    ):
         planted = tmp_path / "launch.py"
         planted.write_text(f"def f():\n    {planted_import}\n")
         wrong = _cli_reaches_past_app({**_modules(), "skyspot.cli.launch": _imports(planted)})

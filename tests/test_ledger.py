@@ -62,10 +62,28 @@ def test_concurrent_writers_lose_no_info_key(ledger_path):
     with Ledger(ledger_path) as ledger:
         info = ledger.get("run-1").info
     last = ROUNDS - 1
-    assert {key: info.get(key) for key in ("attempt", "preemptions", "activity", "cancel_requests", "summary_of",
-                                           "note_a", "note_b", "candidates")} == {
-        "attempt": last, "preemptions": last, "activity": f"attempt {last} running", "cancel_requests": last,
-        "summary_of": f"sig-{last}", "note_a": last, "note_b": last, "candidates": ["aws"]}
+    assert {
+        key: info.get(key)
+        for key in (
+            "attempt",
+            "preemptions",
+            "activity",
+            "cancel_requests",
+            "summary_of",
+            "note_a",
+            "note_b",
+            "candidates",
+        )
+    } == {
+        "attempt": last,
+        "preemptions": last,
+        "activity": f"attempt {last} running",
+        "cancel_requests": last,
+        "summary_of": f"sig-{last}",
+        "note_a": last,
+        "note_b": last,
+        "candidates": ["aws"],
+    }
     assert info["where"] == {"cloud": "aws", "attempt": last} and info["summary"]["round"] == last
 
 

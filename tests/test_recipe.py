@@ -110,8 +110,11 @@ def test_precedence_flags_over_env_over_file_over_defaults(tmp_path):
 
 
 def test_override_values_are_typed(tmp_path):
-    recipe = load_recipe(write(tmp_path, GOOD), ["train.lr=3e-4", "resources.clouds=aws,gcp",
-                                                  "checkpoint.every_seconds=auto"], environ={})
+    recipe = load_recipe(
+        write(tmp_path, GOOD),
+        ["train.lr=3e-4", "resources.clouds=aws,gcp", "checkpoint.every_seconds=auto"],
+        environ={},
+    )
     assert recipe.train.lr == pytest.approx(3e-4)
     assert recipe.resources.clouds == ["aws", "gcp"]
     assert recipe.checkpoint.every_seconds == "auto"
@@ -187,9 +190,13 @@ def test_the_held_out_set_is_validated_like_the_source(tmp_path):
         load_recipe(path, [*hub, "data.eval_split=a b"], environ={})
     files = ["data.source=/data/train.jsonl", "data.format=alpaca"]
     home = os.path.expanduser("~")
-    assert load_recipe(path, [*files, "data.eval_split=~/held.jsonl"], environ={}).data.eval_split == f"{home}/held.jsonl"
-    assert load_recipe(path, [*files, "data.eval_split=S3://my-data/held.jsonl"], environ={}).data.eval_split == \
-        "s3://my-data/held.jsonl"
+    assert (
+        load_recipe(path, [*files, "data.eval_split=~/held.jsonl"], environ={}).data.eval_split == f"{home}/held.jsonl"
+    )
+    assert (
+        load_recipe(path, [*files, "data.eval_split=S3://my-data/held.jsonl"], environ={}).data.eval_split
+        == "s3://my-data/held.jsonl"
+    )
     with pytest.raises(RecipeError, match="data.eval_split: unsupported data file scheme 'ftp://'"):
         load_recipe(path, [*files, "data.eval_split=ftp://host/held.jsonl"], environ={})
     with pytest.raises(RecipeError, match="not a hub dataset"):

@@ -101,8 +101,10 @@ def test_no_secret_reaches_the_ledger_the_local_spec_or_the_reports(canary_env):
     make_run("hand-built")
 
     status = invoke("status", "--json", "-a")
-    reports = [invoke("cost-report", *args) for args in (["--json"], ["--csv"], [], ["hand-built", "--json"],
-                                                         ["hand-built", "--csv"], ["hand-built"])]
+    reports = [
+        invoke("cost-report", *args)
+        for args in (["--json"], ["--csv"], [], ["hand-built", "--json"], ["hand-built", "--csv"], ["hand-built"])
+    ]
     assert status.exit_code == 0 and {r["name"] for r in json.loads(status.stdout)} == {"cloud-run", "hand-built"}
     assert all(r.exit_code == 0 for r in reports), [r.stderr for r in reports]
     assert_no_canary(status.stdout, status.stderr, *(r.stdout + r.stderr for r in reports))
@@ -158,7 +160,7 @@ def test_the_wheelhouse_key_reaches_the_nodes_as_a_secret_and_nothing_else_keeps
     fake = FakeSkyJobs(monkeypatch)
     result = invoke("launch", "llama70b", "-y", "-d", "-n", "keyed", "--store", "s3://my-bucket/runs")
     assert result.exit_code == 0, result.stderr
-    (task, name), = launched(fake)
+    ((task, name),) = launched(fake)
     key_file = skyspot_home() / "keys" / "keyed"
     key = key_file.read_text().strip()
     assert re.fullmatch(r"[0-9a-f]{64}", key) and _mode(key_file) == 0o600 and _mode(key_file.parent) == 0o700
@@ -174,8 +176,15 @@ def test_the_wheelhouse_key_reaches_the_nodes_as_a_secret_and_nothing_else_keeps
     assert resumed.exit_code == 0, resumed.stderr
     again = launched(fake)[-1][0].secrets["SKYSPOT_WHEELHOUSE_KEY"].get_secret_value()
     assert again == key  # the same key at resume: the run's wheelhouse still holds
-    for text in [result.stdout, result.stderr, resumed.stdout, resumed.stderr, invoke("status", "--json", "-a").stdout,
-                 invoke("cost-report", "--json").stdout, invoke("render", "llama70b", "--store", "s3://b/r").stdout]:
+    for text in [
+        result.stdout,
+        result.stderr,
+        resumed.stdout,
+        resumed.stderr,
+        invoke("status", "--json", "-a").stdout,
+        invoke("cost-report", "--json").stdout,
+        invoke("render", "llama70b", "--store", "s3://b/r").stdout,
+    ]:
         assert key not in text
     for path in skyspot_home().glob("ledger.db*"):
         assert key.encode() not in path.read_bytes()
@@ -190,9 +199,26 @@ def test_an_error_does_not_echo_the_environment(canary_env):
 # --------------------------------------------------------------------------- shell quoting
 
 PAYLOADS = [
-    "x; touch pwned", "$(touch pwned)", "`touch pwned`", "x && touch pwned", "x | touch pwned", "x || touch pwned",
-    "'; touch pwned; '", '"; touch pwned; "', "${IFS}touch${IFS}pwned", "$((6*7))", "*", "~root", "!!",
-    "a\\", "x > pwned", "x; rm -rf victim", "$HOME", "\\$(touch pwned)", " $(touch pwned) ", "--store=/tmp/x",
+    "x; touch pwned",
+    "$(touch pwned)",
+    "`touch pwned`",
+    "x && touch pwned",
+    "x | touch pwned",
+    "x || touch pwned",
+    "'; touch pwned; '",
+    '"; touch pwned; "',
+    "${IFS}touch${IFS}pwned",
+    "$((6*7))",
+    "*",
+    "~root",
+    "!!",
+    "a\\",
+    "x > pwned",
+    "x; rm -rf victim",
+    "$HOME",
+    "\\$(touch pwned)",
+    " $(touch pwned) ",
+    "--store=/tmp/x",
 ]
 
 STUB = """#!{python}
@@ -215,11 +241,18 @@ def run_the_run_script(script: str, envs: dict, tmp_path: Path) -> list[str]:
         stub.write_text(STUB.format(python=sys.executable))
         stub.chmod(0o755)
     argv_out = tmp_path / "argv.json"
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "ARGV_OUT": str(argv_out),
-           "SKYSPOT_PYTHON": str(bin_dir / "python"),  # `run` starts skyspot's venv python by path
-           "SKYPILOT_NODE_IPS": "127.0.0.1", "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
-           "SKYPILOT_NUM_GPUS_PER_NODE": "0", "SKYPILOT_TASK_ID": "sky-managed-1",
-           **{k: str(v) for k, v in envs.items()}}
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path / "home"),
+        "ARGV_OUT": str(argv_out),
+        "SKYSPOT_PYTHON": str(bin_dir / "python"),  # `run` starts skyspot's venv python by path
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "SKYPILOT_TASK_ID": "sky-managed-1",
+        **{k: str(v) for k, v in envs.items()},
+    }
     done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.rglob("pwned")) and (work / "victim").is_dir()
@@ -231,7 +264,7 @@ def trainer_args(argv: list[str]) -> list[str]:
     assert argv[:3] == ["python", "-m", "skyspot.trainer.supervise"] and "torch.distributed.run" in argv
     at = argv.index("skyspot.trainer")
     assert argv[at - 1] == "-m"
-    return argv[at + 1:]
+    return argv[at + 1 :]
 
 
 def render_task(*args) -> dict:
@@ -268,8 +301,7 @@ def test_recipe_file_values_reach_the_trainer_and_the_store_flag_as_literals(tmp
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1,
-                     max_size=30))
+@given(value=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=30))
 def test_any_override_text_arrives_verbatim(tmp_path, value):
     override = f"model.config.note={value}"
     task = render_task("tiny", "--", override)
@@ -288,9 +320,11 @@ def test_the_golden_tasks_pass_bash_syntax_check():
 
 # Calls that run or unpickle what a file holds. A new use must be added here, with a reason, and
 # documented (docs/reliability.md).
-UNSAFE = re.compile(r"\byaml\.load\(|\bunsafe_load\b|yaml\.(Unsafe|Full)?Loader\b|\bpickle\b|\bmarshal\b|"
-                    r"\bshelve\b|\bdill\b|\beval\(|\bexec\(|shell\s*=\s*True|\bos\.system\(|\bos\.popen\(|"
-                    r"\btorch\.load\(")
+UNSAFE = re.compile(
+    r"\byaml\.load\(|\bunsafe_load\b|yaml\.(Unsafe|Full)?Loader\b|\bpickle\b|\bmarshal\b|"
+    r"\bshelve\b|\bdill\b|\beval\(|\bexec\(|shell\s*=\s*True|\bos\.system\(|\bos\.popen\(|"
+    r"\btorch\.load\("
+)
 ALLOWED = {
     # DeepSpeed's and torch's checkpoint loading unpickles: only from the run's own store (trainer/).
     "torch.load(": re.compile(r"^skyspot/trainer/"),

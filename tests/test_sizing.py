@@ -31,8 +31,15 @@ def test_tiny_parameters_and_checkpoint_bytes_match_a_hand_count():
 
 
 def test_tied_embeddings_drop_the_lm_head():
-    config = dict(vocab_size=260, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = dict(
+        vocab_size=260,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     assert llama_param_count(config) == 125_760 - 260 * 64 == 109_120
 
 
@@ -90,11 +97,29 @@ def test_lora_checkpoints_only_the_adapters_state():
 
 
 def test_lora_on_a_local_model_counts_from_its_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="llama", vocab_size=100, hidden_size=32,
-                                                          intermediate_size=64, num_hidden_layers=2,
-                                                          num_attention_heads=4, num_key_value_heads=2)))
-    state = state_bytes(recipe("llama8b-lora", f"model.hub_id={tmp_path}", "model.gated=false",
-                               "train.lora.r=4", "train.lora.target_modules=[q_proj,v_proj]"), environ={})
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            dict(
+                model_type="llama",
+                vocab_size=100,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        )
+    )
+    state = state_bytes(
+        recipe(
+            "llama8b-lora",
+            f"model.hub_id={tmp_path}",
+            "model.gated=false",
+            "train.lora.r=4",
+            "train.lora.target_modules=[q_proj,v_proj]",
+        ),
+        environ={},
+    )
     # per block 4 x ((32 + 32) + (32 + 16)) = 448, 2 blocks
     assert state.params == 896 and state.checkpoint_bytes == 896 * 12
     unknown = state_bytes(recipe("llama8b-lora", "train.lora.target_modules=[mixer]"), environ={})

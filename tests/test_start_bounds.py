@@ -14,7 +14,9 @@ def test_llama70b_gets_a_first_step_bound_past_its_io_plan():
     assert 141e9 < bounds.download_bytes < 141.2e9  # 70.55e9 bf16 weights
     assert bounds.download_seconds == round(bounds.download_bytes / PLANNED_BANDWIDTH_BPS, 1) > 7000
     assert bounds.io_seconds == IO_TIMEOUT_S  # the I/O group's 2 h covers the 7055 s download
-    assert bounds.first_step_seconds >= bounds.io_seconds + LOAD_MARGIN_S  # the watchdog waits longer than the I/O group
+    assert (
+        bounds.first_step_seconds >= bounds.io_seconds + LOAD_MARGIN_S
+    )  # the watchdog waits longer than the I/O group
     assert recipe.resilience.first_step_seconds == 3600 < bounds.first_step_seconds  # the recipe's 1 h alone was less
     # The rendered run hands the watchdog that bound, not the recipe's 3600.
     assert f"--first-step-bound {bounds.first_step_seconds:g} " in run_script(recipe, "llama70b", [])

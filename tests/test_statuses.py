@@ -47,18 +47,52 @@ def test_members_are_their_strings():
 
 
 def _open_attempt() -> Attempt:
-    return Attempt(number=0, events=[{"ts": 1.0, "type": "start", "attempt": 0, "rank": 0}], where={}, spot=True,
-                   start=1.0, started=True, end=1.0, reason="unknown", recorded_end=False, open=True, notice_at=None)
+    return Attempt(
+        number=0,
+        events=[{"ts": 1.0, "type": "start", "attempt": 0, "rank": 0}],
+        where={},
+        spot=True,
+        start=1.0,
+        started=True,
+        end=1.0,
+        reason="unknown",
+        recorded_end=False,
+        open=True,
+        notice_at=None,
+    )
 
 
 def test_an_unlisted_failed_status_is_an_error_in_both_the_causes_and_the_cost_report():
-    assert cause_of(_open_attempt(), reason=end_of_status("FAILED_QUOTA"), queue_status="FAILED_QUOTA") == ("error", None)
-    log = EventLog(events=[{"ts": 1000.0, "type": "start", "attempt": 0, "node_rank": 0, "rank": 0, "run_id": "r",
-                            "where": {"cloud": "aws", "region": "us-east-1", "instance_type": "p4d.24xlarge",
-                                      "spot": True, "num_nodes": 1}}])
-    for status, ended, why in (("FAILED_QUOTA", "error", "error"), ("FAILED", "error", "error"),
-                               ("FAILED_SETUP", "error", "setup-failed"), ("CANCELLED", "cancelled", "cancelled"),
-                               ("SUCCEEDED", "complete", None)):
+    assert cause_of(_open_attempt(), reason=end_of_status("FAILED_QUOTA"), queue_status="FAILED_QUOTA") == (
+        "error",
+        None,
+    )
+    log = EventLog(
+        events=[
+            {
+                "ts": 1000.0,
+                "type": "start",
+                "attempt": 0,
+                "node_rank": 0,
+                "rank": 0,
+                "run_id": "r",
+                "where": {
+                    "cloud": "aws",
+                    "region": "us-east-1",
+                    "instance_type": "p4d.24xlarge",
+                    "spot": True,
+                    "num_nodes": 1,
+                },
+            }
+        ]
+    )
+    for status, ended, why in (
+        ("FAILED_QUOTA", "error", "error"),
+        ("FAILED", "error", "error"),
+        ("FAILED_SETUP", "error", "setup-failed"),
+        ("CANCELLED", "cancelled", "cancelled"),
+        ("SUCCEEDED", "complete", None),
+    ):
         report = cost.run_cost(log, queue_record={"status": status, "end_at": 4600.0})
         assert (report.attempts[0].end_reason, report.attempts[0].cause) == (ended, why), status
         assert report.attempts[0].end == 4600.0
@@ -75,9 +109,11 @@ def test_has_ended_reads_what_skypilot_reports_and_a_newer_failure_ends_the_wait
 def test_the_status_view_names_each_failed_run_with_a_cause_and_nothing_else():
     from skyspot.app.runs import StatusView
 
-    rows = [{"name": "a", "status": "FAILED_SETUP", "cause": "no GPU driver"},
-            {"name": "b", "status": "FAILED_NEWER", "cause": "quota"},
-            {"name": "c", "status": "FAILED", "cause": None},
-            {"name": "d", "status": "CANCELLED", "cause": "by you"},
-            {"name": "e", "status": "RUNNING", "cause": "FAILED once"}]
+    rows = [
+        {"name": "a", "status": "FAILED_SETUP", "cause": "no GPU driver"},
+        {"name": "b", "status": "FAILED_NEWER", "cause": "quota"},
+        {"name": "c", "status": "FAILED", "cause": None},
+        {"name": "d", "status": "CANCELLED", "cause": "by you"},
+        {"name": "e", "status": "RUNNING", "cause": "FAILED once"},
+    ]
     assert StatusView(rows=rows).failures == ["a FAILED_SETUP: no GPU driver", "b FAILED_NEWER: quota"]

@@ -26,9 +26,11 @@ small_stack = test_node_env.small_stack  # the module's fixture: one small stack
 def _evil_wheel(folder: Path, canary: Path) -> Path:
     """evilpkg: a `.pth` that writes `canary` whenever any Python starts in the venv it is installed in."""
     payload = f"import pathlib; pathlib.Path({str(canary)!r}).write_text('ran')\n".encode()
-    entries = {"evilpkg.pth": payload,
-               "evilpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n",
-               "evilpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    entries = {
+        "evilpkg.pth": payload,
+        "evilpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n",
+        "evilpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     wheel = folder / "evilpkg-1.0-py3-none-any.whl"
     wheel.write_bytes(packaging._wheel_bytes(entries))
     return wheel
@@ -53,7 +55,7 @@ def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack
     store = tmp_path / "store"
     first = _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1")
     assert first.returncode == 0 and "kept the wheelhouse" in first.stdout, first.stdout + first.stderr
-    marker, = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
+    (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     canary = tmp_path / "payload-ran"
     _plant(marker.parent, canary)
     assert "evilpkg" in (marker.parent / wheelhouse.LOCK).read_text()
@@ -62,9 +64,11 @@ def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack
     venv = _node(tmp_path, "n2")
     refused = _setup(venv, wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
     said = [line for line in refused.stdout.splitlines() if "wheelhouse is refused" in line]
-    assert said == ["skyspot node env: the run's wheelhouse is refused: WHEELHOUSE.json does not match its "
-                    "signature (not written by this run's nodes); nothing from it is installed, installing from "
-                    f"the index ({marker.parent.name})"], refused.stdout
+    assert said == [
+        "skyspot node env: the run's wheelhouse is refused: WHEELHOUSE.json does not match its "
+        "signature (not written by this run's nodes); nothing from it is installed, installing from "
+        f"the index ({marker.parent.name})"
+    ], refused.stdout
     assert refused.returncode == 2 and "Traceback" not in refused.stderr  # offline: fails in its own line
     assert "skyspot node env: resolving the node's requirements failed" in refused.stderr
     assert not list(venv.glob("lib/python*/site-packages/evilpkg*"))
@@ -87,7 +91,7 @@ def test_a_good_wheelhouse_still_installs_offline_with_every_hash_required(small
     root, index, wheel = small_stack
     store = tmp_path / "store"
     assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
-    marker, = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
+    (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     sealed = json.loads(marker.read_text())
     assert sealed[wheelhouse.SIGNATURE] == wheelhouse.sign(sealed, bytes.fromhex(RUN_KEY))[wheelhouse.SIGNATURE]
     lock = (marker.parent / wheelhouse.LOCK).read_text()
@@ -106,12 +110,14 @@ def test_a_node_without_the_key_or_another_runs_key_refuses_the_wheelhouse(small
     store = tmp_path / "store"
     assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
     closed = f"http://127.0.0.1:{free_port()}/simple"
-    keyless = _setup(_node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1",
-                     SKYSPOT_WHEELHOUSE_KEY="")
+    keyless = _setup(
+        _node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1", SKYSPOT_WHEELHOUSE_KEY=""
+    )
     assert keyless.returncode == 2
     assert "refused: this node has no wheelhouse key (SKYSPOT_WHEELHOUSE_KEY)" in keyless.stdout
-    other = _setup(_node(tmp_path, "n3"), wheel, store, closed, tmp_path / "h3", UV_OFFLINE="1",
-                   SKYSPOT_WHEELHOUSE_KEY="cd" * 32)
+    other = _setup(
+        _node(tmp_path, "n3"), wheel, store, closed, tmp_path / "h3", UV_OFFLINE="1", SKYSPOT_WHEELHOUSE_KEY="cd" * 32
+    )
     assert other.returncode == 2 and "does not match its signature" in other.stdout
 
 
@@ -130,8 +136,9 @@ def test_a_signed_wheelhouse_moved_under_another_name_is_refused(tmp_path):
     folder = tmp_path / "cp312-key"
     folder.mkdir()
     (folder / "requirements.lock").write_text("a==1\n")
-    (folder / "WHEELHOUSE.json").write_text(json.dumps(wheelhouse.sign({"key": "cp310-key",
-                                                                        "files": wheelhouse.files_of(folder)}, key)))
+    (folder / "WHEELHOUSE.json").write_text(
+        json.dumps(wheelhouse.sign({"key": "cp310-key", "files": wheelhouse.files_of(folder)}, key))
+    )
     found, problem = wheelhouse.fetch(folder, tmp_path / "local", "cp312-key", key)
     assert found is None and "is the wheelhouse 'cp310-key', found under 'cp312-key'" in problem
 

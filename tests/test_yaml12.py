@@ -58,21 +58,26 @@ def same(a, b) -> bool:
 _digits = st.text("0123456789", min_size=1, max_size=6)
 _sign = st.sampled_from(["", "-", "+"])
 _case = lambda words: st.sampled_from(words).flatmap(  # noqa: E731  yes, Yes, YES, yEs ...
-    lambda w: st.tuples(*[st.sampled_from([c.lower(), c.upper()]) for c in w]).map("".join))
+    lambda w: st.tuples(*[st.sampled_from([c.lower(), c.upper()]) for c in w]).map("".join)
+)
 
 # The scalars YAML 1.1 and 1.2 read differently, and their 1.2 neighbours.
 YAML11_FORMS = st.one_of(
-    st.builds(lambda s, d: f"{s}0{d}", _sign, _digits),                                   # 010: 8 in 1.1
-    st.builds(lambda s, d: f"{s}0b{d}", _sign, st.text("01", min_size=1, max_size=6)),    # 0b11: 3 in 1.1
+    st.builds(lambda s, d: f"{s}0{d}", _sign, _digits),  # 010: 8 in 1.1
+    st.builds(lambda s, d: f"{s}0b{d}", _sign, st.text("01", min_size=1, max_size=6)),  # 0b11: 3 in 1.1
     st.builds(lambda s, d: f"{s}0o{d}", _sign, st.text("01234567", min_size=1, max_size=4)),
     st.builds(lambda s, d: f"{s}0x{d}", _sign, st.text("0123456789abcdefABCDEF", min_size=1, max_size=4)),
-    st.builds(lambda s, a, b: f"{s}{a}_{b}", _sign, _digits, _digits),                   # 1_000
+    st.builds(lambda s, a, b: f"{s}{a}_{b}", _sign, _digits, _digits),  # 1_000
     st.builds(lambda s, a, b: f"{s}{a}:{b}", _sign, _digits, st.integers(0, 59).map(str)),  # 1:30: 90 in 1.1
     st.builds(lambda a, b, c: f"{a}:{b}.{c}", _digits, st.integers(0, 59).map(str), _digits),
-    _case(["yes", "no", "on", "off", "y", "n", "true", "false"]),                          # yes/on/No
+    _case(["yes", "no", "on", "off", "y", "n", "true", "false"]),  # yes/on/No
     st.builds(lambda s, w: f"{s}{w}", _sign, _case([".inf", ".nan"])),
-    st.builds(lambda s, m, e: f"{s}{m}e{e}", _sign, st.sampled_from(["1", "1.5", "9.9", ".5", "3."]),
-              st.sampled_from(["308", "309", "-5", "+400", "4000"])),                       # 1e309 overflows
+    st.builds(
+        lambda s, m, e: f"{s}{m}e{e}",
+        _sign,
+        st.sampled_from(["1", "1.5", "9.9", ".5", "3."]),
+        st.sampled_from(["308", "309", "-5", "+400", "4000"]),
+    ),  # 1e309 overflows
     st.sampled_from(["~", "null", "Null", "NULL", "1.", ".5", "2026-05-01", "12:30:00", "0", "-0", "00"]),
 )
 
@@ -92,8 +97,14 @@ def test_a_value_written_back_as_override_text_reads_back_the_same(text):
 
 
 # Fields of every kind a number can land in: an int, a bool, floats (one of them a time), a free-form config.
-FIELDS = {"train.steps": int, "resources.spot": bool, "train.lr": float, "checkpoint.every_seconds": float,
-          "resources.step_seconds_hint": float, "model.config.hidden_size": object}
+FIELDS = {
+    "train.steps": int,
+    "resources.spot": bool,
+    "train.lr": float,
+    "checkpoint.every_seconds": float,
+    "resources.step_seconds_hint": float,
+    "model.config.hidden_size": object,
+}
 
 
 def _read(recipe, key):
@@ -150,19 +161,37 @@ def test_a_recipe_file_value_is_read_as_1_2_or_refused(tmp_path_factory, key, te
     _loaded_or_refused(lambda: load_recipe(str(path), environ={}), key, text)
 
 
-@pytest.mark.parametrize("override, read", [
-    ("train.steps=010", 10), ("train.steps=0o10", 8), ("train.steps=0x10", 16),
-])
+@pytest.mark.parametrize(
+    "override, read",
+    [
+        ("train.steps=010", 10),
+        ("train.steps=0o10", 8),
+        ("train.steps=0x10", 16),
+    ],
+)
 def test_the_issue_s_integers(override, read):
     assert load_recipe("tiny", [override], environ={}).train.steps == read
 
 
-@pytest.mark.parametrize("override", [
-    "train.steps=1:30", "train.steps=0b11", "train.steps=1_000", "train.steps=!!int 0b11",
-    "resources.spot=yes", "resources.spot=on", "resources.spot=No", "resources.spot=!!bool yes",
-    "train.lr=.nan", "train.lr=.inf", "train.lr=1e309", "resources.step_seconds_hint=.inf",
-    "model.config.hidden_size=.nan", "deepspeed.extra={a: [1, -.inf]}",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.steps=1:30",
+        "train.steps=0b11",
+        "train.steps=1_000",
+        "train.steps=!!int 0b11",
+        "resources.spot=yes",
+        "resources.spot=on",
+        "resources.spot=No",
+        "resources.spot=!!bool yes",
+        "train.lr=.nan",
+        "train.lr=.inf",
+        "train.lr=1e309",
+        "resources.step_seconds_hint=.inf",
+        "model.config.hidden_size=.nan",
+        "deepspeed.extra={a: [1, -.inf]}",
+    ],
+)
 def test_the_issue_s_other_forms_are_errors(override):
     with pytest.raises((RecipeError, UsageError)):
         load_recipe("tiny", [override], environ={})

@@ -36,8 +36,9 @@ from skyspot.task.render import RECIPE_MOUNT, RenderedTask, render, to_yaml
 LAUNCH_ONLY_SECTIONS = ("resources",)
 
 
-def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mapping[str, str],
-                       flags: Optional[Mapping[str, Any]]) -> list[str]:
+def _trainer_overrides(
+    recipe: Recipe, overrides: Sequence[str], environ: Mapping[str, str], flags: Optional[Mapping[str, Any]]
+) -> list[str]:
     """What the node's trainer gets on top of the recipe: every key the environment, the command
     line and the flags set here, once each, as `key=value` with the value this launch resolved
     (task/render.py sends them). Resolved, not replayed: the node applies its overrides in the order it
@@ -50,8 +51,11 @@ def _trainer_overrides(recipe: Recipe, overrides: Sequence[str], environ: Mappin
     # A key's own prefixes looked up in a set, not every other key compared with it: 20,000 overrides took
     # 400 million comparisons (issue 31, item 13).
     given = set(keys)
-    outermost = [key for key in keys if not any(".".join(parts[:i]) in given
-                                                for parts in (key.split("."),) for i in range(1, len(parts)))]
+    outermost = [
+        key
+        for key in keys
+        if not any(".".join(parts[:i]) in given for parts in (key.split("."),) for i in range(1, len(parts)))
+    ]
     return [_resolved_text(recipe, key, texts[key]) for key in outermost]
 
 
@@ -85,8 +89,11 @@ def efa_regions(planned: Sequence[Any]) -> list[str]:
             if c.region:
                 regions.add(c.region)
             else:
-                regions.update(r["region"] for r in pricing.snapshot_rows("aws")
-                               if r["instance_type"] == c.instance_type and not r["opt_in_zone"])
+                regions.update(
+                    r["region"]
+                    for r in pricing.snapshot_rows("aws")
+                    if r["instance_type"] == c.instance_type and not r["opt_in_zone"]
+                )
     return sorted(regions)
 
 
@@ -104,10 +111,12 @@ def resolve_efa_images(planned: Sequence[Any]) -> dict[str, str]:
 # What gives an EFA node all its interfaces: SkyPilot's own advice where it attaches one (sky/clouds/aws.py:815-838),
 # and what `use_internal_ips` asks of the network (https://docs.skypilot.co/en/latest/reference/config.html
 # #aws-use-internal-ips: private subnets reachable from where SkyPilot runs, through SSM or a jump host).
-EFA_ALL_INTERFACES = ("add to ~/.sky/config.yaml `aws: {use_internal_ips: true, use_ssm: true}` (or "
-                      "`ssh_proxy_command: ssh -W %h:%p -i KEY USER@JUMP_HOST` instead of use_ssm); the nodes then get "
-                      "no public IP: their subnets need a NAT gateway (or VPC endpoints) for the image, PyPI and the "
-                      "store, and SSM or the jump host must reach them (aws.vpc_name names the VPC)")
+EFA_ALL_INTERFACES = (
+    "add to ~/.sky/config.yaml `aws: {use_internal_ips: true, use_ssm: true}` (or "
+    "`ssh_proxy_command: ssh -W %h:%p -i KEY USER@JUMP_HOST` instead of use_ssm); the nodes then get "
+    "no public IP: their subnets need a NAT gateway (or VPC endpoints) for the image, PyPI and the "
+    "store, and SSM or the jump host must reach them (aws.vpc_name names the VPC)"
+)
 
 
 def aws_use_internal_ips(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -140,17 +149,25 @@ def efa_notes(built: RenderedTask, environ: Optional[Mapping[str, str]] = None) 
         seen.add(c.instance_type)
         attached, most = efa_interfaces(c.instance_type, internal)
         if most is None:
-            lines.append(f"EFA on {c.instance_type}: SkyPilot asks AWS for its interfaces at launch; without "
-                         f"aws.use_internal_ips it attaches one. To attach all: {EFA_ALL_INTERFACES}")
+            lines.append(
+                f"EFA on {c.instance_type}: SkyPilot asks AWS for its interfaces at launch; without "
+                f"aws.use_internal_ips it attaches one. To attach all: {EFA_ALL_INTERFACES}"
+            )
         elif attached < most:
-            lines.append(f"EFA on {c.instance_type}: SkyPilot will attach {attached} of {most} EFA interfaces "
-                         f"(aws.use_internal_ips is not set). To attach all {most}: {EFA_ALL_INTERFACES}")
+            lines.append(
+                f"EFA on {c.instance_type}: SkyPilot will attach {attached} of {most} EFA interfaces "
+                f"(aws.use_internal_ips is not set). To attach all {most}: {EFA_ALL_INTERFACES}"
+            )
         else:
-            lines.append(f"EFA on {c.instance_type}: SkyPilot will attach all {most} EFA interface(s)"
-                         + (" (aws.use_internal_ips is set)" if most > 1 else ""))
+            lines.append(
+                f"EFA on {c.instance_type}: SkyPilot will attach all {most} EFA interface(s)"
+                + (" (aws.use_internal_ips is set)" if most > 1 else "")
+            )
     if lines:
-        lines.append("EFA image: launch resolves Amazon's own AMI per region and refuses the fabric where SkyPilot's "
-                     "name-only lookup would boot another (docs/clouds.md, 'The fabric')")
+        lines.append(
+            "EFA image: launch resolves Amazon's own AMI per region and refuses the fabric where SkyPilot's "
+            "name-only lookup would boot another (docs/clouds.md, 'The fabric')"
+        )
     return lines
 
 
@@ -166,10 +183,18 @@ def add_efa_images(built: RenderedTask) -> RenderedTask:
     return built
 
 
-def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Mapping[str, Any]] = None,
-          run_name: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-          local: bool = False, package: Optional[Package] = None, loaded: Optional[Recipe] = None,
-          exclude: Collection[Candidate] = ()) -> RenderedTask:
+def build(
+    recipe_arg: str,
+    overrides: Sequence[str] = (),
+    *,
+    flags: Optional[Mapping[str, Any]] = None,
+    run_name: Optional[str] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    local: bool = False,
+    package: Optional[Package] = None,
+    loaded: Optional[Recipe] = None,
+    exclude: Collection[Candidate] = (),
+) -> RenderedTask:
     """Load and render. A registry name travels to the node as is; a recipe file is mounted
     on cloud nodes (RECIPE_MOUNT) or, for the local executor (`local`), read where it is.
     `package` is the skyspot wheel the nodes install (package.build()). `loaded`: the recipe as
@@ -184,28 +209,47 @@ def build(recipe_arg: str, overrides: Sequence[str] = (), *, flags: Optional[Map
     history = read_history() if recipe.resources.spot else None  # this machine's preemptions (spot_risk.py)
     planned = [c for c in candidates(recipe, environ=environ, history=history) if c not in exclude]
     if not planned:
-        raise UsageError(f"every candidate of '{recipe.name}' failed its last rehearsal: fix what it said and "
-                         "`--rehearse` again, or pass --force to keep them")
+        raise UsageError(
+            f"every candidate of '{recipe.name}' failed its last rehearsal: fix what it said and "
+            "`--rehearse` again, or pass --force to keep them"
+        )
     if recipe_arg in REGISTRY:
         node_arg, recipe_file = recipe_arg, None
     elif local:
         node_arg, recipe_file = str(Path(recipe_arg).resolve()), None
     else:
         node_arg, recipe_file = RECIPE_MOUNT, str(Path(recipe_arg).resolve())
-    task = render(recipe, planned, recipe_arg=node_arg, recipe_file=recipe_file, overrides=trainer_overrides,
-                  run_name=run_name, package_dir=str(package.folder) if package else None, local=local)
+    task = render(
+        recipe,
+        planned,
+        recipe_arg=node_arg,
+        recipe_file=recipe_file,
+        overrides=trainer_overrides,
+        run_name=run_name,
+        package_dir=str(package.folder) if package else None,
+        local=local,
+    )
     if recipe.metrics.backends:  # the hosts the user's environment names travel beside their tokens
         from skyspot.trainer.metrics.hosts import node_envs
 
         task["envs"].update(node_envs(recipe.metrics.backends, environ))
-    return RenderedTask(recipe=recipe, recipe_arg=recipe_arg, task=task, yaml=to_yaml(task, recipe),
-                 candidates=planned, trainer_overrides=trainer_overrides, run_name=run_name,
-                 package=package)
+    return RenderedTask(
+        recipe=recipe,
+        recipe_arg=recipe_arg,
+        task=task,
+        yaml=to_yaml(task, recipe),
+        candidates=planned,
+        trainer_overrides=trainer_overrides,
+        run_name=run_name,
+        package=package,
+    )
 
 
 def _where_text(c: Candidate) -> str:
-    return (f"{c.cloud} {c.region or 'any'} {c.accelerators or 'CPU'} {c.instance_type or '-'} "
-            f"{'spot' if c.spot else 'on-demand'}")
+    return (
+        f"{c.cloud} {c.region or 'any'} {c.accelerators or 'CPU'} {c.instance_type or '-'} "
+        f"{'spot' if c.spot else 'on-demand'}"
+    )
 
 
 def placement_notes(built: RenderedTask) -> list[str]:
@@ -216,14 +260,18 @@ def placement_notes(built: RenderedTask) -> list[str]:
     if placement == "price":
         lines = ["placement: by price (resources.placement=price): nodes + egress only; preemptions not counted"]
     else:
-        lines = [f"placement: by expected cost per hour of training (resources.placement=expected_cost; "
-                 f"=price keeps the price order): nodes + egress + preemptions/node-h x {nodes} node(s) x the cost "
-                 f"of one (restart {RESTART_SECONDS / 60:.0f} min on every node + half a checkpoint interval)"]
+        lines = [
+            f"placement: by expected cost per hour of training (resources.placement=expected_cost; "
+            f"=price keeps the price order): nodes + egress + preemptions/node-h x {nodes} node(s) x the cost "
+            f"of one (restart {RESTART_SECONDS / 60:.0f} min on every node + half a checkpoint interval)"
+        ]
     seen: set[tuple[str, str]] = set()
     for c in built.candidates:
         if c.spot and c.risk_source and (_where_text(c), c.risk_source) not in seen:
             seen.add((_where_text(c), c.risk_source))
-            lines.append(f"risk {_where_text(c)}: {c.preemptions_per_node_hour:.3f} preemptions/node-h: {c.risk_source}")
+            lines.append(
+                f"risk {_where_text(c)}: {c.preemptions_per_node_hour:.3f} preemptions/node-h: {c.risk_source}"
+            )
     if placement != "expected_cost":
         return lines
     moved = [(i, c) for i, c in enumerate(built.candidates, 1) if c.price_rank is not None and c.price_rank != i]
@@ -231,9 +279,11 @@ def placement_notes(built: RenderedTask) -> list[str]:
         lines.append("the expected-cost order is the price order here")
     for i, c in moved:
         overhead = (c.expected_cost_usd_per_hour or 0.0) - (c.expected_usd_per_hour or 0.0)
-        lines.append(f"#{i} {_where_text(c)} is #{c.price_rank} by price: ${c.expected_usd_per_hour or 0:,.2f}/h "
-                     f"+ expected preemptions ${overhead:,.2f}/h ({c.preemptions_per_node_hour or 0:.3f}/node-h x "
-                     f"{nodes} x ${c.preemption_usd or 0:,.2f} each) = ${c.expected_cost_usd_per_hour or 0:,.2f}/h")
+        lines.append(
+            f"#{i} {_where_text(c)} is #{c.price_rank} by price: ${c.expected_usd_per_hour or 0:,.2f}/h "
+            f"+ expected preemptions ${overhead:,.2f}/h ({c.preemptions_per_node_hour or 0:.3f}/node-h x "
+            f"{nodes} x ${c.preemption_usd or 0:,.2f} each) = ${c.expected_cost_usd_per_hour or 0:,.2f}/h"
+        )
     return lines
 
 
@@ -262,14 +312,17 @@ def check_store(recipe: Recipe, *, local: bool) -> Optional[str]:
 
     store = recipe.storage.store
     if store and not local and parse_store_uri(store).is_local:
-        raise UsageError(f"storage.store {store} is a directory on this machine; a cloud run's checkpoints must "
-                         "outlive its VMs: give a bucket (--store s3://BUCKET/PREFIX, gs://..., az://...), or run "
-                         "with --local")
+        raise UsageError(
+            f"storage.store {store} is a directory on this machine; a cloud run's checkpoints must "
+            "outlive its VMs: give a bucket (--store s3://BUCKET/PREFIX, gs://..., az://...), or run "
+            "with --local"
+        )
     return store
 
 
-def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0,
-                  now: Optional[float] = None) -> Optional[dict[str, Any]]:
+def plan_deadline(
+    recipe: Recipe, *, local: bool, provision_seconds: float = 0.0, now: Optional[float] = None
+) -> Optional[dict[str, Any]]:
     """The launch's deadline (resources.deadline, or --deadline), or None: when it falls (a duration
     counts from now), the policy and the step-time hint. A deadline that even all on-demand cannot
     make is refused here, with the arithmetic, before anything is recorded or paid for."""
@@ -287,24 +340,40 @@ def plan_deadline(recipe: Recipe, *, local: bool, provision_seconds: float = 0.0
     except dl.DeadlineError as error:
         raise UsageError(str(error)) from None
     if at - now > dl.MAX_AHEAD_SECONDS:
-        raise UsageError(f"deadline {dl.when(at)} is more than {dl.MAX_AHEAD_SECONDS / 86400:.0f} days away: give "
-                         "a nearer one, or launch without --deadline")
+        raise UsageError(
+            f"deadline {dl.when(at)} is more than {dl.MAX_AHEAD_SECONDS / 86400:.0f} days away: give "
+            "a nearer one, or launch without --deadline"
+        )
     from skyspot.planning.step_prior import step_seconds_floor
 
     restart = provision_seconds + dl.LOCAL_START_PRIOR_SECONDS if local else dl.CLOUD_RESTART_PRIOR_SECONDS
     floor, floor_source = step_seconds_floor(recipe)
     hint = recipe.resources.step_seconds_hint
     if hint and floor and hint < floor:  # issue 31, item 12: a hint no hardware can meet checks nothing
-        raise UsageError(f"resources.step_seconds_hint {hint:.6g}s is below the fastest a step of this recipe can "
-                         f"be ({floor:.3g}s: {floor_source}): give a measured step time, or none")
-    check = dl.feasibility(now=now, deadline=at, steps=recipe.train.steps,
-                           step_seconds_hint=recipe.resources.step_seconds_hint, restart_seconds=restart,
-                           step_seconds_floor=floor, floor_source=floor_source)
+        raise UsageError(
+            f"resources.step_seconds_hint {hint:.6g}s is below the fastest a step of this recipe can "
+            f"be ({floor:.3g}s: {floor_source}): give a measured step time, or none"
+        )
+    check = dl.feasibility(
+        now=now,
+        deadline=at,
+        steps=recipe.train.steps,
+        step_seconds_hint=recipe.resources.step_seconds_hint,
+        restart_seconds=restart,
+        step_seconds_floor=floor,
+        floor_source=floor_source,
+    )
     if not check.ok:
         raise UsageError(check.text)
-    return {"at": at, "start": now, "given": text, "policy": recipe.resources.deadline_policy,
-            "step_seconds_hint": recipe.resources.step_seconds_hint, "step_seconds_prior": floor or None,
-            "check": check.text}
+    return {
+        "at": at,
+        "start": now,
+        "given": text,
+        "policy": recipe.resources.deadline_policy,
+        "step_seconds_hint": recipe.resources.step_seconds_hint,
+        "step_seconds_prior": floor or None,
+        "check": check.text,
+    }
 
 
 @dataclass
@@ -389,8 +458,10 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
     local = recipe.resources.local_only if request.local is None else request.local
     executor = launch_executor("local" if local else "sky", request.executor_flags, recipe)
     if not (request.dry_run or executor.runs_here or request.confirmed or request.interactive):
-        raise UsageError(f"launching '{recipe.name}' on the cloud needs confirmation: pass -y/--yes "
-                         "when not attached to a terminal (--dry-run shows the plan first)")
+        raise UsageError(
+            f"launching '{recipe.name}' on the cloud needs confirmation: pass -y/--yes "
+            "when not attached to a terminal (--dry-run shows the plan first)"
+        )
     check_store(recipe, local=executor.runs_here)  # a cloud run's store is a bucket, a dry run's as a real launch's
     package = packaging.build() if executor.installs_package else None
     # A deadline that even all on-demand cannot make is refused here, before anything is paid for.
@@ -399,15 +470,32 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
         run_name = request.name
     else:
         run_name = check_new_run_name(request.name) if request.name is not None else new_run_name(recipe.name)
-    built = build(request.recipe, request.overrides, flags=request.flags, run_name=run_name, environ=environ,
-                  local=executor.runs_here, package=package, loaded=recipe)
+    built = build(
+        request.recipe,
+        request.overrides,
+        flags=request.flags,
+        run_name=run_name,
+        environ=environ,
+        local=executor.runs_here,
+        package=package,
+        loaded=recipe,
+    )
     rehearsed = failed_rehearsals(built)
     if rehearsed and not request.force:  # the candidates a rehearsal proved broken are not paid for again
-        built = build(request.recipe, request.overrides, flags=request.flags, run_name=run_name, environ=environ,
-                      local=executor.runs_here, package=package, loaded=recipe,
-                      exclude=[candidate for candidate, _ in rehearsed])
-        executor = _simulating_a_kept_candidate(executor, request, recipe, built,
-                                                skipped={candidate.cloud for candidate, _ in rehearsed})
+        built = build(
+            request.recipe,
+            request.overrides,
+            flags=request.flags,
+            run_name=run_name,
+            environ=environ,
+            local=executor.runs_here,
+            package=package,
+            loaded=recipe,
+            exclude=[candidate for candidate, _ in rehearsed],
+        )
+        executor = _simulating_a_kept_candidate(
+            executor, request, recipe, built, skipped={candidate.cloud for candidate, _ in rehearsed}
+        )
     if not request.dry_run:
         executor.check(built)  # what this executor refuses (no enabled cloud, a missing secret), nothing recorded
         if not executor.runs_here:  # Amazon's EFA image, or the fabric refused (clouds/aws_images.py)
@@ -415,12 +503,14 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
     check_hosts(recipe, environ)
     preflight(recipe, local=executor.runs_here, environ=environ, network=not request.dry_run)
     question = None if request.dry_run else executor.launch_question(built)
-    return Prepared(request=request, built=built, executor=executor, deadline=deadline, question=question,
-                    rehearsed=rehearsed)
+    return Prepared(
+        request=request, built=built, executor=executor, deadline=deadline, question=question, rehearsed=rehearsed
+    )
 
 
-def _simulating_a_kept_candidate(executor: Executor, request: LaunchRequest, recipe: Recipe,
-                                 built: RenderedTask, *, skipped: Collection[str]) -> Executor:
+def _simulating_a_kept_candidate(
+    executor: Executor, request: LaunchRequest, recipe: Recipe, built: RenderedTask, *, skipped: Collection[str]
+) -> Executor:
     """A local run, which simulates one cloud, stands for the first candidate a rehearsal left in, unless
     --simulate names its cloud (then a cloud whose every candidate failed is refused in one line)."""
     if not executor.simulated:
@@ -430,8 +520,10 @@ def _simulating_a_kept_candidate(executor: Executor, request: LaunchRequest, rec
     if simulated is None:
         return launch_executor("local", {**request.executor_flags, "simulate": kept[0]}, recipe)
     if simulated in skipped and simulated not in kept:
-        raise UsageError(f"--simulate {simulated}: every {simulated} candidate failed its last rehearsal "
-                         "(`skyspot launch --dry-run` says why): simulate another cloud, or pass --force")
+        raise UsageError(
+            f"--simulate {simulated}: every {simulated} candidate failed its last rehearsal "
+            "(`skyspot launch --dry-run` says why): simulate another cloud, or pass --force"
+        )
     return executor
 
 

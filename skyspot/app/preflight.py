@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     from skyspot.recipe import DataSection, Recipe
 
 
-def preflight(recipe: Recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None, network: bool = True) -> None:
+def preflight(
+    recipe: Recipe, *, local: bool, environ: Optional[Mapping[str, str]] = None, network: bool = True
+) -> None:
     """Raise UsageError for the first thing that would fail the run's start (`network`: ask the hub too)."""
     from skyspot import hub
 
@@ -37,8 +39,10 @@ def preflight(recipe: Recipe, *, local: bool, environ: Optional[Mapping[str, str
     if model.hub_id is not None:
         if model.is_local:
             if not local:
-                raise UsageError(f"model.hub_id {model.hub_id} is a directory on this machine, which a cloud node "
-                                 "does not have: give a hub id (org/name), or run with --local")
+                raise UsageError(
+                    f"model.hub_id {model.hub_id} is a directory on this machine, which a cloud node "
+                    "does not have: give a hub id (org/name), or run with --local"
+                )
             hub.check_local_model(model.hub_id)
         elif network:
             hub.check_model(model.hub_id, revision=model.revision, gated=model.gated, environ=environ)
@@ -46,12 +50,15 @@ def preflight(recipe: Recipe, *, local: bool, environ: Optional[Mapping[str, str
     if tokenizer not in (None, "bytes", model.hub_id):
         if hub.is_local_ref(tokenizer):
             if not local:
-                raise UsageError(f"model.tokenizer {tokenizer} is a directory on this machine, which a cloud node "
-                                 "does not have: give a hub id, or run with --local")
+                raise UsageError(
+                    f"model.tokenizer {tokenizer} is a directory on this machine, which a cloud node "
+                    "does not have: give a hub id, or run with --local"
+                )
             hub.check_local_tokenizer(tokenizer)
         elif network:
-            hub.check_model(tokenizer, revision=None, gated=model.gated, environ=environ, what="model.tokenizer",
-                            need_weights=False)
+            hub.check_model(
+                tokenizer, revision=None, gated=model.gated, environ=environ, what="model.tokenizer", need_weights=False
+            )
     _check_data(recipe, local=local, environ=environ, network=network)
 
 
@@ -66,7 +73,7 @@ def _check_data(recipe: Recipe, *, local: bool, environ: Mapping[str, str], netw
         return
     if source.startswith(HUB_PREFIX):
         if network:
-            name, _, _ = source[len(HUB_PREFIX):].partition(":")
+            name, _, _ = source[len(HUB_PREFIX) :].partition(":")
             hub.check_dataset(name, environ=environ)
         return
     # A bucket file (storage/uri.py decides what is one) is mounted on the node; the trainer checks its
@@ -74,10 +81,16 @@ def _check_data(recipe: Recipe, *, local: bool, environ: Mapping[str, str], netw
     for key, path in (("data.source", source), ("data.eval_split", data.eval_split)):
         if path and not is_bucket_uri(path):
             _check_file(data, path, key, local=local)
-    if data.eval_split and not is_bucket_uri(source) and not is_bucket_uri(data.eval_split) \
-            and _same_bytes(source, data.eval_split):
-        raise UsageError(f"data.eval_split '{data.eval_split}' is a copy of data.source '{source}': the evaluation "
-                         "would score the training data; name a held-out file, or use eval.fraction")
+    if (
+        data.eval_split
+        and not is_bucket_uri(source)
+        and not is_bucket_uri(data.eval_split)
+        and _same_bytes(source, data.eval_split)
+    ):
+        raise UsageError(
+            f"data.eval_split '{data.eval_split}' is a copy of data.source '{source}': the evaluation "
+            "would score the training data; name a held-out file, or use eval.fraction"
+        )
 
 
 def _same_bytes(a: str, b: str) -> bool:
@@ -105,14 +118,17 @@ def _check_file(data: DataSection, path: str, key: str, *, local: bool) -> None:
     from skyspot.trainer.data import check_record, first_record
 
     if not local:
-        raise UsageError(f"{key} {path} is a file on this machine, which a cloud node does not have: put it "
-                         f"in a bucket ({key}=s3://BUCKET/PATH, mounted on the node)"
-                         + (" or on the hub (hf://ORG/NAME)" if key == "data.source" else ""))
+        raise UsageError(
+            f"{key} {path} is a file on this machine, which a cloud node does not have: put it "
+            f"in a bucket ({key}=s3://BUCKET/PATH, mounted on the node)"
+            + (" or on the hub (hf://ORG/NAME)" if key == "data.source" else "")
+        )
     if key != "data.source" and not os.path.isfile(path):
         raise UsageError(f"{key} '{path}' is not an existing file (a second file of data.source's format)")
     where, record = first_record(path, data.split)
     if os.path.splitext(path)[1] in (".jsonl", ".json", ".parquet"):
         check_record(data, record, where)
     elif data.format != "text":
-        raise UsageError(f"{key} '{path}' is plain text; data.format={data.format} needs records "
-                         "(.jsonl, .json, .parquet or hf://)")
+        raise UsageError(
+            f"{key} '{path}' is plain text; data.format={data.format} needs records (.jsonl, .json, .parquet or hf://)"
+        )

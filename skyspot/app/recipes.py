@@ -23,18 +23,20 @@ def recipe_rows(verbose: bool = False) -> list[dict[str, Any]]:
     for recipe in list_recipes():
         res = recipe.resources
         per_node = " | ".join(res.accelerators) if res.accelerators else f"CPU x{res.ranks_per_node} ranks"
-        rows.append({
-            "name": recipe.name,
-            "model": recipe.model.hub_id or "inline config",
-            "nodes": res.num_nodes,
-            "accelerators": res.accelerators,
-            "per_node": per_node,
-            "clouds": res.clouds,
-            "spot": res.spot,
-            "on_demand_fallback": res.on_demand_fallback,
-            "local_only": res.local_only,
-            "description": recipe.description,
-        })
+        rows.append(
+            {
+                "name": recipe.name,
+                "model": recipe.model.hub_id or "inline config",
+                "nodes": res.num_nodes,
+                "accelerators": res.accelerators,
+                "per_node": per_node,
+                "clouds": res.clouds,
+                "spot": res.spot,
+                "on_demand_fallback": res.on_demand_fallback,
+                "local_only": res.local_only,
+                "description": recipe.description,
+            }
+        )
         if verbose:
             rows[-1].update(_window_fields(recipe))
     return rows
@@ -48,8 +50,9 @@ def _window_fields(recipe: Recipe) -> dict[str, Any]:
         return {"state_per_node": None, "window": "unknown model size", "window_checks": []}
     return {
         "state_per_node": f"{report.state.bytes_per_node / 1e9:,.1f} GB",
-        "window": "; ".join(f"{c.cloud} {c.window_s:.0f}s: {c.verdict} (durable after {c.durable_at_s:,.0f}s)"
-                            for c in report.checks),
+        "window": "; ".join(
+            f"{c.cloud} {c.window_s:.0f}s: {c.verdict} (durable after {c.durable_at_s:,.0f}s)" for c in report.checks
+        ),
         "window_checks": [c.to_dict() for c in report.checks],
     }
 
@@ -63,8 +66,13 @@ def key_rows(recipe: Optional[str] = None) -> list[dict[str, Any]]:
     loaded = load_recipe(recipe, environ={}) if recipe else None
     rows = []
     for key in recipe_keys():
-        row = {"key": key.name, "type": key.type, "required": key.required,
-               "default": None if key.required else key.default, "description": key.description}
+        row = {
+            "key": key.name,
+            "type": key.type,
+            "required": key.required,
+            "default": None if key.required else key.default,
+            "description": key.description,
+        }
         if loaded is not None:
             row["value"] = value_at(loaded, key.name)
         rows.append(row)
@@ -89,8 +97,10 @@ def recipe_source(recipe: str) -> RecipeSource:
     try:
         load_recipe(recipe, environ={})  # the file as it is, without this shell's SKYSPOT_* settings
     except RecipeError as error:
-        raise UsageError(f"{recipe} is not a recipe skyspot can load ({'; '.join(error.problems[:2])}); "
-                         "`skyspot cp` copies recipes only") from None
+        raise UsageError(
+            f"{recipe} is not a recipe skyspot can load ({'; '.join(error.problems[:2])}); "
+            "`skyspot cp` copies recipes only"
+        ) from None
     try:
         return RecipeSource(path=source, data=source.read_bytes(), mode=source.stat().st_mode & 0o777)
     except OSError as error:

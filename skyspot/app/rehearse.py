@@ -53,8 +53,15 @@ CAUSE_CHARS = 300
 CLOUD_POLL_SECONDS = 15.0
 """How often SkyPilot's job queue is asked about a cloud rehearsal (a local one reads the ledger every POLL_SECONDS)."""
 # Local fault injection belongs to a launch's own timeline, never to a rehearsal's.
-_NOT_REHEARSED = ("preempt_every", "preempt_at_steps", "crash_at_steps", "hang_at_steps", "spot_trace",
-                  "fallback_after", "spot_nodes")
+_NOT_REHEARSED = (
+    "preempt_every",
+    "preempt_at_steps",
+    "crash_at_steps",
+    "hang_at_steps",
+    "spot_trace",
+    "fallback_after",
+    "spot_nodes",
+)
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,10 @@ def plan_rehearsals(request: LaunchRequest) -> RehearsalPlan:
     found = targets(planned)
     question = None
     if not planned.executor.runs_here:
-        question = (f"Rehearse '{planned.recipe.name}' on {len(found)} spot candidate(s) "
-                    f"({', '.join(t.key.text() for t in found)}), then launch it?")
+        question = (
+            f"Rehearse '{planned.recipe.name}' on {len(found)} spot candidate(s) "
+            f"({', '.join(t.key.text() for t in found)}), then launch it?"
+        )
     return RehearsalPlan(request=request, recipe=planned.recipe, prepared=planned, targets=found, question=question)
 
 
@@ -115,31 +124,54 @@ def rehearsal_overrides(recipe: Recipe, target: Target) -> list[str]:
     cloud = target.candidate.cloud
     regions = [r for r in recipe.resources.regions if region_cloud(r) == cloud]
     accelerators = [target.candidate.accelerators] if target.candidate.accelerators else []
+
     def section(model: BaseModel) -> str:
         return value_text(model.model_dump(exclude_none=True))
 
     return [
-        f"model={section(tiny.model)}", f"data={section(tiny.data)}", f"train={section(tiny.train)}",
-        f"train.steps={REHEARSAL_STEPS}", "train.warmup_steps=0", "train.log_every=1",
-        "checkpoint.every_steps=null", "checkpoint.every_seconds=null", "eval={}", "export.merge=false",
+        f"model={section(tiny.model)}",
+        f"data={section(tiny.data)}",
+        f"train={section(tiny.train)}",
+        f"train.steps={REHEARSAL_STEPS}",
+        "train.warmup_steps=0",
+        "train.log_every=1",
+        "checkpoint.every_steps=null",
+        "checkpoint.every_seconds=null",
+        "eval={}",
+        "export.merge=false",
         "metrics.backends=[]",
-        f"resources.clouds={value_text([cloud])}", f"resources.accelerators={value_text(accelerators)}",
-        f"resources.regions={value_text(regions)}", f"resources.num_nodes={target.nodes}",
-        "resources.min_nodes=null", "resources.spot=true", "resources.on_demand_fallback=false",
+        f"resources.clouds={value_text([cloud])}",
+        f"resources.accelerators={value_text(accelerators)}",
+        f"resources.regions={value_text(regions)}",
+        f"resources.num_nodes={target.nodes}",
+        "resources.min_nodes=null",
+        "resources.spot=true",
+        "resources.on_demand_fallback=false",
         "resources.deadline=null",
     ]
 
 
 def _request_for(plan: RehearsalPlan, target: Target) -> LaunchRequest:
     request = plan.request
-    flags = {**request.flags, "resources.clouds": None, "resources.on_demand_fallback": None,
-             "resources.deadline": None}  # the target's own resources, set by the overrides
+    flags = {
+        **request.flags,
+        "resources.clouds": None,
+        "resources.on_demand_fallback": None,
+        "resources.deadline": None,
+    }  # the target's own resources, set by the overrides
     executor_flags = {k: (None if k in _NOT_REHEARSED else v) for k, v in request.executor_flags.items()}
     if plan.executor.runs_here:
         executor_flags.update(simulate=target.candidate.cloud, fresh_node=FRESH_NODE_LOCAL or None)
-    return replace(request, overrides=[*request.overrides, *rehearsal_overrides(plan.recipe, target)], flags=flags,
-                   executor_flags=executor_flags, dry_run=False, confirmed=True, force=True,
-                   name=new_run_name(f"{plan.recipe.name}-rehearse-{target.candidate.cloud}"))
+    return replace(
+        request,
+        overrides=[*request.overrides, *rehearsal_overrides(plan.recipe, target)],
+        flags=flags,
+        executor_flags=executor_flags,
+        dry_run=False,
+        confirmed=True,
+        force=True,
+        name=new_run_name(f"{plan.recipe.name}-rehearse-{target.candidate.cloud}"),
+    )
 
 
 def run_rehearsals(plan: RehearsalPlan) -> list[Record]:
@@ -161,21 +193,35 @@ def rehearse(plan: RehearsalPlan, target: Target) -> Record:
         built = replace(built, yaml=to_yaml(built.task, built.recipe))
         prepared.executor.submit(built, detach=True, deadline=None)
     except SkyspotError as error:
-        return _record(target, request.name or "", ok=False, line=f"not started: {error}", started=started,
-                       cost=0.0)
+        return _record(target, request.name or "", ok=False, line=f"not started: {error}", started=started, cost=0.0)
     run = _wait(request.name or "", prepared.executor)
     ok = run.status == "SUCCEEDED"
     line = "works" if ok else _what_failed(run)
-    return _record(target, run.name, ok=ok, line=line, started=run.created_at, cost=_cost(run),
-                   ended=run.ended_at)
+    return _record(target, run.name, ok=ok, line=line, started=run.created_at, cost=_cost(run), ended=run.ended_at)
 
 
-def _record(target: Target, run: str, *, ok: bool, line: str, started: float, cost: Optional[float],
-            ended: Optional[float] = None) -> Record:
+def _record(
+    target: Target,
+    run: str,
+    *,
+    ok: bool,
+    line: str,
+    started: float,
+    cost: Optional[float],
+    ended: Optional[float] = None,
+) -> Record:
     ended = time.time() if ended is None else ended
-    return Record(cloud=target.key.cloud, image=target.key.image, accelerators=target.key.accelerators, at=ended,
-                  ok=ok, line=" ".join(line.split()), minutes=round(max(0.0, ended - started) / 60, 2),
-                  cost_usd=cost, run=run)
+    return Record(
+        cloud=target.key.cloud,
+        image=target.key.image,
+        accelerators=target.key.accelerators,
+        at=ended,
+        ok=ok,
+        line=" ".join(line.split()),
+        minutes=round(max(0.0, ended - started) / 60, 2),
+        cost_usd=cost,
+        run=run,
+    )
 
 
 def _wait(name: str, executor: Executor) -> Run:
@@ -240,4 +286,3 @@ def _cost(run: Run) -> Optional[float]:
         return run_report(run).cost.cost_usd
     except SkyspotError:
         return None
-

@@ -92,7 +92,8 @@ def run_report(run: Run, queue_record: Optional[Mapping[str, Any]] = None) -> Ru
         data.setdefault("warnings", []).append(too_big)
     if log.unknown:
         data.setdefault("warnings", []).append(
-            f"skipped {log.unknown} event(s) of types this skyspot does not know ({', '.join(sorted(log.unknown_types))})")
+            f"skipped {log.unknown} event(s) of types this skyspot does not know ({', '.join(sorted(log.unknown_types))})"
+        )
     if run.info.get("deadline"):
         data["deadline"] = deadline_report(run, log, report)
     return RunReport(report, log, data)
@@ -114,8 +115,13 @@ def deadline_report(run: Run, log: EventLog, report: RunCost) -> Optional[dict[s
     first = report.attempts[0]
     nodes = report.nodes or 1
     try:
-        prices = [pricing.hourly_price(first.cloud or "", instance_type=first.instance_type, region=first.region,
-                                       zone=first.zone, spot=spot).usd_per_hour * nodes for spot in (True, False)]
+        prices = [
+            pricing.hourly_price(
+                first.cloud or "", instance_type=first.instance_type, region=first.region, zone=first.zone, spot=spot
+            ).usd_per_hour
+            * nodes
+            for spot in (True, False)
+        ]
     except UsageError as error:
         return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
     events: list[dict[str, Any]] = [e for e in log.events if e.get("type") != dl.DECISION_EVENT]
@@ -123,11 +129,20 @@ def deadline_report(run: Run, log: EventLog, report: RunCost) -> Optional[dict[s
         given = executor_for(run).deadline_inputs(run, plan, log.events)
     except UsageError as error:
         return {"deadline": plan.get("at"), "note": f"no comparison: {error}"}
-    result = dl.compare(plan, events, given.trace, t0=given.t0, total_steps=run.total_steps or 1,
-                        spot_usd_per_hour=prices[0], on_demand_usd_per_hour=prices[1],
-                        provision_seconds=given.provision_seconds, restart_prior=given.restart_prior,
-                        cost_usd=report.cost_usd, on_demand_usd=report.on_demand_cost_usd,
-                        notice_seconds=given.notice_seconds)
+    result = dl.compare(
+        plan,
+        events,
+        given.trace,
+        t0=given.t0,
+        total_steps=run.total_steps or 1,
+        spot_usd_per_hour=prices[0],
+        on_demand_usd_per_hour=prices[1],
+        provision_seconds=given.provision_seconds,
+        restart_prior=given.restart_prior,
+        cost_usd=report.cost_usd,
+        on_demand_usd=report.on_demand_cost_usd,
+        notice_seconds=given.notice_seconds,
+    )
     result["trace"] = given.source
     return result
 

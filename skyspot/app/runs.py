@@ -40,8 +40,11 @@ class StatusView:
     def failures(self) -> list[str]:
         """One line per failed run that knows why: 'NAME STATUS: CAUSE' (SkyPilot's failure statuses,
         every FAILED_* included)."""
-        return [f"{r['name']} {r['status']}: {r['cause']}" for r in self.rows
-                if r.get("cause") and (RunStatus.from_sky(r.get("status")) or RunStatus.PENDING).is_failed()]
+        return [
+            f"{r['name']} {r['status']}: {r['cause']}"
+            for r in self.rows
+            if r.get("cause") and (RunStatus.from_sky(r.get("status")) or RunStatus.PENDING).is_failed()
+        ]
 
 
 def status(*, all_runs: bool = False) -> StatusView:
@@ -99,8 +102,11 @@ def find_run(name: Optional[str], *, live: bool = False) -> Run:
             return ledger.get(name)
         runs = [r for r in ledger.runs(include_finished=True) if not (live and r.terminal)]
     if not runs:
-        raise UsageError("no running run to cancel; `skyspot status -a` lists runs" if live
-                         else "no runs yet: `skyspot launch tiny --local` starts one")
+        raise UsageError(
+            "no running run to cancel; `skyspot status -a` lists runs"
+            if live
+            else "no runs yet: `skyspot launch tiny --local` starts one"
+        )
     return runs[0]
 
 

@@ -59,8 +59,10 @@ def setup_failure(run: Run) -> Optional[str]:
                 newest = {**record, "node": key.rsplit("/", 1)[-1].removesuffix(".json")}
     if newest is None:
         return None
-    return (f"setup failed on {newest['node']}: {newest['error'].splitlines()[0][:300]} [driver {newest.get('driver')}, "
-            f"python {newest.get('python')}, image {newest.get('image')}, instance {newest.get('instance')}]")
+    return (
+        f"setup failed on {newest['node']}: {newest['error'].splitlines()[0][:300]} [driver {newest.get('driver')}, "
+        f"python {newest.get('python')}, image {newest.get('image')}, instance {newest.get('instance')}]"
+    )
 
 
 def events_signature(run: Run) -> Optional[str]:
@@ -81,8 +83,9 @@ def events_signature(run: Run) -> Optional[str]:
     return "|".join(parts)
 
 
-def summarize(run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]] = None,
-              now: Optional[float] = None) -> dict[str, Any]:
+def summarize(
+    run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]] = None, now: Optional[float] = None
+) -> dict[str, Any]:
     """One `status` row: where it runs, progress, recoveries and what interrupted its attempts, durable
     checkpoint, elapsed, cost so far, and for a run that failed, why (`cause`, as the local executor recorded it)."""
     from skyspot.attempts import count_causes, is_simulated, split
@@ -102,16 +105,22 @@ def summarize(run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]]
     for earlier in reversed(wheres[:-1]):
         for key, value in earlier.items():
             where.setdefault(key, value)
-    durable = [e["step"] for e in events
-               if e.get("type") == T.UPLOAD_END and e.get("durable") is True and isinstance(e.get("step"), int)]
+    durable = [
+        e["step"]
+        for e in events
+        if e.get("type") == T.UPLOAD_END and e.get("durable") is True and isinstance(e.get("step"), int)
+    ]
     committed = [e["step"] for e in events if e.get("type") == T.CHECKPOINT_END and isinstance(e.get("step"), int)]
     status = run.status
     recoveries = max(0, len(started) - 1)
     if queue_record:
         status = queue_record.get("status") or status
         recoveries = int(queue_record.get("recovery_count") or recoveries)
-        where = {**where, "cloud": where.get("cloud") or queue_record.get("cloud"),
-                 "region": where.get("region") or queue_record.get("region")}
+        where = {
+            **where,
+            "cloud": where.get("cloud") or queue_record.get("cloud"),
+            "region": where.get("region") or queue_record.get("region"),
+        }
     end = run.ended_at if run.terminal and run.ended_at else now
     try:
         cost = round(cost_so_far(log, now=end), 4) if events else 0.0
@@ -119,20 +128,29 @@ def summarize(run: Run, log: EventLog, queue_record: Optional[Mapping[str, Any]]
         cost = None
     last_ckpt = max(durable) if durable else (max(committed) if committed else None)
     return {
-        "name": run.name, "recipe": run.recipe, "executor": run.executor, "status": status,
-        "cloud": where.get("cloud"), "region": where.get("region"),
-        "spot": where.get("spot"), "instance_type": where.get("instance_type"),
-        "step": max(steps) if steps else 0, "total_steps": run.total_steps,
+        "name": run.name,
+        "recipe": run.recipe,
+        "executor": run.executor,
+        "status": status,
+        "cloud": where.get("cloud"),
+        "region": where.get("region"),
+        "spot": where.get("spot"),
+        "instance_type": where.get("instance_type"),
+        "step": max(steps) if steps else 0,
+        "total_steps": run.total_steps,
         "recoveries": recoveries,
         # Restarts on the same machines (torchrun's agent, #26), apart from SkyPilot's recoveries onto new ones.
         "restarts_in_place": sum(a.in_place_restarts for a in attempts),
         "hangs": sum(len(a.hangs) for a in attempts),
         # Attempts that ended without completing, by cause (attempts.CAUSES); the running one is not counted.
         "interruptions": count_causes(a for a in attempts if not a.open),
-        "last_checkpoint": last_ckpt, "last_checkpoint_durable": bool(durable) or not run.store,
+        "last_checkpoint": last_ckpt,
+        "last_checkpoint_durable": bool(durable) or not run.store,
         "elapsed_seconds": round(end - run.created_at, 1),
-        "cost_so_far_usd": cost, "simulated": executor_for(run).simulated or any(is_simulated(w) for w in wheres),
-        "job_id": run.job_id, "malformed_event_lines": log.malformed,
+        "cost_so_far_usd": cost,
+        "simulated": executor_for(run).simulated or any(is_simulated(w) for w in wheres),
+        "job_id": run.job_id,
+        "malformed_event_lines": log.malformed,
         "oversized_event_files": list(getattr(log, "oversized", [])),
         "unknown_event_types": dict(getattr(log, "unknown_types", {})),
         "cause": run.info.get("cause") if isinstance(run.info.get("cause"), str) else None,
@@ -166,16 +184,29 @@ def latest_losses(log: EventLog) -> dict[str, Any]:
     from skyspot.events import EventType
 
     def newest(type: EventType) -> Optional[Event]:
-        return next((e for e in reversed(log.events) if e.get("type") == type and isinstance(e.get("loss"), (int, float))
-                     and not isinstance(e.get("loss"), bool) and math.isfinite(e["loss"])), None)
+        return next(
+            (
+                e
+                for e in reversed(log.events)
+                if e.get("type") == type
+                and isinstance(e.get("loss"), (int, float))
+                and not isinstance(e.get("loss"), bool)
+                and math.isfinite(e["loss"])
+            ),
+            None,
+        )
 
     step, evaluation = newest(EventType.STEP), newest(EventType.EVAL)
     perplexity = evaluation.get("perplexity") if evaluation else None
-    return {"train_loss": float(step["loss"]) if step else None, "train_loss_step": step.get("step") if step else None,
-            "eval_loss": float(evaluation["loss"]) if evaluation else None,
-            "eval_loss_step": evaluation.get("step") if evaluation else None,
-            "eval_perplexity": float(perplexity) if isinstance(perplexity, (int, float)) and not isinstance(
-                perplexity, bool) and math.isfinite(perplexity) else None}
+    return {
+        "train_loss": float(step["loss"]) if step else None,
+        "train_loss_step": step.get("step") if step else None,
+        "eval_loss": float(evaluation["loss"]) if evaluation else None,
+        "eval_loss_step": evaluation.get("step") if evaluation else None,
+        "eval_perplexity": float(perplexity)
+        if isinstance(perplexity, (int, float)) and not isinstance(perplexity, bool) and math.isfinite(perplexity)
+        else None,
+    }
 
 
 def _deadline(run: Run, events: Iterable[dict[str, Any]]) -> Optional[dict[str, Any]]:

@@ -50,8 +50,11 @@ def loss_text(losses: dict) -> str:
         parts.append(f"train loss {losses['train_loss']:.4f} (step {losses.get('train_loss_step')})")
     if losses.get("eval_loss") is not None:
         ppl = losses.get("eval_perplexity")
-        parts.append(f"eval loss {losses['eval_loss']:.4f} (step {losses.get('eval_loss_step')}"
-                     + ("" if ppl is None else f", perplexity {ppl:,.2f}") + ")")
+        parts.append(
+            f"eval loss {losses['eval_loss']:.4f} (step {losses.get('eval_loss_step')}"
+            + ("" if ppl is None else f", perplexity {ppl:,.2f}")
+            + ")"
+        )
     return ", ".join(parts)
 
 
@@ -133,8 +136,15 @@ ColumnSpec = Union[Column, tuple]
 GAP = "  "
 
 
-def display(rows: Sequence[dict[str, Any]], columns: Sequence[ColumnSpec], *, as_json: bool,
-            title: str | None = None, empty: str = "nothing to show", caption: str | None = None) -> None:
+def display(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[ColumnSpec],
+    *,
+    as_json: bool,
+    title: str | None = None,
+    empty: str = "nothing to show",
+    caption: str | None = None,
+) -> None:
     """Render rows as a plain-text table that fits the terminal (columns: Column or (key, header[, drop]))
     or as a JSON list of the full row dicts."""
     if as_json:
@@ -149,8 +159,12 @@ def display(rows: Sequence[dict[str, Any]], columns: Sequence[ColumnSpec], *, as
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
     if hidden:
-        err.print(f"(hidden to fit {width} columns: {', '.join(hidden)}; a wider terminal or --json shows them)",
-                  markup=False, highlight=False, style="dim")
+        err.print(
+            f"(hidden to fit {width} columns: {', '.join(hidden)}; a wider terminal or --json shows them)",
+            markup=False,
+            highlight=False,
+            style="dim",
+        )
 
 
 def table_text(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, width: int) -> tuple[str, list[str]]:
@@ -179,8 +193,10 @@ def table_text(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, wid
     def line(values: Sequence[str]) -> str:
         import textwrap
 
-        split = [textwrap.wrap(v, widths[c.key]) or [""] if c.wrap and _cell_len(v) > widths[c.key] else [v]
-                 for c, v in zip(shown, values)]
+        split = [
+            textwrap.wrap(v, widths[c.key]) or [""] if c.wrap and _cell_len(v) > widths[c.key] else [v]
+            for c, v in zip(shown, values)
+        ]
         out_lines = []
         for k in range(max(len(parts) for parts in split)):
             parts = []
@@ -278,8 +294,12 @@ class _OneLineUsageError(_click_exceptions.ClickException):
     exit_code = EXIT_USAGE
 
     def show(self, file=None) -> None:
-        err.print(f"[bold red]error:[/] {_escape(one_line(self.format_message()))} (see --help)",
-                  markup=True, highlight=False, emoji=False)
+        err.print(
+            f"[bold red]error:[/] {_escape(one_line(self.format_message()))} (see --help)",
+            markup=True,
+            highlight=False,
+            emoji=False,
+        )
 
 
 # Metavars Typer would print as {recipe} [overrides]... and <str>: arguments and option values by name.
@@ -331,8 +351,9 @@ def _no_option_taken_as_a_value(command, ctx) -> None:
     """`launch --store --dry-run tiny`: Click gives --store the value `--dry-run`, and the launch would go on
     without the dry run the user asked for. An option's value that is one of the command's own option
     names is a missing value, said in one line."""
-    names = {opt for param in command.get_params(ctx) for opt in (*param.opts, *param.secondary_opts)
-             if opt.startswith("-")}
+    names = {
+        opt for param in command.get_params(ctx) for opt in (*param.opts, *param.secondary_opts) if opt.startswith("-")
+    }
     for param in command.get_params(ctx):
         value = ctx.params.get(param.name)
         value = str(value) if isinstance(value, (str, PurePath)) else None
@@ -346,7 +367,6 @@ class OneLineCommand(_OneLineUsage, TyperCommand):
 
 class OneLineGroup(_OneLineUsage, TyperGroup):
     """The application group: unknown commands are one `error:` line too."""
-
 
 
 # --------------------------------------------------------------------------- fast parameter coercion
@@ -370,9 +390,14 @@ def _plain_coercion(command, ctx) -> None:
             continue  # not a Typer parameter, or already set up
         descriptor = getattr(param, "type_descriptor", None)
         plain = _plain_type(getattr(descriptor, "annotation", None))
-        if plain is not None and not getattr(descriptor, "is_choice", True) and not getattr(descriptor, "is_ranged", True):
-            param._runtime_param = _PlainRuntimeParam(parameter_info=descriptor.parameter_info,
-                                                      annotation=descriptor.annotation, kind=plain)
+        if (
+            plain is not None
+            and not getattr(descriptor, "is_choice", True)
+            and not getattr(descriptor, "is_ranged", True)
+        ):
+            param._runtime_param = _PlainRuntimeParam(
+                parameter_info=descriptor.parameter_info, annotation=descriptor.annotation, kind=plain
+            )
 
 
 def _plain_type(annotation: Any):
@@ -387,6 +412,7 @@ def _plain_type(annotation: Any):
 
 
 if _RuntimeParam is not None:
+
     @dataclass(frozen=True)
     class _PlainRuntimeParam(_RuntimeParam):
         kind: Any = None
@@ -415,8 +441,9 @@ if _RuntimeParam is not None:
             try:
                 number = kind(str(value).strip())
             except ValueError:
-                raise _click_exceptions.BadParameter(f"{value!r} is not a valid {_PLAIN_NAMES[kind]}.",
-                                                     ctx=ctx, param=param) from None
+                raise _click_exceptions.BadParameter(
+                    f"{value!r} is not a valid {_PLAIN_NAMES[kind]}.", ctx=ctx, param=param
+                ) from None
             if kind is float and not math.isfinite(number):
                 raise _click_exceptions.BadParameter(f"{value!r} is not a finite number.", ctx=ctx, param=param)
             return number

@@ -11,42 +11,100 @@ from skyspot.cli.common import confirm, handle_errors, split_csv
 from skyspot.cli.options import DetachOption, OverridesArgument, RecipeArgument, RunArgument, YesOption
 from skyspot.console import err, out
 
-REHEARSE_HELP = ("Before the launch, rehearse each distinct (cloud, image, accelerator) among the spot candidates: "
-                 "a short spot job on 1 node (2 for a multi-node recipe) with the run's setup, image and store, the "
-                 "fabric probe, a store round trip and 5 steps of the tiny model; a table says what works, minutes "
-                 "and cost; the launch skips candidates that failed (kept in $SKYSPOT_HOME; --force keeps them). "
-                 "With --local, each on a fresh node simulating its cloud. With --dry-run: what would be rehearsed.")
-LOCAL_HELP = ("Run on this machine with the embedded local executor, which injects preemptions and "
-              "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default.")
+REHEARSE_HELP = (
+    "Before the launch, rehearse each distinct (cloud, image, accelerator) among the spot candidates: "
+    "a short spot job on 1 node (2 for a multi-node recipe) with the run's setup, image and store, the "
+    "fabric probe, a store round trip and 5 steps of the tiny model; a table says what works, minutes "
+    "and cost; the launch skips candidates that failed (kept in $SKYSPOT_HOME; --force keeps them). "
+    "With --local, each on a fresh node simulating its cloud. With --dry-run: what would be rehearsed."
+)
+LOCAL_HELP = (
+    "Run on this machine with the embedded local executor, which injects preemptions and "
+    "recovers like SkyPilot's controller. Recipes marked local-only (tiny) run locally by default."
+)
 
 
 @handle_errors
 def launch_command(
     recipe: RecipeArgument,
     overrides: OverridesArgument = None,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the task YAML and the candidate table; submit nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the task YAML and the candidate table; submit nothing."
+    ),
     yes: YesOption = False,
     detach: DetachOption = False,
     name: Optional[str] = typer.Option(None, "-n", "--name", help="Run name (default: recipe name + timestamp)."),
     clouds: Optional[str] = typer.Option(None, "--clouds", help="Comma-separated clouds to consider: aws,gcp,azure."),
-    store: Optional[str] = typer.Option(None, "--store", help="Where checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."),
+    store: Optional[str] = typer.Option(
+        None, "--store", help="Where checkpoints and events live: s3://bucket/prefix, gs://…, az://… or a local path."
+    ),
     no_on_demand_fallback: bool = typer.Option(False, "--no-on-demand-fallback", help="Spot candidates only."),
-    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish by then at the least cost: 36h, 90m, 2d or an ISO time (resources.deadline; docs/deadline.md). Spot while there is slack, on-demand when behind."),
+    deadline: Optional[str] = typer.Option(
+        None,
+        "--deadline",
+        help="Finish by then at the least cost: 36h, 90m, 2d or an ISO time (resources.deadline; docs/deadline.md). Spot while there is slack, on-demand when behind.",
+    ),
     local: Optional[bool] = typer.Option(None, "--local/--cloud", help=LOCAL_HELP),
-    preempt_every: Optional[float] = typer.Option(None, "--preempt-every", help="Local: inject a preemption every N seconds of running."),
-    preempt_at_steps: Optional[str] = typer.Option(None, "--preempt-at-steps", help="Local: inject a preemption notice when the run reaches these steps, e.g. 15,40."),
-    crash_at_steps: Optional[str] = typer.Option(None, "--crash-at-steps", help="Local: SIGKILL one rank mid-step once the run reaches these steps, STEP[:NODE[.LOCAL_RANK]] (default the last rank of the last node), e.g. 15,40:0.1; recovered in place (docs/local.md)."),
-    hang_at_steps: Optional[str] = typer.Option(None, "--hang-at-steps", help="Local: SIGSTOP one rank mid-step (a hang), STEP[:NODE[.LOCAL_RANK]] as --crash-at-steps."),
-    spot_trace: Optional[str] = typer.Option(None, "--spot-trace", help="Local: replay a spot trace file (docs/local.md)."),
-    notice: Optional[float] = typer.Option(None, "--notice", min=0, help="Local: the simulated cloud's notice window in seconds, its timeline scaled to fit (default the cloud's: aws 120, gcp 30, azure 30; docs/local.md)."),
-    grace: Optional[float] = typer.Option(None, "--grace", min=0, help="Local: seconds from SIGTERM to SIGKILL on aws's timeline and on cancel (default: aws's shutdown, scaled; 30 on cancel)."),
-    provision_delay: float = typer.Option(2.0, "--provision-delay", min=0, help="Local: seconds to 'provision' a replacement node."),
-    fallback_after: Optional[int] = typer.Option(None, "--fallback-after", min=0, help="Local: after K preemptions run on-demand (no more preemptions)."),
-    spot_nodes: Optional[str] = typer.Option(None, "--spot-nodes", help="Local: nodes granted to each spot attempt in turn, e.g. 2,1,2 (fewer than num_nodes needs resources.min_nodes and a store)."),
-    simulate: Optional[str] = typer.Option(None, "--simulate", help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices (default aws; after a rehearsal left candidates out, the first one kept)."),
-    fresh_node: bool = typer.Option(False, "--fresh-node", help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run."),
+    preempt_every: Optional[float] = typer.Option(
+        None, "--preempt-every", help="Local: inject a preemption every N seconds of running."
+    ),
+    preempt_at_steps: Optional[str] = typer.Option(
+        None,
+        "--preempt-at-steps",
+        help="Local: inject a preemption notice when the run reaches these steps, e.g. 15,40.",
+    ),
+    crash_at_steps: Optional[str] = typer.Option(
+        None,
+        "--crash-at-steps",
+        help="Local: SIGKILL one rank mid-step once the run reaches these steps, STEP[:NODE[.LOCAL_RANK]] (default the last rank of the last node), e.g. 15,40:0.1; recovered in place (docs/local.md).",
+    ),
+    hang_at_steps: Optional[str] = typer.Option(
+        None,
+        "--hang-at-steps",
+        help="Local: SIGSTOP one rank mid-step (a hang), STEP[:NODE[.LOCAL_RANK]] as --crash-at-steps.",
+    ),
+    spot_trace: Optional[str] = typer.Option(
+        None, "--spot-trace", help="Local: replay a spot trace file (docs/local.md)."
+    ),
+    notice: Optional[float] = typer.Option(
+        None,
+        "--notice",
+        min=0,
+        help="Local: the simulated cloud's notice window in seconds, its timeline scaled to fit (default the cloud's: aws 120, gcp 30, azure 30; docs/local.md).",
+    ),
+    grace: Optional[float] = typer.Option(
+        None,
+        "--grace",
+        min=0,
+        help="Local: seconds from SIGTERM to SIGKILL on aws's timeline and on cancel (default: aws's shutdown, scaled; 30 on cancel).",
+    ),
+    provision_delay: float = typer.Option(
+        2.0, "--provision-delay", min=0, help="Local: seconds to 'provision' a replacement node."
+    ),
+    fallback_after: Optional[int] = typer.Option(
+        None, "--fallback-after", min=0, help="Local: after K preemptions run on-demand (no more preemptions)."
+    ),
+    spot_nodes: Optional[str] = typer.Option(
+        None,
+        "--spot-nodes",
+        help="Local: nodes granted to each spot attempt in turn, e.g. 2,1,2 (fewer than num_nodes needs resources.min_nodes and a store).",
+    ),
+    simulate: Optional[str] = typer.Option(
+        None,
+        "--simulate",
+        help="Local: the cloud the local node stands for (aws, gcp, azure): its notice mechanism and prices (default aws; after a rehearsal left candidates out, the first one kept).",
+    ),
+    fresh_node: bool = typer.Option(
+        False,
+        "--fresh-node",
+        help="Local: run as SkyPilot does on a new VM: a new virtual environment without skyspot, the task's file mounts copied, its setup run, then its run.",
+    ),
     rehearse: bool = typer.Option(False, "--rehearse", help=REHEARSE_HELP),
-    force: bool = typer.Option(False, "--force", help="Keep the candidates whose last rehearsal failed (the launch leaves them out otherwise; the dry run lists them)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Keep the candidates whose last rehearsal failed (the launch leaves them out otherwise; the dry run lists them).",
+    ),
 ) -> None:
     """Turn a recipe into a SkyPilot managed-job task and submit it (or run it locally with --local).
 
@@ -57,17 +115,35 @@ def launch_command(
     from skyspot.app.launch import LaunchRequest, prepare, submit
 
     request = LaunchRequest(
-        recipe=recipe, overrides=overrides or [], name=name, local=local, dry_run=dry_run, confirmed=yes,
+        recipe=recipe,
+        overrides=overrides or [],
+        name=name,
+        local=local,
+        dry_run=dry_run,
+        confirmed=yes,
         interactive=sys.stdin.isatty(),
-        flags={"resources.clouds": split_csv(clouds), "storage.store": store,
-               "resources.on_demand_fallback": False if no_on_demand_fallback else None,
-               "resources.deadline": deadline},
-        executor_flags={"preempt_every": preempt_every, "preempt_at_steps": preempt_at_steps,
-                        "crash_at_steps": crash_at_steps, "hang_at_steps": hang_at_steps, "spot_trace": spot_trace,
-                        "notice": notice, "grace": grace, "provision_delay": provision_delay,
-                        "fallback_after": fallback_after, "spot_nodes": spot_nodes, "simulate": simulate,
-                        "fresh_node": fresh_node or None},
-        force=force)
+        flags={
+            "resources.clouds": split_csv(clouds),
+            "storage.store": store,
+            "resources.on_demand_fallback": False if no_on_demand_fallback else None,
+            "resources.deadline": deadline,
+        },
+        executor_flags={
+            "preempt_every": preempt_every,
+            "preempt_at_steps": preempt_at_steps,
+            "crash_at_steps": crash_at_steps,
+            "hang_at_steps": hang_at_steps,
+            "spot_trace": spot_trace,
+            "notice": notice,
+            "grace": grace,
+            "provision_delay": provision_delay,
+            "fallback_after": fallback_after,
+            "spot_nodes": spot_nodes,
+            "simulate": simulate,
+            "fresh_node": fresh_node or None,
+        },
+        force=force,
+    )
     if rehearse:
         from skyspot.app.rehearse import plan_rehearsals, run_rehearsals
 
@@ -108,8 +184,12 @@ def resume_command(
 
     prepared = prepare_resume(run_name)
     if prepared.ignored:  # the run's settings are the ones recorded at launch (issue 31, item 6)
-        err.print(f"note: ignoring {', '.join(prepared.ignored)} from this shell: a resumed run keeps the settings "
-                  "it was launched with; launch a new run to change them", markup=False, highlight=False)
+        err.print(
+            f"note: ignoring {', '.join(prepared.ignored)} from this shell: a resumed run keeps the settings "
+            "it was launched with; launch a new run to change them",
+            markup=False,
+            highlight=False,
+        )
     if prepared.question and not confirm(prepared.question, yes):
         err.print("not resumed")
         raise typer.Exit(1)
@@ -124,8 +204,12 @@ def _show_package(built) -> None:
         return
     from skyspot.app.launch import PACKAGE_MOUNT
 
-    err.print(f"package: skyspot {package.version} ({package.wheel}) mounted at {PACKAGE_MOUNT}; "
-              f"setup installs it with {', '.join(package.requirements)}", markup=False, soft_wrap=True)
+    err.print(
+        f"package: skyspot {package.version} ({package.wheel}) mounted at {PACKAGE_MOUNT}; "
+        f"setup installs it with {', '.join(package.requirements)}",
+        markup=False,
+        soft_wrap=True,
+    )
     if built.run_name is None:
         err.print("run name: chosen at launch (RECIPE-YYYYmmdd-HHMMSS-xxxx), or -n NAME", markup=False)
 
@@ -136,28 +220,55 @@ def _show_plan(prepared) -> None:
     built = prepared.built
     nodes = built.recipe.resources.num_nodes
     money = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
-    title = (f"{built.recipe.name}: {nodes} node(s); candidates in the order SkyPilot tries them, spot first, "
-             f"each group by {'expected $/h of training' if built.recipe.resources.placement == 'expected_cost' else 'price'}"
-             f" for all nodes (price snapshot; egress to and from the store; preemptions: below)")
+    title = (
+        f"{built.recipe.name}: {nodes} node(s); candidates in the order SkyPilot tries them, spot first, "
+        f"each group by {'expected $/h of training' if built.recipe.resources.placement == 'expected_cost' else 'price'}"
+        f" for all nodes (price snapshot; egress to and from the store; preemptions: below)"
+    )
     table = Table(title=title, header_style="bold")
-    for header in ("#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "NODES $/H", "EGRESS $/H",
-                   "TOTAL $/H", "PREEMPT/NODE-H", "EXPECTED $/H", "NOTE"):
+    for header in (
+        "#",
+        "CLOUD",
+        "REGION",
+        "ACCELERATORS",
+        "INSTANCE",
+        "CAPACITY",
+        "NODES $/H",
+        "EGRESS $/H",
+        "TOTAL $/H",
+        "PREEMPT/NODE-H",
+        "EXPECTED $/H",
+        "NOTE",
+    ):
         table.add_column(header)
     for i, c in enumerate(built.candidates, 1):
         compute = None if c.usd_per_hour is None else c.usd_per_hour * nodes
         note = "; ".join(n for n in (c.price_note, c.egress_note, c.fabric) if n)
-        table.add_row(str(i), c.cloud, c.region or "any", c.accelerators or "CPU", c.instance_type or "-",
-                      "spot" if c.spot else "on-demand", money(compute), money(c.egress_usd_per_hour),
-                      money(c.expected_usd_per_hour),
-                      "-" if c.preemptions_per_node_hour is None else f"{c.preemptions_per_node_hour:.3f}",
-                      money(c.expected_cost_usd_per_hour), note)
+        table.add_row(
+            str(i),
+            c.cloud,
+            c.region or "any",
+            c.accelerators or "CPU",
+            c.instance_type or "-",
+            "spot" if c.spot else "on-demand",
+            money(compute),
+            money(c.egress_usd_per_hour),
+            money(c.expected_usd_per_hour),
+            "-" if c.preemptions_per_node_hour is None else f"{c.preemptions_per_node_hour:.3f}",
+            money(c.expected_cost_usd_per_hour),
+            note,
+        )
     err.print(table)
     for line in prepared.placement_notes():
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     for candidate, record in prepared.rehearsed:
         fate = "kept (--force)" if prepared.request.force else "skipped (--force to keep)"
-        err.print(f"{_where(candidate)}: rehearsal failed {record.when()}: {record.line}; {fate}", markup=False,
-                  highlight=False, soft_wrap=True)
+        err.print(
+            f"{_where(candidate)}: rehearsal failed {record.when()}: {record.line}; {fate}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     for cloud, accelerators, why in prepared.dropped():
         err.print(f"not a candidate: {cloud} {accelerators}: {why}", markup=False)
     basis = prepared.egress_basis()
@@ -179,18 +290,26 @@ def _show_window_check(prepared, *, warn_only: bool) -> None:
     failing = [c for c in report.checks if c.verdict != "durable in time"]
     if warn_only:
         if failing:
-            err.print(f"warning: an emergency checkpoint cannot become durable within the notice window on "
-                      f"{', '.join(c.cloud for c in failing)}; a preemption there falls back to the last durable "
-                      f"interval checkpoint. `skyspot launch {recipe.name} --dry-run` shows the figures and fixes.")
+            err.print(
+                f"warning: an emergency checkpoint cannot become durable within the notice window on "
+                f"{', '.join(c.cloud for c in failing)}; a preemption there falls back to the last durable "
+                f"interval checkpoint. `skyspot launch {recipe.name} --dry-run` shows the figures and fixes."
+            )
         return
     gb = report.state.bytes_per_node / 1e9
-    table = Table(title=f"Emergency checkpoint vs notice window ({gb:,.1f} GB of ZeRO-3 state per node)",
-                  header_style="bold")
+    table = Table(
+        title=f"Emergency checkpoint vs notice window ({gb:,.1f} GB of ZeRO-3 state per node)", header_style="bold"
+    )
     for header in ("CLOUD", "WINDOW", "LOCAL COMMIT", "DURABLE IN BUCKET", "VERDICT"):
         table.add_column(header)
     for check in report.checks:
-        table.add_row(check.cloud, f"{check.window_s:.0f}s", f"{check.local_at_s:,.0f}s", f"{check.durable_at_s:,.0f}s",
-                      check.verdict)
+        table.add_row(
+            check.cloud,
+            f"{check.window_s:.0f}s",
+            f"{check.local_at_s:,.0f}s",
+            f"{check.durable_at_s:,.0f}s",
+            check.verdict,
+        )
     err.print(table)
     for check in report.checks:  # the arithmetic behind each verdict (docs/planning.md)
         err.print(f"{check.cloud}: {check.arithmetic}: {check.verdict}", markup=False)
@@ -205,22 +324,36 @@ def _where(candidate) -> str:
 
 def _show_rehearsal_plan(plan) -> None:
     nodes = plan.targets[0].nodes if plan.targets else 1
-    err.print(f"rehearsal of '{plan.recipe.name}': {len(plan.targets)} spot candidate(s), {nodes} node(s) each, "
-              "the tiny model for 5 steps: " + ", ".join(t.key.text() for t in plan.targets), markup=False,
-              highlight=False, soft_wrap=True)
+    err.print(
+        f"rehearsal of '{plan.recipe.name}': {len(plan.targets)} spot candidate(s), {nodes} node(s) each, "
+        "the tiny model for 5 steps: " + ", ".join(t.key.text() for t in plan.targets),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _show_rehearsals(records) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="Rehearsals (recorded in $SKYSPOT_HOME/rehearsals.json; a failed one is skipped by the "
-                  "launch unless --force)", header_style="bold")
+    table = Table(
+        title="Rehearsals (recorded in $SKYSPOT_HOME/rehearsals.json; a failed one is skipped by the "
+        "launch unless --force)",
+        header_style="bold",
+    )
     for header in ("CLOUD", "IMAGE", "ACCELERATORS", "RESULT", "MINUTES", "COST", "RUN"):
         table.add_column(header)
     for r in records:
-        table.add_row(r.cloud, r.image, r.accelerators, escape(r.line if r.ok else f"failed: {r.line}"), f"{r.minutes:.1f}",
-                      _money(r.cost_usd), r.run)
+        table.add_row(
+            r.cloud,
+            r.image,
+            r.accelerators,
+            escape(r.line if r.ok else f"failed: {r.line}"),
+            f"{r.minutes:.1f}",
+            _money(r.cost_usd),
+            r.run,
+        )
     err.print(table)
 
 

@@ -15,7 +15,7 @@ app = typer.Typer(
     name="skyspot",
     cls=OneLineGroup,
     help="Fine-tune LLMs on spot GPUs across AWS, GCP and Azure through SkyPilot managed jobs, "
-         "losing nothing to preemptions. Try: skyspot launch tiny --local --preempt-at-steps 60,130",
+    "losing nothing to preemptions. Try: skyspot launch tiny --local --preempt-at-steps 60,130",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
@@ -30,8 +30,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """skyspot: spot-instance LLM fine-tuning that is boringly reliable."""
     import os
 

@@ -25,14 +25,15 @@ import typer
 
 from skyspot.errors import UsageError
 
-ForceOption = Annotated[bool, typer.Option("--force", help="Replace the output file if it exists (never what a link there points to).")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace the output file if it exists (never what a link there points to).")
+]
 
 # Filesystems that cannot hard-link (FAT, some network mounts): the exclusive create is the fallback there.
 _NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
 
 
-def write_output(path: Path, data: bytes, *, force: bool, flag: str, cap: int = 0o666,
-                 forceable: bool = True) -> Path:
+def write_output(path: Path, data: bytes, *, force: bool, flag: str, cap: int = 0o666, forceable: bool = True) -> Path:
     """Write `data` to `path` as the module docstring says; the path written. `flag` names the option
     in errors (`-o`, `--plot`); `cap` bounds the mode (a copy is never more open than its source);
     `forceable`: the command has `--force` (`cp` has not: a copy never replaces anything)."""
@@ -86,8 +87,10 @@ def check_output(path: Path, *, force: bool, flag: str, forceable: bool = True) 
     if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise UsageError(f"{flag} {path} is a directory; name a file")
     if existing is not None and not (stat.S_ISREG(existing.st_mode) or stat.S_ISLNK(existing.st_mode)):
-        raise UsageError(f"{flag} {path} is a {_kind(existing.st_mode)}, not a regular file; nothing was "
-                         "written. Name a regular file")
+        raise UsageError(
+            f"{flag} {path} is a {_kind(existing.st_mode)}, not a regular file; nothing was "
+            "written. Name a regular file"
+        )
     if existing is not None and not force:
         raise UsageError(_taken(path, forceable))
     if not path.parent.is_dir():
@@ -106,7 +109,9 @@ def _kind(mode: int) -> str:
 
 
 def _taken(path: Path, forceable: bool) -> str:
-    return f"{path} already exists; nothing was overwritten. Name a new file" + (", or pass --force" if forceable else "")
+    return f"{path} already exists; nothing was overwritten. Name a new file" + (
+        ", or pass --force" if forceable else ""
+    )
 
 
 def _place_new(tmp: str, path: Path) -> None:

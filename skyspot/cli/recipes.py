@@ -19,9 +19,13 @@ from skyspot.errors import UsageError
 @handle_errors
 def recipes_command(
     as_json: JsonOption = False,
-    verbose: bool = typer.Option(False, "-v", "--verbose",
-                                 help="Also check, per cloud, whether an emergency checkpoint becomes durable "
-                                      "within the preemption notice window (docs/planning.md)."),
+    verbose: bool = typer.Option(
+        False,
+        "-v",
+        "--verbose",
+        help="Also check, per cloud, whether an emergency checkpoint becomes durable "
+        "within the preemption notice window (docs/planning.md).",
+    ),
 ) -> None:
     """List the recipes: model, nodes x accelerator candidates, clouds."""
     import json
@@ -34,18 +38,26 @@ def recipes_command(
     rows = json.loads(cached) if cached else recipe_rows(verbose)
     if not cached:
         cache.put(entry, json.dumps(rows))
-    columns = [Column("name", "RECIPE"), Column("model", "MODEL", 2), Column("nodes", "NODES", 3, right=True),
-               Column("per_node", "PER NODE", wrap=True), Column("clouds", "CLOUDS", 1)]
+    columns = [
+        Column("name", "RECIPE"),
+        Column("model", "MODEL", 2),
+        Column("nodes", "NODES", 3, right=True),
+        Column("per_node", "PER NODE", wrap=True),
+        Column("clouds", "CLOUDS", 1),
+    ]
     if verbose:
-        columns += [Column("state_per_node", "STATE/NODE", right=True),
-                    Column("window", "EMERGENCY CKPT VS NOTICE WINDOW", wrap=True)]
+        columns += [
+            Column("state_per_node", "STATE/NODE", right=True),
+            Column("window", "EMERGENCY CKPT VS NOTICE WINDOW", wrap=True),
+        ]
     display(rows, columns, as_json=as_json)
 
 
 @handle_errors
 def keys_command(
-    recipe: Optional[str] = typer.Argument(None, metavar="[RECIPE]",
-                                           help="A recipe name or file: show its values. Without: the defaults."),
+    recipe: Optional[str] = typer.Argument(
+        None, metavar="[RECIPE]", help="A recipe name or file: show its values. Without: the defaults."
+    ),
     as_json: JsonOption = False,
 ) -> None:
     """Every key a recipe takes, as an override spells it (train.steps=40), with its type, the default
@@ -112,7 +124,9 @@ def copy_command(
 def render_command(
     recipe: RecipeArgument,
     overrides: OverridesArgument = None,
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the YAML to this file instead of stdout."),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="Write the YAML to this file instead of stdout."
+    ),
     force: ForceOption = False,
 ) -> None:
     """Print the SkyPilot managed-job task YAML a recipe renders to (launchable with `sky jobs launch`)."""
@@ -134,4 +148,3 @@ def render_command(
         return
     written = write_output(output, text.encode("utf-8"), force=force, flag="-o")
     err.print(f"wrote {written}", markup=False)
-

@@ -5,17 +5,34 @@ from __future__ import annotations
 
 import typer
 
-from skyspot.cli.common import (FABRIC_MARK, Column, confirm, display, fabric_text, handle_errors, in_place_text,
-                                loss_text, usd)
+from skyspot.cli.common import (
+    FABRIC_MARK,
+    Column,
+    confirm,
+    display,
+    fabric_text,
+    handle_errors,
+    in_place_text,
+    loss_text,
+    usd,
+)
 from skyspot.cli.options import JsonOption, OptionalRunArgument, YesOption
 from skyspot.console import err
 
 # On a narrow terminal the columns with the highest `drop` are hidden first (docs: `status --json` has all).
-STATUS_COLUMNS = [Column("name", "NAME"), Column("recipe", "RECIPE", 9), Column("executor", "EXECUTOR", 10),
-                  Column("status", "STATUS"), Column("where", "WHERE", 5), Column("capacity", "CAPACITY", 6),
-                  Column("progress", "STEP", 2, right=True), Column("recoveries", "#RECOVERIES", 3, right=True),
-                  Column("last_checkpoint", "LAST CKPT", 7, right=True), Column("elapsed", "ELAPSED", 8, right=True),
-                  Column("cost", "EST. COST", 4)]
+STATUS_COLUMNS = [
+    Column("name", "NAME"),
+    Column("recipe", "RECIPE", 9),
+    Column("executor", "EXECUTOR", 10),
+    Column("status", "STATUS"),
+    Column("where", "WHERE", 5),
+    Column("capacity", "CAPACITY", 6),
+    Column("progress", "STEP", 2, right=True),
+    Column("recoveries", "#RECOVERIES", 3, right=True),
+    Column("last_checkpoint", "LAST CKPT", 7, right=True),
+    Column("elapsed", "ELAPSED", 8, right=True),
+    Column("cost", "EST. COST", 4),
+]
 # Shown when a listed run has a deadline (docs/deadline.md): its mode, projected finish and the deadline.
 DEADLINE_COLUMN = Column("deadline_text", "DEADLINE", 6)
 # Shown when a listed run was restarted in place (#26): on the same machines, apart from #RECOVERIES.
@@ -40,25 +57,36 @@ def status_command(
         row["where"] = "/".join(x for x in (row["cloud"], row["region"]) if x) or "-"
         row["capacity"] = None if row["spot"] is None else ("spot" if row["spot"] else "on-demand")
         row["progress"] = f"{row['step']}/{row['total_steps'] or '?'}"
-        row["cost"] = None if row["cost_so_far_usd"] is None else usd(row["cost_so_far_usd"]) + (
-            " (sim)" if row["simulated"] else "")
+        row["cost"] = (
+            None
+            if row["cost_so_far_usd"] is None
+            else usd(row["cost_so_far_usd"]) + (" (sim)" if row["simulated"] else "")
+        )
         row["elapsed"] = _duration(row["elapsed_seconds"])
         row["deadline_text"] = deadline_text(row.get("deadline"))
         row["in_place"] = in_place_text(row)
         row["fabric_text"] = fabric_text(row.get("fabric"))
-    columns = (STATUS_COLUMNS + ([IN_PLACE_COLUMN] if any(r.get("restarts_in_place") or r.get("hangs") for r in rows)
-                                 else [])
-               + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else [])
-               + ([FABRIC_COLUMN] if any(r.get("fabric") for r in rows) else []))
-    display(rows, columns, as_json=as_json, empty="no runs yet: `skyspot launch tiny --local` starts one",
-            caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None)
+    columns = (
+        STATUS_COLUMNS
+        + ([IN_PLACE_COLUMN] if any(r.get("restarts_in_place") or r.get("hangs") for r in rows) else [])
+        + ([DEADLINE_COLUMN] if any(r.get("deadline") for r in rows) else [])
+        + ([FABRIC_COLUMN] if any(r.get("fabric") for r in rows) else [])
+    )
+    display(
+        rows,
+        columns,
+        as_json=as_json,
+        empty="no runs yet: `skyspot launch tiny --local` starts one",
+        caption=SIM_NOTE if not as_json and any(r["simulated"] for r in rows) else None,
+    )
     if not as_json:
         for line in view.failures:
             err.print(line, markup=False, highlight=False)
         for row in rows:
             if (row.get("fabric") or {}).get("warning"):
-                err.print(f"{row['name']} fabric {FABRIC_MARK}: {row['fabric']['warning']}", markup=False,
-                          highlight=False)
+                err.print(
+                    f"{row['name']} fabric {FABRIC_MARK}: {row['fabric']['warning']}", markup=False, highlight=False
+                )
     for note in view.notes:
         err.print(note)
     if view.malformed_events:
@@ -79,7 +107,9 @@ def _duration(seconds: float | None) -> str:
 @handle_errors
 def logs_command(
     run_name: OptionalRunArgument = None,
-    follow: bool = typer.Option(False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."),
+    follow: bool = typer.Option(
+        False, "-f", "--follow", help="Keep following the log across recoveries until the run ends."
+    ),
 ) -> None:
     """Show a run's log (the newest run's by default); -f follows it across recoveries."""
     from skyspot.app.runs import find_run, latest, logs

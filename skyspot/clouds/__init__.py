@@ -19,8 +19,17 @@ from skyspot.clouds.base import REQUIRED, Cloud, CloudDefinitionError, all, find
 from skyspot.clouds.aws import AWS_NOTICE_WINDOW_S, AWS_POLL_S
 from skyspot.clouds.gcp import GCP_GPU_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_NOTICE_S, GCP_NOTICE_WINDOW_S
 from skyspot.clouds.azure import AZURE_NOTICE_WINDOW_S, AZURE_POLL_S
-from skyspot.clouds.bandwidth import (GB, LOCAL_NVME_GBPS, MIB, SNAPSHOT_GBPS_PER_RANK, UPLOAD_ENV, WRITE_ENV,
-                                      Bandwidth, bandwidth_for, default_write_gbps)
+from skyspot.clouds.bandwidth import (
+    GB,
+    LOCAL_NVME_GBPS,
+    MIB,
+    SNAPSHOT_GBPS_PER_RANK,
+    UPLOAD_ENV,
+    WRITE_ENV,
+    Bandwidth,
+    bandwidth_for,
+    default_write_gbps,
+)
 from skyspot.clouds.priors import LARGE_ACCELERATORS, MtbpPrior, mtbp_prior
 
 CLOUDS = names()
@@ -37,9 +46,38 @@ def fast_fabric(cloud: str, accelerators: Optional[str]) -> tuple[Optional[str],
     return get(cloud).fast_fabric(accelerators)
 
 
-__all__ = ["REQUIRED", "Cloud", "CloudDefinitionError", "all", "find", "get", "names", "register", "CLOUDS",
-           "NOTICE_WINDOWS_S", "NOTICE_DETECT_S", "DEFAULT_UPLOAD_GBPS", "STORE_CLOUDS", "fast_fabric",
-           "AWS_NOTICE_WINDOW_S", "AWS_POLL_S", "GCP_NOTICE_WINDOW_S", "GCP_GPU_MAINTENANCE_NOTICE_S",
-           "GCP_MAINTENANCE_NOTICE_S", "AZURE_NOTICE_WINDOW_S", "AZURE_POLL_S", "GB", "MIB", "LOCAL_NVME_GBPS",
-           "SNAPSHOT_GBPS_PER_RANK", "WRITE_ENV", "UPLOAD_ENV", "Bandwidth", "bandwidth_for", "default_write_gbps",
-           "LARGE_ACCELERATORS", "MtbpPrior", "mtbp_prior"]
+__all__ = [
+    "REQUIRED",
+    "Cloud",
+    "CloudDefinitionError",
+    "all",
+    "find",
+    "get",
+    "names",
+    "register",
+    "CLOUDS",
+    "NOTICE_WINDOWS_S",
+    "NOTICE_DETECT_S",
+    "DEFAULT_UPLOAD_GBPS",
+    "STORE_CLOUDS",
+    "fast_fabric",
+    "AWS_NOTICE_WINDOW_S",
+    "AWS_POLL_S",
+    "GCP_NOTICE_WINDOW_S",
+    "GCP_GPU_MAINTENANCE_NOTICE_S",
+    "GCP_MAINTENANCE_NOTICE_S",
+    "AZURE_NOTICE_WINDOW_S",
+    "AZURE_POLL_S",
+    "GB",
+    "MIB",
+    "LOCAL_NVME_GBPS",
+    "SNAPSHOT_GBPS_PER_RANK",
+    "WRITE_ENV",
+    "UPLOAD_ENV",
+    "Bandwidth",
+    "bandwidth_for",
+    "default_write_gbps",
+    "LARGE_ACCELERATORS",
+    "MtbpPrior",
+    "mtbp_prior",
+]

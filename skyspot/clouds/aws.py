@@ -55,15 +55,34 @@ _AWS_STANDARD_ZONE = re.compile(r"^(?:[a-z]{2,}\d+-az\d+|[a-z]{2}(?:-gov)?-[a-z]
 
 # SkyPilot 0.14.1's EFA rule (sky/clouds/aws.py:83-97 `_EFA_INSTANCE_TYPE_PREFIXES`, :162-166
 # `_is_efa_instance_type`): an instance type starting with one of these gets EFA under `network_tier: best`.
-EFA_INSTANCE_TYPE_PREFIXES = ("g4dn.", "g5.", "g6.", "gr6.", "g6e.", "g7e.", "p4d.", "p4de.", "p5.", "p5e.",
-                              "p5en.", "p6-b200.", "p6-b300.")
+EFA_INSTANCE_TYPE_PREFIXES = (
+    "g4dn.",
+    "g5.",
+    "g6.",
+    "gr6.",
+    "g6e.",
+    "g7e.",
+    "p4d.",
+    "p4de.",
+    "p5.",
+    "p5e.",
+    "p5en.",
+    "p6-b200.",
+    "p6-b300.",
+)
 # EC2 DescribeInstanceTypes NetworkInfo.EfaInfo.MaximumEfaInterfaces, what SkyPilot asks AWS for at launch
 # (sky/clouds/aws.py:197-216 `_get_max_efa_interfaces`); figures from
 # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html (tests/test_clouds_fabric.py
 # checks them against SkyPilot's own function over moto's copy of DescribeInstanceTypes).
 MAX_EFA_INTERFACES: Mapping[str, int] = {
-    "p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16,
-    "p6-b200.48xlarge": 8, "g6e.48xlarge": 4, "g5.48xlarge": 1,
+    "p4d.24xlarge": 4,
+    "p4de.24xlarge": 4,
+    "p5.48xlarge": 32,
+    "p5e.48xlarge": 32,
+    "p5en.48xlarge": 16,
+    "p6-b200.48xlarge": 8,
+    "g6e.48xlarge": 4,
+    "g5.48xlarge": 1,
 }
 # The aws-ofi-nccl plugin and libfabric on the DLAMI SkyPilot boots for EFA (the "Deep Learning Base OSS
 # Nvidia Driver GPU AMI"): "/opt/amazon/ofi-nccl/lib" and "/opt/amazon/efa/lib" per its release notes

@@ -66,12 +66,15 @@ def efa_image(region: str, client_for: Callable[[str], Any] = _client) -> EfaIma
         amazon = _newest(client.describe_images(Owners=[AMAZON], Filters=name_filter).get("Images", []))
         pick = _newest(client.describe_images(Filters=name_filter).get("Images", []))
     except (bex.NoCredentialsError, bex.ProfileNotFound, bex.PartialCredentialsError) as error:
-        raise UsageError(f"the fabric on AWS needs Amazon's EFA image resolved at launch, and AWS credentials "
-                         f"are missing ({error}); configure them (`aws configure`) or drop "
-                         f"resources.network_tier") from None
+        raise UsageError(
+            f"the fabric on AWS needs Amazon's EFA image resolved at launch, and AWS credentials "
+            f"are missing ({error}); configure them (`aws configure`) or drop "
+            f"resources.network_tier"
+        ) from None
     except (bex.BotoCoreError, bex.ClientError) as error:
-        raise UsageError(f"the fabric on AWS: Amazon's EFA image in {region} could not be resolved "
-                         f"({str(error).splitlines()[0]})") from None
+        raise UsageError(
+            f"the fabric on AWS: Amazon's EFA image in {region} could not be resolved ({str(error).splitlines()[0]})"
+        ) from None
     return EfaImage(region, _field(amazon, "ImageId"), _field(pick, "ImageId"), _field(pick, "OwnerId"))
 
 
@@ -88,14 +91,18 @@ def resolve(regions: Iterable[str], client_for: Callable[[str], Any] = _client) 
     for region in sorted(set(regions)):
         found = efa_image(region, client_for)
         if found.amazon is None:
-            raise UsageError(f"the fabric on AWS refused: no EFA image '{EFA_IMAGE_NAME}' owned by Amazon in "
-                             f"{region} (SkyPilot would boot whatever AMI has that name); drop "
-                             f"resources.network_tier or pin resources.regions elsewhere")
+            raise UsageError(
+                f"the fabric on AWS refused: no EFA image '{EFA_IMAGE_NAME}' owned by Amazon in "
+                f"{region} (SkyPilot would boot whatever AMI has that name); drop "
+                f"resources.network_tier or pin resources.regions elsewhere"
+            )
         if found.skypilot_pick != found.amazon:
-            raise UsageError(f"the fabric on AWS refused: in {region} the newest AMI named '{EFA_IMAGE_NAME}' is "
-                             f"{found.skypilot_pick} (owner {found.pick_owner}), not Amazon's {found.amazon}, and "
-                             f"SkyPilot 0.14.1 boots it by name (sky/clouds/aws.py:168-195); drop "
-                             f"resources.network_tier or pin resources.regions elsewhere")
+            raise UsageError(
+                f"the fabric on AWS refused: in {region} the newest AMI named '{EFA_IMAGE_NAME}' is "
+                f"{found.skypilot_pick} (owner {found.pick_owner}), not Amazon's {found.amazon}, and "
+                f"SkyPilot 0.14.1 boots it by name (sky/clouds/aws.py:168-195); drop "
+                f"resources.network_tier or pin resources.regions elsewhere"
+            )
         images[region] = found.amazon
     return images
 

@@ -17,7 +17,9 @@ AZURE_NOTICE_WINDOW_S = 30.0  # Preempt minimum notice: https://learn.microsoft.
 AZURE_POLL_S = 1.0  # "we recommend that you poll the service once per second" (the page above)
 
 AZURE_ENDPOINT_VAR = "SKYSPOT_AZURE_METADATA_ENDPOINT"  # ours; Azure's SDKs have none
-AZURE_DEFAULT_ENDPOINT = "http://169.254.169.254"  # IMDS: https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
+AZURE_DEFAULT_ENDPOINT = (
+    "http://169.254.169.254"  # IMDS: https://learn.microsoft.com/azure/virtual-machines/instance-metadata-service
+)
 AZURE_API_VERSION = "2020-07-01"  # https://learn.microsoft.com/azure/virtual-machines/linux/scheduled-events#version-and-region-availability
 AZURE_INSTANCE_API_VERSION = "2021-02-01"  # compute/name with format=text: the IMDS page above
 AZURE_EVENTS_PATH = "/metadata/scheduledevents"
@@ -29,8 +31,19 @@ AZURE_WARNING_TYPES = frozenset({"Freeze"})
 
 # SkyPilot's default disk is Premium_LRS (sky/clouds/azure.py `_get_disk_type`), billed and throttled at
 # the next size tier up, MB/s per tier: https://learn.microsoft.com/azure/virtual-machines/disks-types#premium-ssd-size
-_AZURE_PREMIUM_SSD_MBPS = ((32, 25), (64, 50), (128, 100), (256, 125), (512, 150), (1024, 200), (2048, 250),
-                           (4096, 250), (8192, 500), (16384, 750), (32767, 900))
+_AZURE_PREMIUM_SSD_MBPS = (
+    (32, 25),
+    (64, 50),
+    (128, 100),
+    (256, 125),
+    (512, 150),
+    (1024, 200),
+    (2048, 250),
+    (4096, 250),
+    (8192, 500),
+    (16384, 750),
+    (32767, 900),
+)
 
 
 # ND A100 v4 / ND H100 v5 carry InfiniBand (8 x 200 Gb/s HDR, 8 x 400 Gb/s NDR:
@@ -78,8 +91,9 @@ class Azure(Cloud):
 
     # The local executor's stand-in. A scaled-down window polls at most four times a second, under the
     # five IMDS allows a VM before it answers 429 (the local metadata server enforces that limit too).
-    simulated = SimulatedPlace(region="eastus", zone=None, stand_in="Standard_ND96asr_v4",
-                               min_poll_s=1.0 / (AZURE_RATE_LIMIT - 1))
+    simulated = SimulatedPlace(
+        region="eastus", zone=None, stand_in="Standard_ND96asr_v4", min_poll_s=1.0 / (AZURE_RATE_LIMIT - 1)
+    )
 
     store_scheme = "az"
     region_pattern = re.compile(r"^[a-z]+\d*$")  # eastus2

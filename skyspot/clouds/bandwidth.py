@@ -51,8 +51,10 @@ def default_write_gbps(cloud: str, disk_size_gb: int, local_nvme: bool = False) 
     (`local_nvme`: GPU instances), else the root disk SkyPilot gives it with `disk_size_gb`."""
     found = get(cloud)
     if local_nvme:
-        return LOCAL_NVME_GBPS, (f"local NVMe (setup: skyspot.trainer.local_disk), assumed {LOCAL_NVME_GBPS:g} GB/s "
-                                 "until the node measures it")
+        return LOCAL_NVME_GBPS, (
+            f"local NVMe (setup: skyspot.trainer.local_disk), assumed {LOCAL_NVME_GBPS:g} GB/s "
+            "until the node measures it"
+        )
     return found.root_disk_write(disk_size_gb)
 
 
@@ -79,9 +81,14 @@ def _positive_gbps(raw: Any, where: str) -> float:
     return value
 
 
-def bandwidth_for(cloud: str, *, disk_size_gb: int = 256,
-                  overrides: Optional[Mapping[str, Mapping[str, float]]] = None,
-                  environ: Optional[Mapping[str, str]] = None, local_nvme: bool = False) -> Bandwidth:
+def bandwidth_for(
+    cloud: str,
+    *,
+    disk_size_gb: int = 256,
+    overrides: Optional[Mapping[str, Mapping[str, float]]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    local_nvme: bool = False,
+) -> Bandwidth:
     """The bandwidths assumed for `cloud`, with the project's precedence: the `overrides` argument
     (flags, or `measured_bandwidth` of a run's events; keyed by cloud, or "*" for every cloud) >
     environment (SKYSPOT_WRITE_GBPS_AWS, then SKYSPOT_WRITE_GBPS; the same for UPLOAD) > defaults."""
@@ -91,8 +98,10 @@ def bandwidth_for(cloud: str, *, disk_size_gb: int = 256,
             raise UsageError(f"bandwidth override for unknown cloud '{scope}'; expected {', '.join(names())} or *")
     write, write_source = default_write_gbps(cloud, disk_size_gb, local_nvme)
     default_upload = get(cloud).upload_gbps
-    upload, upload_source = (default_upload, f"default (ours): {default_upload:g} GB/s per node streamed to a "
-                                             "same-region store")
+    upload, upload_source = (
+        default_upload,
+        f"default (ours): {default_upload:g} GB/s per node streamed to a same-region store",
+    )
     for key, env in (("write_gbps", WRITE_ENV), ("upload_gbps", UPLOAD_ENV)):
         chosen = None
         for name in (env, f"{env}_{cloud.upper()}"):  # the per-cloud variable wins
@@ -102,8 +111,10 @@ def bandwidth_for(cloud: str, *, disk_size_gb: int = 256,
             given = (overrides or {}).get(scope) or {}
             unknown = set(given) - {"write_gbps", "upload_gbps"}
             if unknown:
-                raise UsageError(f"bandwidth override for '{scope}' has unknown keys {sorted(unknown)}; "
-                                 "expected write_gbps and upload_gbps")
+                raise UsageError(
+                    f"bandwidth override for '{scope}' has unknown keys {sorted(unknown)}; "
+                    "expected write_gbps and upload_gbps"
+                )
             if key in given:
                 chosen = (_positive_gbps(given[key], f"{scope}.{key}"), f"override {scope}.{key}={given[key]}")
         if chosen and key == "write_gbps":

@@ -190,7 +190,9 @@ def register(cls: type[Cloud]) -> type[Cloud]:
         raise CloudDefinitionError(f"{cls!r} is not a subclass of skyspot.clouds.Cloud")
     missing = missing_parts(cls)
     if missing:
-        raise CloudDefinitionError(f"cloud class {cls.__name__} lacks {', '.join(missing)} (skyspot.clouds.base.REQUIRED)")
+        raise CloudDefinitionError(
+            f"cloud class {cls.__name__} lacks {', '.join(missing)} (skyspot.clouds.base.REQUIRED)"
+        )
     if cls.name != cls.name.lower() or not cls.name.isidentifier():
         raise CloudDefinitionError(f"cloud class {cls.__name__}: name {cls.name!r} must be a lower-case identifier")
     known = _REGISTRY.get(cls.name)
@@ -228,4 +230,16 @@ def find(name: Optional[str]) -> Optional[Cloud]:
     return _REGISTRY.get(str(name or "").strip().lower()) if isinstance(name, str) else None
 
 
-__all__ = ["Cloud", "CloudDefinitionError", "SimulatedPlace", "REQUIRED", "register", "missing_parts", "names", "all", "get", "find", "endpoint_url"]
+__all__ = [
+    "Cloud",
+    "CloudDefinitionError",
+    "SimulatedPlace",
+    "REQUIRED",
+    "register",
+    "missing_parts",
+    "names",
+    "all",
+    "get",
+    "find",
+    "endpoint_url",
+]

@@ -64,14 +64,20 @@ class FabricRate:
 
 
 _AWS_EFA = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html"
-_AWS_P4 = ("https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/ (400 Gbps EFA with GPUDirect "
-           "RDMA) and " + _AWS_EFA + " (one EFA per network card; p4d has four)")
-_AWS_P5 = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/p5-efa.html (P5 and P5e: up to 32 network cards, 3,200 Gbps)"
+_AWS_P4 = (
+    "https://aws.amazon.com/blogs/compute/amazon-ec2-p4d-instances-deep-dive/ (400 Gbps EFA with GPUDirect "
+    "RDMA) and " + _AWS_EFA + " (one EFA per network card; p4d has four)"
+)
+_AWS_P5 = (
+    "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/p5-efa.html (P5 and P5e: up to 32 network cards, 3,200 Gbps)"
+)
 _GCP = "https://cloud.google.com/compute/docs/gpus/gpu-network-bandwidth"
 _AZ_A100 = "https://learn.microsoft.com/azure/virtual-machines/nda100-v4-series (InfiniBand: GPUDirect RDMA, 8 x 200 Gigabit HDR)"
 _AZ_NDM = "https://learn.microsoft.com/azure/virtual-machines/ndm-a100-v4-series (InfiniBand: GPUDirect RDMA, 8 x 200 Gigabit HDR)"
-_AZ_H100 = ("https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ndh100v5-series (a dedicated "
-            "400 Gb/s NVIDIA Quantum-2 CX7 InfiniBand connection per GPU, 3.2 Tb/s per VM)")
+_AZ_H100 = (
+    "https://learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/ndh100v5-series (a dedicated "
+    "400 Gb/s NVIDIA Quantum-2 CX7 InfiniBand connection per GPU, 3.2 Tb/s per VM)"
+)
 
 
 def _rates(*rows: FabricRate) -> dict[str, FabricRate]:
@@ -85,7 +91,9 @@ RATES: dict[str, dict[str, FabricRate]] = {
         FabricRate("aws", "p5.48xlarge", "EFA", 32, 100, _AWS_P5),
         FabricRate("aws", "p5e.48xlarge", "EFA", 32, 100, _AWS_P5),
         # p5en: EFAv3, 16 cards x 200 Gbps, the same 3,200 Gbps (https://aws.amazon.com/ec2/instance-types/p5/)
-        FabricRate("aws", "p5en.48xlarge", "EFAv3", 16, 200, "https://aws.amazon.com/ec2/instance-types/p5/ (3,200 Gbps EFAv3)"),
+        FabricRate(
+            "aws", "p5en.48xlarge", "EFAv3", 16, 200, "https://aws.amazon.com/ec2/instance-types/p5/ (3,200 Gbps EFAv3)"
+        ),
     ),
     "gcp": _rates(
         # A3 High: 1,000 Gbps in all, four 200 Gbps NICs for GPU-to-GPU traffic (GPUDirect-TCPX) and one gVNIC.
@@ -146,25 +154,35 @@ class Judgment:
         return self.below_expected or (self.on_sockets and (self.transport or "").lower() != "gloo")
 
 
-def judge(*, busbw_gbps: Optional[float], transport: Optional[str], num_nodes: int,
-          expected: Optional[FabricRate], fraction: float = MIN_FRACTION) -> Judgment:
+def judge(
+    *,
+    busbw_gbps: Optional[float],
+    transport: Optional[str],
+    num_nodes: int,
+    expected: Optional[FabricRate],
+    fraction: float = MIN_FRACTION,
+) -> Judgment:
     """The one judgment of a start's fabric. One node has no fabric to judge: the probe then measures the
     node's own links (NVLink, shared memory), which no fabric figure describes."""
     if num_nodes <= 1:
         return Judgment(False, False, None, None)
     measured = "not measured" if busbw_gbps is None else f"{busbw_gbps:.2f} GB/s bus bandwidth"
     want = expected.busbw_gbytes if expected is not None else None
-    expected_text = (f"expected {want:g} GB/s ({expected.text})" if expected is not None
-                     else "no expected figure for this instance type")
+    expected_text = (
+        f"expected {want:g} GB/s ({expected.text})"
+        if expected is not None
+        else "no expected figure for this instance type"
+    )
     on_sockets = (transport or "").lower() in SLOW_TRANSPORTS
     below = want is not None and busbw_gbps is not None and busbw_gbps < fraction * want
     line = None
     if on_sockets:
-        line = (f"the fabric between {num_nodes} nodes is plain TCP ({transport}): measured {measured}, "
-                f"{expected_text}")
+        line = f"the fabric between {num_nodes} nodes is plain TCP ({transport}): measured {measured}, {expected_text}"
     elif below:
-        line = (f"the fabric between {num_nodes} nodes is below {fraction:g} of what it should carry: measured "
-                f"{measured} on {transport or 'an unknown transport'}, {expected_text}")
+        line = (
+            f"the fabric between {num_nodes} nodes is below {fraction:g} of what it should carry: measured "
+            f"{measured} on {transport or 'an unknown transport'}, {expected_text}"
+        )
     return Judgment(on_sockets, below, want, line, transport)
 
 
@@ -179,9 +197,11 @@ def summarize(fabric_events: Iterable[Mapping[str, Any]]) -> Optional[dict[str, 
     transports = sorted({str(e["transport"]) for e in events if e.get("transport")})
     measured = [float(e["busbw_gbps"]) for e in events if isinstance(e.get("busbw_gbps"), (int, float))]
     expected = [float(e["expected_gbps"]) for e in events if isinstance(e.get("expected_gbps"), (int, float))]
-    return {"transport": ", ".join(transports) or None,
-            "busbw_gbps": min(measured) if measured else None,
-            "expected_gbps": max(expected) if expected else None,
-            "below_expected": any(e.get("below_expected") is True for e in events),
-            "on_sockets": any(e.get("on_sockets") is True for e in events),
-            "warning": next((str(e["warning"]) for e in events if e.get("warning")), None)}
+    return {
+        "transport": ", ".join(transports) or None,
+        "busbw_gbps": min(measured) if measured else None,
+        "expected_gbps": max(expected) if expected else None,
+        "below_expected": any(e.get("below_expected") is True for e in events),
+        "on_sockets": any(e.get("on_sockets") is True for e in events),
+        "warning": next((str(e["warning"]) for e in events if e.get("warning")), None),
+    }

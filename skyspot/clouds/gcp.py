@@ -14,7 +14,9 @@ from skyspot.clouds.base import Cloud, SimulatedPlace, endpoint_url, register
 
 GB, MIB = 1e9, 1024 * 1024
 
-GCP_NOTICE_WINDOW_S = 30.0  # ACPI soft off, hard off 30 s later: https://cloud.google.com/compute/docs/instances/spot#preemption-process
+GCP_NOTICE_WINDOW_S = (
+    30.0  # ACPI soft off, hard off 30 s later: https://cloud.google.com/compute/docs/instances/spot#preemption-process
+)
 # Planned maintenance: "Compute Engine gives GPU VMs a 1-hour stopping notice, while normal VMs
 # receive only a 60-second notice": https://cloud.google.com/compute/docs/gpus/gpu-host-maintenance
 GCP_GPU_MAINTENANCE_NOTICE_S = 3600.0
@@ -79,8 +81,11 @@ TCPX_NCCL_ENV: Mapping[str, str] = {
 }
 
 # The watcher's action words -> the metadata key `instance/preempted` and `instance/maintenance-event`'s values.
-_NATIVE = {"preempt": "preempted", "maintenance": "TERMINATE_ON_HOST_MAINTENANCE",
-           "migrate": "MIGRATE_ON_HOST_MAINTENANCE"}
+_NATIVE = {
+    "preempt": "preempted",
+    "maintenance": "TERMINATE_ON_HOST_MAINTENANCE",
+    "migrate": "MIGRATE_ON_HOST_MAINTENANCE",
+}
 
 
 @register
@@ -151,8 +156,12 @@ class GCP(Cloud):
         # so an inherited `strict` (google-auth >= 2.40 speaks mTLS to the metadata server then) does not
         # try HTTPS against a plain-HTTP server.
         host_port = url.split("://", 1)[-1].rstrip("/")
-        return {GCP_ENDPOINT_VAR: host_port, "GCE_METADATA_ROOT": host_port, "GCE_METADATA_IP": host_port,
-                "GCE_METADATA_MTLS_MODE": "none"}
+        return {
+            GCP_ENDPOINT_VAR: host_port,
+            "GCE_METADATA_ROOT": host_port,
+            "GCE_METADATA_IP": host_port,
+            "GCE_METADATA_MTLS_MODE": "none",
+        }
 
     def metadata_override(self, env: Mapping[str, str]) -> str:
         return env.get(GCP_ENDPOINT_VAR, "").strip() or env.get("GCE_METADATA_ROOT", "").strip()

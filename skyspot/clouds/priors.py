@@ -48,5 +48,12 @@ def mtbp_prior(cloud: str, accelerator: Optional[str] = None, num_nodes: int = 1
         raise ValueError(f"num_nodes must be >= 1, got {num_nodes}")
     hours = found.prior_node_hours[klass]
     per_node = hours * 3600
-    return MtbpPrior(found.name, name, klass, num_nodes, per_node, per_node / num_nodes,
-                     f"skyspot prior ({found.name}, {_LABELS[klass]}: {hours:g} h per node), rough; see docs/planning.md")
+    return MtbpPrior(
+        found.name,
+        name,
+        klass,
+        num_nodes,
+        per_node,
+        per_node / num_nodes,
+        f"skyspot prior ({found.name}, {_LABELS[klass]}: {hours:g} h per node), rough; see docs/planning.md",
+    )

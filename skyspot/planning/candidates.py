@@ -101,17 +101,23 @@ def _priced(candidate: Candidate) -> Candidate:
     from skyspot.pricing import prices as pricing
 
     try:
-        price = pricing.hourly_price(candidate.cloud, accelerator=candidate.accelerator_name,
-                                     accelerator_count=candidate.accelerator_count, region=candidate.region,
-                                     spot=candidate.spot, snapshot_only=True)
+        price = pricing.hourly_price(
+            candidate.cloud,
+            accelerator=candidate.accelerator_name,
+            accelerator_count=candidate.accelerator_count,
+            region=candidate.region,
+            spot=candidate.spot,
+            snapshot_only=True,
+        )
         return replace(candidate, instance_type=price.instance_type, usd_per_hour=price.usd_per_hour)
     except pricing.MissingPrice:
         note = f"no {'spot' if candidate.spot else 'on-demand'} price in snapshot"
     except UsageError:
         note = "not in snapshot" + (f" for {candidate.region}" if candidate.region else "")
     try:
-        instance = pricing.instance_for(candidate.cloud, candidate.accelerator_name, candidate.accelerator_count,
-                                        snapshot_only=True)
+        instance = pricing.instance_for(
+            candidate.cloud, candidate.accelerator_name, candidate.accelerator_count, snapshot_only=True
+        )
     except UsageError:  # the snapshot does not cover this pair; SkyPilot's catalog will decide
         return replace(candidate, price_note="not in snapshot")
     return replace(candidate, instance_type=instance, price_note=note)
@@ -136,8 +142,14 @@ class Egress:
     note: str = ""
 
 
-def egress(recipe: Recipe, cloud: str, *, spot: bool, accelerator: Optional[str] = None,
-           environ: Optional[Mapping[str, str]] = None) -> Egress:
+def egress(
+    recipe: Recipe,
+    cloud: str,
+    *,
+    spot: bool,
+    accelerator: Optional[str] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Egress:
     """What a candidate on `cloud` is expected to pay per hour for traffic to and from the recipe's store.
 
     - uploads: one checkpoint (`sizing.state_bytes(...).checkpoint_bytes`, every node's part) per
@@ -166,8 +178,10 @@ def egress(recipe: Recipe, cloud: str, *, spot: bool, accelerator: Optional[str]
         upload = 0.0  # no interval checkpoints: only the final one
     download = 0.0
     if spot:
-        mtbp = (recipe.checkpoint.mtbp_prior_seconds
-                or clouds.mtbp_prior(cloud, accelerator, recipe.resources.num_nodes).job_s)
+        mtbp = (
+            recipe.checkpoint.mtbp_prior_seconds
+            or clouds.mtbp_prior(cloud, accelerator, recipe.resources.num_nodes).job_s
+        )
         download = state.checkpoint_bytes * 3600 / mtbp
     usd = pricing.egress_price(cloud).cost(upload or 0.0) + pricing.egress_price(store).cost(download)
     return Egress(usd, upload, download, note)
@@ -196,29 +210,41 @@ def egress_basis(recipe: Recipe, *, environ: Optional[Mapping[str, str]] = None)
     size = "unknown" if state.checkpoint_bytes is None else f"{state.checkpoint_bytes / 1e9:,.1f} GB"
     ckpt = recipe.checkpoint
     every = ckpt.every_seconds
-    interval = ("at the planned interval (auto)" if every == "auto" else f"every {every:g} s" if every
-                else f"every {ckpt.every_steps} steps (not counted: step time unknown)" if ckpt.every_steps
-                else "at the end only")
+    interval = (
+        "at the planned interval (auto)"
+        if every == "auto"
+        else f"every {every:g} s"
+        if every
+        else f"every {ckpt.every_steps} steps (not counted: step time unknown)"
+        if ckpt.every_steps
+        else "at the end only"
+    )
     if every and ckpt.every_steps:
         interval += f" (every_steps={ckpt.every_steps} may add more, not counted)"
     prices = ", ".join(pricing.egress_price(c).label for c in pricing.CLOUDS)
-    return (f"egress: the store is on {store}. A candidate on another cloud uploads each checkpoint ({size}) "
-            f"{interval}; on spot it also downloads one after each expected preemption (planning prior). "
-            f"Internet egress, first paid tier: {prices}. Traffic between regions of {store} is not counted.")
+    return (
+        f"egress: the store is on {store}. A candidate on another cloud uploads each checkpoint ({size}) "
+        f"{interval}; on spot it also downloads one after each expected preemption (planning prior). "
+        f"Internet egress, first paid tier: {prices}. Traffic between regions of {store} is not counted."
+    )
 
 
 def _expected(candidate: Candidate, recipe: Recipe, environ: Optional[Mapping[str, str]]) -> Candidate:
-    traffic = egress(recipe, candidate.cloud, spot=candidate.spot, accelerator=candidate.accelerators,
-                     environ=environ)
+    traffic = egress(recipe, candidate.cloud, spot=candidate.spot, accelerator=candidate.accelerators, environ=environ)
     total = None
     if candidate.usd_per_hour is not None:
         total = candidate.usd_per_hour * recipe.resources.num_nodes + (traffic.usd_per_hour or 0.0)
-    return replace(candidate, egress_usd_per_hour=traffic.usd_per_hour, egress_note=traffic.note or None,
-                   expected_usd_per_hour=total)
+    return replace(
+        candidate,
+        egress_usd_per_hour=traffic.usd_per_hour,
+        egress_note=traffic.note or None,
+        expected_usd_per_hour=total,
+    )
 
 
-def expected_cost(candidate: Candidate, recipe: Recipe, history: Optional["History"],
-                  environ: Optional[Mapping[str, str]]) -> Candidate:
+def expected_cost(
+    candidate: Candidate, recipe: Recipe, history: Optional["History"], environ: Optional[Mapping[str, str]]
+) -> Candidate:
     """The candidate's risk and expected cost per hour of training (docs/reliability.md, "Placement by
     expected cost"): price x hours + expected preemptions x (restart + lost work), egress included.
 
@@ -228,8 +254,14 @@ def expected_cost(candidate: Candidate, recipe: Recipe, history: Optional["Histo
     multiply every term alike, so the order per hour is the order per run."""
     from skyspot.planning.spot_risk import rate_for
 
-    risk = rate_for(history, candidate.cloud, region=candidate.region, instance_type=candidate.instance_type,
-                    spot=candidate.spot, accelerator=candidate.accelerators)
+    risk = rate_for(
+        history,
+        candidate.cloud,
+        region=candidate.region,
+        instance_type=candidate.instance_type,
+        spot=candidate.spot,
+        accelerator=candidate.accelerators,
+    )
     found = replace(candidate, preemptions_per_node_hour=risk.per_node_hour, risk_source=risk.source)
     if candidate.usd_per_hour is None or candidate.expected_usd_per_hour is None:
         return found
@@ -238,12 +270,18 @@ def expected_cost(candidate: Candidate, recipe: Recipe, history: Optional["Histo
     lost_s = (interval or 0.0) / 2
     per_preemption = candidate.usd_per_hour * nodes * (RESTART_SECONDS + lost_s) / 3600
     overhead = risk.per_node_hour * nodes * per_preemption
-    return replace(found, preemption_usd=per_preemption,
-                   expected_cost_usd_per_hour=candidate.expected_usd_per_hour + overhead)
+    return replace(
+        found, preemption_usd=per_preemption, expected_cost_usd_per_hour=candidate.expected_usd_per_hour + overhead
+    )
 
 
-def candidates(recipe: Recipe, *, with_prices: bool = True, environ: Optional[Mapping[str, str]] = None,
-               history: Optional["History"] = None) -> list[Candidate]:
+def candidates(
+    recipe: Recipe,
+    *,
+    with_prices: bool = True,
+    environ: Optional[Mapping[str, str]] = None,
+    history: Optional["History"] = None,
+) -> list[Candidate]:
     """Every candidate placement for the recipe: spot first, then on-demand; each group ordered, cheapest
     first and unpriced last, by expected cost per hour of training (`resources.placement: expected_cost`,
     the default: price, egress and what the expected preemptions cost, from `history`, the prior alone
@@ -253,8 +291,10 @@ def candidates(recipe: Recipe, *, with_prices: bool = True, environ: Optional[Ma
     for region in resources.regions:
         cloud = region_cloud(region)
         if cloud not in resources.clouds:
-            raise UsageError(f"region '{region}' belongs to {cloud}, which is not in resources.clouds "
-                             f"({', '.join(resources.clouds)})")
+            raise UsageError(
+                f"region '{region}' belongs to {cloud}, which is not in resources.clouds "
+                f"({', '.join(resources.clouds)})"
+            )
         regions_by_cloud.setdefault(cloud, []).append(region)
     modes = ([True] if resources.spot else []) + ([False] if resources.on_demand_fallback or not resources.spot else [])
     accelerators: list[Optional[str]] = list(resources.accelerators) or [None]
@@ -275,8 +315,10 @@ def candidates(recipe: Recipe, *, with_prices: bool = True, environ: Optional[Ma
         # Stable sort: unpriced candidates keep recipe order after the priced ones.
         group.sort(key=lambda c: (c.expected_usd_per_hour is None, c.expected_usd_per_hour or 0.0))
         if with_prices:
-            group = [expected_cost(replace(c, price_rank=len(planned) + i), recipe, history, environ)
-                     for i, c in enumerate(group, 1)]
+            group = [
+                expected_cost(replace(c, price_rank=len(planned) + i), recipe, history, environ)
+                for i, c in enumerate(group, 1)
+            ]
             if recipe.resources.placement == "expected_cost":
                 group.sort(key=lambda c: (c.expected_cost_usd_per_hour is None, c.expected_cost_usd_per_hour or 0.0))
         planned.extend(group)

@@ -48,8 +48,12 @@ from typing import Any, Iterable, Optional
 
 # `X as X`: re-exported, callers read them here (mypy's strict run sees explicit re-exports only).
 from skyspot.attempts import DECISION_EVENT as DECISION_EVENT, is_spot, split
-from skyspot.deadline_text import (MAX_AHEAD_SECONDS as MAX_AHEAD_SECONDS, DeadlineError as DeadlineError,
-                                   check_deadline_text as check_deadline_text, parse_deadline as parse_deadline)
+from skyspot.deadline_text import (
+    MAX_AHEAD_SECONDS as MAX_AHEAD_SECONDS,
+    DeadlineError as DeadlineError,
+    check_deadline_text as check_deadline_text,
+    parse_deadline as parse_deadline,
+)
 from skyspot.events import EventType as T
 
 SPOT, ON_DEMAND, IDLE = "spot", "on-demand", "idle"
@@ -181,17 +185,29 @@ class Decision:
 
     def event_fields(self, state: State, estimates: Estimates) -> dict[str, Any]:
         """The fields of a `deadline_decision` event."""
-        return {"policy": self.policy, "mode": self.mode, "reason": self.reason, "why": self.why,
-                "progress": round(self.progress, 6), "expected": round(self.expected, 6),
-                "step": state.done_steps, "total_steps": state.total_steps,
-                "slack_seconds": _round(self.slack_seconds), "projected_finish": _round(self.projected_finish),
-                "deadline": state.deadline, "committed": self.committed,
-                "from_mode": state.mode, "spot_available": state.spot_available,
-                **({"overhead_left": _round(state.overhead_left)} if state.overhead_left else {}),
-                "estimates": {"step_seconds": {k: _round(v) for k, v in estimates.step_seconds.items()},
-                              "restart_seconds": _round(estimates.restart_seconds),
-                              "restart_seconds_max": _round(estimates.restart_seconds_max),
-                              "sources": dict(estimates.sources)}}
+        return {
+            "policy": self.policy,
+            "mode": self.mode,
+            "reason": self.reason,
+            "why": self.why,
+            "progress": round(self.progress, 6),
+            "expected": round(self.expected, 6),
+            "step": state.done_steps,
+            "total_steps": state.total_steps,
+            "slack_seconds": _round(self.slack_seconds),
+            "projected_finish": _round(self.projected_finish),
+            "deadline": state.deadline,
+            "committed": self.committed,
+            "from_mode": state.mode,
+            "spot_available": state.spot_available,
+            **({"overhead_left": _round(state.overhead_left)} if state.overhead_left else {}),
+            "estimates": {
+                "step_seconds": {k: _round(v) for k, v in estimates.step_seconds.items()},
+                "restart_seconds": _round(estimates.restart_seconds),
+                "restart_seconds_max": _round(estimates.restart_seconds_max),
+                "sources": dict(estimates.sources),
+            },
+        }
 
 
 def _round(value: Optional[float]) -> Optional[float]:
@@ -231,16 +247,25 @@ def decide(policy: str, state: State, estimates: Estimates) -> Decision:
         # The deadline is gone: what is left is to finish as soon as possible, and the one placement
         # whose finish holds is on-demand (never preempted). Said in every decision from here on.
         late = f"{span(soonest - state.deadline)} late" if soonest is not None else "step time unknown"
-        return out(ON_DEMAND, UNREACHABLE, f"the deadline {when(state.deadline)} cannot be met any more (the "
-                   f"soonest finish is {when(soonest)}, {late}): on-demand until the end, to finish as soon as it can",
-                   committed=True)
+        return out(
+            ON_DEMAND,
+            UNREACHABLE,
+            f"the deadline {when(state.deadline)} cannot be met any more (the "
+            f"soonest finish is {when(soonest)}, {late}): on-demand until the end, to finish as soon as it can",
+            committed=True,
+        )
     if state.committed:
         return out(ON_DEMAND, "safety-net", "committed to on-demand until the end")
     reserve = _reserve(state, estimates, left)
     if slack is not None and slack < reserve:
-        return out(ON_DEMAND, "safety-net", f"slack {span(slack)} is under {span(reserve)} "
-                   f"({'one restart' if state.mode == SPOT else f'{SAFETY_RESTARTS} restarts'}, decision interval, "
-                   f"{100 * SAFETY_WORK_SHARE:.0f}% of the work left): on-demand until the end", committed=True)
+        return out(
+            ON_DEMAND,
+            "safety-net",
+            f"slack {span(slack)} is under {span(reserve)} "
+            f"({'one restart' if state.mode == SPOT else f'{SAFETY_RESTARTS} restarts'}, decision interval, "
+            f"{100 * SAFETY_WORK_SHARE:.0f}% of the work left): on-demand until the end",
+            committed=True,
+        )
     if state.mode == SPOT:
         return out(SPOT, "exploit", "on spot: stay until preempted")
     if policy == "greedy":
@@ -250,8 +275,7 @@ def decide(policy: str, state: State, estimates: Estimates) -> Decision:
 
     # adaptive: while the slack affords fewer than GREEDY_BELOW_RESTARTS restarts, catching up on
     # on-demand early buys nothing the safety net would not: wait for spot as greedy does.
-    few = (policy == "adaptive" and slack is not None
-           and slack < GREEDY_BELOW_RESTARTS * estimates.restart_seconds)
+    few = policy == "adaptive" and slack is not None and slack < GREEDY_BELOW_RESTARTS * estimates.restart_seconds
     if state.mode == ON_DEMAND:
         ahead_at = state.now + HYSTERESIS_RESTARTS * estimates.restart_seconds
         if cp < expected_progress(state, ahead_at):
@@ -263,8 +287,11 @@ def decide(policy: str, state: State, estimates: Estimates) -> Decision:
     if state.spot_available is not False:
         return out(SPOT, "spot" if state.spot_available else "start", "spot first (even when behind)")
     if few:
-        return out(IDLE, "wait", f"slack {span(slack)} affords under {GREEDY_BELOW_RESTARTS} restarts: wait for "
-                   "spot until the safety net")
+        return out(
+            IDLE,
+            "wait",
+            f"slack {span(slack)} affords under {GREEDY_BELOW_RESTARTS} restarts: wait for spot until the safety net",
+        )
     if cp < ep:
         return out(ON_DEMAND, "behind", f"behind the line ({100 * cp:.1f}% done, {100 * ep:.1f}% due): on-demand")
     return out(IDLE, "wait", f"ahead of the line ({100 * cp:.1f}% done, {100 * ep:.1f}% due): wait for spot")
@@ -277,8 +304,9 @@ def _soonest_finish(state: State, estimates: Estimates, left: int) -> Optional[f
     for mode in (SPOT, ON_DEMAND):
         step = estimates.step(mode)
         if step is not None:
-            ends.append(state.now + (state.overhead_left if mode == state.mode else estimates.restart_seconds)
-                        + left * step)
+            ends.append(
+                state.now + (state.overhead_left if mode == state.mode else estimates.restart_seconds) + left * step
+            )
     return min(ends) if ends else None
 
 
@@ -301,8 +329,10 @@ def _projected(mode: str, state: State, estimates: Estimates, left: int) -> Opti
         if on_demand is None:
             return None
         reserve = _reserve(replace(state, mode=IDLE), estimates, left)
-        return max(state.now + estimates.restart_seconds + left * on_demand,
-                   state.deadline - reserve + estimates.restart_seconds)
+        return max(
+            state.now + estimates.restart_seconds + left * on_demand,
+            state.deadline - reserve + estimates.restart_seconds,
+        )
     step = estimates.step(mode)
     if step is None:
         return None
@@ -322,27 +352,51 @@ class Round:
         return self.decision.event_fields(self.state, self.estimates)
 
 
-def estimates_for(events: Iterable[dict], plan: dict[str, Any], *, provision_seconds: float,
-                  restart_prior: float) -> Estimates:
+def estimates_for(
+    events: Iterable[dict], plan: dict[str, Any], *, provision_seconds: float, restart_prior: float
+) -> Estimates:
     """`measure` on a run's events (its decisions left out) with the priors launch recorded in `plan`."""
-    return measure([e for e in events if e.get("type") != DECISION_EVENT], provision_seconds=provision_seconds,
-                   step_seconds_hint=plan.get("step_seconds_hint"), restart_prior=restart_prior,
-                   step_seconds_prior=plan.get("step_seconds_prior"))
+    return measure(
+        [e for e in events if e.get("type") != DECISION_EVENT],
+        provision_seconds=provision_seconds,
+        step_seconds_hint=plan.get("step_seconds_hint"),
+        restart_prior=restart_prior,
+        step_seconds_prior=plan.get("step_seconds_prior"),
+    )
 
 
-def next_round(policy: str, events: Iterable[dict], estimates: Estimates, *, now: float, plan: dict[str, Any],
-               total_steps: int, mode: str, spot_available: Optional[bool], committed: bool,
-               margin: float, overhead_left: float = 0.0) -> Round:
+def next_round(
+    policy: str,
+    events: Iterable[dict],
+    estimates: Estimates,
+    *,
+    now: float,
+    plan: dict[str, Any],
+    total_steps: int,
+    mode: str,
+    spot_available: Optional[bool],
+    committed: bool,
+    margin: float,
+    overhead_left: float = 0.0,
+) -> Round:
     """The decision a running deadline makes, from the run's events, its `estimates_for` them and the
     plan launch recorded (`at`, `start`). The one policy entry point of the local controller
     (executors/local/deadline.py) and of the controller on SkyPilot (executors/sky/deadline.py):
     they differ only in where events come from, how they tell the mode, and what acts. `overhead_left`:
     what is left of a changeover under way (State.overhead_left), so a deadline is judged while a node is
     prepared too, and found unreachable as soon as that is knowable (issue 31, item 12)."""
-    state = State(now=now, start=float(plan["start"]), deadline=float(plan["at"]), total_steps=total_steps,
-                  done_steps=progress(e for e in events if e.get("type") != DECISION_EVENT), mode=mode,
-                  spot_available=spot_available, committed=committed, margin=margin,
-                  overhead_left=max(0.0, overhead_left))
+    state = State(
+        now=now,
+        start=float(plan["start"]),
+        deadline=float(plan["at"]),
+        total_steps=total_steps,
+        done_steps=progress(e for e in events if e.get("type") != DECISION_EVENT),
+        mode=mode,
+        spot_available=spot_available,
+        committed=committed,
+        margin=margin,
+        overhead_left=max(0.0, overhead_left),
+    )
     return Round(decide(policy, state, estimates), state, estimates)
 
 
@@ -352,15 +406,23 @@ def news(previous: Optional[Decision], decision: Decision, deadline: float) -> O
     if previous is not None and (previous.mode, previous.reason) == (decision.mode, decision.reason):
         return None
     head = "deadline UNREACHABLE" if decision.reason == UNREACHABLE else "deadline"
-    return (f"{head}: {decision.mode} ({decision.reason}: {decision.why}); projected finish "
-            f"{when(decision.projected_finish)}, deadline {when(deadline)}")
+    return (
+        f"{head}: {decision.mode} ({decision.reason}: {decision.why}); projected finish "
+        f"{when(decision.projected_finish)}, deadline {when(deadline)}"
+    )
 
 
 # --------------------------------------------------------------------------- measuring
 
 
-def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hint: Optional[float] = None,
-            restart_prior: Optional[float] = None, step_seconds_prior: Optional[float] = None) -> Estimates:
+def measure(
+    events: Iterable[dict],
+    *,
+    provision_seconds: float,
+    step_seconds_hint: Optional[float] = None,
+    restart_prior: Optional[float] = None,
+    step_seconds_prior: Optional[float] = None,
+) -> Estimates:
     """The policy's inputs from a run's events.
 
     - step time per placement: the median `step_seconds` of the lowest rank's steps on spot and
@@ -423,22 +485,22 @@ def measure(events: Iterable[dict], *, provision_seconds: float, step_seconds_hi
         lost_mean = statistics.fmean(lost) if lost else 0.0
         restart = provision_seconds + startup_mean + wind_mean + lost_mean
         worst = provision_seconds + startup_max + wind_max + (max(lost) if lost else 0.0)
-        sources["restart_seconds"] = (f"measured: provisioning {span(provision_seconds)} + start-up "
-                                      f"{span(startup_mean)} ({len(startups)}) + wind-down {span(wind_mean)} "
-                                      f"({len(wind_downs)}) + recomputed {span(lost_mean)}")
+        sources["restart_seconds"] = (
+            f"measured: provisioning {span(provision_seconds)} + start-up "
+            f"{span(startup_mean)} ({len(startups)}) + wind-down {span(wind_mean)} "
+            f"({len(wind_downs)}) + recomputed {span(lost_mean)}"
+        )
     else:
         restart = worst = restart_prior if restart_prior is not None else provision_seconds
         sources["restart_seconds"] = "prior (nothing measured yet)"
     # The worst changeover stays at least the prior: one fast start says little about the next.
     worst = max(restart, worst, restart_prior or 0.0)
-    return Estimates(step_seconds=step_seconds, restart_seconds=restart, restart_seconds_max=worst,
-                     sources=sources)
+    return Estimates(step_seconds=step_seconds, restart_seconds=restart, restart_seconds_max=worst, sources=sources)
 
 
 def progress(events: Iterable[dict]) -> int:
     """The newest step reached (step events, or the step a resume restored)."""
-    steps = [e["step"] for e in events
-             if e.get("type") in (T.STEP, T.RESUME) and isinstance(e.get("step"), int)]
+    steps = [e["step"] for e in events if e.get("type") in (T.STEP, T.RESUME) and isinstance(e.get("step"), int)]
     return max(steps) if steps else 0
 
 
@@ -495,14 +557,28 @@ class Outcome:
     """(start, end, mode) of every billed stretch."""
 
     def summary(self) -> dict[str, Any]:
-        return {"policy": self.policy, "finish": _round(self.finish), "met": self.met, "cost_usd": round(self.cost_usd, 6),
-                "spot_seconds": round(self.spot_seconds, 3), "on_demand_seconds": round(self.on_demand_seconds, 3),
-                "idle_seconds": round(self.idle_seconds, 3), "changeovers": self.changeovers,
-                "preemptions": self.preemptions}
+        return {
+            "policy": self.policy,
+            "finish": _round(self.finish),
+            "met": self.met,
+            "cost_usd": round(self.cost_usd, 6),
+            "spot_seconds": round(self.spot_seconds, 3),
+            "on_demand_seconds": round(self.on_demand_seconds, 3),
+            "idle_seconds": round(self.idle_seconds, 3),
+            "changeovers": self.changeovers,
+            "preemptions": self.preemptions,
+        }
 
 
-def simulate(job: Job, trace: Any, policy: str, *, tick: Optional[float] = None,
-             period: Optional[float] = None, horizon: Optional[float] = None) -> Outcome:
+def simulate(
+    job: Job,
+    trace: Any,
+    policy: str,
+    *,
+    tick: Optional[float] = None,
+    period: Optional[float] = None,
+    horizon: Optional[float] = None,
+) -> Outcome:
     """Replay `trace` (a spot_trace.SpotTrace: preemptions, unavailable windows, capacity_gone_after)
     against `policy` for `job`, in steps of `tick` seconds, deciding every `period` seconds and at
     once after a preemption, a granted spot request or a finished changeover.
@@ -517,8 +593,11 @@ def simulate(job: Job, trace: Any, policy: str, *, tick: Optional[float] = None,
     # At most MAX_TICKS ticks, whatever the job: a replay's cost is bounded, never the steps' count.
     tick = max(tick or max(0.01, min(job.restart_seconds, job.step_seconds) / 10), horizon / MAX_TICKS)
     period = period or max(tick, job.restart_seconds / 4)
-    estimates = Estimates(step_seconds={SPOT: job.spot_step_seconds or job.step_seconds, ON_DEMAND: job.step_seconds},
-                          restart_seconds=job.restart_seconds, restart_seconds_max=job.restart_seconds)
+    estimates = Estimates(
+        step_seconds={SPOT: job.spot_step_seconds or job.step_seconds, ON_DEMAND: job.step_seconds},
+        restart_seconds=job.restart_seconds,
+        restart_seconds_max=job.restart_seconds,
+    )
     losses = sorted(t + job.notice_seconds for t in trace.losses())
     outcome = Outcome(policy=policy, finish=None, met=False, cost_usd=0.0)
     t, done = 0.0, 0.0
@@ -560,10 +639,17 @@ def simulate(job: Job, trace: Any, policy: str, *, tick: Optional[float] = None,
             force = True
         if force or t - last_decision >= period - 1e-9:
             mode = held or IDLE
-            state = State(now=t, start=0.0, deadline=job.deadline, total_steps=job.steps, done_steps=int(done),
-                          mode=mode, spot_available=(False if mode == IDLE and wants_spot else None),
-                          committed=committed,
-                          margin=period)
+            state = State(
+                now=t,
+                start=0.0,
+                deadline=job.deadline,
+                total_steps=job.steps,
+                done_steps=int(done),
+                mode=mode,
+                spot_available=(False if mode == IDLE and wants_spot else None),
+                committed=committed,
+                margin=period,
+            )
             decision = decide(policy, state, estimates)
             outcome.decisions.append((t, decision))
             committed = decision.committed
@@ -614,15 +700,29 @@ def simulate(job: Job, trace: Any, policy: str, *, tick: Optional[float] = None,
     return outcome
 
 
-def job_from(estimates: Estimates, *, steps: int, deadline: float, spot_usd_per_hour: float,
-             on_demand_usd_per_hour: float, notice_seconds: float = 0.0) -> Job:
+def job_from(
+    estimates: Estimates,
+    *,
+    steps: int,
+    deadline: float,
+    spot_usd_per_hour: float,
+    on_demand_usd_per_hour: float,
+    notice_seconds: float = 0.0,
+) -> Job:
     """A simulator job from measured (or hinted) estimates."""
     on_demand = estimates.step(ON_DEMAND)
     if on_demand is None:
         raise DeadlineError("no step time is known: run some steps first or set resources.step_seconds_hint")
-    return Job(steps=steps, step_seconds=on_demand, deadline=deadline, restart_seconds=estimates.restart_seconds,
-               spot_step_seconds=estimates.step(SPOT), spot_usd_per_hour=spot_usd_per_hour,
-               on_demand_usd_per_hour=on_demand_usd_per_hour, notice_seconds=notice_seconds)
+    return Job(
+        steps=steps,
+        step_seconds=on_demand,
+        deadline=deadline,
+        restart_seconds=estimates.restart_seconds,
+        spot_step_seconds=estimates.step(SPOT),
+        spot_usd_per_hour=spot_usd_per_hour,
+        on_demand_usd_per_hour=on_demand_usd_per_hour,
+        notice_seconds=notice_seconds,
+    )
 
 
 # --------------------------------------------------------------------------- before launch
@@ -638,58 +738,111 @@ class Feasibility:
     text: str
 
 
-def feasibility(*, now: float, deadline: float, steps: int, step_seconds_hint: Optional[float],
-                restart_seconds: float, step_seconds_floor: float = 0.0, floor_source: str = "") -> Feasibility:
+def feasibility(
+    *,
+    now: float,
+    deadline: float,
+    steps: int,
+    step_seconds_hint: Optional[float],
+    restart_seconds: float,
+    step_seconds_floor: float = 0.0,
+    floor_source: str = "",
+) -> Feasibility:
     """Can even all on-demand, started now, make the deadline? One start-up, then every step on
     on-demand (never preempted): restart + steps x step time, in closed form, so the check costs
     the same for 10 steps and for 10**12. Without a hint the step time is `step_seconds_floor`
     (planning/step_prior.py), and the check refuses only what no run could make."""
     available = deadline - now
     if available <= 0:
-        return Feasibility(False, True, None, available,
-                           f"the deadline {when(deadline)} has passed ({span(-available)} ago)")
+        return Feasibility(
+            False, True, None, available, f"the deadline {when(deadline)} has passed ({span(-available)} ago)"
+        )
     step = step_seconds_hint or step_seconds_floor or 0.0
     needed = restart_seconds + steps * step
     if step_seconds_hint:
         arithmetic = f"start-up {span(restart_seconds)} + {steps:,} steps x {step_seconds_hint:g}s = {span(needed)}"
     else:
-        arithmetic = (f"start-up {span(restart_seconds)} + {steps:,} steps x at least {step:.3g}s = at least "
-                      f"{span(needed)}" + (f" ({floor_source})" if floor_source else ""))
+        arithmetic = (
+            f"start-up {span(restart_seconds)} + {steps:,} steps x at least {step:.3g}s = at least "
+            f"{span(needed)}" + (f" ({floor_source})" if floor_source else "")
+        )
     fix = "Give a later deadline (--deadline), fewer train.steps"
     if needed > available:
-        return Feasibility(False, True, needed, available,
-                           f"even all on-demand cannot make the deadline {when(deadline)}: {arithmetic}, but only "
-                           f"{span(available)} are left. {fix}"
-                           + (", or check resources.step_seconds_hint" if step_seconds_hint else ""))
+        return Feasibility(
+            False,
+            True,
+            needed,
+            available,
+            f"even all on-demand cannot make the deadline {when(deadline)}: {arithmetic}, but only "
+            f"{span(available)} are left. {fix}"
+            + (", or check resources.step_seconds_hint" if step_seconds_hint else ""),
+        )
     if not step_seconds_hint:
-        return Feasibility(True, False, needed, available,
-                           f"deadline {when(deadline)} ({span(available)} from now): all on-demand needs {arithmetic}; "
-                           "the real step time is known after the first steps (resources.step_seconds_hint checks "
-                           "it at launch), and a deadline that becomes unreachable is said at once")
-    return Feasibility(True, True, needed, available,
-                       f"deadline {when(deadline)}: all on-demand needs {arithmetic} of the {span(available)} left "
-                       f"(slack {span(available - needed)})")
+        return Feasibility(
+            True,
+            False,
+            needed,
+            available,
+            f"deadline {when(deadline)} ({span(available)} from now): all on-demand needs {arithmetic}; "
+            "the real step time is known after the first steps (resources.step_seconds_hint checks "
+            "it at launch), and a deadline that becomes unreachable is said at once",
+        )
+    return Feasibility(
+        True,
+        True,
+        needed,
+        available,
+        f"deadline {when(deadline)}: all on-demand needs {arithmetic} of the {span(available)} left "
+        f"(slack {span(available - needed)})",
+    )
 
 
-def compare(plan: dict, events: list[dict], trace: Any, *, t0: float, total_steps: int, spot_usd_per_hour: float,
-            on_demand_usd_per_hour: float, provision_seconds: float, restart_prior: float, cost_usd: Optional[float],
-            on_demand_usd: Optional[float], notice_seconds: float = 0.0) -> dict[str, Any]:
+def compare(
+    plan: dict,
+    events: list[dict],
+    trace: Any,
+    *,
+    t0: float,
+    total_steps: int,
+    spot_usd_per_hour: float,
+    on_demand_usd_per_hour: float,
+    provision_seconds: float,
+    restart_prior: float,
+    cost_usd: Optional[float],
+    on_demand_usd: Optional[float],
+    notice_seconds: float = 0.0,
+) -> dict[str, Any]:
     """A run with a deadline against the alternatives on the same trace (`cost-report`): all
     on-demand (the cost report's on-demand baseline, docs/cost.md) and greedy, replayed by the
     simulator with this run's measured step time and restart overhead; its own policy replayed
     the same way shows how far the model is from what happened. `t0` is when the trace starts."""
     estimates = estimates_for(events, plan, provision_seconds=provision_seconds, restart_prior=restart_prior)
-    finished = [e["ts"] for e in events if e.get("type") in (T.EXIT, T.ATTEMPT_END) and "complet" in str(e.get("reason"))]
-    out: dict[str, Any] = {"deadline": plan["at"], "policy": plan.get("policy") or DEFAULT_POLICY,
-                           "finished_at": max(finished) if finished else None,
-                           "met": (max(finished) <= plan["at"]) if finished else None, "cost_usd": cost_usd,
-                           "all_on_demand_usd": on_demand_usd, "greedy_usd": None, "greedy_met": None,
-                           "policy_replayed_usd": None, "vs_all_on_demand_pct": None, "vs_greedy_pct": None,
-                           "estimates": {"step_seconds": estimates.step_seconds,
-                                         "restart_seconds": round(estimates.restart_seconds, 3)}}
+    finished = [
+        e["ts"] for e in events if e.get("type") in (T.EXIT, T.ATTEMPT_END) and "complet" in str(e.get("reason"))
+    ]
+    out: dict[str, Any] = {
+        "deadline": plan["at"],
+        "policy": plan.get("policy") or DEFAULT_POLICY,
+        "finished_at": max(finished) if finished else None,
+        "met": (max(finished) <= plan["at"]) if finished else None,
+        "cost_usd": cost_usd,
+        "all_on_demand_usd": on_demand_usd,
+        "greedy_usd": None,
+        "greedy_met": None,
+        "policy_replayed_usd": None,
+        "vs_all_on_demand_pct": None,
+        "vs_greedy_pct": None,
+        "estimates": {"step_seconds": estimates.step_seconds, "restart_seconds": round(estimates.restart_seconds, 3)},
+    }
     try:
-        job = job_from(estimates, steps=total_steps, deadline=plan["at"] - t0, spot_usd_per_hour=spot_usd_per_hour,
-                       on_demand_usd_per_hour=on_demand_usd_per_hour, notice_seconds=notice_seconds)
+        job = job_from(
+            estimates,
+            steps=total_steps,
+            deadline=plan["at"] - t0,
+            spot_usd_per_hour=spot_usd_per_hour,
+            on_demand_usd_per_hour=on_demand_usd_per_hour,
+            notice_seconds=notice_seconds,
+        )
     except DeadlineError as error:
         out["note"] = str(error)
         return out
@@ -713,7 +866,9 @@ def observed_trace(events: list[dict], t0: float) -> Any:
     and counts as available, which flatters greedy."""
     from types import SimpleNamespace
 
-    decisions = sorted((e for e in events if e.get("type") == DECISION_EVENT and e.get("reason")), key=lambda e: e["ts"])
+    decisions = sorted(
+        (e for e in events if e.get("type") == DECISION_EVENT and e.get("reason")), key=lambda e: e["ts"]
+    )
     windows: list[tuple[float, float]] = []
     for this, after in zip(decisions, decisions[1:]):
         if this.get("from_mode") == IDLE and this.get("spot_available") is False:
@@ -722,8 +877,11 @@ def observed_trace(events: list[dict], t0: float) -> Any:
                 windows[-1] = (windows[-1][0], end)
             else:
                 windows.append((start, end))
-    preempted = [e["ts"] - t0 for e in events if e.get("type") == T.EXIT and "preempt" in str(e.get("reason"))
-                 and is_spot(e.get("where"))]
+    preempted = [
+        e["ts"] - t0
+        for e in events
+        if e.get("type") == T.EXIT and "preempt" in str(e.get("reason")) and is_spot(e.get("where"))
+    ]
     losses = sorted([*preempted, *(a for a, _ in windows)])
 
     def available(t: float, preemptions: int = 0) -> bool:
@@ -738,16 +896,25 @@ def status_row(plan: Optional[dict], events: Iterable[dict], *, ended_at: Option
     if not isinstance(plan, dict) or not isinstance(plan.get("at"), (int, float)):
         return None
     latest = latest_decision(events)
-    row = {"at": float(plan["at"]), "policy": plan.get("policy"), "mode": None, "reason": None,
-           "projected_finish": None, "met": None}
+    row = {
+        "at": float(plan["at"]),
+        "policy": plan.get("policy"),
+        "mode": None,
+        "reason": None,
+        "projected_finish": None,
+        "met": None,
+    }
     if latest is not None:
-        row.update(mode=latest.get("mode"), reason=latest.get("reason"),
-                   projected_finish=latest.get("projected_finish"))
+        row.update(
+            mode=latest.get("mode"), reason=latest.get("reason"), projected_finish=latest.get("projected_finish")
+        )
     row["unreachable"] = row["reason"] == UNREACHABLE
     if ended_at is not None:
-        finished = [e["ts"] for e in events if e.get("type") in (T.EXIT, T.ATTEMPT_END)
-                    and "complet" in str(e.get("reason", ""))]
+        finished = [
+            e["ts"]
+            for e in events
+            if e.get("type") in (T.EXIT, T.ATTEMPT_END) and "complet" in str(e.get("reason", ""))
+        ]
         row["finished_at"] = max(finished) if finished else None
         row["met"] = None if not finished else max(finished) <= row["at"]
     return row
-

@@ -16,7 +16,15 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Optional, Union
 
-from skyspot.clouds import GB, NOTICE_DETECT_S, NOTICE_WINDOWS_S, SNAPSHOT_GBPS_PER_RANK, WRITE_ENV, Bandwidth, bandwidth_for
+from skyspot.clouds import (
+    GB,
+    NOTICE_DETECT_S,
+    NOTICE_WINDOWS_S,
+    SNAPSHOT_GBPS_PER_RANK,
+    WRITE_ENV,
+    Bandwidth,
+    bandwidth_for,
+)
 from skyspot.events import EventLog
 from skyspot.events import EventType as T
 from skyspot.sizing import StateEstimate, state_bytes
@@ -41,8 +49,14 @@ def measured_bandwidth(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> dic
     events = _events(log)
     found: dict[str, float] = {}
     disks = [e["write_gbps"] for e in events if e.get("type") == T.LOCAL_DISK and _positive(e.get("write_gbps"))]
-    writes = [e["bytes"] / e["write_seconds"] / GB for e in events if e.get("type") == T.CHECKPOINT_END
-              and _positive(e.get("bytes")) and _positive(e.get("write_seconds")) and e["bytes"] >= 1e8]
+    writes = [
+        e["bytes"] / e["write_seconds"] / GB
+        for e in events
+        if e.get("type") == T.CHECKPOINT_END
+        and _positive(e.get("bytes"))
+        and _positive(e.get("write_seconds"))
+        and e["bytes"] >= 1e8
+    ]
     if disks:
         found["write_gbps"] = min(disks)
     elif writes:
@@ -68,8 +82,10 @@ def _positive(value: Any) -> bool:
 
 Verdict = Literal["durable in time", "local only in time", "not in time", "unknown"]
 
-LOST_MEANING = ("the node's disk goes with the spot VM (SkyPilot recovers on new nodes), so recovery "
-                "falls back to the last durable interval checkpoint")
+LOST_MEANING = (
+    "the node's disk goes with the spot VM (SkyPilot recovers on new nodes), so recovery "
+    "falls back to the last durable interval checkpoint"
+)
 
 
 @dataclass(frozen=True)
@@ -108,8 +124,9 @@ class WindowCheck:
         return asdict(self)
 
 
-def check_window(cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth, *, step_s: float = 0.0,
-                 ranks_per_node: int = 1) -> WindowCheck:
+def check_window(
+    cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth, *, step_s: float = 0.0, ranks_per_node: int = 1
+) -> WindowCheck:
     """The window check for one cloud, given what the busiest node must write and upload.
 
     durable_at = detect + step + snapshot + max(write, upload): the ranks copy their shards to host
@@ -117,36 +134,66 @@ def check_window(cloud: str, bytes_per_node: Optional[int], bandwidth: Bandwidth
     one pass (writer.py), so the slower of the two paths decides.
     """
     window, detect = NOTICE_WINDOWS_S[cloud], NOTICE_DETECT_S[cloud]
-    common = dict(cloud=cloud, window_s=window, detect_s=detect, step_s=step_s, bytes_per_node=bytes_per_node,
-                  write_gbps=bandwidth.write_gbps, upload_gbps=bandwidth.upload_gbps,
-                  write_source=bandwidth.write_source, upload_source=bandwidth.upload_source)
+    common = dict(
+        cloud=cloud,
+        window_s=window,
+        detect_s=detect,
+        step_s=step_s,
+        bytes_per_node=bytes_per_node,
+        write_gbps=bandwidth.write_gbps,
+        upload_gbps=bandwidth.upload_gbps,
+        write_source=bandwidth.write_source,
+        upload_source=bandwidth.upload_source,
+    )
     if bytes_per_node is None:
-        return WindowCheck(**common, write_s=None, upload_s=None, local_at_s=None, durable_at_s=None,
-                           verdict="unknown", local_slack_s=None, durable_slack_s=None,
-                           meaning="the model's size is unknown, so whether a checkpoint fits cannot be told")
+        return WindowCheck(
+            **common,
+            write_s=None,
+            upload_s=None,
+            local_at_s=None,
+            durable_at_s=None,
+            verdict="unknown",
+            local_slack_s=None,
+            durable_slack_s=None,
+            meaning="the model's size is unknown, so whether a checkpoint fits cannot be told",
+        )
     snapshot_s = bytes_per_node / max(1, ranks_per_node) / (SNAPSHOT_GBPS_PER_RANK * GB)
     write_s = bytes_per_node / (bandwidth.write_gbps * GB)
     upload_s = bytes_per_node / (bandwidth.upload_gbps * GB)
     local_at = detect + step_s + snapshot_s + write_s
     durable_at = detect + step_s + snapshot_s + max(write_s, upload_s)
     local_slack, durable_slack = window - local_at, window - durable_at
-    arithmetic = (f"{bytes_per_node / GB:,.1f} GB/node: {detect:g} s notice poll + {step_s:g} s step + "
-                  f"{snapshot_s:.1f} s snapshot + max({write_s:,.1f} s write at {bandwidth.write_gbps:g} GB/s, "
-                  f"{upload_s:,.1f} s upload at {bandwidth.upload_gbps:g} GB/s) = {durable_at:,.1f} s "
-                  f"{'<=' if durable_slack >= 0 else '>'} {window:.0f} s notice")
+    arithmetic = (
+        f"{bytes_per_node / GB:,.1f} GB/node: {detect:g} s notice poll + {step_s:g} s step + "
+        f"{snapshot_s:.1f} s snapshot + max({write_s:,.1f} s write at {bandwidth.write_gbps:g} GB/s, "
+        f"{upload_s:,.1f} s upload at {bandwidth.upload_gbps:g} GB/s) = {durable_at:,.1f} s "
+        f"{'<=' if durable_slack >= 0 else '>'} {window:.0f} s notice"
+    )
     if durable_slack >= 0:
         verdict: Verdict = "durable in time"
         meaning = f"durable {durable_slack:.0f} s before the VM goes: a preemption loses nothing"
     elif local_slack >= 0:
         verdict = "local only in time"
-        meaning = (f"committed locally {local_slack:.0f} s before the VM goes, but the upload needs "
-                   f"{-durable_slack:.0f} s more; {LOST_MEANING}")
+        meaning = (
+            f"committed locally {local_slack:.0f} s before the VM goes, but the upload needs "
+            f"{-durable_slack:.0f} s more; {LOST_MEANING}"
+        )
     else:
         verdict = "not in time"
         meaning = f"even the local commit needs {local_at:.0f} s of the {window:.0f} s window; {LOST_MEANING}"
-    return WindowCheck(**common, write_s=write_s, upload_s=upload_s, local_at_s=local_at, durable_at_s=durable_at,
-                       verdict=verdict, local_slack_s=local_slack, durable_slack_s=durable_slack, meaning=meaning,
-                       snapshot_s=snapshot_s, arithmetic=arithmetic)
+    return WindowCheck(
+        **common,
+        write_s=write_s,
+        upload_s=upload_s,
+        local_at_s=local_at,
+        durable_at_s=durable_at,
+        verdict=verdict,
+        local_slack_s=local_slack,
+        durable_slack_s=durable_slack,
+        meaning=meaning,
+        snapshot_s=snapshot_s,
+        arithmetic=arithmetic,
+    )
 
 
 @dataclass(frozen=True)
@@ -172,19 +219,32 @@ class WindowReport:
         """One line per spot cloud where a preemption would fall back to the last interval checkpoint."""
         if not self.spot:
             return []
-        return [f"{c.cloud}: emergency checkpoint {c.verdict} ({c.window_s:.0f} s notice): {c.meaning}"
-                for c in self.checks if c.verdict != "durable in time"]
+        return [
+            f"{c.cloud}: emergency checkpoint {c.verdict} ({c.window_s:.0f} s notice): {c.meaning}"
+            for c in self.checks
+            if c.verdict != "durable in time"
+        ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "spot": self.spot, "state": self.state.to_dict(),
-                "checks": [c.to_dict() for c in self.checks], "advice": list(self.advice),
-                "warnings": self.warnings}
+        return {
+            "recipe": self.recipe,
+            "spot": self.spot,
+            "state": self.state.to_dict(),
+            "checks": [c.to_dict() for c in self.checks],
+            "advice": list(self.advice),
+            "warnings": self.warnings,
+        }
 
 
-def check_notice_windows(recipe: "Recipe", *, clouds: Optional[Iterable[str]] = None,
-                         bandwidth: Optional[Mapping[str, Mapping[str, float]]] = None,
-                         environ: Optional[Mapping[str, str]] = None, step_s: float = 0.0,
-                         max_loss_s: Optional[float] = None) -> WindowReport:
+def check_notice_windows(
+    recipe: "Recipe",
+    *,
+    clouds: Optional[Iterable[str]] = None,
+    bandwidth: Optional[Mapping[str, Mapping[str, float]]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    step_s: float = 0.0,
+    max_loss_s: Optional[float] = None,
+) -> WindowReport:
     """Can an emergency checkpoint become durable inside each candidate cloud's notice window?
 
     clouds: default the recipe's `resources.clouds`. bandwidth: per-cloud overrides (see
@@ -195,13 +255,21 @@ def check_notice_windows(recipe: "Recipe", *, clouds: Optional[Iterable[str]] = 
         raise ValueError(f"step_s must be a finite number >= 0, got {step_s!r}")
     state = state_bytes(recipe, environ=environ)
     checks = []
-    for cloud in (list(clouds) if clouds is not None else list(recipe.resources.clouds)):
-        bw = bandwidth_for(cloud, disk_size_gb=recipe.resources.disk_size, overrides=bandwidth, environ=environ,
-                           local_nvme=bool(recipe.resources.accelerators))
-        checks.append(check_window(cloud, state.bytes_per_node, bw, step_s=step_s,
-                                   ranks_per_node=recipe.resources.ranks_per_node))
+    for cloud in list(clouds) if clouds is not None else list(recipe.resources.clouds):
+        bw = bandwidth_for(
+            cloud,
+            disk_size_gb=recipe.resources.disk_size,
+            overrides=bandwidth,
+            environ=environ,
+            local_nvme=bool(recipe.resources.accelerators),
+        )
+        checks.append(
+            check_window(cloud, state.bytes_per_node, bw, step_s=step_s, ranks_per_node=recipe.resources.ranks_per_node)
+        )
     report = WindowReport(recipe.name, recipe.resources.spot, state, checks)
-    report.advice.extend(advice(report, recipe, max_loss_s=max_loss_s if max_loss_s is not None else DEFAULT_MAX_LOSS_S))
+    report.advice.extend(
+        advice(report, recipe, max_loss_s=max_loss_s if max_loss_s is not None else DEFAULT_MAX_LOSS_S)
+    )
     return report
 
 
@@ -230,9 +298,11 @@ def advice(report: WindowReport, recipe: "Recipe", *, max_loss_s: float = DEFAUL
     # 1. The local write is the slow part: SkyPilot's root disk is network storage of modest throughput.
     slow_disk = [c.cloud for c in failing if c.verdict == "not in time" and (c.write_s or 0) > (c.upload_s or 0)]
     if slow_disk:
-        lines.append(f"the local write is the slow part on {', '.join(slow_disk)} (SkyPilot's default root disk): "
-                     f"keep the fast tier on the node's local NVMe (SKYSPOT_RUN_DIR) and tell the check its "
-                     f"speed, e.g. {WRITE_ENV}=2")
+        lines.append(
+            f"the local write is the slow part on {', '.join(slow_disk)} (SkyPilot's default root disk): "
+            f"keep the fast tier on the node's local NVMe (SKYSPOT_RUN_DIR) and tell the check its "
+            f"speed, e.g. {WRITE_ENV}=2"
+        )
     # 2. A shorter interval bounds what a preemption loses when the emergency checkpoint does not make it:
     #    the newest durable copy is at worst interval + its save (snapshot + the slower of write and upload,
     #    which overlap) old. Training is blocked only for the snapshot; the rest runs in the background.
@@ -240,47 +310,64 @@ def advice(report: WindowReport, recipe: "Recipe", *, max_loss_s: float = DEFAUL
     snapshot_s = worst.snapshot_s or 0.0
     save_s = snapshot_s + max(worst.write_s or 0.0, worst.upload_s or 0.0)
     every = recipe.checkpoint.every_seconds
-    now = (f"now every_seconds={every:g}: up to {(every + save_s) / 60:.1f} min"
-           if isinstance(every, (int, float)) else
-           "now `auto`" if every == "auto" else "now no time-based interval")
+    now = (
+        f"now every_seconds={every:g}: up to {(every + save_s) / 60:.1f} min"
+        if isinstance(every, (int, float))
+        else "now `auto`"
+        if every == "auto"
+        else "now no time-based interval"
+    )
     target = max_loss_s - save_s
     if target >= save_s and _round_down(target) >= save_s:
         interval = _round_down(target)
         head = f"checkpoint.every_seconds={interval}: a preemption on {names} then loses at most"
     else:
         interval = math.ceil(save_s)
-        head = (f"checkpoint.every_seconds={interval} (the shortest interval whose upload finishes before the next "
-                f"checkpoint supersedes it): a preemption on {names} then still loses up to")
+        head = (
+            f"checkpoint.every_seconds={interval} (the shortest interval whose upload finishes before the next "
+            f"checkpoint supersedes it): a preemption on {names} then still loses up to"
+        )
     blocked = snapshot_s / (interval + snapshot_s)
     if blocked <= MAX_BLOCKED_SHARE:
-        lines.append(f"{head} {(interval + save_s) / 60:.1f} min (interval + {save_s:.0f} s to a durable copy), with "
-                     f"training blocked {blocked:.1%} of the time by the snapshots "
-                     f"({now}; or `auto` to plan it from the preemption rate)")
+        lines.append(
+            f"{head} {(interval + save_s) / 60:.1f} min (interval + {save_s:.0f} s to a durable copy), with "
+            f"training blocked {blocked:.1%} of the time by the snapshots "
+            f"({now}; or `auto` to plan it from the preemption rate)"
+        )
     else:
-        lines.append(f"a shorter checkpoint.every_seconds would only trade lost work for blocked training: each "
-                     f"snapshot blocks {snapshot_s:.0f} s, so {interval} s would block {blocked:.0%} of the time ({now})")
+        lines.append(
+            f"a shorter checkpoint.every_seconds would only trade lost work for blocked training: each "
+            f"snapshot blocks {snapshot_s:.0f} s, so {interval} s would block {blocked:.0%} of the time ({now})"
+        )
     # 3. Fewer clouds, when some candidates make it.
     good = report.durable_clouds
     if good:
-        lines.append(f"resources.clouds=[{','.join(good)}]: drop {names}, where the emergency checkpoint "
-                     "cannot become durable in time")
+        lines.append(
+            f"resources.clouds=[{','.join(good)}]: drop {names}, where the emergency checkpoint "
+            "cannot become durable in time"
+        )
     # 4. More nodes: each node writes and uploads checkpoint_bytes / num_nodes in parallel. Only counts up to
     #    4x today's are offered; beyond that the fix costs more than the loss it prevents.
     needs = []
     for c in failing:
         budget = c.window_s - c.detect_s - c.step_s
         if budget > 0 and state.checkpoint_bytes and state.zero_stage == 3:
-            seconds_per_byte = (max(1 / (c.write_gbps * GB), 1 / (c.upload_gbps * GB))
-                                + 1 / (state.ranks_per_node * SNAPSHOT_GBPS_PER_RANK * GB))
+            seconds_per_byte = max(1 / (c.write_gbps * GB), 1 / (c.upload_gbps * GB)) + 1 / (
+                state.ranks_per_node * SNAPSHOT_GBPS_PER_RANK * GB
+            )
             nodes = math.ceil(state.checkpoint_bytes * seconds_per_byte / budget)
             if nodes <= 4 * state.num_nodes:
                 needs.append(f"{nodes} on {c.cloud}")
     if needs:
-        lines.append(f"resources.num_nodes: the state ({state.checkpoint_bytes / GB:.1f} GB) becomes durable in time "
-                     f"with at least {', '.join(needs)} (now {state.num_nodes}; each node adds GPUs and cost)")
+        lines.append(
+            f"resources.num_nodes: the state ({state.checkpoint_bytes / GB:.1f} GB) becomes durable in time "
+            f"with at least {', '.join(needs)} (now {state.num_nodes}; each node adds GPUs and cost)"
+        )
     # 5. LoRA: only the adapters are trained, so only they are checkpointed (recipes llama70b-lora, llama8b-lora).
     if getattr(recipe.train, "lora", None) is None and recipe.model.hub_id:
-        lines.append(f"train.lora={{}}: a LoRA fine-tune checkpoints only the adapters' state (for Llama-3.1-70B at "
-                     f"r=16, 2.5 GB instead of 846.6 GB: see the llama70b-lora recipe), durable in seconds on "
-                     f"{names}")
+        lines.append(
+            f"train.lora={{}}: a LoRA fine-tune checkpoints only the adapters' state (for Llama-3.1-70B at "
+            f"r=16, 2.5 GB instead of 846.6 GB: see the llama70b-lora recipe), durable in seconds on "
+            f"{names}"
+        )
     return lines

@@ -59,13 +59,17 @@ class History:
     now: float
     places: dict[Place, Exposure] = field(default_factory=dict)
 
-    def matching(self, cloud: str, *, region: Optional[str], instance_type: Optional[str],
-                 spot: bool) -> Exposure:
+    def matching(self, cloud: str, *, region: Optional[str], instance_type: Optional[str], spot: bool) -> Exposure:
         """The exposure of every place a candidate may land on: its cloud and capacity, its region when it
         names one (else any), its instance type when both sides know it."""
         total = Exposure()
         for (c, r, _zone, itype, s), exposure in self.places.items():
-            if c != cloud or s != spot or (region and r != region) or (instance_type and itype and itype != instance_type):
+            if (
+                c != cloud
+                or s != spot
+                or (region and r != region)
+                or (instance_type and itype and itype != instance_type)
+            ):
                 continue
             total.add(exposure)
         return total
@@ -99,8 +103,13 @@ def add_attempts(history: History, events: Iterable[Mapping[str, Any]], *, num_n
         hours = attempt.uptime_s / 3600 * max(1, nodes)
         preempted = int(attempt.spot and attempt.preempted)
         w = weight(attempt.end, history.now)
-        place = (str(where.get("cloud")).lower(), str(where.get("region") or ""), str(where.get("zone") or ""),
-                 str(where.get("instance_type") or ""), attempt.spot)
+        place = (
+            str(where.get("cloud")).lower(),
+            str(where.get("region") or ""),
+            str(where.get("zone") or ""),
+            str(where.get("instance_type") or ""),
+            attempt.spot,
+        )
         history.places.setdefault(place, Exposure()).add(Exposure(w * preempted, w * hours, preempted, hours))
 
 
@@ -126,8 +135,15 @@ def read_history(*, now: Optional[float] = None) -> History:
     return history
 
 
-def rate_for(history: Optional[History], cloud: str, *, region: Optional[str], instance_type: Optional[str],
-             spot: bool, accelerator: Optional[str]) -> Risk:
+def rate_for(
+    history: Optional[History],
+    cloud: str,
+    *,
+    region: Optional[str],
+    instance_type: Optional[str],
+    spot: bool,
+    accelerator: Optional[str],
+) -> Risk:
     """The blended preemption rate per node-hour of a candidate (module docstring)."""
     if not spot:
         return Risk(0.0, "on-demand: not preempted")
@@ -139,7 +155,9 @@ def rate_for(history: Optional[History], cloud: str, *, region: Optional[str], i
     rate = (PRIOR_EVENTS + seen.preemptions) / (prior_hours + seen.node_hours)
     source = f"prior 1 in {prior_hours:g} node-h (ours)"
     if seen.raw_node_hours > 0 or seen.raw_preemptions:
-        source += (f" + {seen.raw_preemptions} preemption{'s' if seen.raw_preemptions != 1 else ''} in "
-                   f"{seen.raw_node_hours:,.1f} node-h observed (decayed: {seen.preemptions:.2g} in "
-                   f"{seen.node_hours:,.1f}; half-life {HALF_LIFE_S / 86400:g} d)")
+        source += (
+            f" + {seen.raw_preemptions} preemption{'s' if seen.raw_preemptions != 1 else ''} in "
+            f"{seen.raw_node_hours:,.1f} node-h observed (decayed: {seen.preemptions:.2g} in "
+            f"{seen.node_hours:,.1f}; half-life {HALF_LIFE_S / 86400:g} d)"
+        )
     return Risk(rate, source, seen)

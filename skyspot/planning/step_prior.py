@@ -27,8 +27,17 @@ if TYPE_CHECKING:
 # (NVIDIA H100/H200 SXM 989 TF, B200 2.25 PF, A100 312 TF, L40S 362 TF, L4 121 TF, A10 125 TF,
 # V100 125 TF, T4 65 TF). Higher than any real run reaches, which is what a floor wants.
 PEAK_FLOPS = {
-    "H100": 989e12, "H100-MEGA": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312e12, "A100-80GB": 312e12,
-    "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "V100": 125e12, "T4": 65e12,
+    "H100": 989e12,
+    "H100-MEGA": 989e12,
+    "H200": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "A100-80GB": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10G": 125e12,
+    "V100": 125e12,
+    "T4": 65e12,
 }
 # A CPU rank (gloo, fp32): generous for a few cores of one socket; the floor only has to stay below.
 CPU_RANK_FLOPS = 5e12
@@ -49,5 +58,7 @@ def step_seconds_floor(recipe: "Recipe", environ: Optional[Mapping[str, str]] = 
     tokens = train.micro_batch_size * train.grad_accum * train.seq_len
     seconds = FLOPS_PER_PARAM_TOKEN[kind] * params * tokens / peak
     where = max(accelerators, key=lambda a: PEAK_FLOPS.get(a, 0.0)) if accelerators else "a CPU rank"
-    return seconds, (f"floor: {FLOPS_PER_PARAM_TOKEN[kind]} x {params:,} parameters x {tokens:,} tokens per rank "
-                     f"at {where}'s peak {peak / 1e12:g} TFLOP/s")
+    return seconds, (
+        f"floor: {FLOPS_PER_PARAM_TOKEN[kind]} x {params:,} parameters x {tokens:,} tokens per rank "
+        f"at {where}'s peak {peak / 1e12:g} TFLOP/s"
+    )

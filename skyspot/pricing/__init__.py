@@ -1,2 +1,1 @@
-"""Prices (prices.py and the dated snapshot in pricing_data/), what a run cost (cost.py) and its plot.
-"""
+"""Prices (prices.py and the dated snapshot in pricing_data/), what a run cost (cost.py) and its plot."""

@@ -44,8 +44,18 @@ from itertools import accumulate
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from skyspot.pricing import prices as pricing
-from skyspot.attempts import (DECISION_EVENT, UNKNOWN, Attempt, cause_of, count_causes, describe_causes, end_of_status,
-                              is_simulated, is_spot, split)
+from skyspot.attempts import (
+    DECISION_EVENT,
+    UNKNOWN,
+    Attempt,
+    cause_of,
+    count_causes,
+    describe_causes,
+    end_of_status,
+    is_simulated,
+    is_spot,
+    split,
+)
 from skyspot.clouds.fabric_rates import summarize as summarize_fabric
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
@@ -246,13 +256,26 @@ class RunCost:
         # Not asdict(self): that converts every attempt twice (once here, once below) and deep-copies as it
         # goes, 0.4 ms an attempt, most of the report's time for 20,000 of them (issue 31, item 9).
         records = {"attempts", "recovery_details", "in_place_details"}
-        return {f.name: [r.to_dict() for r in getattr(self, f.name)] if f.name in records
-                else copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+        return {
+            f.name: [r.to_dict() for r in getattr(self, f.name)]
+            if f.name in records
+            else copy.deepcopy(getattr(self, f.name))
+            for f in fields(self)
+        }
 
 
 # Where billed time went (RunCost.goodput_breakdown), in this order; docs/cost.md defines each line.
-GOODPUT_LINES = ("useful", "evaluating", "redone_in_place", "redone_reprovisioned", "checkpoint_stalls",
-                 "first_start_up", "reprovisioned_start_ups", "in_place_restarts", "other")
+GOODPUT_LINES = (
+    "useful",
+    "evaluating",
+    "redone_in_place",
+    "redone_reprovisioned",
+    "checkpoint_stalls",
+    "first_start_up",
+    "reprovisioned_start_ups",
+    "in_place_restarts",
+    "other",
+)
 
 
 @dataclass(frozen=True)
@@ -324,8 +347,15 @@ def _flat_dict(record: Any) -> dict[str, Any]:
 # --- public API --------------------------------------------------------------------------
 
 
-def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[Iterable[Any]] = None,
-             queue_record: Any = None, now: Optional[float] = None, store: Optional[str] = None) -> RunCost:
+def run_cost(
+    log: EventLog,
+    *,
+    name: Optional[str] = None,
+    candidates: Optional[Iterable[Any]] = None,
+    queue_record: Any = None,
+    now: Optional[float] = None,
+    store: Optional[str] = None,
+) -> RunCost:
     """Every figure for one run.
 
     `candidates` are the placements the run could have used, for the on-demand baseline:
@@ -349,8 +379,10 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
     runs = step_runs(log, split_attempts)
     # Every per-attempt question below asks this, never all the runs again: linear in attempts (issue 31.9).
     runs_of = _by_attempt(runs)
-    details = [_recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs_of.get(prev.attempt, []))
-               for i, (prev, nxt) in enumerate(zip(attempts, attempts[1:]))]
+    details = [
+        _recovery(prev, nxt, split_attempts[i], split_attempts[i + 1], runs_of.get(prev.attempt, []))
+        for i, (prev, nxt) in enumerate(zip(attempts, attempts[1:]))
+    ]
     in_place = [r for a in split_attempts for r in _in_place(a, runs_of.get(a.number, []))]
     evals = eval_runs(log, split_attempts)
 
@@ -438,8 +470,9 @@ def run_cost(log: EventLog, *, name: Optional[str] = None, candidates: Optional[
         final_train_loss=final_step.loss if final_step else None,
         final_train_step=final_step.step if final_step else None,
         final_train_diverged=bool(final_step and final_step.diverged),
-        goodput_breakdown=_goodput_breakdown(attempts, split_attempts, runs, runs_of, evals, checkpoints, in_place,
-                                             billed_seconds, startup),
+        goodput_breakdown=_goodput_breakdown(
+            attempts, split_attempts, runs, runs_of, evals, checkpoints, in_place, billed_seconds, startup
+        ),
     )
 
 
@@ -454,16 +487,26 @@ def _mean(values: list[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def _goodput_breakdown(attempts: list[AttemptCost], split_attempts: list[Attempt], runs: list[StepRun],
-                       runs_of: dict[int, list[StepRun]], evals: list["EvalRun"], checkpoints: list[dict],
-                       in_place: list[InPlaceRecovery], billed_seconds: float, startup: float) -> dict[str, float]:
+def _goodput_breakdown(
+    attempts: list[AttemptCost],
+    split_attempts: list[Attempt],
+    runs: list[StepRun],
+    runs_of: dict[int, list[StepRun]],
+    evals: list["EvalRun"],
+    checkpoints: list[dict],
+    in_place: list[InPlaceRecovery],
+    billed_seconds: float,
+    startup: float,
+) -> dict[str, float]:
     """Where the billed wall time went, one line per GOODPUT_LINES: each from its own events, and `other` the
     rest, so the lines add up to billed_seconds. A start-up or restart window leaves out the evaluations and
     checkpoint stalls inside it, which have their own lines."""
     # What lies inside (begin, end], by prefix sums over the times: a window costs two bisections, not a pass
     # over every evaluation and checkpoint of the run (one window per attempt: quadratic for 20,000 attempts).
-    marks = sorted([(e.ts, e.seconds) for e in evals]
-                   + [(float(c["ts"]), float(c.get("blocked_seconds") or 0.0)) for c in checkpoints])
+    marks = sorted(
+        [(e.ts, e.seconds) for e in evals]
+        + [(float(c["ts"]), float(c.get("blocked_seconds") or 0.0)) for c in checkpoints]
+    )
     times = [ts for ts, _ in marks]
     totals = [0.0, *accumulate(seconds for _, seconds in marks)]
 
@@ -491,12 +534,16 @@ def _goodput_breakdown(attempts: list[AttemptCost], split_attempts: list[Attempt
             continue
         generation = a.generation(r.first_step_at) if r.first_step_at is not None else None
         mine = runs_of.get(r.attempt, [])
-        before = [s for s in mine if generation is not None and s.generation < generation
-                  and (r.failed_at is None or s.ts <= r.failed_at)]
+        before = [
+            s
+            for s in mine
+            if generation is not None and s.generation < generation and (r.failed_at is None or s.ts <= r.failed_at)
+        ]
         after = [s for s in mine if s.generation == generation]
         # From the old processes' last step (a hang's stall included) to the new processes' first step.
-        begin = min([x for x in (r.failed_at, max((s.ts for s in before), default=None)) if x is not None],
-                    default=None)
+        begin = min(
+            [x for x in (r.failed_at, max((s.ts for s in before), default=None)) if x is not None], default=None
+        )
         first_after = min(after, key=lambda s: s.ts) if after else None
         restarts += window(begin, first_after.ts - first_after.seconds if first_after else None)
     lines = {
@@ -546,9 +593,16 @@ def _interval_plans(events: list[dict]) -> list[dict]:
         if e.get("type") != T.INTERVAL_PLAN or not isinstance(e.get("every_seconds"), (int, float)):
             continue
         inputs = e.get("inputs") if isinstance(e.get("inputs"), Mapping) else {}
-        plans.append({"attempt": e.get("attempt"), "every_seconds": float(e["every_seconds"]),
-                      "bound": inputs.get("bound"), "reason": e.get("reason"), "mtbp_s": inputs.get("mtbp_s"),
-                      "blocking_cost_s": inputs.get("blocking_cost_s")})
+        plans.append(
+            {
+                "attempt": e.get("attempt"),
+                "every_seconds": float(e["every_seconds"]),
+                "bound": inputs.get("bound"),
+                "reason": e.get("reason"),
+                "mtbp_s": inputs.get("mtbp_s"),
+                "blocking_cost_s": inputs.get("blocking_cost_s"),
+            }
+        )
     return plans
 
 
@@ -572,10 +626,19 @@ def step_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[S
         step, attempt = int(e["step"]), int(e.get("attempt", 0))
         again = later.get(step)
         loss = e.get("loss")
-        runs.append(StepRun(attempt=attempt, step=step, ts=e["ts"], seconds=float(e.get("step_seconds") or 0.0),
-                            recomputed=again is not None, in_place=again == attempt, generation=generation(e),
-                            loss=float(loss) if _finite(loss) else None,
-                            diverged=isinstance(loss, float) and not _finite(loss)))
+        runs.append(
+            StepRun(
+                attempt=attempt,
+                step=step,
+                ts=e["ts"],
+                seconds=float(e.get("step_seconds") or 0.0),
+                recomputed=again is not None,
+                in_place=again == attempt,
+                generation=generation(e),
+                loss=float(loss) if _finite(loss) else None,
+                diverged=isinstance(loss, float) and not _finite(loss),
+            )
+        )
         later[step] = attempt
     return sorted(runs, key=lambda r: r.ts)
 
@@ -604,11 +667,17 @@ def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[E
         seconds, loss, perplexity = e.get("seconds"), e.get("loss"), e.get("perplexity")
         # No evaluation outlasts its attempt: a longer figure is damage, and would swamp every sum.
         believable = _finite(seconds) and 0 < seconds <= spans.get(e.get("attempt", 0), math.inf)
-        runs.append(EvalRun(attempt=int(e.get("attempt", 0)), step=step, ts=e["ts"],
-                            seconds=float(seconds) if believable else 0.0,
-                            loss=float(loss) if _finite(loss) else None,
-                            perplexity=float(perplexity) if _finite(perplexity) else None,
-                            redone=step is not None and step in seen))
+        runs.append(
+            EvalRun(
+                attempt=int(e.get("attempt", 0)),
+                step=step,
+                ts=e["ts"],
+                seconds=float(seconds) if believable else 0.0,
+                loss=float(loss) if _finite(loss) else None,
+                perplexity=float(perplexity) if _finite(perplexity) else None,
+                redone=step is not None and step in seen,
+            )
+        )
         seen.add(step)
     return runs[::-1]
 
@@ -620,6 +689,7 @@ def _generations(events: list[dict], attempts: Optional[list[Attempt]]):
     def generation(e: dict) -> int:
         a = by_number.get(e.get("attempt", 0))
         return a.generation(e["ts"]) if a is not None else 0
+
     return generation
 
 
@@ -638,23 +708,38 @@ def _in_place(attempt: Attempt, runs: list[StepRun]) -> list[InPlaceRecovery]:
         lost = [r for r in runs if r.in_place and old <= r.generation < new]
         cause = e.get("cause") if isinstance(e.get("cause"), str) else None
         hang = hangs.get(old)
-        details.append(InPlaceRecovery(
-            attempt=attempt.number, restart=_int(e.get("restart")), cause=cause, failed_at=failed_at,
-            first_step_at=failed_at + seconds if failed_at is not None and seconds is not None else None,
-            seconds_to_next_step=seconds, resumed_step=_int(e.get("step")), steps_redone=_int(e.get("steps_redone")),
-            lost_steps=len(lost), lost_seconds=sum(r.seconds for r in lost),
-            hang=_hang_record(hang) if hang is not None else None))
+        details.append(
+            InPlaceRecovery(
+                attempt=attempt.number,
+                restart=_int(e.get("restart")),
+                cause=cause,
+                failed_at=failed_at,
+                first_step_at=failed_at + seconds if failed_at is not None and seconds is not None else None,
+                seconds_to_next_step=seconds,
+                resumed_step=_int(e.get("step")),
+                steps_redone=_int(e.get("steps_redone")),
+                lost_steps=len(lost),
+                lost_seconds=sum(r.seconds for r in lost),
+                hang=_hang_record(hang) if hang is not None else None,
+            )
+        )
     return details
 
 
 def _hang_record(e: dict) -> dict:
     ranks = e.get("ranks") if isinstance(e.get("ranks"), list) else []
-    return {"step": _int(e.get("step")), "node_rank": _int(e.get("node_rank")),
-            "seconds_without_step": e.get("seconds_without_step") if _finite(e.get("seconds_without_step")) else None,
-            "bound_seconds": e.get("bound_seconds") if _finite(e.get("bound_seconds")) else None,
-            "stacks": e.get("stacks") if isinstance(e.get("stacks"), str) else None,
-            "ranks": [{"rank": _int(r.get("rank")), "top": r.get("top") if isinstance(r.get("top"), str) else None}
-                      for r in ranks if isinstance(r, Mapping)]}
+    return {
+        "step": _int(e.get("step")),
+        "node_rank": _int(e.get("node_rank")),
+        "seconds_without_step": e.get("seconds_without_step") if _finite(e.get("seconds_without_step")) else None,
+        "bound_seconds": e.get("bound_seconds") if _finite(e.get("bound_seconds")) else None,
+        "stacks": e.get("stacks") if isinstance(e.get("stacks"), str) else None,
+        "ranks": [
+            {"rank": _int(r.get("rank")), "top": r.get("top") if isinstance(r.get("top"), str) else None}
+            for r in ranks
+            if isinstance(r, Mapping)
+        ],
+    }
 
 
 def _finite(value: Any) -> bool:
@@ -668,8 +753,13 @@ def _int(value: Any) -> Optional[int]:
 # --- attempts ----------------------------------------------------------------------------
 
 
-def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str],
-                  price: Callable[..., pricing.Price] = pricing.hourly_price) -> AttemptCost:
+def _attempt_cost(
+    split_attempt: Attempt,
+    *,
+    queue_record,
+    warnings: list[str],
+    price: Callable[..., pricing.Price] = pricing.hourly_price,
+) -> AttemptCost:
     number, events = split_attempt.number, split_attempt.events
     trainer_starts = [e for e in events if e["type"] == T.START]
     where = dict(split_attempt.where)
@@ -694,10 +784,16 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str],
     accelerator, count = _accelerator(where.get("accelerators"))
     found = None
     try:
-        found = price(where.get("cloud") or "", instance_type=_known(where.get("instance_type")),
-                      accelerator=accelerator, accelerator_count=count, region=_known(where.get("region")),
-                      # AWS: the zone ID (use1-az4) the price data lists, when the node read it
-                      zone=_known(where.get("zone_id")) or _known(where.get("zone")), spot=spot)
+        found = price(
+            where.get("cloud") or "",
+            instance_type=_known(where.get("instance_type")),
+            accelerator=accelerator,
+            accelerator_count=count,
+            region=_known(where.get("region")),
+            # AWS: the zone ID (use1-az4) the price data lists, when the node read it
+            zone=_known(where.get("zone_id")) or _known(where.get("zone")),
+            spot=spot,
+        )
     except UsageError as missing:
         warnings.append(f"attempt {number}: {missing}")
     fabrics = _one_per_key(events, T.FABRIC, ("node_rank",))
@@ -707,9 +803,17 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str],
             warnings.append(f"attempt {number}, node {e.get('node_rank')}: {e['warning']}")
             break
     return AttemptCost(
-        attempt=number, cloud=str(where["cloud"]).lower() if where.get("cloud") else None, region=where.get("region"), zone=where.get("zone"),
+        attempt=number,
+        cloud=str(where["cloud"]).lower() if where.get("cloud") else None,
+        region=where.get("region"),
+        zone=where.get("zone"),
         instance_type=_known(where.get("instance_type")) or (found.instance_type if found else None),
-        nodes=nodes, spot=spot, start=start, end=end, end_reason=reason, seconds=seconds,
+        nodes=nodes,
+        spot=spot,
+        start=start,
+        end=end,
+        end_reason=reason,
+        seconds=seconds,
         billed_hours=billed_hours,
         usd_per_hour=found.usd_per_hour if found else None,
         cost_usd=billed_hours * found.usd_per_hour if found else None,
@@ -718,7 +822,9 @@ def _attempt_cost(split_attempt: Attempt, *, queue_record, warnings: list[str],
         price_detail=found.detail if found else None,
         simulated=is_simulated(where),
         compute_usd=billed_hours * found.usd_per_hour if found else None,
-        cause=cause, cloud_cause=cloud_cause, transport=", ".join(transports) or None,
+        cause=cause,
+        cloud_cause=cloud_cause,
+        transport=", ".join(transports) or None,
         fabric=summarize_fabric(fabrics),
     )
 
@@ -739,6 +845,7 @@ def _prices() -> Callable[..., pricing.Price]:
         if isinstance(found, UsageError):
             raise found.with_traceback(None)
         return found  # type: ignore[no-any-return]
+
     return price
 
 
@@ -774,20 +881,26 @@ def _add_egress(attempt: AttemptCost, events: list[dict], home: Optional[str], w
     if not up and not down:
         return
     if attempt.cloud not in pricing.CLOUDS:
-        warnings.append(f"attempt {attempt.attempt}: {up + down} bytes moved to or from the store on {home}, "
-                        "but the attempt's cloud is unknown: egress not counted")
+        warnings.append(
+            f"attempt {attempt.attempt}: {up + down} bytes moved to or from the store on {home}, "
+            "but the attempt's cloud is unknown: egress not counted"
+        )
         return
     out, back = pricing.egress_price(attempt.cloud), pricing.egress_price(home)
     attempt.egress_upload_bytes, attempt.egress_download_bytes = up, down
     attempt.egress_usd = out.cost(up) + back.cost(down)
-    attempt.egress_detail = (f"{up / 1e9:,.3f} GB up out of {attempt.cloud} at ${out.usd_per_unit:g}/{out.unit} + "
-                             f"{down / 1e9:,.3f} GB down out of {home} at ${back.usd_per_unit:g}/{back.unit} "
-                             f"(published internet egress, {out.as_of})")
+    attempt.egress_detail = (
+        f"{up / 1e9:,.3f} GB up out of {attempt.cloud} at ${out.usd_per_unit:g}/{out.unit} + "
+        f"{down / 1e9:,.3f} GB down out of {home} at ${back.usd_per_unit:g}/{back.unit} "
+        f"(published internet egress, {out.as_of})"
+    )
     if attempt.compute_usd is not None:
         attempt.cost_usd = attempt.compute_usd + attempt.egress_usd
     if resumes and attempt.nodes > 1:
-        warnings.append(f"attempt {attempt.attempt}: resume downloads count node 0's part only; the events do "
-                        f"not record what the other {attempt.nodes - 1} node(s) fetched from the store")
+        warnings.append(
+            f"attempt {attempt.attempt}: resume downloads count node 0's part only; the events do "
+            f"not record what the other {attempt.nodes - 1} node(s) fetched from the store"
+        )
 
 
 def _distinct(events: list[dict], type: T, keys: tuple[str, ...]) -> list[dict]:
@@ -806,8 +919,9 @@ def _bytes(event: dict) -> int:
     return int(value)
 
 
-def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_split: Attempt,
-              runs: list[StepRun]) -> Recovery:
+def _recovery(
+    prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_split: Attempt, runs: list[StepRun]
+) -> Recovery:
     prev_events, next_events = prev_split.events, next_split.events
     notice_at = prev_split.notice_at
     checkpoints = [e["ts"] for e in prev_events if e["type"] == T.EMERGENCY_CHECKPOINT]
@@ -823,9 +937,15 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
     first_step_at = min(first_steps) if first_steps else None
     lost = [r for r in runs if r.attempt == prev.attempt and r.recomputed and not r.in_place]
     return Recovery(
-        from_attempt=prev.attempt, to_attempt=nxt.attempt, cause=prev.end_reason,
-        notice_at=notice_at, checkpoint_at=checkpoint_at, exit_at=exit_at, start_at=nxt.start,
-        restored_at=restored_at, first_step_at=first_step_at,
+        from_attempt=prev.attempt,
+        to_attempt=nxt.attempt,
+        cause=prev.end_reason,
+        notice_at=notice_at,
+        checkpoint_at=checkpoint_at,
+        exit_at=exit_at,
+        start_at=nxt.start,
+        restored_at=restored_at,
+        first_step_at=first_step_at,
         notice_to_checkpoint_seconds=_gap(notice_at, checkpoint_at),
         checkpoint_to_exit_seconds=_gap(checkpoint_at, exit_at),
         notice_to_exit_seconds=_gap(notice_at, exit_at),
@@ -838,12 +958,17 @@ def _recovery(prev: AttemptCost, nxt: AttemptCost, prev_split: Attempt, next_spl
         load_seconds=float(resume["load_seconds"]) if resume and resume.get("load_seconds") is not None else None,
         lost_steps=len(lost),
         lost_seconds=sum(r.seconds for r in lost),
-        interruption_cause=prev.cause, cloud_cause=prev.cloud_cause,
+        interruption_cause=prev.cause,
+        cloud_cause=prev.cloud_cause,
     )
 
 
-def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost], warnings: list[str],
-              price: Callable[..., pricing.Price] = pricing.hourly_price) -> Optional[pricing.Price]:
+def _baseline(
+    candidates: Optional[Iterable[Any]],
+    attempts: list[AttemptCost],
+    warnings: list[str],
+    price: Callable[..., pricing.Price] = pricing.hourly_price,
+) -> Optional[pricing.Price]:
     """The cheapest on-demand hourly price among the candidates (or the attempts' own instances)."""
     if candidates is not None:
         asks = [_candidate(c) for c in candidates]
@@ -852,8 +977,16 @@ def _baseline(candidates: Optional[Iterable[Any]], attempts: list[AttemptCost], 
     prices = []
     for cloud, instance_type, accelerator, count, region in asks:
         try:
-            prices.append(price(cloud, instance_type=instance_type, accelerator=accelerator,
-                                accelerator_count=count, region=region, spot=False))
+            prices.append(
+                price(
+                    cloud,
+                    instance_type=instance_type,
+                    accelerator=accelerator,
+                    accelerator_count=count,
+                    region=region,
+                    spot=False,
+                )
+            )
         except UsageError as missing:
             warnings.append(f"baseline: {missing}")
     return min(prices, key=lambda p: p.usd_per_hour, default=None)

@@ -49,8 +49,10 @@ def plot_format(path: Union[str, Path]) -> str:
     otherwise refuse it with a traceback, or add `.png` and write a file the user did not name)."""
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in FORMATS:
-        raise UsageError(f"--plot {path}: name a {', '.join('.' + f for f in FORMATS)} file "
-                         f"(the extension picks the format), e.g. --plot run.png")
+        raise UsageError(
+            f"--plot {path}: name a {', '.join('.' + f for f in FORMATS)} file "
+            f"(the extension picks the format), e.g. --plot run.png"
+        )
     return suffix
 
 
@@ -90,8 +92,13 @@ def figure(run_cost: RunCost, log: EventLog):
     rows = {a.attempt: i for i, a in enumerate(attempts)}
     labelled = len(attempts) <= LABELLED_ATTEMPTS
     middle = x(t0 + span / 2)
-    _bars(timeline, [(rows[a.attempt], x(a.start), x(a.end)) for a in attempts],
-          facecolors=[SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR for a in attempts], alpha=0.85, linewidths=0)
+    _bars(
+        timeline,
+        [(rows[a.attempt], x(a.start), x(a.end)) for a in attempts],
+        facecolors=[SPOT_COLOUR if a.spot else ON_DEMAND_COLOUR for a in attempts],
+        alpha=0.85,
+        linewidths=0,
+    )
     for a in attempts if labelled else ():
         y = rows[a.attempt]
         price = _usd(a.cost_usd) if a.cost_usd is not None else "no price"
@@ -101,19 +108,41 @@ def figure(run_cost: RunCost, log: EventLog):
         # Inside the axes: from the start of a span in the left half, back from the end of one in the right
         # half, so a late attempt's label never runs off the axes (the legend is below them: never under it).
         left = x(a.start) <= middle
-        timeline.text(x(a.start) if left else x(a.end), y - 0.3, label, fontsize=8, va="bottom",
-                      ha="left" if left else "right", clip_on=True, gid=f"attempt-label-{a.attempt}")
+        timeline.text(
+            x(a.start) if left else x(a.end),
+            y - 0.3,
+            label,
+            fontsize=8,
+            va="bottom",
+            ha="left" if left else "right",
+            clip_on=True,
+            gid=f"attempt-label-{a.attempt}",
+        )
     preempted = [a for a in attempts if a.end_reason == "preempted"]
-    _marks(timeline, [(x(a.end), rows[a.attempt]) for a in preempted], marker="X", markersize=11,
-           color=PREEMPT_COLOUR, zorder=4)
+    _marks(
+        timeline,
+        [(x(a.end), rows[a.attempt]) for a in preempted],
+        marker="X",
+        markersize=11,
+        color=PREEMPT_COLOUR,
+        zorder=4,
+    )
 
     lost: dict[tuple, list] = {}  # per set of processes: one restart's redone stretch is not the next one's
     for r in runs:
         if r.recomputed and r.attempt in rows:
             lost.setdefault((r.attempt, r.generation), []).append(r)
-    _bars(timeline, [(rows[attempt], x(min(r.ts - r.seconds for r in stretch)), x(max(r.ts for r in stretch)))
-                     for (attempt, _), stretch in lost.items()],
-          facecolors="none", hatch="///", edgecolors=PREEMPT_COLOUR, linewidths=0)
+    _bars(
+        timeline,
+        [
+            (rows[attempt], x(min(r.ts - r.seconds for r in stretch)), x(max(r.ts for r in stretch)))
+            for (attempt, _), stretch in lost.items()
+        ],
+        facecolors="none",
+        hatch="///",
+        edgecolors=PREEMPT_COLOUR,
+        linewidths=0,
+    )
 
     marks: dict[str, list[tuple[float, float]]] = {"checkpoint": [], "emergency": [], "notice": [], "hang": []}
     for e in log.events:
@@ -131,15 +160,31 @@ def figure(run_cost: RunCost, log: EventLog):
             marks["hang"].append((x(e["ts"]), y + NOTICE_OFFSET))
     _marks(timeline, marks["checkpoint"], marker="|", markersize=16, mew=2, color=CHECKPOINT_COLOUR, zorder=3)
     _marks(timeline, marks["emergency"], marker="D", markersize=7, color=CHECKPOINT_COLOUR, zorder=6)
-    _marks(timeline, marks["notice"], marker="^", markersize=9, color=NOTICE_COLOUR, markeredgecolor="black",
-           zorder=5)
+    _marks(timeline, marks["notice"], marker="^", markersize=9, color=NOTICE_COLOUR, markeredgecolor="black", zorder=5)
     _marks(timeline, marks["hang"], marker="s", markersize=8, color=RESTART_COLOUR, zorder=6)
     restarts = [r for r in run_cost.in_place_details if r.failed_at is not None and r.attempt in rows]
-    _marks(timeline, [(x(r.failed_at), rows[r.attempt]) for r in restarts if r.failed_at is not None], marker="o",
-           markersize=8, color="white", markeredgecolor=RESTART_COLOUR, mew=2, zorder=6)
-    _segments(timeline, [[(x(r.failed_at), rows[r.attempt]), (x(r.first_step_at), rows[r.attempt])]
-                         for r in restarts if r.failed_at is not None and r.first_step_at is not None],
-              color=RESTART_COLOUR, lw=3, zorder=5, solid_capstyle="butt")
+    _marks(
+        timeline,
+        [(x(r.failed_at), rows[r.attempt]) for r in restarts if r.failed_at is not None],
+        marker="o",
+        markersize=8,
+        color="white",
+        markeredgecolor=RESTART_COLOUR,
+        mew=2,
+        zorder=6,
+    )
+    _segments(
+        timeline,
+        [
+            [(x(r.failed_at), rows[r.attempt]), (x(r.first_step_at), rows[r.attempt])]
+            for r in restarts
+            if r.failed_at is not None and r.first_step_at is not None
+        ],
+        color=RESTART_COLOUR,
+        lw=3,
+        zorder=5,
+        solid_capstyle="butt",
+    )
 
     gaps = [(x(prev.end), x(nxt.start)) for prev, nxt in zip(attempts, attempts[1:])]
     for axis in axes:
@@ -152,7 +197,8 @@ def figure(run_cost: RunCost, log: EventLog):
     timeline.set_ylim(len(attempts) - 0.5 + NOTICE_OFFSET, -0.9)
     timeline.grid(axis="x", alpha=0.3)
     handles = [
-        Patch(color=SPOT_COLOUR, label="spot"), Patch(color=ON_DEMAND_COLOUR, label="on-demand"),
+        Patch(color=SPOT_COLOUR, label="spot"),
+        Patch(color=ON_DEMAND_COLOUR, label="on-demand"),
         Line2D([], [], ls="", marker="|", ms=12, mew=2, color=CHECKPOINT_COLOUR, label="checkpoint"),
         Line2D([], [], ls="", marker="D", color=CHECKPOINT_COLOUR, label="emergency checkpoint"),
         Line2D([], [], ls="", marker="^", ms=9, color=NOTICE_COLOUR, markeredgecolor="black", label="notice"),
@@ -161,27 +207,56 @@ def figure(run_cost: RunCost, log: EventLog):
         Patch(color=PREEMPT_COLOUR, alpha=0.15, label="between attempts"),
     ]
     if run_cost.in_place_details or run_cost.hangs:
-        handles += [Line2D([], [], marker="o", ms=8, color=RESTART_COLOUR, markerfacecolor="white", mew=2, lw=3,
-                           label="in-place restart (failure to next step)"),
-                    Line2D([], [], ls="", marker="s", ms=8, color=RESTART_COLOUR, label="hang")]
+        handles += [
+            Line2D(
+                [],
+                [],
+                marker="o",
+                ms=8,
+                color=RESTART_COLOUR,
+                markerfacecolor="white",
+                mew=2,
+                lw=3,
+                label="in-place restart (failure to next step)",
+            ),
+            Line2D([], [], ls="", marker="s", ms=8, color=RESTART_COLOUR, label="hang"),
+        ]
 
     # --- loss -----------------------------------------------------------------------------
     if loss_axis is not None:
         for redone in (False, True):  # one line per style, its segments apart (NaN between them)
-            _segments(loss_axis, [[(x(ts), loss) for ts, _, loss, _ in segment] for segment in losses["train"]
-                                  if segment[0][3] == redone],
-                      color=PREEMPT_COLOUR if redone else CHECKPOINT_COLOUR, lw=1.0 if redone else 1.4,
-                      alpha=0.6 if redone else 1.0)
+            _segments(
+                loss_axis,
+                [
+                    [(x(ts), loss) for ts, _, loss, _ in segment]
+                    for segment in losses["train"]
+                    if segment[0][3] == redone
+                ],
+                color=PREEMPT_COLOUR if redone else CHECKPOINT_COLOUR,
+                lw=1.0 if redone else 1.4,
+                alpha=0.6 if redone else 1.0,
+            )
         if losses["eval"]:
-            loss_axis.plot([x(ts) for ts, _, _ in losses["eval"]], [loss for _, _, loss in losses["eval"]],
-                           ls="", marker="o", ms=6, color=EVAL_COLOUR, markeredgecolor="black", zorder=4)
+            loss_axis.plot(
+                [x(ts) for ts, _, _ in losses["eval"]],
+                [loss for _, _, loss in losses["eval"]],
+                ls="",
+                marker="o",
+                ms=6,
+                color=EVAL_COLOUR,
+                markeredgecolor="black",
+                zorder=4,
+            )
         loss_axis.set_ylabel("loss")
         loss_axis.grid(alpha=0.3)
-        handles += [Line2D([], [], color=CHECKPOINT_COLOUR, lw=1.4, label="train loss"),
-                    Line2D([], [], color=PREEMPT_COLOUR, lw=1.0, alpha=0.6, label="train loss of steps run again")]
+        handles += [
+            Line2D([], [], color=CHECKPOINT_COLOUR, lw=1.4, label="train loss"),
+            Line2D([], [], color=PREEMPT_COLOUR, lw=1.0, alpha=0.6, label="train loss of steps run again"),
+        ]
         if losses["eval"]:
-            handles.append(Line2D([], [], ls="", marker="o", ms=6, color=EVAL_COLOUR, markeredgecolor="black",
-                                  label="eval loss"))
+            handles.append(
+                Line2D([], [], ls="", marker="o", ms=6, color=EVAL_COLOUR, markeredgecolor="black", label="eval loss")
+            )
 
     # --- money ----------------------------------------------------------------------------
     # Spend rises while nodes are up (in the attempt's colour) and stays flat between attempts.
@@ -201,10 +276,16 @@ def figure(run_cost: RunCost, log: EventLog):
     if run_cost.baseline_usd_per_hour is not None:
         points = baseline_curve(run_cost, runs, t0, eval_runs(log))
         # A plain line through the curve's points: it accrues over each interval, never in a jump.
-        money.plot([x(ts) for ts, _ in points], [value for _, value in points], color=BASELINE_COLOUR, lw=1.8,
-                   ls="--", gid="baseline",
-                   label=f"on-demand baseline  {_usd(points[-1][1])}  ({run_cost.baseline_instance}: one start-up, "
-                         "useful steps, one wind-down)")
+        money.plot(
+            [x(ts) for ts, _ in points],
+            [value for _, value in points],
+            color=BASELINE_COLOUR,
+            lw=1.8,
+            ls="--",
+            gid="baseline",
+            label=f"on-demand baseline  {_usd(points[-1][1])}  ({run_cost.baseline_instance}: one start-up, "
+            "useful steps, one wind-down)",
+        )
     money.set_ylabel("USD (cumulative)")
     money.set_xlabel(f"{unit} since the first attempt started")
     money.grid(alpha=0.3)
@@ -282,8 +363,10 @@ def baseline_curve(run_cost: RunCost, runs, t0: float, evals=()) -> list[tuple[f
     accrued = run_cost.startup_seconds * rate
     points = [(t0, 0.0), (t0 + run_cost.startup_seconds, accrued)]
     useful = [r for r in runs if not r.recomputed]
-    work = sorted([(r.ts, r.seconds) for r in useful]
-                  + [(e.ts, e.seconds) for e in baseline_evals(list(evals), list(runs), run_cost.wind_down_seconds)])
+    work = sorted(
+        [(r.ts, r.seconds) for r in useful]
+        + [(e.ts, e.seconds) for e in baseline_evals(list(evals), list(runs), run_cost.wind_down_seconds)]
+    )
     for ts, seconds in work:
         begin = max(points[-1][0], ts - seconds)
         if begin > points[-1][0]:
@@ -302,8 +385,10 @@ def _title(run: RunCost) -> str:
         parts.append(f"vs {_usd(run.on_demand_cost_usd)} on demand ({run.savings_pct:.0f}% saved)")
     parts.append(f"{run.preemptions} preemption{'s' * (run.preemptions != 1)}")
     if run.restarts_in_place or run.hangs:
-        parts.append(f"{run.restarts_in_place} in-place restart{'s' * (run.restarts_in_place != 1)}"
-                     + (f" ({run.hangs} hang{'s' * (run.hangs != 1)})" if run.hangs else ""))
+        parts.append(
+            f"{run.restarts_in_place} in-place restart{'s' * (run.restarts_in_place != 1)}"
+            + (f" ({run.hangs} hang{'s' * (run.hangs != 1)})" if run.hangs else "")
+        )
     if run.mttr_seconds is not None:
         parts.append(f"MTTR {run.mttr_seconds / 60:.1f} min")
     if run.lost_steps:

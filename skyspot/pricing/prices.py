@@ -163,9 +163,17 @@ class _NoPrice(_NotFound):
 # --- public API --------------------------------------------------------------------------
 
 
-def hourly_price(cloud: str, instance_type: Optional[str] = None, accelerator: Optional[str] = None,
-                 accelerator_count: Optional[int] = None, region: Optional[str] = None,
-                 zone: Optional[str] = None, *, spot: bool, snapshot_only: bool = False) -> Price:
+def hourly_price(
+    cloud: str,
+    instance_type: Optional[str] = None,
+    accelerator: Optional[str] = None,
+    accelerator_count: Optional[int] = None,
+    region: Optional[str] = None,
+    zone: Optional[str] = None,
+    *,
+    spot: bool,
+    snapshot_only: bool = False,
+) -> Price:
     """Price of one `instance_type` node per hour, spot or on-demand.
 
     Without an instance type, every type that carries the accelerator and count is a choice (AWS
@@ -233,8 +241,10 @@ def offered(cloud: str, accelerator: str, count: int) -> Optional[str]:
     clouds = _offering_clouds(accelerator.lower(), number)
     if not clouds or cloud in clouds:
         return None
-    return (f"{cloud} offers no {accelerator}:{number:g} instance (the price snapshot lists it on "
-            f"{', '.join(sorted(clouds))} only)")
+    return (
+        f"{cloud} offers no {accelerator}:{number:g} instance (the price snapshot lists it on "
+        f"{', '.join(sorted(clouds))} only)"
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -268,12 +278,21 @@ def snapshot_rows(cloud: Optional[str] = None) -> list[dict]:
             row = next(r for r in table.rows if r.instance_type == instance_type)
             gpu = attached or (row.accelerator, row.count)
             for offer in _offers(table, instance_type, attached):
-                rows.append({
-                    "cloud": name, "instance_type": instance_type, "accelerator": gpu[0],
-                    "accelerator_count": int(gpu[1]), "region": offer.region, "zone": offer.zone or None,
-                    "opt_in_zone": opt_in_zone(name, offer.zone), "usd_per_hour": offer.price,
-                    "spot_usd_per_hour": offer.spot_price, "source_date": table.date, "source": offer.origin,
-                })
+                rows.append(
+                    {
+                        "cloud": name,
+                        "instance_type": instance_type,
+                        "accelerator": gpu[0],
+                        "accelerator_count": int(gpu[1]),
+                        "region": offer.region,
+                        "zone": offer.zone or None,
+                        "opt_in_zone": opt_in_zone(name, offer.zone),
+                        "usd_per_hour": offer.price,
+                        "spot_usd_per_hour": offer.spot_price,
+                        "source_date": table.date,
+                        "source": offer.origin,
+                    }
+                )
     rows.sort(key=lambda r: (r["cloud"], r["instance_type"], r["region"], r["zone"] or ""))
     return rows
 
@@ -326,17 +345,40 @@ def _tables(cloud: str, snapshot_only: bool = False) -> list[_Table]:
 @functools.lru_cache(maxsize=None)
 def _snapshot_table(cloud: str) -> _Table:
     with open(SNAPSHOT_PATH, newline="", encoding="utf-8") as f:
-        rows = tuple(_row(cloud, r["instance_type"], r["accelerator_name"], r["accelerator_count"],
-                          r["price"], r["spot_price"], r["region"], r["zone"], r["source"])
-                     for r in csv.DictReader(f) if r["cloud"] == cloud)
+        rows = tuple(
+            _row(
+                cloud,
+                r["instance_type"],
+                r["accelerator_name"],
+                r["accelerator_count"],
+                r["price"],
+                r["spot_price"],
+                r["region"],
+                r["zone"],
+                r["source"],
+            )
+            for r in csv.DictReader(f)
+            if r["cloud"] == cloud
+        )
     return _Table(cloud, rows, SOURCE_SNAPSHOT, SNAPSHOT_DATE, str(SNAPSHOT_PATH))
 
 
 @functools.lru_cache(maxsize=None)
 def _egress_table() -> dict[str, EgressPrice]:
     with open(EGRESS_PATH, newline="", encoding="utf-8") as f:
-        rows = {r["cloud"]: EgressPrice(r["cloud"], float(r["usd_per_unit"]), r["unit"], r["what"], r["tier"],
-                                        r["page"], r["as_of"], r["checked"]) for r in csv.DictReader(f)}
+        rows = {
+            r["cloud"]: EgressPrice(
+                r["cloud"],
+                float(r["usd_per_unit"]),
+                r["unit"],
+                r["what"],
+                r["tier"],
+                r["page"],
+                r["as_of"],
+                r["checked"],
+            )
+            for r in csv.DictReader(f)
+        }
     missing = [c for c in CLOUDS if c not in rows]
     if missing or any(p.unit not in _UNIT_BYTES for p in rows.values()):
         raise ValueError(f"{EGRESS_PATH}: needs one row per cloud in {CLOUDS} with unit GB or GiB")
@@ -348,9 +390,20 @@ def _catalog_table(cloud: str, path: str, mtime: float) -> _Table:
     """SkyPilot's cached catalog (its own column names); keyed on mtime so a refresh is seen."""
     origin = f"SkyPilot catalog {path}"
     with open(path, newline="", encoding="utf-8") as f:
-        rows = tuple(_row(cloud, r.get("InstanceType"), r.get("AcceleratorName"), r.get("AcceleratorCount"),
-                          r.get("Price"), r.get("SpotPrice"), r.get("Region"), r.get("AvailabilityZone"), origin)
-                     for r in csv.DictReader(f))
+        rows = tuple(
+            _row(
+                cloud,
+                r.get("InstanceType"),
+                r.get("AcceleratorName"),
+                r.get("AcceleratorCount"),
+                r.get("Price"),
+                r.get("SpotPrice"),
+                r.get("Region"),
+                r.get("AvailabilityZone"),
+                origin,
+            )
+            for r in csv.DictReader(f)
+        )
     date = _dt.datetime.fromtimestamp(mtime, _dt.timezone.utc).date().isoformat()
     return _Table(cloud, rows, SOURCE_CATALOG, date, path)
 
@@ -362,8 +415,16 @@ def _row(cloud, instance_type, accelerator, count, price, spot_price, region, zo
     price, spot_price = _price(price), _price(spot_price)
     if not facts.spot_at_on_demand_is_spot and spot_price is not None and spot_price == price:
         spot_price = None  # the on-demand price again (skyspot/clouds/azure.py), not a spot price
-    return _Row(instance_type, (accelerator or "").strip(), fixed or _number(count) or 0.0,
-                price, spot_price, (region or "").strip(), (zone or "").strip(), origin)
+    return _Row(
+        instance_type,
+        (accelerator or "").strip(),
+        fixed or _number(count) or 0.0,
+        price,
+        spot_price,
+        (region or "").strip(),
+        (zone or "").strip(),
+        origin,
+    )
 
 
 def _price(text) -> Optional[float]:
@@ -399,8 +460,9 @@ def _split_accelerator(accelerator: Optional[str], count) -> tuple[Optional[str]
     return accelerator, (float(count) if count else None)
 
 
-def _gpu_for(cloud: str, instance_type: str, accelerator: Optional[str],
-             count: Optional[float]) -> Optional[tuple[str, float]]:
+def _gpu_for(
+    cloud: str, instance_type: str, accelerator: Optional[str], count: Optional[float]
+) -> Optional[tuple[str, float]]:
     """Where the cloud prices GPUs in rows of their own (GCP), the GPU rows to add to the VM row; other
     clouds price GPUs inside the VM row."""
     attached = clouds.get(cloud).attached_gpus
@@ -426,18 +488,30 @@ def _offers(table: _Table, instance_type: str, gpu: Optional[tuple[str, float]])
     if gpu is None:
         return [_Offer(r.instance_type, r.region, r.zone, r.price, r.spot_price, r.origin) for r in vms]
     name, count = gpu
-    gpus = {(r.region, r.zone): r for r in table.rows
-            if not r.instance_type and _same(r.accelerator, name) and r.count == count}
+    gpus = {
+        (r.region, r.zone): r
+        for r in table.rows
+        if not r.instance_type and _same(r.accelerator, name) and r.count == count
+    }
     offers = []
     for vm in vms:
         g = gpus.get((vm.region, vm.zone))
         if g is not None:
             origin = vm.origin if vm.origin == g.origin else f"{vm.origin} + {g.origin}"
-            offers.append(_Offer(vm.instance_type, vm.region, vm.zone, _add(vm.price, g.price),
-                                 _add(vm.spot_price, g.spot_price), origin))
+            offers.append(
+                _Offer(
+                    vm.instance_type,
+                    vm.region,
+                    vm.zone,
+                    _add(vm.price, g.price),
+                    _add(vm.spot_price, g.spot_price),
+                    origin,
+                )
+            )
     if not offers:
-        raise _NotFound(f"no zone prices both {table.cloud} '{instance_type}' and its {name} x{count:g} "
-                        f"in the {table.source}")
+        raise _NotFound(
+            f"no zone prices both {table.cloud} '{instance_type}' and its {name} x{count:g} in the {table.source}"
+        )
     return offers
 
 
@@ -446,8 +520,9 @@ def _add(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None else round(a + b, 6)
 
 
-def _cheapest(table: _Table, instance_type: str, offers: list[_Offer], region: Optional[str],
-              zone: Optional[str], spot: bool) -> Price:
+def _cheapest(
+    table: _Table, instance_type: str, offers: list[_Offer], region: Optional[str], zone: Optional[str], spot: bool
+) -> Price:
     kind = "spot" if spot else "on-demand"
     how = "cheapest region" if region is None else "cheapest zone in region"
     if region is not None:
@@ -465,21 +540,32 @@ def _cheapest(table: _Table, instance_type: str, offers: list[_Offer], region: O
         opted = [o for o in offers if opt_in_zone(table.cloud, o.zone)]
         offers = [o for o in offers if not opt_in_zone(table.cloud, o.zone)]
         if not offers:
-            raise _NotFound(f"{table.cloud} '{instance_type}'{f' in {region}' if region else ''} is priced only in "
-                            f"zones an account must opt into ({', '.join(sorted({o.zone for o in opted}))}) "
-                            f"in the {table.source}")
+            raise _NotFound(
+                f"{table.cloud} '{instance_type}'{f' in {region}' if region else ''} is priced only in "
+                f"zones an account must opt into ({', '.join(sorted({o.zone for o in opted}))}) "
+                f"in the {table.source}"
+            )
     priced = [(o.spot_price if spot else o.price, o) for o in offers]
     priced = [(value, o) for value, o in priced if value is not None]
     if not priced:
-        raise _NoPrice(f"no {kind} price for {table.cloud} '{instance_type}'"
-                       f"{f' in {region}' if region else ''} in the {table.source}")
+        raise _NoPrice(
+            f"no {kind} price for {table.cloud} '{instance_type}'"
+            f"{f' in {region}' if region else ''} in the {table.source}"
+        )
     value, best = min(priced, key=lambda p: (p[0], p[1].region, p[1].zone))
     where = best.region + (f" ({best.zone})" if best.zone else "")
-    detail = (f"{table.cloud} {best.instance_type} {kind} in {where}, {how}{note}; "
-              f"{table.source} {table.date}")
-    return Price(usd_per_hour=value, source=table.source, source_date=table.date, detail=detail,
-                 cloud=table.cloud, instance_type=best.instance_type, region=best.region,
-                 zone=best.zone or None, spot=spot)
+    detail = f"{table.cloud} {best.instance_type} {kind} in {where}, {how}{note}; {table.source} {table.date}"
+    return Price(
+        usd_per_hour=value,
+        source=table.source,
+        source_date=table.date,
+        detail=detail,
+        cloud=table.cloud,
+        instance_type=best.instance_type,
+        region=best.region,
+        zone=best.zone or None,
+        spot=spot,
+    )
 
 
 def _instance_for(table: _Table, accelerator: Optional[str], count: Optional[float]) -> str:
@@ -491,6 +577,7 @@ def _instance_types(table: _Table, accelerator: Optional[str], count: Optional[f
     """Every instance type in `table` that carries `count` x `accelerator`, sorted by name."""
     if not accelerator or not count:
         raise _NotFound(f"need an instance type or an accelerator and count to price {table.cloud}")
+
     def carries(gpu: Optional[tuple[str, float]]) -> bool:
         return gpu is not None and _same(gpu[0], accelerator) and gpu[1] == count
 

@@ -38,13 +38,42 @@ from skyspot.storage.s3 import S3Store
 from skyspot.storage.s3 import _crt_transfer_manager as _crt_transfer_manager  # re-exported for bench/emergency.py
 from skyspot.storage.store import DEFAULT_WORKERS, Store, TransientStoreError, backoff_delay, with_retries
 from skyspot.storage.stream import STREAM_CONCURRENCY, STREAM_PART_BYTES, StreamAborted, StreamUpload
-from skyspot.storage.uri import (EXPECTED_FORMS, FORMS, StoreURI, canonical, is_bucket_uri, join_key, mount_source,
-                                 parse_store_uri)
+from skyspot.storage.uri import (
+    EXPECTED_FORMS,
+    FORMS,
+    StoreURI,
+    canonical,
+    is_bucket_uri,
+    join_key,
+    mount_source,
+    parse_store_uri,
+)
 
-__all__ = ["AzureStore", "DEFAULT_WORKERS", "EXPECTED_FORMS", "FORMS", "GCSStore", "LocalStore", "S3Store",
-           "STREAM_CONCURRENCY", "STREAM_PART_BYTES", "Store", "StoreError", "StoreURI", "StreamAborted", "StreamUpload",
-           "TransientStoreError", "backoff_delay", "canonical", "is_bucket_uri", "join_key", "mount_source",
-           "open_store", "parse_store_uri", "with_retries"]
+__all__ = [
+    "AzureStore",
+    "DEFAULT_WORKERS",
+    "EXPECTED_FORMS",
+    "FORMS",
+    "GCSStore",
+    "LocalStore",
+    "S3Store",
+    "STREAM_CONCURRENCY",
+    "STREAM_PART_BYTES",
+    "Store",
+    "StoreError",
+    "StoreURI",
+    "StreamAborted",
+    "StreamUpload",
+    "TransientStoreError",
+    "backoff_delay",
+    "canonical",
+    "is_bucket_uri",
+    "join_key",
+    "mount_source",
+    "open_store",
+    "parse_store_uri",
+    "with_retries",
+]
 
 
 def open_store(uri: str | os.PathLike | StoreURI) -> Store:

@@ -23,8 +23,10 @@ from skyspot.storage.uri import StoreURI, check_key, join_key
 _AZ_BLOCK_BYTES = 16 * 1024 * 1024
 _AZ_CHUNK_CONCURRENCY = 4
 _AZ_TRANSIENT_CODES = {"ServerBusy", "OperationTimedOut", "InternalError"}
-_AZ_CREDENTIALS_HINT = ("set AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, "
-                        "or install azure-identity and run `az login` or use a managed identity")
+_AZ_CREDENTIALS_HINT = (
+    "set AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, "
+    "or install azure-identity and run `az login` or use a managed identity"
+)
 
 
 class AzureStore:
@@ -37,8 +39,16 @@ class AzureStore:
     identity, `az login`) when that package is installed.
     """
 
-    def __init__(self, account: str, container: str, prefix: str = "", *, sdk_attempts: int = 3,
-                 connect_timeout: float = 10.0, read_timeout: float = 120.0):
+    def __init__(
+        self,
+        account: str,
+        container: str,
+        prefix: str = "",
+        *,
+        sdk_attempts: int = 3,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 120.0,
+    ):
         self.account = account
         self.container_name = container
         self.prefix = prefix.strip("/")
@@ -66,28 +76,40 @@ class AzureStore:
         # Up to 8 files x 4 chunks in flight: a pool that small (requests' default is 10)
         # makes urllib3 warn and drop connections. The SDK's retry policy does the retrying.
         session = requests.Session()
-        adapter = HTTPAdapter(pool_maxsize=64, max_retries=Retry(
-            total=False, redirect=False, raise_on_status=False))
+        adapter = HTTPAdapter(pool_maxsize=64, max_retries=Retry(total=False, redirect=False, raise_on_status=False))
         session.mount("http://", adapter)
         session.mount("https://", adapter)
         options = dict(
-            transport=RequestsTransport(session=session, connection_timeout=connect_timeout,
-                                        read_timeout=read_timeout, connection_data_block_size=256 * 1024),
+            transport=RequestsTransport(
+                session=session,
+                connection_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                connection_data_block_size=256 * 1024,
+            ),
             # The SDK retries briefly (its default waits 15 s, then more); long outages are the
             # caller's with_retries' job, so a dead endpoint surfaces within seconds.
-            retry_policy=ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=max(0, attempts - 1),
-                                          random_jitter_range=1),
-            max_single_put_size=_AZ_BLOCK_BYTES, max_block_size=_AZ_BLOCK_BYTES,
-            max_single_get_size=_AZ_BLOCK_BYTES, max_chunk_get_size=_AZ_BLOCK_BYTES)
+            retry_policy=ExponentialRetry(
+                initial_backoff=1, increment_base=2, retry_total=max(0, attempts - 1), random_jitter_range=1
+            ),
+            max_single_put_size=_AZ_BLOCK_BYTES,
+            max_block_size=_AZ_BLOCK_BYTES,
+            max_single_get_size=_AZ_BLOCK_BYTES,
+            max_chunk_get_size=_AZ_BLOCK_BYTES,
+        )
         env = os.environ
         connection_string = env.get("AZURE_STORAGE_CONNECTION_STRING", "").strip()
         if connection_string:
-            fields = {k.strip().lower(): v.strip() for k, _, v in
-                      (part.partition("=") for part in connection_string.split(";")) if v}
+            fields = {
+                k.strip().lower(): v.strip()
+                for k, _, v in (part.partition("=") for part in connection_string.split(";"))
+                if v
+            }
             named = fields.get("accountname", "").lower()
             if named and named != self.account:
-                raise StoreError(f"cannot {what}: AZURE_STORAGE_CONNECTION_STRING is for storage account "
-                                 f"{named!r}, not {self.account!r}")
+                raise StoreError(
+                    f"cannot {what}: AZURE_STORAGE_CONNECTION_STRING is for storage account "
+                    f"{named!r}, not {self.account!r}"
+                )
             try:
                 service = BlobServiceClient.from_connection_string(connection_string, **options)
             except ValueError:  # never quote it: it holds the key
@@ -97,8 +119,10 @@ class AzureStore:
             sas = env.get("AZURE_STORAGE_SAS_TOKEN", "").strip().lstrip("?")
             named = env.get("AZURE_STORAGE_ACCOUNT", "").strip().lower()
             if (key or sas) and named and named != self.account:
-                raise StoreError(f"cannot {what}: AZURE_STORAGE_KEY / AZURE_STORAGE_SAS_TOKEN are for "
-                                 f"AZURE_STORAGE_ACCOUNT {named!r}, not {self.account!r}")
+                raise StoreError(
+                    f"cannot {what}: AZURE_STORAGE_KEY / AZURE_STORAGE_SAS_TOKEN are for "
+                    f"AZURE_STORAGE_ACCOUNT {named!r}, not {self.account!r}"
+                )
             if key:
                 credential = {"account_name": self.account, "account_key": key}
             elif sas:
@@ -126,8 +150,9 @@ class AzureStore:
         blob = self._blob(key)
         with open(local_path, "rb") as f:
             try:
-                blob.upload_blob(f, length=os.fstat(f.fileno()).st_size, overwrite=True,
-                                 max_concurrency=_AZ_CHUNK_CONCURRENCY)
+                blob.upload_blob(
+                    f, length=os.fstat(f.fileno()).st_size, overwrite=True, max_concurrency=_AZ_CHUNK_CONCURRENCY
+                )
             except Exception as error:
                 raise self._error(error, "upload to", key) from None
 
@@ -179,7 +204,7 @@ class AzureStore:
         container = self._az()
         root = f"{self.prefix}/" if self.prefix else ""
         try:
-            names = [name[len(root):] for name in container.list_blob_names(name_starts_with=(root + prefix) or None)]
+            names = [name[len(root) :] for name in container.list_blob_names(name_starts_with=(root + prefix) or None)]
         except Exception as error:
             raise self._error(error, "list", prefix) from None
         return sorted(names)
@@ -273,12 +298,16 @@ def _azure_error(error: BaseException, what: str, endpoint: str) -> StoreError:
     if isinstance(error, aze.ClientAuthenticationError) and getattr(error, "status_code", None) is None:
         # Raised on this side, before any request reached the store.
         if type(error).__name__ == "AzureSigningError":
-            return StoreError(f"cannot {what}: the account key cannot sign requests (not base64?); check "
-                              "AZURE_STORAGE_KEY or the AccountKey in AZURE_STORAGE_CONNECTION_STRING")
+            return StoreError(
+                f"cannot {what}: the account key cannot sign requests (not base64?); check "
+                "AZURE_STORAGE_KEY or the AccountKey in AZURE_STORAGE_CONNECTION_STRING"
+            )
         if type(error).__name__ == "CredentialUnavailableError":
             return StoreError(f"cannot {what}: no Azure credentials found; {_AZ_CREDENTIALS_HINT}")
-        return StoreError(f"cannot {what}: the Azure credential could not get a token "
-                          f"({type(error).__name__}); check it or run `az login` again")
+        return StoreError(
+            f"cannot {what}: the Azure credential could not get a token "
+            f"({type(error).__name__}); check it or run `az login` again"
+        )
     if isinstance(error, (aze.ServiceRequestError, aze.ServiceResponseError)):
         return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(error).__name__})")
     if isinstance(error, aze.HttpResponseError):
@@ -289,7 +318,9 @@ def _azure_error(error: BaseException, what: str, endpoint: str) -> StoreError:
         if code == "ContainerNotFound" or (status == 404 and code is None):
             return StoreError(f"cannot {what}: the container does not exist; create it or fix the store URI")
         if status in (401, 403):
-            return StoreError(f"cannot {what}: access denied ({answer}); check the Azure credentials and "
-                              "their access to the container")
+            return StoreError(
+                f"cannot {what}: access denied ({answer}); check the Azure credentials and "
+                "their access to the container"
+            )
         return StoreError(f"cannot {what}: Azure answered {answer}")
     return StoreError(f"cannot {what}: {type(error).__name__}: {_redact(str(error))}")

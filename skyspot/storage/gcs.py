@@ -29,8 +29,14 @@ class GCSStore:
     fake-gcs-server does not implement (404), so big files go as one resumable upload.
     """
 
-    def __init__(self, bucket: str, prefix: str = "", *, sdk_retry_seconds: float = 10.0,
-                 timeout: tuple[float, float] = (10.0, 120.0)):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        sdk_retry_seconds: float = 10.0,
+        timeout: tuple[float, float] = (10.0, 120.0),
+    ):
         self.bucket_name = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"gs://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
@@ -87,8 +93,11 @@ class GCSStore:
         blob = self._blob(key)
         target = Path(local_path)
         try:
-            replace_into(lambda temp: blob.download_to_filename(
-                os.fspath(temp), retry=self._retry, timeout=self._timeout), target, durable=False)
+            replace_into(
+                lambda temp: blob.download_to_filename(os.fspath(temp), retry=self._retry, timeout=self._timeout),
+                target,
+                durable=False,
+            )
         except Exception as error:
             if _is_not_found(error):
                 raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}") from None
@@ -97,8 +106,9 @@ class GCSStore:
     def get_bytes(self, key, limit=None):
         blob = self._blob(key)
         try:  # `end` is inclusive: limit + 1 bytes
-            return blob.download_as_bytes(retry=self._retry, timeout=self._timeout, start=0 if limit is not None else None,
-                                          end=limit)
+            return blob.download_as_bytes(
+                retry=self._retry, timeout=self._timeout, start=0 if limit is not None else None, end=limit
+            )
         except Exception as error:
             if _is_not_found(error):
                 return None
@@ -117,8 +127,12 @@ class GCSStore:
         bucket = self._gcs()
         root = f"{self.prefix}/" if self.prefix else ""
         try:
-            names = [b.name[len(root):] for b in bucket.client.list_blobs(
-                bucket, prefix=root + prefix, retry=self._retry, timeout=self._timeout)]
+            names = [
+                b.name[len(root) :]
+                for b in bucket.client.list_blobs(
+                    bucket, prefix=root + prefix, retry=self._retry, timeout=self._timeout
+                )
+            ]
         except Exception as error:
             raise self._error(error, "list", prefix) from None
         return sorted(names)
@@ -139,8 +153,11 @@ class GCSStore:
         files = list(files)
         pairs = [(os.fspath(Path(local_dir) / rel), self._blob(join_key(prefix, rel))) for rel in files]
         results = transfer_manager.upload_many(
-            pairs, worker_type=transfer_manager.THREAD, max_workers=max_workers,
-            upload_kwargs={"retry": self._retry, "timeout": self._timeout})
+            pairs,
+            worker_type=transfer_manager.THREAD,
+            max_workers=max_workers,
+            upload_kwargs={"retry": self._retry, "timeout": self._timeout},
+        )
         for rel, result in zip(files, results):
             if isinstance(result, FileNotFoundError):
                 raise result
@@ -158,8 +175,11 @@ class GCSStore:
         pairs = [(self._blob(join_key(prefix, rel)), os.fspath(temp)) for rel, temp in zip(files, temps)]
         try:
             results = transfer_manager.download_many(
-                pairs, worker_type=transfer_manager.THREAD, max_workers=max_workers,
-                download_kwargs={"retry": self._retry, "timeout": self._timeout})
+                pairs,
+                worker_type=transfer_manager.THREAD,
+                max_workers=max_workers,
+                download_kwargs={"retry": self._retry, "timeout": self._timeout},
+            )
             for rel, temp, target, result in zip(files, temps, targets, results):
                 key = join_key(prefix, rel)
                 if result is None:
@@ -171,7 +191,6 @@ class GCSStore:
         finally:
             for temp in temps:
                 temp.unlink(missing_ok=True)
-
 
     def open_stream(self, key, source=None):
         """A parallel composite upload: parts become temporary objects (`<key>.parts/<n>`), uploaded
@@ -214,8 +233,9 @@ class GCSStore:
             except Exception as error:
                 raise self._error(error, "upload to", key) from None
             finally:
-                _delete_quietly([bucket.blob(f"{parts_prefix}{i:05d}") for i in range(count)], self._retry,
-                                self._timeout)
+                _delete_quietly(
+                    [bucket.blob(f"{parts_prefix}{i:05d}") for i in range(count)], self._retry, self._timeout
+                )
 
         return StreamUpload(self.uri, key, send, source)
 
@@ -231,7 +251,7 @@ def _compose(bucket, target, parts: list, retry, timeout) -> None:
         merged = []
         for i in range(0, len(parts), _GCS_COMPOSE_MAX):
             blob = bucket.blob(f"{parts[0].name}.c{level}-{i // _GCS_COMPOSE_MAX:05d}")
-            blob.compose(parts[i:i + _GCS_COMPOSE_MAX], retry=retry, timeout=timeout)
+            blob.compose(parts[i : i + _GCS_COMPOSE_MAX], retry=retry, timeout=timeout)
             merged.append(blob)
         if level:  # intermediate objects of the previous round (the caller deletes the parts)
             _delete_quietly(parts, retry, timeout)
@@ -263,12 +283,13 @@ def _gcs_error(error: BaseException, what: str) -> StoreError:
 
     endpoint = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
     if isinstance(error, auth_exc.DefaultCredentialsError):
-        return StoreError(f"cannot {what}: no Google Cloud credentials found; run `gcloud auth "
-                          "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS")
+        return StoreError(
+            f"cannot {what}: no Google Cloud credentials found; run `gcloud auth "
+            "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+        )
     if isinstance(error, gexc.RetryError) and error.cause is not None:
         error = error.cause
-    if isinstance(error, (requests.ConnectionError, requests.Timeout, ConnectionError,
-                          auth_exc.TransportError)):
+    if isinstance(error, (requests.ConnectionError, requests.Timeout, ConnectionError, auth_exc.TransportError)):
         return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(error).__name__})")
     status = getattr(error, "code", None)
     if status is None:
@@ -277,8 +298,9 @@ def _gcs_error(error: BaseException, what: str) -> StoreError:
         if status in (408, 429) or status >= 500:
             return TransientStoreError(f"cannot {what}: GCS answered HTTP {status} (throttled or unavailable)")
         if status in (401, 403):
-            return StoreError(f"cannot {what}: access denied (HTTP {status}); check the Google "
-                              "credentials and the bucket's IAM")
+            return StoreError(
+                f"cannot {what}: access denied (HTTP {status}); check the Google credentials and the bucket's IAM"
+            )
         if status == 404:
             return StoreError(f"cannot {what}: the bucket does not exist; create it or fix the store URI")
         return StoreError(f"cannot {what}: GCS answered HTTP {status}")

@@ -118,6 +118,7 @@ class LocalStore:
             def write(temp: Path) -> None:
                 with open(temp, "wb") as f:
                     shutil.copyfileobj(pipe, f, STREAM_PART_BYTES)
+
             try:
                 replace_into(write, target)  # a hidden name until the end: a reader never sees half of it
             except OSError as error:

@@ -20,8 +20,17 @@ _S3_DELETE_BATCH = 1000
 # AWS suggests 8-16 MB parts for throughput; s3transfer raises the part size by itself
 # for files that would exceed S3's 10,000-part limit.
 _S3_PART_BYTES = 16 * 1024 * 1024
-_S3_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-                       "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500"}
+_S3_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+}
 
 
 class S3Store:
@@ -32,8 +41,15 @@ class S3Store:
     `client.upload_file`, i.e. multipart with parallel parts.
     """
 
-    def __init__(self, bucket: str, prefix: str = "", *, sdk_attempts: int = 3,
-                 connect_timeout: float = 10.0, read_timeout: float = 120.0):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        sdk_attempts: int = 3,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 120.0,
+    ):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"s3://{bucket}" + (f"/{self.prefix}" if self.prefix else "")
@@ -55,16 +71,19 @@ class S3Store:
                 attempts, connect_timeout, read_timeout = self._options
                 # The SDK retries briefly; long outages are the caller's with_retries' job,
                 # so a stuck endpoint surfaces within seconds, not minutes.
-                config = Config(retries={"max_attempts": attempts, "mode": "standard"},
-                                connect_timeout=connect_timeout, read_timeout=read_timeout,
-                                max_pool_connections=64)
+                config = Config(
+                    retries={"max_attempts": attempts, "mode": "standard"},
+                    connect_timeout=connect_timeout,
+                    read_timeout=read_timeout,
+                    max_pool_connections=64,
+                )
                 try:
                     self._client = boto3.session.Session().client("s3", config=config)
                 except Exception as error:  # e.g. a malformed AWS config file or endpoint
                     raise StoreError(f"cannot set up an S3 client for {self.uri}: {error}") from None
                 self._transfer_config = TransferConfig(
-                    multipart_threshold=_S3_PART_BYTES, multipart_chunksize=_S3_PART_BYTES,
-                    max_concurrency=4)
+                    multipart_threshold=_S3_PART_BYTES, multipart_chunksize=_S3_PART_BYTES, max_concurrency=4
+                )
             return self._client
 
     def _key(self, key: str) -> str:
@@ -76,8 +95,7 @@ class S3Store:
     def put_file(self, local_path, key):
         client = self._s3()
         try:
-            client.upload_file(os.fspath(local_path), self.bucket, self._key(key),
-                               Config=self._transfer_config)
+            client.upload_file(os.fspath(local_path), self.bucket, self._key(key), Config=self._transfer_config)
         except Exception as error:
             raise self._error(error, "upload to", key) from None
 
@@ -93,8 +111,7 @@ class S3Store:
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         try:
             # s3transfer downloads to a temporary name and renames it into place itself.
-            client.download_file(self.bucket, self._key(key), os.fspath(local_path),
-                                 Config=self._transfer_config)
+            client.download_file(self.bucket, self._key(key), os.fspath(local_path), Config=self._transfer_config)
         except Exception as error:
             if _s3_code(error) in ("404", "NoSuchKey", "NotFound"):
                 raise FileNotFoundError(errno.ENOENT, "not found in store", f"{self.uri}/{key}") from None
@@ -127,9 +144,8 @@ class S3Store:
         root = f"{self.prefix}/" if self.prefix else ""
         keys = []
         try:
-            for page in client.get_paginator("list_objects_v2").paginate(
-                    Bucket=self.bucket, Prefix=root + prefix):
-                keys.extend(item["Key"][len(root):] for item in page.get("Contents", ()))
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root + prefix):
+                keys.extend(item["Key"][len(root) :] for item in page.get("Contents", ()))
         except Exception as error:
             raise self._error(error, "list", prefix) from None
         return sorted(keys)
@@ -138,18 +154,20 @@ class S3Store:
         client = self._s3()
         keys = [self._key(k) for k in keys]
         for start in range(0, len(keys), _S3_DELETE_BATCH):
-            batch = keys[start:start + _S3_DELETE_BATCH]
+            batch = keys[start : start + _S3_DELETE_BATCH]
             try:
                 response = client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+                )
             except Exception as error:
                 raise self._error(error, "delete from") from None
             failed = response.get("Errors") or []
             if failed:
                 first = failed[0]
-                raise StoreError(f"cannot delete s3://{self.bucket}/{first.get('Key')}: "
-                                 f"{first.get('Code')} ({len(failed)} keys failed)")
+                raise StoreError(
+                    f"cannot delete s3://{self.bucket}/{first.get('Key')}: "
+                    f"{first.get('Code')} ({len(failed)} keys failed)"
+                )
 
     def upload_dir(self, local_dir, prefix, files, max_workers=DEFAULT_WORKERS):
         self._s3()
@@ -189,14 +207,21 @@ class S3Store:
                         self.stream_client = "crt"
                     except ImportError:
                         if wanted == "crt":
-                            raise StoreError("SKYSPOT_S3_CLIENT=crt, but awscrt is not installed "
-                                             "(pip install awscrt)") from None
+                            raise StoreError(
+                                "SKYSPOT_S3_CLIENT=crt, but awscrt is not installed (pip install awscrt)"
+                            ) from None
                 if manager is None:
                     from boto3.s3.transfer import TransferConfig, create_transfer_manager
 
-                    manager = create_transfer_manager(client, TransferConfig(
-                        multipart_threshold=STREAM_PART_BYTES, multipart_chunksize=STREAM_PART_BYTES,
-                        max_concurrency=STREAM_CONCURRENCY, preferred_transfer_client="classic"))
+                    manager = create_transfer_manager(
+                        client,
+                        TransferConfig(
+                            multipart_threshold=STREAM_PART_BYTES,
+                            multipart_chunksize=STREAM_PART_BYTES,
+                            max_concurrency=STREAM_CONCURRENCY,
+                            preferred_transfer_client="classic",
+                        ),
+                    )
                     self.stream_client = "classic"
                 self._stream_manager = manager
             return self._stream_manager
@@ -209,8 +234,12 @@ def _crt_transfer_manager(client):
     node stream its own shards. Raises ImportError without awscrt."""
     import awscrt.s3  # noqa: F401 - ImportError here means: fall back to the classic manager
     import botocore.session
-    from s3transfer.crt import (BotocoreCRTCredentialsWrapper, BotocoreCRTRequestSerializer, CRTTransferManager,
-                                create_s3_crt_client)
+    from s3transfer.crt import (
+        BotocoreCRTCredentialsWrapper,
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
+    )
 
     endpoint = client.meta.endpoint_url or ""
     region = client.meta.region_name or "us-east-1"
@@ -218,10 +247,16 @@ def _crt_transfer_manager(client):
     credentials = client._get_credentials()  # botocore's refreshing credentials (instance role etc.)
     provider = BotocoreCRTCredentialsWrapper(credentials).to_crt_credentials_provider() if credentials else None
     threads = max(2, (os.cpu_count() or 2) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
-    crt = create_s3_crt_client(region=region, crt_credentials_provider=provider, num_threads=threads,
-                               part_size=STREAM_PART_BYTES, use_ssl=not endpoint.startswith("http://"))
-    serializer = BotocoreCRTRequestSerializer(botocore.session.Session(),
-                                              {"region_name": region, "endpoint_url": custom})
+    crt = create_s3_crt_client(
+        region=region,
+        crt_credentials_provider=provider,
+        num_threads=threads,
+        part_size=STREAM_PART_BYTES,
+        use_ssl=not endpoint.startswith("http://"),
+    )
+    serializer = BotocoreCRTRequestSerializer(
+        botocore.session.Session(), {"region_name": region, "endpoint_url": custom}
+    )
     return CRTTransferManager(crt, serializer)
 
 
@@ -243,10 +278,20 @@ def _s3_error(error: BaseException, what: str, client) -> StoreError:
     if type(error).__name__ == "S3UploadFailedError" and error.__context__ is not None:
         cause = error.__context__  # boto3 re-raises upload errors as this, losing the type
     if isinstance(cause, (bce.NoCredentialsError, bce.PartialCredentialsError)):
-        return StoreError(f"cannot {what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
-                          "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role")
-    if isinstance(cause, (bce.EndpointConnectionError, bce.ConnectTimeoutError, bce.ReadTimeoutError,
-                          bce.ConnectionClosedError, bce.ConnectionError)):
+        return StoreError(
+            f"cannot {what}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role"
+        )
+    if isinstance(
+        cause,
+        (
+            bce.EndpointConnectionError,
+            bce.ConnectTimeoutError,
+            bce.ReadTimeoutError,
+            bce.ConnectionClosedError,
+            bce.ConnectionError,
+        ),
+    ):
         return TransientStoreError(f"cannot {what}: endpoint {endpoint} unreachable ({type(cause).__name__})")
     if type(cause).__name__ == "AwsCrtError":  # the CRT client's transport errors (refused, reset, timed out)
         return TransientStoreError(f"cannot {what}: {getattr(cause, 'name', 'AwsCrtError')}")
@@ -260,7 +305,6 @@ def _s3_error(error: BaseException, what: str, client) -> StoreError:
         if code == "NoSuchBucket":
             return StoreError(f"cannot {what}: the bucket does not exist; create it or fix the store URI")
         if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
-            return StoreError(f"cannot {what}: access denied ({code}); check the AWS credentials "
-                              "and the bucket policy")
+            return StoreError(f"cannot {what}: access denied ({code}); check the AWS credentials and the bucket policy")
         return StoreError(f"cannot {what}: S3 answered {code}")
     return StoreError(f"cannot {what}: {type(cause).__name__}: {cause}")

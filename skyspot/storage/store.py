@@ -52,12 +52,14 @@ class Store(Protocol):
     def delete(self, keys: Iterable[str]) -> None:
         """Delete keys; missing keys are not an error."""
 
-    def upload_dir(self, local_dir: str | os.PathLike, prefix: str, files: list[str],
-                   max_workers: int = DEFAULT_WORKERS) -> None:
+    def upload_dir(
+        self, local_dir: str | os.PathLike, prefix: str, files: list[str], max_workers: int = DEFAULT_WORKERS
+    ) -> None:
         """Upload `local_dir/F` to `prefix/F` for each relative path F, in parallel."""
 
-    def download_files(self, prefix: str, files: list[str], local_dir: str | os.PathLike,
-                       max_workers: int = DEFAULT_WORKERS) -> None:
+    def download_files(
+        self, prefix: str, files: list[str], local_dir: str | os.PathLike, max_workers: int = DEFAULT_WORKERS
+    ) -> None:
         """Download `prefix/F` to `local_dir/F` for each F, in parallel.
 
         A missing key raises FileNotFoundError whose `filename` is `<uri>/<key>`."""
@@ -79,11 +81,16 @@ def backoff_delay(attempt: int, base_delay: float, max_delay: float) -> float:
     return capped / 2 + random.uniform(0, capped / 2)
 
 
-def with_retries(fn: Callable[[], T], *, attempts: int | None = 5, base_delay: float = 0.5,
-                 max_delay: float = 30.0,
-                 on_retry: Callable[[int, BaseException, float], None] | None = None,
-                 retry_on: tuple[type[BaseException], ...] = (TransientStoreError,),
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+def with_retries(
+    fn: Callable[[], T],
+    *,
+    attempts: int | None = 5,
+    base_delay: float = 0.5,
+    max_delay: float = 30.0,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+    retry_on: tuple[type[BaseException], ...] = (TransientStoreError,),
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
     """Call `fn` until it succeeds, retrying `retry_on` errors with exponential backoff and jitter.
 
     `attempts=None` retries forever (the uploader ends that loop by raising from `sleep`).

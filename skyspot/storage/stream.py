@@ -70,8 +70,7 @@ class Pipe(io.RawIOBase):
         """From now on, read what is left from `source`, not from the producer's memory."""
         with self._cv:
             if self._source is None:
-                self._segments = deque(memoryview(bytes(s)) if isinstance(s, memoryview) else s
-                                       for s in self._segments)
+                self._segments = deque(memoryview(bytes(s)) if isinstance(s, memoryview) else s for s in self._segments)
                 return
             offset = self._read
             ranges: deque = deque()
@@ -126,7 +125,7 @@ class Pipe(io.RawIOBase):
                 offset, length = head
                 if self._fd is None:
                     self._fd = os.open(self._source, os.O_RDONLY)
-                n = os.preadv(self._fd, [out[:min(len(out), length)]], offset)
+                n = os.preadv(self._fd, [out[: min(len(out), length)]], offset)
                 if n <= 0:
                     raise StreamAborted(f"{self._source} is shorter than what was written to it")
                 if n == length:
@@ -152,8 +151,14 @@ class StreamUpload:
     SDK's own parallel machinery and commits the object only at the end of the data; it runs on a
     thread of its own. Errors surface from `finish` as StoreErrors."""
 
-    def __init__(self, store_uri: str, key: str, send: Callable[["Pipe"], None], source=None,
-                 on_abort: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        store_uri: str,
+        key: str,
+        send: Callable[["Pipe"], None],
+        source=None,
+        on_abort: Callable[[], None] | None = None,
+    ):
         self.key = key
         self.where = f"{store_uri}/{key}"
         self._pipe = Pipe(source)

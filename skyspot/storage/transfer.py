@@ -17,8 +17,9 @@ def run_parallel(fn: Callable[[str], None], items: list[str], max_workers: int) 
     """Run fn over items in a thread pool; the first error cancels what has not started and propagates."""
     if not items:
         return
-    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items))),
-                            thread_name_prefix="skyspot-transfer") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(max_workers, len(items))), thread_name_prefix="skyspot-transfer"
+    ) as pool:
         futures = [pool.submit(fn, item) for item in items]
         try:
             for future in futures:

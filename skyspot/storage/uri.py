@@ -75,7 +75,7 @@ def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
             raise UsageError(f"store {text!r} is missing a slash after '{typo.group(1)}:'; expected {EXPECTED_FORMS}")
         return StoreURI("file", "", os.path.abspath(os.path.expanduser(text)))
     scheme = match.group(1).lower()
-    rest = text[match.end():]
+    rest = text[match.end() :]
     if scheme == "file":
         host, slash, path = rest.partition("/")
         if host not in ("", "localhost") or not slash:
@@ -91,16 +91,14 @@ def parse_store_uri(uri: str | os.PathLike) -> StoreURI:
             raise UsageError(f"store {text!r} has no storage account; expected {form}")
         problem = _azure_account_problem(account)
         if problem:
-            raise UsageError(f"invalid Azure storage account name {account!r} in {text!r}: {problem}; "
-                             f"expected {form}")
+            raise UsageError(f"invalid Azure storage account name {account!r} in {text!r}: {problem}; expected {form}")
     bucket, _, prefix = rest.partition("/")
     noun = "container" if scheme == "az" else "bucket"
     if not bucket:
         raise UsageError(f"store {text!r} has no {noun}; expected {form}")
     problem = _BUCKET_CHECKS[scheme](bucket)
     if problem:
-        raise UsageError(f"invalid {_CLOUD[scheme]} {noun} name {bucket!r} in {text!r}: {problem}; "
-                         f"expected {form}")
+        raise UsageError(f"invalid {_CLOUD[scheme]} {noun} name {bucket!r} in {text!r}: {problem}; expected {form}")
     prefix = prefix.rstrip("/")
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise UsageError(f"store {text!r} has an empty, '.' or '..' path segment; expected {form}")

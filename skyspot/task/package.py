@@ -81,8 +81,12 @@ def _package_files(root: Path) -> list[Path]:
     files = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if (any(part.startswith(".") for part in rel.parts) or "__pycache__" in rel.parts or path.is_symlink()
-                or not path.is_file()):
+        if (
+            any(part.startswith(".") for part in rel.parts)
+            or "__pycache__" in rel.parts
+            or path.is_symlink()
+            or not path.is_file()
+        ):
             continue
         folder = rel.parent.as_posix()
         if path.suffix == ".py" or any(fnmatch.fnmatchcase(rel.name, p) for p in PACKAGE_FILES.get(folder, ())):
@@ -175,22 +179,33 @@ def _checkout_dependencies() -> Optional[list[str]]:
     if project.get("name") != "skyspot":
         return None
     extras = project.get("optional-dependencies") or {}
-    return list(project.get("dependencies") or []) + [f"{r}; extra == '{name}'" for name in NODE_EXTRAS
-                                                      for r in extras.get(name, [])]
+    return list(project.get("dependencies") or []) + [
+        f"{r}; extra == '{name}'" for name in NODE_EXTRAS for r in extras.get(name, [])
+    ]
 
 
 def _metadata_files(version: str, requirements: tuple[str, ...]) -> dict[str, bytes]:
     dist_info = f"skyspot-{version}.dist-info"
-    meta = ["Metadata-Version: 2.1", "Name: skyspot", f"Version: {version}",
-            f"Requires-Python: >={python_floor(requirements)}",
-            *(f"Provides-Extra: {e}" for e in NODE_EXTRAS if any(_extra_of(r) == e for r in requirements)),
-            *(f"Requires-Dist: {r}" for r in requirements)]
-    wheel = ["Wheel-Version: 1.0", f"Generator: skyspot {skyspot.__version__}", "Root-Is-Purelib: true",
-             "Tag: py3-none-any"]
+    meta = [
+        "Metadata-Version: 2.1",
+        "Name: skyspot",
+        f"Version: {version}",
+        f"Requires-Python: >={python_floor(requirements)}",
+        *(f"Provides-Extra: {e}" for e in NODE_EXTRAS if any(_extra_of(r) == e for r in requirements)),
+        *(f"Requires-Dist: {r}" for r in requirements),
+    ]
+    wheel = [
+        "Wheel-Version: 1.0",
+        f"Generator: skyspot {skyspot.__version__}",
+        "Root-Is-Purelib: true",
+        "Tag: py3-none-any",
+    ]
     entry_points = ["[console_scripts]", "skyspot = skyspot.cli.main:main"]
-    return {f"{dist_info}/METADATA": ("\n".join(meta) + "\n").encode(),
-            f"{dist_info}/WHEEL": ("\n".join(wheel) + "\n").encode(),
-            f"{dist_info}/entry_points.txt": ("\n".join(entry_points) + "\n").encode()}
+    return {
+        f"{dist_info}/METADATA": ("\n".join(meta) + "\n").encode(),
+        f"{dist_info}/WHEEL": ("\n".join(wheel) + "\n").encode(),
+        f"{dist_info}/entry_points.txt": ("\n".join(entry_points) + "\n").encode(),
+    }
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -212,8 +227,9 @@ def _wheel_bytes(entries: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def build(cache_root: Optional[Path] = None, *, source: Optional[Path] = None,
-          declared: Optional[Iterable[str]] = None) -> Package:
+def build(
+    cache_root: Optional[Path] = None, *, source: Optional[Path] = None, declared: Optional[Iterable[str]] = None
+) -> Package:
     """The wheel of the running skyspot (or of `source`, a `skyspot` package folder), built once per content."""
     from skyspot.ledger import skyspot_home
 

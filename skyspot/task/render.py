@@ -185,14 +185,18 @@ def _watchdog_flags(recipe: Recipe) -> str:
         return " --no-watchdog"
     # At least what the I/O plan allows this recipe's first download (start_bounds.py): a slow start is not a hang.
     first_step = start_bounds(recipe).first_step_seconds
-    return (f" --hang-factor {_exact(r.hang_factor)} --hang-floor {_exact(r.hang_floor_seconds)} "
-            f"--first-step-bound {_exact(first_step)}")
+    return (
+        f" --hang-factor {_exact(r.hang_factor)} --hang-floor {_exact(r.hang_floor_seconds)} "
+        f"--first-step-bound {_exact(first_step)}"
+    )
 
 
 def _exact(value: float) -> str:
     """A number as the shell passes it on, exactly: 8100 -> '8100', 1.5 -> '1.5', never `:g`'s 1.23457e+06."""
     value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
+
+
 # The dashboards' credentials (trainer/metrics/): W&B always needs its key; an MLflow server may need a
 # token (passed when the launching environment has one: executors/sky/sdk.py OPTIONAL_SECRETS).
 WANDB_SECRET = "WANDB_API_KEY"
@@ -212,8 +216,18 @@ def node_extras(recipe: Recipe) -> list[str]:
 
 def candidate_prices(candidates: Sequence[Candidate]) -> str:
     """SKYSPOT_PRICES: each priced candidate's hourly price per node, compact JSON (trainer/metrics/spot.py)."""
-    rows = [{"cloud": c.cloud, "region": c.region, "instance_type": c.instance_type, "accelerators": c.accelerators,
-             "spot": c.spot, "usd_per_hour": c.usd_per_hour} for c in candidates if c.usd_per_hour is not None]
+    rows = [
+        {
+            "cloud": c.cloud,
+            "region": c.region,
+            "instance_type": c.instance_type,
+            "accelerators": c.accelerators,
+            "spot": c.spot,
+            "usd_per_hour": c.usd_per_hour,
+        }
+        for c in candidates
+        if c.usd_per_hour is not None
+    ]
     return json.dumps(rows, separators=(",", ":"))
 
 
@@ -281,21 +295,21 @@ TCPX_SETUP = (
     '  waited=0; bound="${SKYSPOT_TCPX_WAIT_SECONDS:-900}"',
     '  while [ ! -f "$TCPX/tcpx/lib64/libnccl.so.2" ]; do',
     '    if [ "$waited" -ge "$bound" ]; then echo "skyspot node env: GPUDirect-TCPX is not installed on this node '
-    'after ${bound}s ($TCPX/tcpx/lib64/libnccl.so.2 missing: the boot script of the host did not finish); '
+    "after ${bound}s ($TCPX/tcpx/lib64/libnccl.so.2 missing: the boot script of the host did not finish); "
     'docs/clouds.md" >&2; exit 2; fi',
-    '    sleep 5; waited=$((waited + 5))',
-    '  done',
+    "    sleep 5; waited=$((waited + 5))",
+    "  done",
     '  for d in "$TCPX/tcpx/lib64" "$TCPX/nvidia/lib64" "$TCPX/nvidia/bin"; do',
     '    if [ -d "$d" ]; then mount -o remount,exec "$d" 2>/dev/null || sudo -n mount -o remount,exec "$d" '
     '2>/dev/null || echo "skyspot node env: could not remount $d exec"; fi',
-    '  done',
+    "  done",
     f'  rm -rf "{TCPX_SHIM}"; mkdir -p "{TCPX_SHIM}"',
     '  for f in "$TCPX"/tcpx/lib64/*; do case "${f##*/}" in libnccl.so*) ;; *) ln -s "$f" '
     f'"{TCPX_SHIM}/";; esac; done',
     '  echo "skyspot node env: GPUDirect-TCPX plugin ready after ${waited}s; NCCL is the one torch ships, the plugin '
     f'is loaded from {TCPX_SHIM}"',
     f'else rm -rf "{TCPX_SHIM}"',
-    'fi',
+    "fi",
 )
 
 
@@ -319,8 +333,9 @@ NODE_PYTHON = (
 # picks the torch build the node's driver runs and installs the stack with uv, from the run's
 # wheelhouse in the store (read through the bucket mount) when an earlier start left one, else
 # from the index, leaving the wheelhouse for the next start (node_env.py).
-def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_overrides: Sequence[str] = (),
-                 extras: Sequence[str] = ()) -> str:
+def setup_script(
+    store: Optional[str] = None, recipe_arg: str = "", trainer_overrides: Sequence[str] = (), extras: Sequence[str] = ()
+) -> str:
     """The task's `setup`; `store` is the run's store, where the node keeps and finds its wheelhouse.
 
     `prepare` is given the trainer's own recipe and overrides (the words `run` passes after
@@ -330,27 +345,40 @@ def setup_script(store: Optional[str] = None, recipe_arg: str = "", trainer_over
     store_arg = f" --store {shlex.quote(store)}" if store else ""
     store_arg += f" --extras {','.join(extras)}" if extras else ""  # the dashboards' libraries (metrics.backends)
     prepare_args = "".join(f" {shlex.quote(w)}" for w in ([recipe_arg] if recipe_arg else []) + list(trainer_overrides))
-    return "\n".join([
-        "set -e",
-        'WHEEL="$(ls "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl)"',
-        *TCPX_SETUP,
-        *BOOTSTRAP_PYTHON,
-        f'PYTHONPATH="$WHEEL" "$BOOT" -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
-        *NODE_PYTHON,
-        f'if [ -n "${{{EFA_IMAGES_ENV}:-}}" ]; then "$PY" -m skyspot.trainer.nccl_env --check-image; fi',
-        f'"$PY" -m skyspot.trainer.prepare{prepare_args}',
-        # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
-        # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
-        f'"$PY" -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -e",
+                'WHEEL="$(ls "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl)"',
+                *TCPX_SETUP,
+                *BOOTSTRAP_PYTHON,
+                f'PYTHONPATH="$WHEEL" "$BOOT" -m skyspot.node_env setup --wheel "$WHEEL"{store_arg}',
+                *NODE_PYTHON,
+                f'if [ -n "${{{EFA_IMAGES_ENV}:-}}" ]; then "$PY" -m skyspot.trainer.nccl_env --check-image; fi',
+                f'"$PY" -m skyspot.trainer.prepare{prepare_args}',
+                # The fast tier on the instance's local NVMe, where it has one (trainer/local_disk.py): the run
+                # directories go there and the disk is measured once; never fatal, a no-op off a SkyPilot node.
+                f'"$PY" -m skyspot.trainer.local_disk --link "{NODE_RUNS_DIR}" || true',
+            ]
+        )
+        + "\n"
+    )
 
 
 RECIPE_MOUNT = "/skyspot/recipe.yaml"
 
 
-def render(recipe: Recipe, candidates: Sequence[Candidate], *, recipe_arg: str, recipe_file: Optional[str] = None,
-           overrides: Sequence[str] = (), run_name: Optional[str] = None,
-           package_dir: Optional[str] = None, local: bool = False) -> dict[str, Any]:
+def render(
+    recipe: Recipe,
+    candidates: Sequence[Candidate],
+    *,
+    recipe_arg: str,
+    recipe_file: Optional[str] = None,
+    overrides: Sequence[str] = (),
+    run_name: Optional[str] = None,
+    package_dir: Optional[str] = None,
+    local: bool = False,
+) -> dict[str, Any]:
     """The task as a dict (what `to_yaml` prints and `sky.Task.from_yaml_config` reads).
 
     `candidates` are the plan's placements, in order (plan.candidates). `recipe_arg` is what the
@@ -436,11 +464,15 @@ def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
     secrets = list(task.get("secrets") or {})
     if secrets:
         flags = " ".join(f"--secret {name}" for name in secrets)
-        header += (f"# Secrets are named here, never valued: `skyspot launch` passes them from your environment;\n"
-                   f"# with SkyPilot's CLI: sky jobs launch FILE {flags}\n")
+        header += (
+            f"# Secrets are named here, never valued: `skyspot launch` passes them from your environment;\n"
+            f"# with SkyPilot's CLI: sky jobs launch FILE {flags}\n"
+        )
         if WHEELHOUSE_KEY_SECRET in secrets:
-            header += (f"# ({WHEELHOUSE_KEY_SECRET}: the run's own key, which vouches for its wheelhouse; skyspot keeps\n"
-                       "# it in $SKYSPOT_HOME/keys/RUN. By hand: 64 hex digits you keep, e.g. `openssl rand -hex 32`.)\n")
+            header += (
+                f"# ({WHEELHOUSE_KEY_SECRET}: the run's own key, which vouches for its wheelhouse; skyspot keeps\n"
+                "# it in $SKYSPOT_HOME/keys/RUN. By hand: 64 hex digits you keep, e.g. `openssl rand -hex 32`.)\n"
+            )
     return header + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, width=120)
 
 

@@ -39,9 +39,9 @@ from typing import Any, Callable, Optional
 
 from skyspot.errors import StoreError, UsageError
 
-BASE_DIR = "base"          # DIR/base/ (a download of the store's copy) and <store>/<run id>/base/
+BASE_DIR = "base"  # DIR/base/ (a download of the store's copy) and <store>/<run id>/base/
 BASE_RECORD = "base.json"  # DIR/base.json: this node's directory for the run, and the hub commit
-COMPLETE = "BASE.json"     # written last into the store's copy: repo, commit, files and sizes
+COMPLETE = "BASE.json"  # written last into the store's copy: repo, commit, files and sizes
 MOUNT_ENV = "SKYSPOT_STORE_MOUNT"  # the store's root on the node, where the task mounts it
 WEIGHT_SUFFIX = ".safetensors"
 
@@ -67,9 +67,18 @@ def has_files(directory: Optional[Path], weights: bool) -> bool:
 
 
 class BaseModel:
-    def __init__(self, recipe, run_dir: Path, placement, comm, *, tier=None,
-                 emit: Callable[..., None] = lambda *a, **k: None, say: Callable[[str], None] = print,
-                 environ=os.environ):
+    def __init__(
+        self,
+        recipe,
+        run_dir: Path,
+        placement,
+        comm,
+        *,
+        tier=None,
+        emit: Callable[..., None] = lambda *a, **k: None,
+        say: Callable[[str], None] = print,
+        environ=os.environ,
+    ):
         self.recipe = recipe
         self.section = recipe.model
         self.run_dir = Path(run_dir)
@@ -119,9 +128,17 @@ class BaseModel:
         self.weights = self.weights or weights
         if self.placement.is_global_zero:
             files = _files(self.path) if source != "local" else {}
-            self.emit("base_model", repo=self.section.hub_id, revision=self.section.revision, commit=commit,
-                      source=source, path=path, weights=weights, seconds=round(time.monotonic() - start, 6),
-                      bytes=sum(files.values()) if files else None)
+            self.emit(
+                "base_model",
+                repo=self.section.hub_id,
+                revision=self.section.revision,
+                commit=commit,
+                source=source,
+                path=path,
+                weights=weights,
+                seconds=round(time.monotonic() - start, 6),
+                bytes=sum(files.values()) if files else None,
+            )
 
     # ------------------------------------------------------------------ node leader
     def _locate(self, weights: bool) -> tuple[Path, str, Optional[str]]:
@@ -137,8 +154,11 @@ class BaseModel:
         if self.path is not None and has_files(self.path, weights) and not (weights and self._mounted(self.path)):
             return self.path, self.source, self.commit  # the files of the first call have them
         pinned = self._pinned()
-        if pinned is not None and has_files(Path(pinned["path"]), weights) \
-                and not (weights and self._mounted(Path(pinned["path"]))):
+        if (
+            pinned is not None
+            and has_files(Path(pinned["path"]), weights)
+            and not (weights and self._mounted(Path(pinned["path"])))
+        ):
             return Path(pinned["path"]), "cache", pinned.get("commit")
         copy = self._store_copy()
         if copy is not None:
@@ -167,8 +187,10 @@ class BaseModel:
     def _pin(self, path: Path, commit: Optional[str]) -> None:
         from skyspot.trainer.files import atomic_write_json
 
-        atomic_write_json(self.run_dir / BASE_RECORD, {"repo": self.section.hub_id, "revision": self.section.revision,
-                                                      "commit": commit, "path": str(path)})
+        atomic_write_json(
+            self.run_dir / BASE_RECORD,
+            {"repo": self.section.hub_id, "revision": self.section.revision, "commit": commit, "path": str(path)},
+        )
 
     def _store_copy(self) -> Optional[dict]:
         """The store's BASE.json for this repo and revision, when the copy is complete."""
@@ -177,14 +199,22 @@ class BaseModel:
         from skyspot.storage import join_key, with_retries
 
         try:
-            raw = with_retries(lambda: self.tier.store.get_bytes(join_key(self.tier.run_id, BASE_DIR, COMPLETE)),
-                               attempts=3, base_delay=0.5, max_delay=2.0)
+            raw = with_retries(
+                lambda: self.tier.store.get_bytes(join_key(self.tier.run_id, BASE_DIR, COMPLETE)),
+                attempts=3,
+                base_delay=0.5,
+                max_delay=2.0,
+            )
             record = json.loads(raw) if raw else None
         except (StoreError, ValueError) as err:
             self.say(f"the store's copy of the base model is unreadable ({err}); using the hub")
             return None
-        if not isinstance(record, dict) or record.get("repo") != self.section.hub_id \
-                or record.get("revision") != self.section.revision or not isinstance(record.get("files"), dict):
+        if (
+            not isinstance(record, dict)
+            or record.get("repo") != self.section.hub_id
+            or record.get("revision") != self.section.revision
+            or not isinstance(record.get("files"), dict)
+        ):
             return None
         return record
 
@@ -218,37 +248,48 @@ class BaseModel:
         from skyspot.storage import join_key, with_retries
 
         wanted = [n for n in copy["files"] if weights or not _is_weight(n)]
-        missing = [n for n in wanted if not ((target / n).is_file()
-                                             and (target / n).stat().st_size == copy["files"][n])]
+        missing = [
+            n for n in wanted if not ((target / n).is_file() and (target / n).stat().st_size == copy["files"][n])
+        ]
         if missing:
             target.mkdir(parents=True, exist_ok=True)
-            with_retries(lambda: self.tier.store.download_files(join_key(self.tier.run_id, BASE_DIR), missing,
-                                                                target),
-                         attempts=5, base_delay=1.0, max_delay=30.0)
+            with_retries(
+                lambda: self.tier.store.download_files(join_key(self.tier.run_id, BASE_DIR), missing, target),
+                attempts=5,
+                base_delay=1.0,
+                max_delay=30.0,
+            )
 
     def _from_hub(self, weights: bool, commit: Optional[str]) -> tuple[Path, Optional[str]]:
         from skyspot import hub
 
         repo = self.section.hub_id
         revision = commit or self.section.revision
-        hub.check_model(repo, revision=revision, gated=self.section.gated, environ=self.environ,
-                        need_weights=weights)
+        hub.check_model(repo, revision=revision, gated=self.section.gated, environ=self.environ, need_weights=weights)
         from huggingface_hub import snapshot_download
 
         try:
-            path = Path(snapshot_download(repo, revision=revision, allow_patterns=hub.MODEL_FILES if weights
-                                          else hub.LIGHT_FILES, ignore_patterns=hub.IGNORED_FILES,
-                                          token=hub.token(self.environ) or None,
-                                          local_files_only=hub.offline(self.environ),
-                                          cache_dir=str(hub.cache_dir(self.environ)),
-                                          endpoint=hub.endpoint(self.environ)))
+            path = Path(
+                snapshot_download(
+                    repo,
+                    revision=revision,
+                    allow_patterns=hub.MODEL_FILES if weights else hub.LIGHT_FILES,
+                    ignore_patterns=hub.IGNORED_FILES,
+                    token=hub.token(self.environ) or None,
+                    local_files_only=hub.offline(self.environ),
+                    cache_dir=str(hub.cache_dir(self.environ)),
+                    endpoint=hub.endpoint(self.environ),
+                )
+            )
         except Exception as err:  # noqa: BLE001
             if hub.is_network_error(err):
                 raise hub.unreachable(f"model.hub_id {repo}", self.environ, err) from None
             raise
         if not has_files(path, weights):
-            raise UsageError(f"model.hub_id {repo}: the download has no config.json"
-                             + (" or no *.safetensors weights" if weights else ""))
+            raise UsageError(
+                f"model.hub_id {repo}: the download has no config.json"
+                + (" or no *.safetensors weights" if weights else "")
+            )
         return path, path.name  # the cache's snapshots/<commit>/
 
     # ------------------------------------------------------------------ the store's copy
@@ -257,8 +298,13 @@ class BaseModel:
         background (BASE.json last), unless the store has a complete copy already."""
         # Whether the store has a copy already is asked in the thread: global rank 0 goes on to the next
         # collective at once, whatever the store's latency.
-        if (self.tier is None or not self.placement.is_global_zero or self.source not in ("hub", "cache")
-                or not self.weights or self.path is None):
+        if (
+            self.tier is None
+            or not self.placement.is_global_zero
+            or self.source not in ("hub", "cache")
+            or not self.weights
+            or self.path is None
+        ):
             return
         self.copy_thread = threading.Thread(target=self._copy, name="skyspot-base-copy", daemon=True)
         self.copy_thread.start()
@@ -277,12 +323,24 @@ class BaseModel:
             present = set(with_retries(lambda: store.list(prefix + "/"), attempts=3))
             todo = [n for n in files if join_key(prefix, n) not in present]
             with_retries(lambda: store.upload_dir(self.path, prefix, todo), attempts=5, base_delay=2.0, max_delay=60.0)
-            record = {"repo": self.section.hub_id, "revision": self.section.revision, "commit": self.commit,
-                      "files": files, "created_at": time.time()}
-            with_retries(lambda: store.put_bytes(join_key(prefix, COMPLETE),
-                                                 (json.dumps(record, indent=1) + "\n").encode()), attempts=5)
+            record = {
+                "repo": self.section.hub_id,
+                "revision": self.section.revision,
+                "commit": self.commit,
+                "files": files,
+                "created_at": time.time(),
+            }
+            with_retries(
+                lambda: store.put_bytes(join_key(prefix, COMPLETE), (json.dumps(record, indent=1) + "\n").encode()),
+                attempts=5,
+            )
         except (StoreError, OSError) as err:
             error = str(err)
             self.say(f"could not copy the base model into the store ({err}); later starts download it again")
-        self.emit("base_copy", files=len(files), bytes=sum(files.values()),
-                  seconds=round(time.monotonic() - start, 6), error=error)
+        self.emit(
+            "base_copy",
+            files=len(files),
+            bytes=sum(files.values()),
+            seconds=round(time.monotonic() - start, 6),
+            error=error,
+        )

@@ -138,8 +138,9 @@ class Choice:
     """Why nothing can be resumed although checkpoints exist (raise: exit 3)."""
 
 
-def choose(views: list[list[mf.Verdict]], remote: Optional[list[set[int]]] = None,
-           remote_failed: tuple[str, ...] = ()) -> Choice:
+def choose(
+    views: list[list[mf.Verdict]], remote: Optional[list[set[int]]] = None, remote_failed: tuple[str, ...] = ()
+) -> Choice:
     """The newest step every node has (one list of local verdicts per node). Pure.
 
     A node has a step when its local copy is valid or `remote[node]` (steps the store offers that
@@ -169,8 +170,9 @@ def choose(views: list[list[mf.Verdict]], remote: Optional[list[set[int]]] = Non
     return Choice(None, warnings)
 
 
-def retention_victims(verdicts: list[mf.Verdict], keep: int, newest: int,
-                      can_delete: Callable[[int], bool]) -> list[Path]:
+def retention_victims(
+    verdicts: list[mf.Verdict], keep: int, newest: int, can_delete: Callable[[int], bool]
+) -> list[Path]:
     """What retention removes after `newest` was committed. Pure.
 
     Keeps the newest `keep` committed checkpoints up to `newest` (always including `newest`),
@@ -179,7 +181,7 @@ def retention_victims(verdicts: list[mf.Verdict], keep: int, newest: int,
     """
     older = [v for v in verdicts if v.step <= newest]
     committed = sorted((v for v in older if v.state == "valid"), key=lambda v: v.step, reverse=True)
-    kept = {v.step for v in committed[:max(1, keep)]} | {newest}
+    kept = {v.step for v in committed[: max(1, keep)]} | {newest}
     victims = []
     for v in older:
         if v.step in kept:
@@ -212,13 +214,24 @@ def resharding(manifest: dict[str, Any], world_size: int, num_nodes: Optional[in
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: Path, placement: "Placement", recipe: "Recipe", *, run_id: str, attempt: int,
-                 events: Optional["EventWriter"], comm: "Comm", warn: Callable[[str], None],
-                 resume_source: Optional[ResumeSource] = None,
-                 on_committed: Sequence[Callable[[int, Path], None]] = (),
-                 can_delete: Sequence[Callable[[int], bool]] = (),
-                 stream_sink=None, predictor: Optional["SavePredictor"] = None,
-                 history: Callable[[], list[dict]] = list):
+    def __init__(
+        self,
+        run_dir: Path,
+        placement: "Placement",
+        recipe: "Recipe",
+        *,
+        run_id: str,
+        attempt: int,
+        events: Optional["EventWriter"],
+        comm: "Comm",
+        warn: Callable[[str], None],
+        resume_source: Optional[ResumeSource] = None,
+        on_committed: Sequence[Callable[[int, Path], None]] = (),
+        can_delete: Sequence[Callable[[int], bool]] = (),
+        stream_sink=None,
+        predictor: Optional["SavePredictor"] = None,
+        history: Callable[[], list[dict]] = list,
+    ):
         self.run_dir = Path(run_dir)
         self.root = checkpoints_dir(self.run_dir)
         self.placement = placement
@@ -273,8 +286,9 @@ class CheckpointManager:
             self.warn(f"checkpoint.every_seconds=auto: the store's event history is unreadable ({err})")
             past = []
         emit = self.events.emit if self.events is not None else (lambda *a, **k: None)
-        self._planner = IntervalPlanner(self.recipe, self.placement.where.get("cloud"), events_dir, history=past,
-                                        emit=emit, say=self.warn)
+        self._planner = IntervalPlanner(
+            self.recipe, self.placement.where.get("cloud"), events_dir, history=past, emit=emit, say=self.warn
+        )
         self._every_seconds = self._planner.replan("start")
         self._last_save_time = time.monotonic()  # the interval counts training time, not start-up
 
@@ -314,12 +328,14 @@ class CheckpointManager:
                 if choice.problem:
                     raise CheckpointError(
                         f"{self.root}: {choice.problem}. Nothing was started over. Repair or move the "
-                        "checkpoints, or pass --fresh to start from step 0 (old checkpoints are moved aside, not deleted)")
+                        "checkpoints, or pass --fresh to start from step 0 (old checkpoints are moved aside, not deleted)"
+                    )
                 if unreachable:
                     raise StoreError(
                         f"cannot list the store {source.name}, and no node has a local checkpoint: nothing was "
                         "started, since starting over could overwrite the run's progress there. Start again "
-                        "when the store is reachable")
+                        "when the store is reachable"
+                    )
                 return None
             have, local = None, None
             if self.placement.is_node_leader:
@@ -341,11 +357,18 @@ class CheckpointManager:
                 path = self.root / mf.step_dir_name(choice.step)
                 verdict = mf.inspect(path, verify_checksums=False)
                 source_name = "store" if any(f for _, f, _ in outcome) else "local"
-                return ResumePoint(choice.step, path, source_name, verdict.manifest or {}, choice.warnings + notes,
-                                   find_seconds=time.monotonic() - started)
+                return ResumePoint(
+                    choice.step,
+                    path,
+                    source_name,
+                    verdict.manifest or {},
+                    choice.warnings + notes,
+                    find_seconds=time.monotonic() - started,
+                )
 
-    def _have(self, step: int, scanned: list[mf.Verdict], remote: set[int],
-              verified: dict[int, mf.Verdict]) -> tuple[Optional[Outcome], Optional[mf.Verdict]]:
+    def _have(
+        self, step: int, scanned: list[mf.Verdict], remote: set[int], verified: dict[int, mf.Verdict]
+    ) -> tuple[Optional[Outcome], Optional[mf.Verdict]]:
         """Node leader: is `step` valid here? ((ok, tried the store, one-line note), or None when the store
         must supply it; the local verdict)."""
         local = next((v for v in scanned if v.step == step), None)
@@ -354,17 +377,27 @@ class CheckpointManager:
         if local is not None and local.state == "valid" and not self._lacks_parts(local, remote):
             return (True, False, None), local
         if local is not None and local.state == "valid":
-            verified[step] = replace(local, state="incomplete", reason="written by more nodes; the others' parts "
-                                     "are neither here nor durable in the store")
-            return (False, False, (f"node {self.placement.node_rank}: step_{step} was written by "
-                                   f"{local.manifest.get('num_nodes')} nodes and cannot be resharded from this "
-                                   "node's part alone")), local
+            verified[step] = replace(
+                local,
+                state="incomplete",
+                reason="written by more nodes; the others' parts are neither here nor durable in the store",
+            )
+            return (
+                False,
+                False,
+                (
+                    f"node {self.placement.node_rank}: step_{step} was written by "
+                    f"{local.manifest.get('num_nodes')} nodes and cannot be resharded from this "
+                    "node's part alone"
+                ),
+            ), local
         if local is not None:
             verified[step] = local
         return (None if step in remote else (False, False, None)), local
 
-    def _fetch(self, step: int, have, local: Optional[mf.Verdict],
-               verified: dict[int, mf.Verdict]) -> Optional[Outcome]:
+    def _fetch(
+        self, step: int, have, local: Optional[mf.Verdict], verified: dict[int, mf.Verdict]
+    ) -> Optional[Outcome]:
         """Every rank (collective, on the I/O group): each node leader that must fetch `step` plans its node's
         part (marker, manifest), then every rank of that node downloads and verifies its share of the files
         at once (remote.shares: one process per rank, so a 210 GB part comes down in parallel, not through
@@ -433,11 +466,16 @@ class CheckpointManager:
 
         self._engine = engine
         target = getattr(self._resume_source, "stream_target", None)  # durable.StoreTier: stream while writing
-        self._writer = CheckpointWriter(rank=self.placement.rank, node_rank=self.placement.node_rank,
-                                        is_node_leader=self.placement.is_node_leader,
-                                        exchange=self.comm.writer_exchange, on_committed=self._on_committed,
-                                        after_commit=self._retain, warn=self.warn,
-                                        streams=target() if target is not None else None)
+        self._writer = CheckpointWriter(
+            rank=self.placement.rank,
+            node_rank=self.placement.node_rank,
+            is_node_leader=self.placement.is_node_leader,
+            exchange=self.comm.writer_exchange,
+            on_committed=self._on_committed,
+            after_commit=self._retain,
+            warn=self.warn,
+            streams=target() if target is not None else None,
+        )
         self._writer.stream_sink = self._stream_sink
         engine.checkpoint_engine = SnapshotCheckpointEngine(self._writer, BufferPool())
 
@@ -467,8 +505,13 @@ class CheckpointManager:
             load_dir = self.root
         # With LoRA the checkpoint holds only the trainable state: the frozen base is not in it (it was
         # loaded from its files before), so the module state is loaded non-strictly.
-        path, _ = self._engine.load_checkpoint(str(load_dir), tag=point.path.name, load_optimizer_states=True,
-                                              load_lr_scheduler_states=True, load_module_strict=not self._adapters_only)
+        path, _ = self._engine.load_checkpoint(
+            str(load_dir),
+            tag=point.path.name,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+            load_module_strict=not self._adapters_only,
+        )
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load {point.path}")
         if resharded:
@@ -478,17 +521,34 @@ class CheckpointManager:
             restore_rng(own["rng"])
         replay_adam_bias_correction(basic_optimizer(self._engine))
         if self._engine.global_steps != state.step:
-            raise CheckpointError(f"{point.path}: DeepSpeed restored global step {self._engine.global_steps}, "
-                                  f"the manifest says {state.step}")
+            raise CheckpointError(
+                f"{point.path}: DeepSpeed restored global step {self._engine.global_steps}, "
+                f"the manifest says {state.step}"
+            )
         self.last_committed = state.step
         self._last_save_time = time.monotonic()
         seconds = time.monotonic() - start
-        self._emit("resume", step=state.step, checkpoint=str(point.path), source=point.source,
-                   load_seconds=round(seconds, 6), find_seconds=round(point.find_seconds, 6), bytes=m.get("bytes"),
-                   samples=state.samples,
-                   tokens=state.tokens, skipped=point.warnings,
-                   **({"world_size_from": m.get("world_size"), "world_size": self.placement.world_size,
-                       "convert_seconds": round(convert_seconds, 6)} if resharded else {}))
+        self._emit(
+            "resume",
+            step=state.step,
+            checkpoint=str(point.path),
+            source=point.source,
+            load_seconds=round(seconds, 6),
+            find_seconds=round(point.find_seconds, 6),
+            bytes=m.get("bytes"),
+            samples=state.samples,
+            tokens=state.tokens,
+            skipped=point.warnings,
+            **(
+                {
+                    "world_size_from": m.get("world_size"),
+                    "world_size": self.placement.world_size,
+                    "convert_seconds": round(convert_seconds, 6),
+                }
+                if resharded
+                else {}
+            ),
+        )
         return Restored(state, seconds, int(m.get("bytes") or 0))
 
     def _vet(self, point: ResumePoint) -> None:
@@ -520,8 +580,13 @@ class CheckpointManager:
                 sha = reshard.manifest_sha256(point.path)
                 if reshard.cached(self.run_dir, point.step, sha) is None:
                     fetch = getattr(self._resume_source, "fetch_part", None)
-                    source = reshard.gather(point.path, int(m["world_size"]), int(m.get("num_nodes") or 1),
-                                            (lambda node, d: fetch(point.step, node, d)) if fetch else None, staging)
+                    source = reshard.gather(
+                        point.path,
+                        int(m["world_size"]),
+                        int(m.get("num_nodes") or 1),
+                        (lambda node, d: fetch(point.step, node, d)) if fetch else None,
+                        staging,
+                    )
                     workers = max(1, min(8, (os.cpu_count() or 1) // max(1, self.placement.local_world_size)))
                     reshard.convert(source, self.run_dir, point.step, sha, workers=workers)
             except (CheckpointError, StoreError, OSError) as err:
@@ -533,8 +598,10 @@ class CheckpointManager:
             raise CheckpointError(errors[0])
         seconds = time.monotonic() - start
         if self.placement.is_global_zero:
-            self.warn(f"step_{point.step} was written by {_ranks(m.get('world_size'))} on {m.get('num_nodes')} "
-                      f"node(s), this start has {self.placement.world_size} on {self.placement.num_nodes}: converted to a universal checkpoint in {seconds:.1f} s")
+            self.warn(
+                f"step_{point.step} was written by {_ranks(m.get('world_size'))} on {m.get('num_nodes')} "
+                f"node(s), this start has {self.placement.world_size} on {self.placement.num_nodes}: converted to a universal checkpoint in {seconds:.1f} s"
+            )
         return reshard.universal_root(self.run_dir), seconds
 
     # ------------------------------------------------------------------ save
@@ -548,8 +615,16 @@ class CheckpointManager:
             return False
         return requested or (self._every_steps is not None and step % self._every_steps == 0)
 
-    def save(self, step: int, state: TrainState, *, kind: Kind = "interval", time_due: bool = False,
-             deadline: Optional[float] = None, blocking: bool = False) -> Optional["WriteResult"]:
+    def save(
+        self,
+        step: int,
+        state: TrainState,
+        *,
+        kind: Kind = "interval",
+        time_due: bool = False,
+        deadline: Optional[float] = None,
+        blocking: bool = False,
+    ) -> Optional["WriteResult"]:
         """Checkpoint `step` when it is due (collective, with the same arguments on every rank).
 
         `interval`: when the policy says so (every_steps, or `time_due`, the ranks' agreed answer to
@@ -559,8 +634,9 @@ class CheckpointManager:
         and returns the write's result (None when nothing was saved or it goes on in the background).
         """
         kind = CheckpointKind(kind)
-        if kind in (CheckpointKind.INTERVAL, CheckpointKind.REQUESTED) \
-                and not self._due(step, kind is CheckpointKind.REQUESTED or time_due):
+        if kind in (CheckpointKind.INTERVAL, CheckpointKind.REQUESTED) and not self._due(
+            step, kind is CheckpointKind.REQUESTED or time_due
+        ):
             return None
         if deadline is not None:
             self._writer.set_deadline(deadline)
@@ -583,11 +659,23 @@ class CheckpointManager:
         self.comm.barrier()
         self._writer.begin(step, kind, directory)
         try:
-            self._engine.save_checkpoint(str(self.root), tag=directory.name, client_state={}, save_latest=False,
-                                         exclude_frozen_parameters=self._adapters_only)
-            self._writer.add(directory / TRAINER_STATE.format(rank=self.placement.rank),
-                            {"rng": capture_rng(), "step": step, "samples": state.samples,
-                             "tokens": state.tokens, "data": state.data})
+            self._engine.save_checkpoint(
+                str(self.root),
+                tag=directory.name,
+                client_state={},
+                save_latest=False,
+                exclude_frozen_parameters=self._adapters_only,
+            )
+            self._writer.add(
+                directory / TRAINER_STATE.format(rank=self.placement.rank),
+                {
+                    "rng": capture_rng(),
+                    "step": step,
+                    "samples": state.samples,
+                    "tokens": state.tokens,
+                    "data": state.data,
+                },
+            )
         except BaseException:
             self._writer.abandon()
             raise
@@ -605,13 +693,25 @@ class CheckpointManager:
         import torch
 
         p = self.placement
-        return {"format": mf.FORMAT, "step": step, "kind": kind, "run_id": self.run_id, "attempt": self.attempt,
-                "created_at": time.time(), "samples": state.samples, "tokens": state.tokens, "data": state.data,
-                "world_size": p.world_size, "num_nodes": p.num_nodes, "node_rank": p.node_rank,
-                "recipe_fingerprint": self.recipe.fingerprint(), "recipe": self.recipe.model_dump(mode="json"),
-                "deepspeed_tag": mf.step_dir_name(step),
-                "rank_state_files": TRAINER_STATE.format(rank="<R>"),
-                "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__}}
+        return {
+            "format": mf.FORMAT,
+            "step": step,
+            "kind": kind,
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "created_at": time.time(),
+            "samples": state.samples,
+            "tokens": state.tokens,
+            "data": state.data,
+            "world_size": p.world_size,
+            "num_nodes": p.num_nodes,
+            "node_rank": p.node_rank,
+            "recipe_fingerprint": self.recipe.fingerprint(),
+            "recipe": self.recipe.model_dump(mode="json"),
+            "deepspeed_tag": mf.step_dir_name(step),
+            "rank_state_files": TRAINER_STATE.format(rank="<R>"),
+            "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
+        }
 
     def poll(self) -> Optional["WriteResult"]:
         """Report a finished background write (events, the predictor, the interval's re-plan); its result, once."""
@@ -624,9 +724,16 @@ class CheckpointManager:
             self.last_committed = result.step
             if self._predictor is not None:
                 self._predictor.observe_commit(result.blocked_seconds, result.write_seconds)
-            self._emit("checkpoint_end", step=result.step, kind=result.kind,
-                       blocked_seconds=round(result.blocked_seconds, 6), write_seconds=round(result.write_seconds, 6),
-                       bytes=result.bytes, path=str(result.path), committed_at=result.committed_at)
+            self._emit(
+                "checkpoint_end",
+                step=result.step,
+                kind=result.kind,
+                blocked_seconds=round(result.blocked_seconds, 6),
+                write_seconds=round(result.write_seconds, 6),
+                bytes=result.bytes,
+                path=str(result.path),
+                committed_at=result.committed_at,
+            )
             if self._planner is not None and result.kind != CheckpointKind.EMERGENCY:
                 self._every_seconds = self._planner.replan(f"after step_{result.step}")
         else:

@@ -70,9 +70,14 @@ def where_from_cluster_info(raw: Optional[str], num_nodes: int) -> dict[str, Any
 
     cloud = label("cloud")
     spot = info.get("use_spot", info.get("spot"))
-    return {"cloud": cloud.lower() if cloud != UNKNOWN else cloud, "region": label("region"),
-            "zone": label("zone"), "instance_type": label("instance_type"),
-            "spot": spot if isinstance(spot, bool) else UNKNOWN, "num_nodes": num_nodes}
+    return {
+        "cloud": cloud.lower() if cloud != UNKNOWN else cloud,
+        "region": label("region"),
+        "zone": label("zone"),
+        "instance_type": label("instance_type"),
+        "spot": spot if isinstance(spot, bool) else UNKNOWN,
+        "num_nodes": num_nodes,
+    }
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> Placement:
@@ -161,6 +166,12 @@ def init_process_group(backend: str, timeout, environ=os.environ) -> None:
         return
     shared = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent hosts it: every worker a client
     world = _int(environ, "WORLD_SIZE", 1)
-    store = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), world,
-                          is_master=not shared and launcher == "0", timeout=timeout, multi_tenant=True)
+    store = dist.TCPStore(
+        environ["MASTER_ADDR"],
+        int(environ["MASTER_PORT"]),
+        world,
+        is_master=not shared and launcher == "0",
+        timeout=timeout,
+        multi_tenant=True,
+    )
     dist.init_process_group(backend, store=store, rank=_int(environ, "RANK", 0), world_size=world, timeout=timeout)

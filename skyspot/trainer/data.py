@@ -65,11 +65,15 @@ RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 # Stanford Alpaca's prompt (tatsu-lab/stanford_alpaca, train.py PROMPT_DICT), which yahma/alpaca-cleaned
 # and most Alpaca-format sets are meant to be trained with.
-ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
-                 "context. Write a response that appropriately completes the request.\n\n"
-                 "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
-ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
-                          "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further "
+    "context. Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_PROMPT_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately "
+    "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
+)
 
 
 @dataclass
@@ -105,7 +109,7 @@ def synthetic_samples(num_samples: int, seq_len: int, seed: int, bos_id: int) ->
 
 def hub_name_and_split(source: str, default_split: str) -> tuple[str, str]:
     """`hf://org/name[:split]` -> ("org/name", split)."""
-    name, colon, split = source[len(HUB_PREFIX):].partition(":")
+    name, colon, split = source[len(HUB_PREFIX) :].partition(":")
     return name, (split if colon else default_split)
 
 
@@ -147,8 +151,9 @@ def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
             row += 1
 
 
-def iter_hub_records(name: str, split: str, loader: Optional[Callable[..., Any]] = None,
-                     **load_kwargs: Any) -> Iterator[tuple[str, Any]]:
+def iter_hub_records(
+    name: str, split: str, loader: Optional[Callable[..., Any]] = None, **load_kwargs: Any
+) -> Iterator[tuple[str, Any]]:
     """Rows of a `datasets` dataset. `hf://org/name` reaches here as name="org/name"; a local file goes
     through the same code as name="json", data_files=PATH (how it is tested)."""
     if loader is None:
@@ -176,8 +181,10 @@ def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, Any]]
     if source.startswith(HUB_PREFIX):
         return iter_hub_records(*hub_name_and_split(source, split))
     if source.startswith(REMOTE_SCHEMES):
-        raise UsageError(f"data.source '{source}' is in a bucket: the task mounts it on the node (or the trainer "
-                         "downloads it first); read it through that path")
+        raise UsageError(
+            f"data.source '{source}' is in a bucket: the task mounts it on the node (or the trainer "
+            "downloads it first); read it through that path"
+        )
     path = Path(os.path.expanduser(source))
     if not path.is_file():
         raise UsageError(f"data.source '{source}' is not 'synthetic', hf://org/name, or an existing file")
@@ -202,8 +209,9 @@ def iter_jsonl(path: Path, text_field: str) -> Iterator[str]:
         yield _text(record, text_field, where)
 
 
-def iter_hub(name: str, split: str, text_field: str, loader: Optional[Callable[..., Any]] = None,
-             **load_kwargs: Any) -> Iterator[str]:
+def iter_hub(
+    name: str, split: str, text_field: str, loader: Optional[Callable[..., Any]] = None, **load_kwargs: Any
+) -> Iterator[str]:
     """The `text_field` of each row of a `datasets` dataset."""
     rows = iter_hub_records(name, split, loader, **load_kwargs)
     first = next(rows, None)
@@ -286,23 +294,32 @@ def check_record(data, record: Any, where: str) -> None:
     fields = ", ".join(sorted(map(str, record))) or "none"
     if data.format == "text":
         if not isinstance(record.get(data.text_field), str):
-            raise UsageError(f"{where}: data.format=text needs a string field '{data.text_field}' (fields: {fields}); "
-                             "set data.text_field")
+            raise UsageError(
+                f"{where}: data.format=text needs a string field '{data.text_field}' (fields: {fields}); "
+                "set data.text_field"
+            )
     elif data.format == "alpaca":
         for name in ("instruction", "output"):
             if not isinstance(record.get(name), str):
-                raise UsageError(f"{where}: data.format=alpaca needs string fields instruction and output (and "
-                                 f"optionally input); this record has: {fields}")
+                raise UsageError(
+                    f"{where}: data.format=alpaca needs string fields instruction and output (and "
+                    f"optionally input); this record has: {fields}"
+                )
         if record.get("input") is not None and not isinstance(record.get("input"), str):
             raise UsageError(f"{where}: data.format=alpaca: 'input' must be a string")
     else:
         messages = record.get(data.messages_field)
         if not isinstance(messages, list) or not messages:
-            raise UsageError(f"{where}: data.format=chat needs a list field '{data.messages_field}' of "
-                             f"{{role, content}} messages (fields: {fields}); set data.messages_field")
+            raise UsageError(
+                f"{where}: data.format=chat needs a list field '{data.messages_field}' of "
+                f"{{role, content}} messages (fields: {fields}); set data.messages_field"
+            )
         for message in messages:
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
                 raise UsageError(f"{where}: each message in '{data.messages_field}' needs string 'role' and 'content'")
         if not any(m["role"] == "assistant" for m in messages):
             raise UsageError(f"{where}: a conversation without an assistant turn has nothing to learn")
@@ -363,25 +380,30 @@ def chat_example(tokenizer, messages: list[dict], where: str) -> tuple[list[int]
         if message["role"] != "assistant":
             continue
         prompt = _chat_ids(tokenizer, messages[:i], generation_prompt=True)
-        full = _chat_ids(tokenizer, messages[:i + 1], generation_prompt=False)
-        if prompt[:len(ids)] != ids or full[:len(prompt)] != prompt:
-            raise UsageError(f"{where}: the chat template does not render a conversation as a prefix of its "
-                             "continuation, so the assistant turns cannot be told apart; use data.format=text")
-        context, turn = prompt[len(ids):], full[len(prompt):]
+        full = _chat_ids(tokenizer, messages[: i + 1], generation_prompt=False)
+        if prompt[: len(ids)] != ids or full[: len(prompt)] != prompt:
+            raise UsageError(
+                f"{where}: the chat template does not render a conversation as a prefix of its "
+                "continuation, so the assistant turns cannot be told apart; use data.format=text"
+            )
+        context, turn = prompt[len(ids) :], full[len(prompt) :]
         ids += context + turn
         labels += [IGNORE_INDEX] * len(context) + turn
     return ids, labels
 
 
-def examples(recipe, tokenizer, records: Iterable[tuple[str, Any]], chunk: int = 1024
-             ) -> Iterator[tuple[list[int], list[int]]]:
+def examples(
+    recipe, tokenizer, records: Iterable[tuple[str, Any]], chunk: int = 1024
+) -> Iterator[tuple[list[int], list[int]]]:
     """(ids, labels) per record, for the recipe's data.format. Tokenised in chunks (fast tokenizers
     encode a list in parallel)."""
     data = recipe.data
     if data.format == "chat" and not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or recipe.model.tokenizer or recipe.model.hub_id
-        raise UsageError(f"data.format=chat needs a tokenizer with a chat template; {name} has none "
-                         "(use data.format=alpaca or text, or a tokenizer that has one)")
+        raise UsageError(
+            f"data.format=chat needs a tokenizer with a chat template; {name} has none "
+            "(use data.format=alpaca or text, or a tokenizer that has one)"
+        )
     batch: list[tuple[str, Any]] = []
 
     def flush() -> Iterator[tuple[list[int], list[int]]]:
@@ -482,8 +504,7 @@ def build_dataset(recipe, tokenizer, source: Optional[str] = None) -> Samples:
     if data.source == SYNTHETIC:
         ids = synthetic_samples(data.num_samples, train.seq_len, train.seed, tokenizer.bos_token_id)
         return Samples(ids, ids)
-    return _samples_from(recipe, tokenizer, source or data.source, data.split,
-                         f"data.source '{data.source}'")
+    return _samples_from(recipe, tokenizer, source or data.source, data.split, f"data.source '{data.source}'")
 
 
 def _samples_from(recipe, tokenizer, path: str, split: str, label: str) -> Samples:
@@ -494,18 +515,19 @@ def _samples_from(recipe, tokenizer, path: str, split: str, label: str) -> Sampl
     records = iter_records(path, split)
     is_txt = not path.startswith(HUB_PREFIX) and Path(path).suffix not in RECORD_SUFFIXES
     if is_txt and data.format != "text":
-        raise UsageError(f"{label} is plain text; data.format={data.format} needs records "
-                         "(.jsonl, .json, .parquet or hf://)")
+        raise UsageError(
+            f"{label} is plain text; data.format={data.format} needs records (.jsonl, .json, .parquet or hf://)"
+        )
     if is_txt:
         records = ((where, {data.text_field: r["text"]}) for where, r in records)
     items = examples(recipe, tokenizer, records)
-    samples = (pack_examples(items, train.seq_len) if data.packing
-               else pad_examples(items, train.seq_len, pad_id(tokenizer)))
+    samples = (
+        pack_examples(items, train.seq_len) if data.packing else pad_examples(items, train.seq_len, pad_id(tokenizer))
+    )
     if len(samples) == 0:
         if data.packing:
             raise UsageError(f"{label} holds fewer than seq_len={train.seq_len} tokens")
-        raise UsageError(f"{label}: no example has anything to train on within "
-                         f"seq_len={train.seq_len}")
+        raise UsageError(f"{label}: no example has anything to train on within seq_len={train.seq_len}")
     return samples
 
 
@@ -540,8 +562,9 @@ def subset(samples: Samples, indices: np.ndarray) -> Samples:
     return Samples(samples.ids[indices], samples.labels[indices], samples.examples, samples.dropped)
 
 
-def training_and_held_out(recipe, samples: Samples, eval_split: Optional[Samples] = None
-                          ) -> tuple[Samples, Optional[Samples]]:
+def training_and_held_out(
+    recipe, samples: Samples, eval_split: Optional[Samples] = None
+) -> tuple[Samples, Optional[Samples]]:
     """The training set and the held-out set the eval section names: data.eval_split's own set
     (built by build_eval_split), or eval.fraction of `samples`, removed from training (so the
     training order, DataOrder, never reaches them); no held-out set without either."""
@@ -597,22 +620,30 @@ class DataOrder:
         while count > 0:
             epoch, position = divmod(consumed, self.num_samples)
             take = min(count, self.num_samples - position)
-            out.append(self.permutation(epoch)[position:position + take])
+            out.append(self.permutation(epoch)[position : position + take])
             consumed += take
             count -= take
         return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
     def step_indices(self, consumed: int) -> np.ndarray:
         """This rank's [grad_accum, micro_batch] sample indices for the step starting at `consumed`."""
-        batch = self.global_indices(consumed, self.global_batch).reshape(self.grad_accum, self.dp_size, self.micro_batch)
+        batch = self.global_indices(consumed, self.global_batch).reshape(
+            self.grad_accum, self.dp_size, self.micro_batch
+        )
         return batch[:, self.dp_rank, :]
 
     def state(self, consumed: int) -> dict[str, Any]:
         """What the checkpoint records (consumed is the truth; epoch and position are for readers)."""
         epoch, position = divmod(consumed, self.num_samples)
-        return {"samples_consumed": consumed, "epoch": epoch, "position": position,
-                "num_samples": self.num_samples, "seed": self.seed, "shuffle": self.shuffle,
-                "global_batch": self.global_batch}
+        return {
+            "samples_consumed": consumed,
+            "epoch": epoch,
+            "position": position,
+            "num_samples": self.num_samples,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "global_batch": self.global_batch,
+        }
 
 
 def rebatch(global_batch: int, micro_batch: int, grad_accum: int, dp_size: int) -> tuple[int, int, Optional[str]]:
@@ -627,11 +658,21 @@ def rebatch(global_batch: int, micro_batch: int, grad_accum: int, dp_size: int) 
     if micro_batch * grad_accum * dp_size == global_batch:
         return micro_batch, grad_accum, None
     if global_batch % dp_size:
-        return micro_batch, grad_accum, (
-            f"the checkpoint's global batch {global_batch} does not divide by {dp_size} ranks: continuing with "
-            f"{micro_batch * grad_accum * dp_size} samples per step (the data stream continues where it stopped)")
+        return (
+            micro_batch,
+            grad_accum,
+            (
+                f"the checkpoint's global batch {global_batch} does not divide by {dp_size} ranks: continuing with "
+                f"{micro_batch * grad_accum * dp_size} samples per step (the data stream continues where it stopped)"
+            ),
+        )
     share = global_batch // dp_size
     micro = max(d for d in range(1, min(micro_batch, share) + 1) if share % d == 0)
-    return micro, share // micro, (
-        f"keeping the global batch of {global_batch} samples on {dp_size} rank{'s' if dp_size != 1 else ''}: micro batch {micro} x "
-        f"{share // micro} accumulation steps")
+    return (
+        micro,
+        share // micro,
+        (
+            f"keeping the global batch of {global_batch} samples on {dp_size} rank{'s' if dp_size != 1 else ''}: micro batch {micro} x "
+            f"{share // micro} accumulation steps"
+        ),
+    )

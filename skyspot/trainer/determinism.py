@@ -60,8 +60,11 @@ def seed_for_resume(seed: int, rank: int, step: int) -> None:
 
 def capture_rng() -> dict[str, Any]:
     """Every RNG state of this process (copies, safe to save later)."""
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -97,16 +100,35 @@ def replay_adam_bias_correction(optimizer) -> int:
     name = type(optimizer).__name__
     if name == "FusedAdam" and hasattr(optimizer, "multi_tensor_adam") and not torch.cuda.is_available():
         for s in range(1, step + 1):
-            optimizer.multi_tensor_adam(2048 * 32, optimizer._dummy_overflow_buf,
-                                        [[dummy[1]], [dummy[0]], [dummy[2]], [dummy[3]]],
-                                        group["lr"], beta1, beta2, group["eps"], s,
-                                        optimizer.adam_w_mode, 1 if group.get("bias_correction", True) else 0,
-                                        group["weight_decay"])
+            optimizer.multi_tensor_adam(
+                2048 * 32,
+                optimizer._dummy_overflow_buf,
+                [[dummy[1]], [dummy[0]], [dummy[2]], [dummy[3]]],
+                group["lr"],
+                beta1,
+                beta2,
+                group["eps"],
+                s,
+                optimizer.adam_w_mode,
+                1 if group.get("bias_correction", True) else 0,
+                group["weight_decay"],
+            )
         return step
     if hasattr(optimizer, "ds_opt_adam") and hasattr(optimizer, "opt_id"):  # DeepSpeedCPUAdam
         for s in range(1, step + 1):
-            optimizer.ds_opt_adam.adam_update(optimizer.opt_id, s, group["lr"], beta1, beta2, group["eps"],
-                                              group["weight_decay"], group.get("bias_correction", True),
-                                              dummy[0], dummy[1], dummy[2], dummy[3])
+            optimizer.ds_opt_adam.adam_update(
+                optimizer.opt_id,
+                s,
+                group["lr"],
+                beta1,
+                beta2,
+                group["eps"],
+                group["weight_decay"],
+                group.get("bias_correction", True),
+                dummy[0],
+                dummy[1],
+                dummy[2],
+                dummy[3],
+            )
         return step
     return 0

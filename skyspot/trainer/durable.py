@@ -43,8 +43,13 @@ START_RETRIES = dict(attempts=6, base_delay=1.0, max_delay=8.0)
 FINAL_UPLOAD_S = 900.0
 
 
-def emergency_deadline(notice_deadline: Optional[float], first_seen: Optional[float], cloud: Optional[str],
-                       environ: Mapping[str, str] = os.environ, now: Optional[float] = None) -> float:
+def emergency_deadline(
+    notice_deadline: Optional[float],
+    first_seen: Optional[float],
+    cloud: Optional[str],
+    environ: Mapping[str, str] = os.environ,
+    now: Optional[float] = None,
+) -> float:
     """The wall-clock time by which the emergency checkpoint's upload must be done. Pure.
 
     A notice's own deadline; else the first signal plus the cloud's notice window (30 s when the
@@ -89,8 +94,9 @@ class Probe:
 class StoreTier:
     """The run's store, seen from one trainer process (a ResumeSource for the checkpoint manager)."""
 
-    def __init__(self, uri: str, run_id: str, placement, *, warn: Callable[[str], None] = print,
-                 store: Optional[Store] = None):
+    def __init__(
+        self, uri: str, run_id: str, placement, *, warn: Callable[[str], None] = print, store: Optional[Store] = None
+    ):
         self.store = store if store is not None else open_store(uri)
         self.uri = self.store.uri
         self.name = self.uri
@@ -111,15 +117,22 @@ class StoreTier:
         try:
             steps = with_retries(lambda: remote_checkpoints(self.store, self.run_id), **retries)
             if fresh and steps:
-                return Probe(usage_error=(
-                    f"--fresh cannot start {self.run_id!r} over: {where} holds its checkpoints "
-                    f"(steps {', '.join(map(str, steps))}), and the store's are never deleted; use another "
-                    "--run-name, or delete that prefix yourself"))
+                return Probe(
+                    usage_error=(
+                        f"--fresh cannot start {self.run_id!r} over: {where} holds its checkpoints "
+                        f"(steps {', '.join(map(str, steps))}), and the store's are never deleted; use another "
+                        "--run-name, or delete that prefix yourself"
+                    )
+                )
             run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON)), **retries)
             attempt = next_attempt_in_store(self.store, self.run_id, **retries) if count else None
         except TransientStoreError as err:
-            return Probe(warning=(f"cannot reach the store {where} ({err}); resuming from local checkpoints if "
-                                  "there are any; uploads retry in the background"))
+            return Probe(
+                warning=(
+                    f"cannot reach the store {where} ({err}); resuming from local checkpoints if "
+                    "there are any; uploads retry in the background"
+                )
+            )
         except StoreError as err:
             return Probe(usage_error=f"store {where}: {err}")
         return Probe(attempt=attempt, remote_steps=steps, run_json=run_json)
@@ -178,11 +191,18 @@ class StoreTier:
         from skyspot.events import EVENTS_DIR
         from skyspot.trainer.uploader import Uploader
 
-        uploader = Uploader(self.store, self.run_id, events, keep=keep, warn=self.warn,
-                            node_rank=self.placement.node_rank, num_nodes=self.placement.num_nodes,
-                            retry_max_delay=_env_seconds("SKYSPOT_STORE_RETRY_MAX_SECONDS", 60.0, environ),
-                            events_dir=Path(run_dir) / EVENTS_DIR,
-                            events_every=_env_seconds("SKYSPOT_EVENTS_SYNC_SECONDS", 30.0, environ))
+        uploader = Uploader(
+            self.store,
+            self.run_id,
+            events,
+            keep=keep,
+            warn=self.warn,
+            node_rank=self.placement.node_rank,
+            num_nodes=self.placement.num_nodes,
+            retry_max_delay=_env_seconds("SKYSPOT_STORE_RETRY_MAX_SECONDS", 60.0, environ),
+            events_dir=Path(run_dir) / EVENTS_DIR,
+            events_every=_env_seconds("SKYSPOT_EVENTS_SYNC_SECONDS", 30.0, environ),
+        )
         uploader.note_durable(self.remote_steps or [])
         return uploader
 

@@ -48,8 +48,12 @@ def deepspeed_config(recipe) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     if ds.offload_params == "cpu":
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    optimizer_params: dict[str, Any] = {"lr": train.lr, "betas": list(ADAM_BETAS), "eps": ADAM_EPS,
-                                        "weight_decay": train.weight_decay}
+    optimizer_params: dict[str, Any] = {
+        "lr": train.lr,
+        "betas": list(ADAM_BETAS),
+        "eps": ADAM_EPS,
+        "weight_decay": train.weight_decay,
+    }
     if ds.offload_optimizer != "cpu":
         optimizer_params["torch_adam"] = True
         if torch.cuda.is_available():
@@ -84,9 +88,12 @@ def initialize(recipe, model: torch.nn.Module, ds_config: dict[str, Any]):
         # comes from the recipe, and only the step count comes from the checkpoint.
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    engine, _, _, _ = deepspeed.initialize(model=model, config=ds_config,
-                                           model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                           lr_scheduler=scheduler)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        config=ds_config,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        lr_scheduler=scheduler,
+    )
     return engine
 
 

@@ -42,8 +42,9 @@ from skyspot.events import EventType as T
 EVAL_ORDER_SALT = 0xE7A1_0DE5
 
 
-def eval_positions(num_samples: int, batches: int, micro_batch: int, dp_rank: int, dp_size: int,
-                   seed: int) -> tuple[np.ndarray, np.ndarray]:
+def eval_positions(
+    num_samples: int, batches: int, micro_batch: int, dp_rank: int, dp_size: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """([batches', micro_batch] sample indices of this rank, the same shape: which are real). batches'
     is eval.batches, or fewer when the set is smaller than one round of batches on every rank. Pure:
     the same on every start, different ranks disjoint."""
@@ -132,8 +133,9 @@ class Evaluator:
             return True
         return bool(self.every_seconds and now is not None and now - self.clock >= self.every_seconds)
 
-    def evaluate(self, engine, step: int, interrupted: Callable[[], bool], now: Optional[float] = None
-                 ) -> Optional[dict[str, Any]]:
+    def evaluate(
+        self, engine, step: int, interrupted: Callable[[], bool], now: Optional[float] = None
+    ) -> Optional[dict[str, Any]]:
         """Every rank together. The evaluation's figures, or None when a preemption interrupted it
         (nothing is recorded: the step is evaluated again after the resume)."""
         import torch
@@ -172,8 +174,7 @@ class Evaluator:
         rows = everyone.view(world, -1).cpu().tolist()
         loss, count = combine(rows)
         seconds = max(r[2] for r in rows)  # the slowest rank's: what the step waited
-        result = {"step": step, "loss": loss, "perplexity": perplexity(loss), "tokens": count,
-                  "batches": self.batches}
+        result = {"step": step, "loss": loss, "perplexity": perplexity(loss), "tokens": count, "batches": self.batches}
         self.done[step] = result
         if now is not None:
             self.clock = now + rows[0][2]  # rank 0's clock again: the seconds count training only
@@ -185,15 +186,25 @@ class Evaluator:
         return result
 
 
-def build_evaluator(recipe, held_out: Optional[Samples], *, device, dp_rank: int, dp_size: int,
-                    emit: Callable[..., None], is_writer: bool, history: Iterable[dict] = ()) -> Optional[Evaluator]:
+def build_evaluator(
+    recipe,
+    held_out: Optional[Samples],
+    *,
+    device,
+    dp_rank: int,
+    dp_size: int,
+    emit: Callable[..., None],
+    is_writer: bool,
+    history: Iterable[dict] = (),
+) -> Optional[Evaluator]:
     """The start's evaluator, or None when the recipe names no held-out set."""
     if held_out is None:
         return None
     micro = recipe.train.micro_batch_size
     positions, real = eval_positions(len(held_out), recipe.eval.batches, micro, dp_rank, dp_size, recipe.train.seed)
-    evaluator = Evaluator(held_out, positions, real, device, recipe.eval.every_steps, recipe.eval.every_seconds,
-                          emit, is_writer)
+    evaluator = Evaluator(
+        held_out, positions, real, device, recipe.eval.every_steps, recipe.eval.every_seconds, emit, is_writer
+    )
     evaluator.done = done_steps(history, evaluator.batches)
     return evaluator
 

@@ -97,20 +97,30 @@ def describe(code: int) -> str:
     return MEANING.get(code, "error")
 
 
-def write_exit_record(run_dir: str | os.PathLike, code: int, *, reason: str, attempt: Optional[int],
-                      step: Optional[int]) -> Path:
+def write_exit_record(
+    run_dir: str | os.PathLike, code: int, *, reason: str, attempt: Optional[int], step: Optional[int]
+) -> Path:
     """Record this start's exit code for the supervisor (atomic replace; read after the process ends)."""
     from skyspot.trainer.files import atomic_write_json
 
     path = Path(run_dir) / EXIT_RECORD
-    atomic_write_json(path, {"code": int(code), "meaning": describe(code), "reason": reason,
-                             "attempt": attempt, "step": step, "pid": os.getpid(), "ts": time.time(),
-                             "token": os.environ.get(TOKEN_ENV)})
+    atomic_write_json(
+        path,
+        {
+            "code": int(code),
+            "meaning": describe(code),
+            "reason": reason,
+            "attempt": attempt,
+            "step": step,
+            "pid": os.getpid(),
+            "ts": time.time(),
+            "token": os.environ.get(TOKEN_ENV),
+        },
+    )
     return path
 
 
-def read_exit_record(run_dir: str | os.PathLike, *, token: Optional[str],
-                     since: float) -> Optional[dict[str, Any]]:
+def read_exit_record(run_dir: str | os.PathLike, *, token: Optional[str], since: float) -> Optional[dict[str, Any]]:
     """This start's exit record, or None when there is none it can trust.
 
     Trusted when its token is ours; a record without a token (a trainer started by hand under

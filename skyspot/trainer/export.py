@@ -45,12 +45,15 @@ def gathered_state_dict(engine, *, trainable_only: bool = False) -> dict[str, to
         return engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=trainable_only) or {}
     if engine.global_rank == 0:
         params = {n for n, p in engine.module.named_parameters() if p.requires_grad} if trainable_only else None
-        return {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()
-                if params is None or k in params}
+        return {
+            k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items() if params is None or k in params
+        }
     return {}
 
 
-def merged_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: str = "default") -> dict[str, torch.Tensor]:
+def merged_state_dict(
+    state: dict[str, torch.Tensor], scaling: float, adapter: str = "default"
+) -> dict[str, torch.Tensor]:
     """A PeftModel's full state dict with each LoRA layer merged, W + scaling * B @ A (computed in fp32,
     stored in W's dtype), under the base model's own names. Pure."""
     out: dict[str, torch.Tensor] = {}
@@ -58,7 +61,7 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: s
     for key, value in state.items():
         if ".lora_" in key:
             continue
-        name = key[len(PEFT_PREFIX):] if key.startswith(PEFT_PREFIX) else key
+        name = key[len(PEFT_PREFIX) :] if key.startswith(PEFT_PREFIX) else key
         if name.endswith(".base_layer.weight"):
             layer = key[: -len(".base_layer.weight")]
             a, b = state.get(layer + lora_a), state.get(layer + lora_b)
@@ -71,8 +74,16 @@ def merged_state_dict(state: dict[str, torch.Tensor], scaling: float, adapter: s
     return out
 
 
-def export_final(engine, tokenizer, run_dir: Path, *, is_writer: bool, merge: bool = False, step: Optional[int] = None,
-                 evaluation: Optional[dict[str, Any]] = None) -> Path | None:
+def export_final(
+    engine,
+    tokenizer,
+    run_dir: Path,
+    *,
+    is_writer: bool,
+    merge: bool = False,
+    step: Optional[int] = None,
+    evaluation: Optional[dict[str, Any]] = None,
+) -> Path | None:
     """Write final/ (collective: every rank calls it; global rank 0 writes); `evaluation`: the last eval."""
     module = engine.module
     is_peft = hasattr(module, "peft_config")

@@ -40,19 +40,35 @@ LOG_DIR = "nccl"
 LOG_PATTERN = "nccl.%h.%p.log"  # NCCL expands %h (host name) and %p (pid) itself
 
 # The variables that steer NCCL's choice, recorded with it (none holds a secret).
-ENV_KEYS = ("NCCL_NET", "NCCL_NET_PLUGIN", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME",
-            "NCCL_NET_GDR_LEVEL", "FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME")
+ENV_KEYS = (
+    "NCCL_NET",
+    "NCCL_NET_PLUGIN",
+    "NCCL_IB_DISABLE",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_NET_GDR_LEVEL",
+    "FI_PROVIDER",
+    "FI_EFA_USE_DEVICE_RDMA",
+    "NCCL_GPUDIRECTTCPX_SOCKET_IFNAME",
+)
 
 _USING = re.compile(r"NCCL INFO Using network (.+?)\s*$", re.MULTILINE)
 _ROCE = re.compile(r"NET/IB : Using .*/RoCE")
 _EFA = re.compile(r"NET/OFI Selected [Pp]rovider is efa")
 _NETWORKS = (  # (substring of NCCL's network name, lower case) -> transport word
-    ("gpudirecttcpx", "tcpx"), ("fastrak", "tcpxo"), ("tcpxo", "tcpxo"), ("libfabric", "ofi"), ("ofi", "ofi"),
-    ("socket", "socket"), ("ib", "ib"))
+    ("gpudirecttcpx", "tcpx"),
+    ("fastrak", "tcpxo"),
+    ("tcpxo", "tcpxo"),
+    ("libfabric", "ofi"),
+    ("ofi", "ofi"),
+    ("socket", "socket"),
+    ("ib", "ib"),
+)
 
 
-def prepare(run_dir: Path, *, backend: str, node_leader: bool,
-            environ: MutableMapping[str, str] = os.environ) -> Optional[Path]:
+def prepare(
+    run_dir: Path, *, backend: str, node_leader: bool, environ: MutableMapping[str, str] = os.environ
+) -> Optional[Path]:
     """Before init_process_group: have this process's NCCL write its INIT/NET lines to a file; the
     directory it writes in, or None (not NCCL, not the node leader, or the task set NCCL_DEBUG)."""
     if backend != "nccl" or not node_leader or environ.get("NCCL_DEBUG") or environ.get("NCCL_DEBUG_FILE"):
@@ -96,10 +112,19 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"network": None, "transport": "unknown", "gdr": False}
 
 
-def record(log_dir: Optional[Path], *, backend: str, num_nodes: int, events=None,
-           environ: Mapping[str, str] = os.environ, pid: Optional[int] = None,
-           say: Callable[[str], None] = print, probe: Optional[Mapping[str, Any]] = None,
-           where: Optional[Mapping[str, Any]] = None, require: str = "warn") -> dict[str, Any]:
+def record(
+    log_dir: Optional[Path],
+    *,
+    backend: str,
+    num_nodes: int,
+    events=None,
+    environ: Mapping[str, str] = os.environ,
+    pid: Optional[int] = None,
+    say: Callable[[str], None] = print,
+    probe: Optional[Mapping[str, Any]] = None,
+    where: Optional[Mapping[str, Any]] = None,
+    require: str = "warn",
+) -> dict[str, Any]:
     """After the first collective and the probe (node leader): the `fabric` event, its one line in the log,
     and a warning for a multi-node run on sockets or below its instance type's figure. `probe`: the probe's
     fields (fabric_probe.ProbeResult.fields), `where`: the node's placement (its instance type and cloud).
@@ -109,29 +134,42 @@ def record(log_dir: Optional[Path], *, backend: str, num_nodes: int, events=None
         fields: dict[str, Any] = {"network": None, "transport": backend, "gdr": False, "source": "backend"}
     elif log_dir is not None:
         text = _read_log(log_dir, os.getpid() if pid is None else pid)
-        fields = {**(from_log(text) if text else _from_env(environ)), "source": "nccl log" if text else "env",
-                  "log": str(log_dir)}
+        fields = {
+            **(from_log(text) if text else _from_env(environ)),
+            "source": "nccl log" if text else "env",
+            "log": str(log_dir),
+        }
     else:
         fields = {**_from_env(environ), "source": "env"}
     fields.update(backend=backend, num_nodes=num_nodes, env=env, **dict(probe or {}))
     where = where or {}
     instance_type = where.get("instance_type")
     rate = expected_for(instance_type if instance_type not in (None, "", "unknown") else None, where.get("cloud"))
-    verdict = judge(busbw_gbps=fields.get("busbw_gbps"), transport=fields["transport"], num_nodes=num_nodes,
-                    expected=rate)
-    fields.update(instance_type=instance_type, expected_gbps=verdict.expected_gbps,
-                  expected=rate.text if rate is not None and num_nodes > 1 else None,
-                  expected_source=rate.source if rate is not None and num_nodes > 1 else None,
-                  on_sockets=verdict.on_sockets, below_expected=verdict.below_expected, require=require)
+    verdict = judge(
+        busbw_gbps=fields.get("busbw_gbps"), transport=fields["transport"], num_nodes=num_nodes, expected=rate
+    )
+    fields.update(
+        instance_type=instance_type,
+        expected_gbps=verdict.expected_gbps,
+        expected=rate.text if rate is not None and num_nodes > 1 else None,
+        expected_source=rate.source if rate is not None and num_nodes > 1 else None,
+        on_sockets=verdict.on_sockets,
+        below_expected=verdict.below_expected,
+        require=require,
+    )
     say(summary_line(fields))
     if verdict.warns:
-        advice = ("ZeRO-3's traffic will dominate each step. Ask for `resources.network_tier: best` on a cloud that "
-                  "has a fast fabric (docs/clouds.md, \"The fabric\")" if verdict.on_sockets else
-                  "Check what the node's fabric got (docs/clouds.md, \"The fabric probe\")")
+        advice = (
+            "ZeRO-3's traffic will dominate each step. Ask for `resources.network_tier: best` on a cloud that "
+            'has a fast fabric (docs/clouds.md, "The fabric")'
+            if verdict.on_sockets
+            else 'Check what the node\'s fabric got (docs/clouds.md, "The fabric probe")'
+        )
         fields["warning"] = f"{verdict.line}. {advice}"
     if verdict.short and require == "best":
-        fields["refused"] = (f"fabric.require=best: {verdict.line}; refusing to start "
-                             "(fabric.require=warn trains on it with a warning)")
+        fields["refused"] = (
+            f"fabric.require=best: {verdict.line}; refusing to start (fabric.require=warn trains on it with a warning)"
+        )
     elif "warning" in fields:
         say(f"warning: {fields['warning']}")
     if events is not None:
@@ -141,16 +179,22 @@ def record(log_dir: Optional[Path], *, backend: str, num_nodes: int, events=None
 
 def summary_line(fields: Mapping[str, Any]) -> str:
     """The log's one line: transport, the probe's bus bandwidth, size and iterations, the expected figure."""
-    parts = [f"fabric: {fields.get('num_nodes')} node(s) on {fields.get('transport')}"
-             + (f" ({fields['network']})" if fields.get("network") else "")]
+    parts = [
+        f"fabric: {fields.get('num_nodes')} node(s) on {fields.get('transport')}"
+        + (f" ({fields['network']})" if fields.get("network") else "")
+    ]
     if isinstance(fields.get("busbw_gbps"), (int, float)):
-        parts.append(f"all-reduce of {fields['probe_bytes'] / (1 << 20):g} MiB x {fields.get('probe_iters')}: bus "
-                     f"bandwidth {fields['busbw_gbps']:.2f} GB/s")
+        parts.append(
+            f"all-reduce of {fields['probe_bytes'] / (1 << 20):g} MiB x {fields.get('probe_iters')}: bus "
+            f"bandwidth {fields['busbw_gbps']:.2f} GB/s"
+        )
     else:
         parts.append("not probed")
     if fields.get("expected_gbps") is not None:
-        parts.append(f"expected {fields['expected_gbps']:g} GB/s ({fields.get('expected')})"
-                     + (" BELOW" if fields.get("below_expected") else ""))
+        parts.append(
+            f"expected {fields['expected_gbps']:g} GB/s ({fields.get('expected')})"
+            + (" BELOW" if fields.get("below_expected") else "")
+        )
     return "; ".join(parts)
 
 

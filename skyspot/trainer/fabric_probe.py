@@ -67,9 +67,14 @@ class ProbeResult:
     def fields(self) -> dict[str, Any]:
         """The `fabric` event's probe fields."""
         out = asdict(self)
-        return {"busbw_gbps": round(out["busbw_gbps"], 3), "algbw_gbps": round(out["algbw_gbps"], 3),
-                "probe_bytes": out["size_bytes"], "probe_iters": out["iters"],
-                "probe_seconds": round(out["seconds"], 6), "probe_world_size": out["world_size"]}
+        return {
+            "busbw_gbps": round(out["busbw_gbps"], 3),
+            "algbw_gbps": round(out["algbw_gbps"], 3),
+            "probe_bytes": out["size_bytes"],
+            "probe_iters": out["iters"],
+            "probe_seconds": round(out["seconds"], 6),
+            "probe_world_size": out["world_size"],
+        }
 
 
 def result(size_bytes: int, iters: int, seconds: float, world_size: int) -> ProbeResult:
@@ -77,8 +82,9 @@ def result(size_bytes: int, iters: int, seconds: float, world_size: int) -> Prob
     return ProbeResult(size_bytes, iters, seconds, algbw / 1e9, busbw / 1e9, world_size)
 
 
-def measure(size_bytes: int, device, *, warmup: int = WARMUP_ITERS, budget_s: float = BUDGET_S,
-            most: int = MAX_ITERS) -> Optional[ProbeResult]:
+def measure(
+    size_bytes: int, device, *, warmup: int = WARMUP_ITERS, budget_s: float = BUDGET_S, most: int = MAX_ITERS
+) -> Optional[ProbeResult]:
     """The probe, on every rank of the default process group (a collective: every rank calls it with the
     same arguments). None for a world of one, or a size of 0."""
     import torch

@@ -49,8 +49,9 @@ def parse(spec: str) -> list[Fault]:
         name, _, arg = (action or "kill").partition("=")
         if name not in ("kill", "pause", "hold", "enospc"):
             raise ValueError(f"{ENV}: unknown action {name!r} in {item!r}")
-        faults.append(Fault(point, int(step) if step else None, int(rank) if rank else None, name,
-                            float(arg) if arg else 0.0))
+        faults.append(
+            Fault(point, int(step) if step else None, int(rank) if rank else None, name, float(arg) if arg else 0.0)
+        )
     return faults
 
 

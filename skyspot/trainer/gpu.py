@@ -45,8 +45,12 @@ def driver_version(timeout: float = 10.0) -> str:
     if smi is None:
         return "no NVIDIA driver (no nvidia-smi)"
     try:
-        done = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=timeout)
+        done = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"NVIDIA driver unknown (nvidia-smi: {type(err).__name__})"
     versions = sorted({line.strip() for line in done.stdout.splitlines() if line.strip()})
@@ -56,17 +60,23 @@ def driver_version(timeout: float = 10.0) -> str:
     return f"NVIDIA driver {', '.join(versions)}"
 
 
-def problem(need: int, *, available: bool, devices: int, torch_version: str, cuda: Optional[str],
-            driver: str, source: str) -> Optional[str]:
+def problem(
+    need: int, *, available: bool, devices: int, torch_version: str, cuda: Optional[str], driver: str, source: str
+) -> Optional[str]:
     """The one line that refuses the node, or None when CUDA can serve `need` ranks. Pure."""
     if available and devices >= need:
         return None
     built = f"torch {torch_version} built for CUDA {cuda}" if cuda else f"torch {torch_version} built without CUDA"
     seen = f"sees {devices} CUDA device{'' if devices == 1 else 's'}" if available else "cannot use CUDA"
-    fix = (f"use an image whose driver supports CUDA {cuda}, or a torch build for this driver" if cuda
-           else "install a CUDA build of torch")
-    return (f"this node has GPUs for {need} rank{'' if need == 1 else 's'} ({source}) but {built} {seen} "
-            f"({driver}); refusing to train on the CPU: {fix}")
+    fix = (
+        f"use an image whose driver supports CUDA {cuda}, or a torch build for this driver"
+        if cuda
+        else "install a CUDA build of torch"
+    )
+    return (
+        f"this node has GPUs for {need} rank{'' if need == 1 else 's'} ({source}) but {built} {seen} "
+        f"({driver}); refusing to train on the CPU: {fix}"
+    )
 
 
 def require_cuda(local_ranks: Optional[int] = None, environ: Mapping[str, str] = os.environ) -> int:
@@ -86,8 +96,15 @@ def require_cuda(local_ranks: Optional[int] = None, environ: Mapping[str, str] =
         available = bool(torch.cuda.is_available())
         devices = torch.cuda.device_count() if available else 0
     source = next(f"{name}={environ[name].strip()}" for name in GPUS_ENV if environ.get(name, "").strip())
-    line = problem(need, available=available, devices=devices, torch_version=torch.__version__,
-                   cuda=torch.version.cuda, driver=driver_version() if devices < need else "", source=source)
+    line = problem(
+        need,
+        available=available,
+        devices=devices,
+        torch_version=torch.__version__,
+        cuda=torch.version.cuda,
+        driver=driver_version() if devices < need else "",
+        source=source,
+    )
     if line is not None:
         raise UsageError(line)
     return gpus

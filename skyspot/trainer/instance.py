@@ -37,7 +37,6 @@ TIMEOUT_S = 1.0  # ours: a metadata service answers in milliseconds; one that do
 BUDGET_S = 4.0  # ours: the most the whole reading may take
 
 
-
 def read(environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
     """This node's instance as its cloud's metadata service reports it; None off a cloud node or when it
     does not answer. Keys: cloud, instance_type, spot (bool), capacity (the cloud's word), zone, region,

@@ -150,11 +150,20 @@ class IntervalPlan:
 
     @property
     def inputs(self) -> dict[str, Any]:
-        return {"blocking_cost_s": self.blocking_cost_s, "mtbp_s": _finite(self.mtbp_s), "upload_s": self.upload_s,
-                "max_staleness_s": self.max_staleness_s, "daly_s": _finite(self.daly_s),
-                "young_s": _finite(self.young_s), "lower_s": self.lower_s, "upper_s": self.upper_s,
-                "bound": self.bound, "conflict": self.conflict, "expected_overhead": self.expected_overhead,
-                "sources": dict(self.sources)}
+        return {
+            "blocking_cost_s": self.blocking_cost_s,
+            "mtbp_s": _finite(self.mtbp_s),
+            "upload_s": self.upload_s,
+            "max_staleness_s": self.max_staleness_s,
+            "daly_s": _finite(self.daly_s),
+            "young_s": _finite(self.young_s),
+            "lower_s": self.lower_s,
+            "upper_s": self.upper_s,
+            "bound": self.bound,
+            "conflict": self.conflict,
+            "expected_overhead": self.expected_overhead,
+            "sources": dict(self.sources),
+        }
 
     def event_fields(self) -> dict[str, Any]:
         """Fields of an `interval_plan` event (events.EVENT_TYPES): every_seconds and inputs."""
@@ -168,9 +177,16 @@ def _finite(value: float) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-def plan_interval(blocking_cost_s: float, mtbp_s: float, upload_s: float, max_staleness_s: Optional[float] = None,
-                  *, min_interval_s: float = MIN_INTERVAL_S, max_interval_s: float = MAX_INTERVAL_S,
-                  sources: Optional[Mapping[str, str]] = None) -> IntervalPlan:
+def plan_interval(
+    blocking_cost_s: float,
+    mtbp_s: float,
+    upload_s: float,
+    max_staleness_s: Optional[float] = None,
+    *,
+    min_interval_s: float = MIN_INTERVAL_S,
+    max_interval_s: float = MAX_INTERVAL_S,
+    sources: Optional[Mapping[str, str]] = None,
+) -> IntervalPlan:
     """Choose the interval: Daly's optimum for the BLOCKING cost, clamped to [lower, upper].
 
     lower = max(min_interval_s, upload_s): each checkpoint must become durable before the next one
@@ -197,9 +213,11 @@ def plan_interval(blocking_cost_s: float, mtbp_s: float, upload_s: float, max_st
     if upper < lower:
         every, bound, conflict = lower, lower_bound, True
         if upper_bound == "staleness":
-            note = (f"max staleness {max_staleness_s:g} s cannot be met: the durable copy is at best "
-                    f"{lower + blocking_cost_s + upload_s:.0f} s old ({lower:.0f} s interval + "
-                    f"{blocking_cost_s:.0f} s blocking + {upload_s:.0f} s upload)")
+            note = (
+                f"max staleness {max_staleness_s:g} s cannot be met: the durable copy is at best "
+                f"{lower + blocking_cost_s + upload_s:.0f} s old ({lower:.0f} s interval + "
+                f"{blocking_cost_s:.0f} s blocking + {upload_s:.0f} s upload)"
+            )
         else:
             note = f"an upload takes {upload_s:.0f} s, longer than the {max_interval_s:.0f} s cap on the interval"
     elif daly < lower:
@@ -208,11 +226,22 @@ def plan_interval(blocking_cost_s: float, mtbp_s: float, upload_s: float, max_st
         every, bound = upper, upper_bound
     else:
         every, bound = daly, "daly"
-    return IntervalPlan(every_seconds=float(every), bound=bound, daly_s=daly, young_s=young, lower_s=float(lower),
-                        upper_s=float(upper), blocking_cost_s=float(blocking_cost_s), mtbp_s=float(mtbp_s),
-                        upload_s=float(upload_s), max_staleness_s=max_staleness_s, conflict=conflict,
-                        expected_overhead=_overhead(every, blocking_cost_s, mtbp_s), note=note,
-                        sources=dict(sources or {}))
+    return IntervalPlan(
+        every_seconds=float(every),
+        bound=bound,
+        daly_s=daly,
+        young_s=young,
+        lower_s=float(lower),
+        upper_s=float(upper),
+        blocking_cost_s=float(blocking_cost_s),
+        mtbp_s=float(mtbp_s),
+        upload_s=float(upload_s),
+        max_staleness_s=max_staleness_s,
+        conflict=conflict,
+        expected_overhead=_overhead(every, blocking_cost_s, mtbp_s),
+        note=note,
+        sources=dict(sources or {}),
+    )
 
 
 def _overhead(tau: float, C: float, M: float) -> Optional[float]:
@@ -255,16 +284,23 @@ def _events(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> list[Mapping[s
     return sorted((e for e in events if isinstance(e.get("ts"), (int, float))), key=lambda e: e["ts"])
 
 
-def attempt_uptimes(log: Union[EventLog, Iterable[Mapping[str, Any]]], *,
-                    now: Optional[float] = None) -> list[AttemptUptime]:
+def attempt_uptimes(
+    log: Union[EventLog, Iterable[Mapping[str, Any]]], *, now: Optional[float] = None
+) -> list[AttemptUptime]:
     """Per attempt (skyspot/attempts.py `split`): how long it ran before it was preempted (to its first
     notice), or until it ended, or until `now`; whether it was preempted; whether it ran on spot."""
     events = log.events if isinstance(log, EventLog) else log
     return [AttemptUptime(a.number, a.uptime_s, a.preempted, a.spot) for a in split(events, now=now)]
 
 
-def mtbp_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]], prior_s: float, min_observations: int = 2,
-                     *, prior_weight: float = 1.0, now: Optional[float] = None) -> MtbpEstimate:
+def mtbp_from_events(
+    log: Union[EventLog, Iterable[Mapping[str, Any]]],
+    prior_s: float,
+    min_observations: int = 2,
+    *,
+    prior_weight: float = 1.0,
+    now: Optional[float] = None,
+) -> MtbpEstimate:
     """The mean time between preemptions: the prior until `min_observations` preemptions are seen, then
 
         (prior_weight * prior_s + exposure) / (prior_weight + preemptions)
@@ -290,8 +326,7 @@ def mtbp_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]], prior_s:
     return MtbpEstimate(mtbp, "observed+prior", preemptions, exposure, observed, prior_s, prior_weight, uptimes)
 
 
-def _per_checkpoint(events: list[Mapping[str, Any]], type: str, value: str,
-                    keep=lambda e: True) -> list[float]:
+def _per_checkpoint(events: list[Mapping[str, Any]], type: str, value: str, keep=lambda e: True) -> list[float]:
     """One figure per checkpoint (attempt, step, kind): the largest over ranks and nodes, since a
     collective save waits for its slowest rank and a checkpoint is durable when its last node is."""
     worst: dict[tuple, float] = {}
@@ -309,8 +344,12 @@ def _per_checkpoint(events: list[Mapping[str, Any]], type: str, value: str,
 def blocking_cost_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]]) -> Optional[float]:
     """Median `blocked_seconds` of the run's interval checkpoints (`checkpoint_end`, any kind but
     `emergency`), taking the slowest rank of each; None before the first one."""
-    values = _per_checkpoint(_events(log), T.CHECKPOINT_END, "blocked_seconds",
-                             lambda e: str(e.get("kind", "")).lower() != CheckpointKind.EMERGENCY)
+    values = _per_checkpoint(
+        _events(log),
+        T.CHECKPOINT_END,
+        "blocked_seconds",
+        lambda e: str(e.get("kind", "")).lower() != CheckpointKind.EMERGENCY,
+    )
     return statistics.median(values) if values else None
 
 
@@ -321,27 +360,47 @@ def upload_seconds_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]]
     return statistics.median(values) if values else None
 
 
-def plan_from_events(log: Union[EventLog, Iterable[Mapping[str, Any]]], *, prior_s: float, blocking_cost_s: float,
-                     upload_s: float, max_staleness_s: Optional[float] = None, min_observations: int = 2,
-                     prior_weight: float = 1.0, now: Optional[float] = None,
-                     min_interval_s: float = MIN_INTERVAL_S) -> IntervalPlan:
+def plan_from_events(
+    log: Union[EventLog, Iterable[Mapping[str, Any]]],
+    *,
+    prior_s: float,
+    blocking_cost_s: float,
+    upload_s: float,
+    max_staleness_s: Optional[float] = None,
+    min_observations: int = 2,
+    prior_weight: float = 1.0,
+    now: Optional[float] = None,
+    min_interval_s: float = MIN_INTERVAL_S,
+) -> IntervalPlan:
     """Re-plan from what the run has seen: observed blocking cost, upload time and preemptions, each
     replacing its estimate (`blocking_cost_s`, `upload_s`, `prior_s`) once observed. The plan's
     `sources` say which were used."""
     observed_c = blocking_cost_from_events(log)
     observed_u = upload_seconds_from_events(log)
     mtbp = mtbp_from_events(log, prior_s, min_observations, prior_weight=prior_weight, now=now)
-    sources = {"blocking_cost_s": "observed median" if observed_c is not None else "estimate",
-               "upload_s": "observed median" if observed_u is not None else "estimate",
-               "mtbp_s": f"{mtbp.source} ({mtbp.preemptions} preemptions in {mtbp.exposure_s:.0f} s)"}
-    return plan_interval(observed_c if observed_c is not None else blocking_cost_s, mtbp.mtbp_s,
-                         observed_u if observed_u is not None else upload_s, max_staleness_s,
-                         min_interval_s=min_interval_s, sources=sources)
+    sources = {
+        "blocking_cost_s": "observed median" if observed_c is not None else "estimate",
+        "upload_s": "observed median" if observed_u is not None else "estimate",
+        "mtbp_s": f"{mtbp.source} ({mtbp.preemptions} preemptions in {mtbp.exposure_s:.0f} s)",
+    }
+    return plan_interval(
+        observed_c if observed_c is not None else blocking_cost_s,
+        mtbp.mtbp_s,
+        observed_u if observed_u is not None else upload_s,
+        max_staleness_s,
+        min_interval_s=min_interval_s,
+        sources=sources,
+    )
 
 
-def initial_plan(recipe: "Recipe", cloud: str, *, bandwidth: Optional[Mapping[str, Mapping[str, float]]] = None,
-                 environ: Optional[Mapping[str, str]] = None,
-                 max_staleness_s: Optional[float] = None) -> Optional[IntervalPlan]:
+def initial_plan(
+    recipe: "Recipe",
+    cloud: str,
+    *,
+    bandwidth: Optional[Mapping[str, Mapping[str, float]]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    max_staleness_s: Optional[float] = None,
+) -> Optional[IntervalPlan]:
     """The plan before any event: blocking cost = the local write, upload time and MTBP from the
     assumptions and priors above. None when the model's size is unknown."""
     state = state_bytes(recipe, environ=environ)
@@ -350,10 +409,17 @@ def initial_plan(recipe: "Recipe", cloud: str, *, bandwidth: Optional[Mapping[st
     bw = bandwidth_for(cloud, disk_size_gb=recipe.resources.disk_size, overrides=bandwidth, environ=environ)
     accelerator = recipe.resources.accelerators[0] if recipe.resources.accelerators else None
     prior = mtbp_prior(cloud, accelerator, recipe.resources.num_nodes)
-    return plan_interval(state.bytes_per_node / (bw.write_gbps * GB), prior.job_s,
-                         state.bytes_per_node / (bw.upload_gbps * GB), max_staleness_s,
-                         sources={"blocking_cost_s": f"estimate: local write ({bw.write_source})",
-                                  "upload_s": f"estimate: upload ({bw.upload_source})", "mtbp_s": prior.source})
+    return plan_interval(
+        state.bytes_per_node / (bw.write_gbps * GB),
+        prior.job_s,
+        state.bytes_per_node / (bw.upload_gbps * GB),
+        max_staleness_s,
+        sources={
+            "blocking_cost_s": f"estimate: local write ({bw.write_source})",
+            "upload_s": f"estimate: upload ({bw.upload_source})",
+            "mtbp_s": prior.source,
+        },
+    )
 
 
 # =========================================================================== the planner the loop asks
@@ -366,8 +432,16 @@ FALLBACK_COST_S, FALLBACK_PRIOR_S = 10.0, 6 * 3600.0
 
 
 class IntervalPlanner:
-    def __init__(self, recipe, cloud: Optional[str], events_dir: Path, *, history: Iterable[dict] = (),
-                 emit: Callable[..., Any], say: Callable[[str], None]):
+    def __init__(
+        self,
+        recipe,
+        cloud: Optional[str],
+        events_dir: Path,
+        *,
+        history: Iterable[dict] = (),
+        emit: Callable[..., Any],
+        say: Callable[[str], None],
+    ):
         self.emit, self.say = emit, say
         checkpoint = recipe.checkpoint
         self.min_interval_s = float(checkpoint.min_every_seconds or MIN_INTERVAL_S)
@@ -379,8 +453,11 @@ class IntervalPlanner:
         self.cost_s = first.blocking_cost_s if first else FALLBACK_COST_S
         self.upload_s = first.upload_s if first else FALLBACK_COST_S
         self.prior_s = float(checkpoint.mtbp_prior_seconds or (first.mtbp_s if first else FALLBACK_PRIOR_S))
-        self.prior_source = ("checkpoint.mtbp_prior_seconds" if checkpoint.mtbp_prior_seconds
-                             else (first.sources.get("mtbp_s") if first else "fallback prior (6 h)"))
+        self.prior_source = (
+            "checkpoint.mtbp_prior_seconds"
+            if checkpoint.mtbp_prior_seconds
+            else (first.sources.get("mtbp_s") if first else "fallback prior (6 h)")
+        )
         self._tail = EventTail(events_dir)
         self._kept: list[dict] = []
         self._last_of_attempt: dict[Any, dict] = {}
@@ -400,8 +477,13 @@ class IntervalPlanner:
         seen = {id(e) for e in self._kept}
         log = self._kept + [e for e in self._last_of_attempt.values() if id(e) not in seen]
         try:
-            plan = plan_from_events(log, prior_s=self.prior_s, blocking_cost_s=self.cost_s, upload_s=self.upload_s,
-                                    min_interval_s=self.min_interval_s)
+            plan = plan_from_events(
+                log,
+                prior_s=self.prior_s,
+                blocking_cost_s=self.cost_s,
+                upload_s=self.upload_s,
+                min_interval_s=self.min_interval_s,
+            )
         except (ValueError, ArithmeticError) as err:
             if self.every_seconds is None:
                 self.every_seconds = DEFAULT_AUTO_SECONDS
@@ -416,7 +498,9 @@ class IntervalPlanner:
         fields["inputs"]["sources"].setdefault("prior", self.prior_source)
         self.emit("interval_plan", **fields, reason=reason, previous_seconds=previous)
         src = plan.sources
-        self.say(f"checkpoint interval {plan.every_seconds:.0f} s ({reason}; {plan.bound}: C {plan.blocking_cost_s:.2f} s "
-                 f"[{src.get('blocking_cost_s')}], M {plan.mtbp_s:.0f} s [{src.get('mtbp_s')}], "
-                 f"upload {plan.upload_s:.1f} s)" + (f", was {previous:.0f} s" if previous is not None else ""))
+        self.say(
+            f"checkpoint interval {plan.every_seconds:.0f} s ({reason}; {plan.bound}: C {plan.blocking_cost_s:.2f} s "
+            f"[{src.get('blocking_cost_s')}], M {plan.mtbp_s:.0f} s [{src.get('mtbp_s')}], "
+            f"upload {plan.upload_s:.1f} s)" + (f", was {previous:.0f} s" if previous is not None else "")
+        )
         return self.every_seconds

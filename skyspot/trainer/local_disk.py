@@ -60,7 +60,7 @@ REMOTE_MODELS = ("amazon elastic block store", "nvme_card-", "msft nvme accelera
 
 
 def disk_kind(model: str) -> str:
-    """"local", "remote" or "unknown" for an NVMe device's model string."""
+    """ "local", "remote" or "unknown" for an NVMe device's model string."""
     name = " ".join(model.lower().split())
     if any(name.startswith(m) for m in REMOTE_MODELS):
         return "remote"
@@ -143,16 +143,23 @@ def _mounts(text: Optional[str] = None) -> dict[str, str]:
     return out
 
 
-def plan(devices: list[Device], mounts_text: Optional[str] = None, mountpoint: str = MOUNT,
-         user: Optional[str] = None, sys_block: Path = Path("/sys/block")) -> Plan:
+def plan(
+    devices: list[Device],
+    mounts_text: Optional[str] = None,
+    mountpoint: str = MOUNT,
+    user: Optional[str] = None,
+    sys_block: Path = Path("/sys/block"),
+) -> Plan:
     """What to run for these devices. Pure (given the mount table and /sys/block)."""
     mounts = _mounts(mounts_text)
     if mountpoint in mounts.values():
         return Plan(devices, mountpoint, reason=f"{mountpoint} is mounted already")
     # A filesystem the cloud (or an earlier setup) already put on local NVMe: use it as it is.
     for device in devices:
-        if device.busy.startswith("mounted at ") and device.busy[len("mounted at "):] not in ("/", "/boot"):
-            return Plan(devices, device.busy[len("mounted at "):], reason=f"/dev/{device.name} is already {device.busy}")
+        if device.busy.startswith("mounted at ") and device.busy[len("mounted at ") :] not in ("/", "/boot"):
+            return Plan(
+                devices, device.busy[len("mounted at ") :], reason=f"/dev/{device.name} is already {device.busy}"
+            )
     for md, target in mounts.items():
         if md.startswith("/dev/md") and target not in ("/", "/boot"):
             slaves = sys_block / Path(os.path.realpath(md)).name / "slaves"
@@ -161,26 +168,46 @@ def plan(devices: list[Device], mounts_text: Optional[str] = None, mountpoint: s
                 return Plan(devices, target, reason=f"{md} (RAID of local NVMe) is mounted at {target}")
     free = [d for d in devices if not d.busy]
     if not free:
-        why = "no local NVMe" if not devices else "every local NVMe is in use (" + "; ".join(
-            f"{d.name} {d.busy}" for d in devices) + ")"
+        why = (
+            "no local NVMe"
+            if not devices
+            else "every local NVMe is in use (" + "; ".join(f"{d.name} {d.busy}" for d in devices) + ")"
+        )
         return Plan(devices, None, reason=why)
     paths = [f"/dev/{d.name}" for d in free]
     commands: list[list[str]] = []
     if len(paths) > 1:
-        commands.append(["sudo", "mdadm", "--create", MD_DEVICE, "--level=0", f"--raid-devices={len(paths)}",
-                         "--force", "--run", *paths])
+        commands.append(
+            [
+                "sudo",
+                "mdadm",
+                "--create",
+                MD_DEVICE,
+                "--level=0",
+                f"--raid-devices={len(paths)}",
+                "--force",
+                "--run",
+                *paths,
+            ]
+        )
         target = MD_DEVICE
     else:
         target = paths[0]
     # lazy init and no discard: the filesystem is ready in seconds, not minutes, on terabytes of NVMe
-    commands += [["sudo", "mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", target],
-                 ["sudo", "mkdir", "-p", mountpoint],
-                 ["sudo", "mount", "-o", "noatime", target, mountpoint],
-                 ["sudo", "chown", user or _user(), mountpoint]]
+    commands += [
+        ["sudo", "mkfs.ext4", "-F", "-q", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", target],
+        ["sudo", "mkdir", "-p", mountpoint],
+        ["sudo", "mount", "-o", "noatime", target, mountpoint],
+        ["sudo", "chown", user or _user(), mountpoint],
+    ]
     size = sum(d.size_bytes for d in free)
-    return Plan(devices, mountpoint, commands,
-                f"{len(free)} local NVMe device(s), {size / 1e9:,.0f} GB, "
-                + ("striped (RAID 0)" if len(paths) > 1 else "one device"))
+    return Plan(
+        devices,
+        mountpoint,
+        commands,
+        f"{len(free)} local NVMe device(s), {size / 1e9:,.0f} GB, "
+        + ("striped (RAID 0)" if len(paths) > 1 else "one device"),
+    )
 
 
 def _user() -> str:
@@ -234,12 +261,26 @@ def record_event(run_dir: Path, events) -> Optional[dict]:
         return None
     if not isinstance(found, dict):
         return None
-    fields = {k: found.get(k) for k in ("write_gbps", "mountpoint", "devices", "device_bytes", "probe_bytes",
-                                        "probe_seconds", "measured_at", "reason")}
+    fields = {
+        k: found.get(k)
+        for k in (
+            "write_gbps",
+            "mountpoint",
+            "devices",
+            "device_bytes",
+            "probe_bytes",
+            "probe_seconds",
+            "measured_at",
+            "reason",
+        )
+    }
     fields["used"] = found.get("used", True) is not False
     if not fields["used"]:
-        print(f"[skyspot] local disk: local NVMe left unused ({fields['reason']}); the run directory is on the "
-              "root disk", file=sys.stderr, flush=True)
+        print(
+            f"[skyspot] local disk: local NVMe left unused ({fields['reason']}); the run directory is on the root disk",
+            file=sys.stderr,
+            flush=True,
+        )
     if events is not None:
         events.emit("local_disk", **fields)
     return fields
@@ -258,9 +299,15 @@ def _not_a_node(environ) -> Optional[str]:
     return None
 
 
-def run(argv: Optional[Sequence[str]] = None, *, execute: Callable[[list[str]], int] = None,
-        say: Callable[[str], None] = lambda line: print(f"[skyspot] {line}", file=sys.stderr, flush=True),
-        sys_block: Path = Path("/sys/block"), mounts_text: Optional[str] = None, environ=None) -> int:
+def run(
+    argv: Optional[Sequence[str]] = None,
+    *,
+    execute: Callable[[list[str]], int] = None,
+    say: Callable[[str], None] = lambda line: print(f"[skyspot] {line}", file=sys.stderr, flush=True),
+    sys_block: Path = Path("/sys/block"),
+    mounts_text: Optional[str] = None,
+    environ=None,
+) -> int:
     parser = argparse.ArgumentParser(prog="python -m skyspot.trainer.local_disk", description=__doc__.split("\n")[0])
     parser.add_argument("--link", required=True, type=Path, help="the directory the task keeps run directories in")
     parser.add_argument("--mount", default=MOUNT, help=f"where to mount the local NVMe (default {MOUNT})")
@@ -272,13 +319,16 @@ def run(argv: Optional[Sequence[str]] = None, *, execute: Callable[[list[str]], 
     if why_not:
         say(f"local disk: {why_not}; nothing changed")
         return 0
-    execute = execute or (lambda command: subprocess.run(command, stdout=subprocess.DEVNULL,
-                                                         stderr=subprocess.PIPE).returncode)
+    execute = execute or (
+        lambda command: subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+    )
     devices = find_devices(sys_block, mounts_text)
     unknown = unknown_devices(sys_block)
     if unknown:
-        say("local disk: left alone, not a model known as local or network NVMe: "
-            + ", ".join(f"{name} ({model!r})" for name, model in unknown))
+        say(
+            "local disk: left alone, not a model known as local or network NVMe: "
+            + ", ".join(f"{name} ({model!r})" for name, model in unknown)
+        )
     chosen = plan(devices, mounts_text, args.mount, sys_block=sys_block)
 
     def unused(why: str) -> int:
@@ -286,14 +336,25 @@ def run(argv: Optional[Sequence[str]] = None, *, execute: Callable[[list[str]], 
         say(f"local disk: {why}; run directories stay on the root disk")
         if (devices or unknown) and not args.dry_run:
             args.link.mkdir(parents=True, exist_ok=True)
-            (args.link / RECORD).write_text(json.dumps({
-                "used": False, "reason": why, "devices": [d.name for d in devices] + [n for n, _ in unknown],
-                "device_bytes": sum(d.size_bytes for d in devices), "measured_at": time.time()}))
+            (args.link / RECORD).write_text(
+                json.dumps(
+                    {
+                        "used": False,
+                        "reason": why,
+                        "devices": [d.name for d in devices] + [n for n, _ in unknown],
+                        "device_bytes": sum(d.size_bytes for d in devices),
+                        "measured_at": time.time(),
+                    }
+                )
+            )
         return 0
 
     if chosen.mountpoint is None:
-        return unused(chosen.reason if devices or not unknown else
-                      f"no known local NVMe ({len(unknown)} NVMe disk(s) of another model)")
+        return unused(
+            chosen.reason
+            if devices or not unknown
+            else f"no known local NVMe ({len(unknown)} NVMe disk(s) of another model)"
+        )
     for command in chosen.commands:
         if args.dry_run:
             print(shlex.join(command))
@@ -308,13 +369,20 @@ def run(argv: Optional[Sequence[str]] = None, *, execute: Callable[[list[str]], 
     if not linked:  # mounted, but the runs directory in use is not moved
         return unused(f"{chosen.reason}, mounted at {chosen.mountpoint}; {line}")
     say(f"local disk: {chosen.reason}; {line}")
-    record = {"used": True, "mountpoint": chosen.mountpoint, "devices": [d.name for d in devices if not d.busy] or
-              [d.name for d in devices], "device_bytes": sum(d.size_bytes for d in devices),
-              "reason": chosen.reason, "measured_at": time.time()}
+    record = {
+        "used": True,
+        "mountpoint": chosen.mountpoint,
+        "devices": [d.name for d in devices if not d.busy] or [d.name for d in devices],
+        "device_bytes": sum(d.size_bytes for d in devices),
+        "reason": chosen.reason,
+        "measured_at": time.time(),
+    }
     if args.measure_mb > 0:
         try:
             record.update(measure(Path(chosen.mountpoint) / RUNS, args.measure_mb))
-            say(f"local disk: {record['write_gbps']:.2f} GB/s sequential write (write + fsync of {args.measure_mb} MiB)")
+            say(
+                f"local disk: {record['write_gbps']:.2f} GB/s sequential write (write + fsync of {args.measure_mb} MiB)"
+            )
         except OSError as err:
             say(f"local disk: could not measure it ({err})")
     (args.link / RECORD).write_text(json.dumps(record))

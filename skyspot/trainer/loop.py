@@ -49,8 +49,18 @@ from skyspot.trainer.checkpoint import CheckpointManager, TrainState, resharding
 from skyspot.trainer.data import DataOrder, build_dataset
 from skyspot.trainer.durable import FINAL_UPLOAD_S, Probe, StoreTier, emergency_deadline, restore_run_json
 from skyspot.trainer.evaluate import any_rank
-from skyspot.trainer.exit_codes import (COMPLETE, ERROR, FINAL, NO_VALID_CHECKPOINT, PREEMPTED, Preempted, code_for,
-                                        describe, process_code, write_exit_record)
+from skyspot.trainer.exit_codes import (
+    COMPLETE,
+    ERROR,
+    FINAL,
+    NO_VALID_CHECKPOINT,
+    PREEMPTED,
+    Preempted,
+    code_for,
+    describe,
+    process_code,
+    write_exit_record,
+)
 from skyspot.trainer.ext_lock import clear_stale
 from skyspot.trainer.faults import fault_point
 from skyspot.trainer.gpu import require_cuda
@@ -60,28 +70,55 @@ from skyspot.trainer.node_facts import collect as node_facts
 from skyspot.trainer.notice_window import train_through, window_fields
 from skyspot.trainer.phases import Built, Run, Started
 from skyspot.trainer.preemption import NoticeFile, PreemptionWatch, SavePredictor
-from skyspot.trainer.resume import (apply_schedule, data_source, held_out, keep_global_batch, reconcile_recipe,
-                                    seed_predictor, store_history)
+from skyspot.trainer.resume import (
+    apply_schedule,
+    data_source,
+    held_out,
+    keep_global_batch,
+    reconcile_recipe,
+    seed_predictor,
+    store_history,
+)
 from skyspot.trainer.rundir import RunLock, move_aside, next_attempt, record_attempt, write_run_json
 from skyspot.trainer.say import say
 from skyspot.trainer.stacks import allow_stack_dumps
 from skyspot.trainer.vote import Vote, boundary
 
-__all__ = ["Run", "build", "cleanup", "main", "parse_args", "probe_fabric", "process_main", "reconcile_recipe", "setup",
-           "train"]
+__all__ = [
+    "Run",
+    "build",
+    "cleanup",
+    "main",
+    "parse_args",
+    "probe_fabric",
+    "process_main",
+    "reconcile_recipe",
+    "setup",
+    "train",
+]
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m skyspot.trainer",
-        description="Train a recipe with DeepSpeed ZeRO-3; resume automatically from DIR/checkpoints.")
+        description="Train a recipe with DeepSpeed ZeRO-3; resume automatically from DIR/checkpoints.",
+    )
     parser.add_argument("recipe", metavar="RECIPE", help="registry name (e.g. tiny) or a recipe file")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="recipe overrides, e.g. train.steps=40 storage.store=s3://bucket/prefix")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="recipe overrides, e.g. train.steps=40 storage.store=s3://bucket/prefix",
+    )
     parser.add_argument("--run-dir", required=True, type=Path, help="the run's local directory (fast tier)")
-    parser.add_argument("--run-name", default=None, help="run id (default: SKYSPOT_RUN_NAME, SKYPILOT_TASK_ID, DIR's name)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="start from step 0: earlier checkpoints and final/ are moved to DIR/superseded/")
+    parser.add_argument(
+        "--run-name", default=None, help="run id (default: SKYSPOT_RUN_NAME, SKYPILOT_TASK_ID, DIR's name)"
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from step 0: earlier checkpoints and final/ are moved to DIR/superseded/",
+    )
     return parser.parse_intermixed_args(argv)
 
 
@@ -169,8 +206,11 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
 
     if fresh and placement.is_node_leader:
         moved = move_aside(args.run_dir)
-        say(f"--fresh: moved earlier checkpoints and final/ to {moved}; starting from step 0" if moved
-            else "--fresh: nothing to move aside; starting from step 0")
+        say(
+            f"--fresh: moved earlier checkpoints and final/ to {moved}; starting from step 0"
+            if moved
+            else "--fresh: nothing to move aside; starting from step 0"
+        )
     comm.barrier()
 
     attempt = 0
@@ -189,26 +229,58 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
     if placement.is_node_leader:
         if probe is not None:
             restore_run_json(args.run_dir, probe, fresh)
-        _, warning = write_run_json(args.run_dir, run_id=run_id, recipe=recipe, store=store_uri,
-                                    world_size=placement.world_size, where=placement.where, fresh=fresh)
+        _, warning = write_run_json(
+            args.run_dir,
+            run_id=run_id,
+            recipe=recipe,
+            store=store_uri,
+            world_size=placement.world_size,
+            where=placement.where,
+            fresh=fresh,
+        )
         if warning and placement.is_global_zero:
             say(warning)
         if tier is not None:
             uploader = tier.uploader(events, args.run_dir, recipe.checkpoint.keep)
             if placement.is_global_zero and probe.attempt is not None and (fresh or probe.run_json is None):
                 uploader.sync_small(args.run_dir / "run.json", "run.json")
-    started = Started(args=args, env=env, recipe=recipe, placement=placement, run_id=run_id, attempt=attempt,
-                      fresh=fresh, events=events, comm=comm, watch=watch, device=device, generation=generation,
-                      lock=lock, tier=tier, uploader=uploader, notice_watcher=notice_watcher)
+    started = Started(
+        args=args,
+        env=env,
+        recipe=recipe,
+        placement=placement,
+        run_id=run_id,
+        attempt=attempt,
+        fresh=fresh,
+        events=events,
+        comm=comm,
+        watch=watch,
+        device=device,
+        generation=generation,
+        lock=lock,
+        tier=tier,
+        uploader=uploader,
+        notice_watcher=notice_watcher,
+    )
     if placement.is_global_zero and recipe.metrics.backends:  # from here on its events reach the dashboards
         started = replace(started, metrics=attach_metrics(started, say))
     # The node leader asks its cloud's metadata what it runs on (SkyPilot does not say instance or spot).
     found = node_instance.read(env.environ) if placement.is_node_leader else None
     where = node_instance.where_with(placement.where, found)
     started = replace(started, backend=backend, nccl_log=nccl_log, where=where)  # the fabric probe's (probe_fabric)
-    started.emit("start", where=where, world_size=placement.world_size,
-                 total_steps=recipe.train.steps, recipe=recipe.name, pid=os.getpid(), fingerprint=recipe.fingerprint(),
-                 threads=threads, store=store_uri, fresh=fresh, **({"instance": found} if found else {}))
+    started.emit(
+        "start",
+        where=where,
+        world_size=placement.world_size,
+        total_steps=recipe.train.steps,
+        recipe=recipe.name,
+        pid=os.getpid(),
+        fingerprint=recipe.fingerprint(),
+        threads=threads,
+        store=store_uri,
+        fresh=fresh,
+        **({"instance": found} if found else {}),
+    )
     if placement.is_node_leader:
         record_event(args.run_dir, events)  # the node's local NVMe as setup measured it (local_disk.py)
         try:  # what this node is: image, Python, driver, torch, NCCL file, GPUs, fabric (node_facts.py)
@@ -231,9 +303,16 @@ def probe_fabric(run: Run) -> None:
     probed = fabric_probe.measure(size, started.device)  # a collective: every rank, the same size
     refusal = None
     if placement.is_node_leader:
-        fields = fabric.record(started.nccl_log, backend=backend, num_nodes=placement.num_nodes,
-                               events=started.events, say=say, probe=probed.fields() if probed else None,
-                               where=started.where, require=settings.require)
+        fields = fabric.record(
+            started.nccl_log,
+            backend=backend,
+            num_nodes=placement.num_nodes,
+            events=started.events,
+            say=say,
+            probe=probed.fields() if probed else None,
+            where=started.where,
+            require=settings.require,
+        )
         refusal = fields.get("refused")
     refusals = [line for line in started.comm.all_gather_object(refusal) if line]
     if refusals:
@@ -252,7 +331,9 @@ def _check_local_paths(recipe: Recipe) -> None:
         raise UsageError(f"data.source '{source}' is not 'synthetic', hf://org/name, or an existing file")
     kept_out = recipe.data.eval_split
     if kept_out and not source.startswith("hf://") and "://" not in kept_out and not Path(kept_out).is_file():
-        raise UsageError(f"data.eval_split '{kept_out}' is not an existing file (a second file of data.source's format)")
+        raise UsageError(
+            f"data.eval_split '{kept_out}' is not an existing file (a second file of data.source's format)"
+        )
 
 
 def _start_notice_watcher(watch: PreemptionWatch):
@@ -290,13 +371,25 @@ def build(run: Run) -> None:
     predictor = SavePredictor(store=started.uploader is not None)
     store_hooks = {}
     if started.uploader is not None:
-        store_hooks = dict(on_committed=[started.uploader.submit],  # from the writer thread: only enqueues
-                           can_delete=[started.uploader.can_delete_local],  # answered from memory
-                           stream_sink=started.uploader)  # told which files the writers streamed to the store
-    ckpt = run.ckpt = CheckpointManager(started.run_dir, p, started.recipe, run_id=started.run_id,
-                                        attempt=started.attempt, events=started.events if p.is_global_zero else None,
-                                        comm=started.comm, warn=say, resume_source=started.tier, predictor=predictor,
-                                        history=history, **store_hooks)
+        store_hooks = dict(
+            on_committed=[started.uploader.submit],  # from the writer thread: only enqueues
+            can_delete=[started.uploader.can_delete_local],  # answered from memory
+            stream_sink=started.uploader,
+        )  # told which files the writers streamed to the store
+    ckpt = run.ckpt = CheckpointManager(
+        started.run_dir,
+        p,
+        started.recipe,
+        run_id=started.run_id,
+        attempt=started.attempt,
+        events=started.events if p.is_global_zero else None,
+        comm=started.comm,
+        warn=say,
+        resume_source=started.tier,
+        predictor=predictor,
+        history=history,
+        **store_hooks,
+    )
     cfg = started.recipe.checkpoint
     if p.is_global_zero and started.tier is not None and (cfg.every_seconds == "auto" or cfg.train_through_notice):
         try:
@@ -324,11 +417,20 @@ def build(run: Run) -> None:
     samples = build_dataset(recipe, tokenizer, data_source(started, recipe))
     if p.is_global_zero and samples.examples:
         dropped = f"; {samples.dropped} left out (nothing to train on within seq_len)" if samples.dropped else ""
-        say(f"data: {samples.examples} examples ({recipe.data.format}) -> {len(samples)} sequences of "
-            f"{recipe.train.seq_len} tokens ({'packed' if recipe.data.packing else 'padded'}){dropped}")
+        say(
+            f"data: {samples.examples} examples ({recipe.data.format}) -> {len(samples)} sequences of "
+            f"{recipe.train.seq_len} tokens ({'packed' if recipe.data.packing else 'padded'}){dropped}"
+        )
     samples, evaluator = held_out(started, recipe, tokenizer, samples, history)
-    order = DataOrder(len(samples), recipe.train.seed, recipe.data.shuffle, p.rank, p.world_size,
-                      recipe.train.micro_batch_size, recipe.train.grad_accum)
+    order = DataOrder(
+        len(samples),
+        recipe.train.seed,
+        recipe.data.shuffle,
+        p.rank,
+        p.world_size,
+        recipe.train.micro_batch_size,
+        recipe.train.grad_accum,
+    )
     weights = recipe.model.hub_id is not None and (point is None or recipe.train.lora is not None)
     if weights:
         base.prepare(weights=True)
@@ -340,8 +442,10 @@ def build(run: Run) -> None:
     model, keepalive = build_model(recipe, ds_config, tokenizer, base.path, load_weights=weights)
     if recipe.train.lora is not None and p.is_global_zero:
         trainable, total = trainable_count(model)
-        say(f"LoRA r={recipe.train.lora.r} on {', '.join(recipe.train.lora.target_modules)}: {trainable:,} of "
-            f"{total:,} parameters trainable ({trainable / max(1, total):.2%})")
+        say(
+            f"LoRA r={recipe.train.lora.r} on {', '.join(recipe.train.lora.target_modules)}: {trainable:,} of "
+            f"{total:,} parameters trainable ({trainable / max(1, total):.2%})"
+        )
     engine = initialize(recipe, model, ds_config)
     if weights:
         base.start_copy()
@@ -353,15 +457,28 @@ def build(run: Run) -> None:
     else:
         apply_schedule(engine, recipe)
         if point.manifest.get("data", {}).get("num_samples") not in (None, len(samples)) and p.is_global_zero:
-            say(f"the data set has {len(samples)} samples, the checkpoint's had "
-                f"{point.manifest['data']['num_samples']}: the order continues by position, not by sample")
+            say(
+                f"the data set has {len(samples)} samples, the checkpoint's had "
+                f"{point.manifest['data']['num_samples']}: the order continues by position, not by sample"
+            )
         if p.is_global_zero:
             s = resumed.state
             say(f"resumed from {point.path} (step {s.step}, {s.samples} samples) in {resumed.load_seconds:.2f} s")
     if p.is_global_zero and started.generation is not None:
         restart.resumed(started.generation, resumed.state.step if resumed else 0)
-    run.built = Built(recipe=recipe, ckpt=ckpt, base=base, tokenizer=tokenizer, samples=samples, order=order,
-                      evaluator=evaluator, keepalive=keepalive, engine=engine, resumed=resumed, predictor=predictor)
+    run.built = Built(
+        recipe=recipe,
+        ckpt=ckpt,
+        base=base,
+        tokenizer=tokenizer,
+        samples=samples,
+        order=order,
+        evaluator=evaluator,
+        keepalive=keepalive,
+        engine=engine,
+        resumed=resumed,
+        predictor=predictor,
+    )
 
 
 # --------------------------------------------------------------------------- loop
@@ -416,13 +533,24 @@ def train(run: Run) -> int:
         step_seconds = time.perf_counter() - start
         built.ckpt.poll()
         norm = engine.get_global_grad_norm()  # rank 0's copy of the global norm (DeepSpeed), for the dashboards
-        run.emit("step", step=state.step, loss=vote.loss, lr=lr, step_seconds=round(step_seconds, 6),
-                 samples=state.samples, tokens=state.tokens, sync_seconds=round(vote.seconds, 6),
-                 grad_norm=None if norm is None else float(norm))
+        run.emit(
+            "step",
+            step=state.step,
+            loss=vote.loss,
+            lr=lr,
+            step_seconds=round(step_seconds, 6),
+            samples=state.samples,
+            tokens=state.tokens,
+            sync_seconds=round(vote.seconds, 6),
+            grad_norm=None if norm is None else float(norm),
+        )
         restart.first_step(run.started.generation, run.emit, say)  # after a restart in place: its event (restart.py)
         if run.placement.is_global_zero and (state.step % recipe.train.log_every == 0 or state.step == total):
-            print(f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
-                  f"{step_seconds * 1000:.0f} ms/step | {vote.tokens / step_seconds:.0f} tok/s", flush=True)
+            print(
+                f"step {state.step}/{total} | loss {vote.loss:.4f} | lr {lr:.3e} | "
+                f"{step_seconds * 1000:.0f} ms/step | {vote.tokens / step_seconds:.0f} tok/s",
+                flush=True,
+            )
 
         if vote.emergency and not train_through(run, state, vote):
             _emergency(run, state, vote)
@@ -432,8 +560,12 @@ def train(run: Run) -> int:
         notice = progress.notice
         early = notice is not None and notice.take_checkpoint_now()  # a notice, nothing measured
         if early or notice is None:
-            built.ckpt.save(state.step, state, kind=Kind.REQUESTED if early or vote.checkpoint else Kind.INTERVAL,
-                            time_due=vote.time_due)
+            built.ckpt.save(
+                state.step,
+                state,
+                kind=Kind.REQUESTED if early or vote.checkpoint else Kind.INTERVAL,
+                time_due=vote.time_due,
+            )
 
     # ------------------------------------------------------------------ save (complete)
     _finish(run, state)
@@ -456,17 +588,30 @@ def _emergency(run: Run, state: TrainState, vote: Vote) -> None:
     safe_at = time.time()
     if committed:
         first = vote.first_seen or result.committed_at
-        run.emit("emergency_checkpoint", step=state.step,
-                 signal_to_commit_seconds=round(result.committed_at - first, 6),
-                 durable_before_deadline=durable, newest_durable_step=newest_durable,
-                 deadline=vote.deadline, upload_deadline=round(progress.upload_deadline, 3),
-                 committed_before_deadline=None if vote.deadline is None else result.committed_at <= vote.deadline,
-                 write_seconds=round(result.write_seconds, 6), blocked_seconds=round(result.blocked_seconds, 6),
-                 bytes=result.bytes, **window_fields(run, state.step, vote, save_started, safe_at, durable))
-        raise Preempted(state.step, f"preempted: emergency checkpoint step_{state.step} committed"
-                        + ("" if durable is None else " and durable" if durable else ", not durable in the store"))
-    raise Preempted(state.step, f"preempted: emergency checkpoint failed ({result.error if result else 'no result'}); "
-                                f"resume from step_{built.ckpt.last_committed}")
+        run.emit(
+            "emergency_checkpoint",
+            step=state.step,
+            signal_to_commit_seconds=round(result.committed_at - first, 6),
+            durable_before_deadline=durable,
+            newest_durable_step=newest_durable,
+            deadline=vote.deadline,
+            upload_deadline=round(progress.upload_deadline, 3),
+            committed_before_deadline=None if vote.deadline is None else result.committed_at <= vote.deadline,
+            write_seconds=round(result.write_seconds, 6),
+            blocked_seconds=round(result.blocked_seconds, 6),
+            bytes=result.bytes,
+            **window_fields(run, state.step, vote, save_started, safe_at, durable),
+        )
+        raise Preempted(
+            state.step,
+            f"preempted: emergency checkpoint step_{state.step} committed"
+            + ("" if durable is None else " and durable" if durable else ", not durable in the store"),
+        )
+    raise Preempted(
+        state.step,
+        f"preempted: emergency checkpoint failed ({result.error if result else 'no result'}); "
+        f"resume from step_{built.ckpt.last_committed}",
+    )
 
 
 def _push_before_deadline(run: Run, step: int, committed: bool) -> tuple[Optional[bool], Optional[int]]:
@@ -495,15 +640,25 @@ def _finish(run: Run, state: TrainState) -> None:
     if built.ckpt.last_committed != state.step:
         result = built.ckpt.save(state.step, state, kind=Kind.FINAL, blocking=True)
         if result is None or not result.committed:
-            raise SkyspotError(f"the final checkpoint step_{state.step} could not be written "
-                               f"({result.error if result else 'no result'}); the next start resumes from "
-                               f"step_{built.ckpt.last_committed} once {run.run_dir} has room")
-    target = export_final(built.engine, built.tokenizer, run.run_dir, is_writer=run.placement.is_global_zero,
-                          merge=built.recipe.export.merge, step=state.step,
-                          evaluation=built.evaluator.last if built.evaluator is not None else None)
+            raise SkyspotError(
+                f"the final checkpoint step_{state.step} could not be written "
+                f"({result.error if result else 'no result'}); the next start resumes from "
+                f"step_{built.ckpt.last_committed} once {run.run_dir} has room"
+            )
+    target = export_final(
+        built.engine,
+        built.tokenizer,
+        run.run_dir,
+        is_writer=run.placement.is_global_zero,
+        merge=built.recipe.export.merge,
+        step=state.step,
+        evaluation=built.evaluator.last if built.evaluator is not None else None,
+    )
     if target is not None:
         say(f"training complete at step {state.step}; model written to {target}")
-        run.progress.final = target  # uploaded in cleanup, after the ranks' barrier: no rank waits in a collective for it
+        run.progress.final = (
+            target  # uploaded in cleanup, after the ranks' barrier: no rank waits in a collective for it
+        )
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -517,17 +672,25 @@ def _evaluate(run: Run, state: TrainState, vote: Optional[Vote]) -> None:
     built, started = run.trained, run.started
     evaluator = built.evaluator
     now = vote.now if vote is not None else None
-    if evaluator is None or run.progress.notice is not None or not evaluator.due(
-            state.step, now, final=state.step >= built.recipe.train.steps):
+    if (
+        evaluator is None
+        or run.progress.notice is not None
+        or not evaluator.due(state.step, now, final=state.step >= built.recipe.train.steps)
+    ):
         return
-    if evaluator.evaluate(built.engine, state.step, lambda: any_rank(started.watch.poll(), started.device),
-                          now) is not None:
+    if (
+        evaluator.evaluate(built.engine, state.step, lambda: any_rank(started.watch.poll(), started.device), now)
+        is not None
+    ):
         return
     after = boundary(run)
     if after.emergency and not train_through(run, state, after):
         if built.resumed is not None and built.resumed.state.step == state.step:  # nothing trained since the resume
-            raise Preempted(state.step, f"preempted during the evaluation of step {state.step}, the step this start "
-                                        "resumed from: nothing new to save")
+            raise Preempted(
+                state.step,
+                f"preempted during the evaluation of step {state.step}, the step this start "
+                "resumed from: nothing new to save",
+            )
         _emergency(run, state, after)
     if vote is not None:
         vote.checkpoint = vote.checkpoint or after.checkpoint  # a warning during the eval still checkpoints
@@ -556,7 +719,9 @@ def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
     try:
         args.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # checkpoints are the user's alone
         run = setup(args, watch)
-        restart.settle(run.started.generation)  # restart.py: the backoff, or end at once (preempted before, the budget spent)
+        restart.settle(
+            run.started.generation
+        )  # restart.py: the backoff, or end at once (preempted before, the budget spent)
         probe_fabric(run)  # what the fabric carries, before the model is built; `fabric.require: best` may refuse
         build(run)
         step = train(run)
@@ -573,8 +738,9 @@ def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
         elif code != PREEMPTED and (run.placement.is_global_zero if run else process_env.read().is_global_zero):
             say(str(err))
         if not final:  # what the restarted generation reads to say what failed when (restart.py)
-            restart.record_failure(args.run_dir, run.placement.rank if run else process_env.read().rank, reason,
-                                   failed_at)
+            restart.record_failure(
+                args.run_dir, run.placement.rank if run else process_env.read().rank, reason, failed_at
+            )
     finally:
         code = cleanup(run, args, code, reason, step)
         watch.uninstall()
@@ -607,8 +773,10 @@ def _close_uploader(run: Run, code: int) -> None:
         say(f"closing the uploader failed: {err}")
         return
     if code == COMPLETE and not done:
-        say(f"the final checkpoint is not durable in {tier.uri} (the store did not answer within "
-            f"{timeout:.0f} s); it is in {run.run_dir / 'checkpoints'}")
+        say(
+            f"the final checkpoint is not durable in {tier.uri} (the store did not answer within "
+            f"{timeout:.0f} s); it is in {run.run_dir / 'checkpoints'}"
+        )
 
 
 def cleanup(run: Optional[Run], args: argparse.Namespace, code: int, reason: str, step: Optional[int]) -> int:

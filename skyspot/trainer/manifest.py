@@ -87,8 +87,7 @@ def file_table(manifest: object) -> dict[str, dict]:
     for rel, meta in files.items():
         if not safe_relpath(rel):
             raise ValueError(f"unsafe path {rel!r}")
-        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int)
-                and isinstance(meta.get("sha256"), str)):
+        if not (isinstance(meta, dict) and isinstance(meta.get("size"), int) and isinstance(meta.get("sha256"), str)):
             raise ValueError(f"entry {rel!r} lacks an integer size and a sha256")
     return files
 
@@ -121,8 +120,10 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> str:
 
 def write_marker(directory: Path, step: int, manifest_sha256: str) -> None:
     """The commit point: written only after every file and the manifest are on disk."""
-    write_durably(directory / MARKER, json.dumps(
-        {"format": FORMAT, "step": step, "manifest_sha256": manifest_sha256}).encode() + b"\n")
+    write_durably(
+        directory / MARKER,
+        json.dumps({"format": FORMAT, "step": step, "manifest_sha256": manifest_sha256}).encode() + b"\n",
+    )
     fsync_dir(directory)
 
 
@@ -200,8 +201,9 @@ def inspect(directory: str | os.PathLike, *, verify_checksums: bool = True) -> V
     return Verdict(step, path, "valid", "", manifest, verified=verify_checksums)
 
 
-def scan(checkpoints_dir: str | os.PathLike, *, verify_checksums: bool = True,
-         stop_at_first_valid: bool = False) -> list[Verdict]:
+def scan(
+    checkpoints_dir: str | os.PathLike, *, verify_checksums: bool = True, stop_at_first_valid: bool = False
+) -> list[Verdict]:
     """Every step_<N> directory, newest first, with its verdict.
 
     With stop_at_first_valid, checksums are read only down to the newest valid directory; older
@@ -210,8 +212,11 @@ def scan(checkpoints_dir: str | os.PathLike, *, verify_checksums: bool = True,
     root = Path(checkpoints_dir)
     if not root.is_dir():
         return []
-    dirs = sorted((p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)),
-                  key=lambda p: int(STEP_DIR.match(p.name).group(1)), reverse=True)
+    dirs = sorted(
+        (p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)),
+        key=lambda p: int(STEP_DIR.match(p.name).group(1)),
+        reverse=True,
+    )
     verdicts: list[Verdict] = []
     found_valid = False
     for d in dirs:

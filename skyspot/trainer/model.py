@@ -48,9 +48,18 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
     def save_pretrained(self, directory: str | Path) -> None:
-        (Path(directory) / BYTE_TOKENIZER_FILE).write_text(json.dumps(
-            {"type": "bytes", "bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_id,
-             "pad_token_id": self.pad_token_id, "vocab_size": self.vocab_size}) + "\n")
+        (Path(directory) / BYTE_TOKENIZER_FILE).write_text(
+            json.dumps(
+                {
+                    "type": "bytes",
+                    "bos_token_id": self.bos_token_id,
+                    "eos_token_id": self.eos_token_id,
+                    "pad_token_id": self.pad_token_id,
+                    "vocab_size": self.vocab_size,
+                }
+            )
+            + "\n"
+        )
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "ByteTokenizer":
@@ -99,13 +108,16 @@ def pretrained_config(directory: Path, tokenizer):
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
     vocab = getattr(config, "vocab_size", None)
     if size is not None and vocab is not None and size > vocab:
-        raise UsageError(f"the tokenizer has {size} tokens but the model's embedding only {vocab}; "
-                         "model.tokenizer must belong to the model")
+        raise UsageError(
+            f"the tokenizer has {size} tokens but the model's embedding only {vocab}; "
+            "model.tokenizer must belong to the model"
+        )
     return config
 
 
-def build_model(recipe, ds_config: dict[str, Any], tokenizer, directory: Optional[Path] = None,
-                load_weights: bool = True) -> tuple[torch.nn.Module, Optional[object]]:
+def build_model(
+    recipe, ds_config: dict[str, Any], tokenizer, directory: Optional[Path] = None, load_weights: bool = True
+) -> tuple[torch.nn.Module, Optional[object]]:
     """The model, partitioned as it is built. `directory` holds a pretrained model's files (base.py);
     with `load_weights` its weights are copied in (a fresh start, or LoRA's frozen base), else the
     caller restores a checkpoint over it. Returns (model, keepalive): keep the second alive while
@@ -202,7 +214,7 @@ def _file_name(param_name: str, index: dict[str, Path], prefix: str) -> Optional
     if param_name in index:
         return param_name
     if prefix and param_name.startswith(prefix + "."):
-        bare = param_name[len(prefix) + 1:]
+        bare = param_name[len(prefix) + 1 :]
         if bare in index:
             return bare
     return None
@@ -227,15 +239,17 @@ def load_weights_into(model: torch.nn.Module, directory: Path, *, zero3: bool) -
     missing = sorted(n for n, f in wanted.items() if f is None)
     buffers = {n for n, _ in model.named_buffers()}
     used = {f for f in wanted.values() if f is not None}
-    unexpected = sorted(k for k in index if k not in used and k not in buffers
-                        and not k.endswith("rotary_emb.inv_freq"))
+    unexpected = sorted(
+        k for k in index if k not in used and k not in buffers and not k.endswith("rotary_emb.inv_freq")
+    )
     if missing or unexpected:
         parts = []
         if missing:
             parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} ({len(missing)})")
         if unexpected:
-            parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''} "
-                         f"({len(unexpected)})")
+            parts.append(
+                f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''} ({len(unexpected)})"
+            )
         raise UsageError(f"the weights in {directory} do not match its config.json: {'; '.join(parts)}")
     handles: dict[Path, Any] = {}
     done: set[int] = set()
@@ -254,8 +268,10 @@ def load_weights_into(model: torch.nn.Module, directory: Path, *, zero3: bool) -
                                 handles[file] = safe_open(file, framework="pt")
                             tensor = handles[file].get_tensor(key)
                             if tuple(tensor.shape) != tuple(param.shape):
-                                raise UsageError(f"{key} in {file.name} has shape {tuple(tensor.shape)}, the model "
-                                                 f"expects {tuple(param.shape)} (config.json from another model?)")
+                                raise UsageError(
+                                    f"{key} in {file.name} has shape {tuple(tensor.shape)}, the model "
+                                    f"expects {tuple(param.shape)} (config.json from another model?)"
+                                )
                             param.data.copy_(tensor.to(param.dtype))
             done.update(id(p) for _, p in own)
     finally:
@@ -274,8 +290,14 @@ def apply_lora(model: torch.nn.Module, recipe) -> torch.nn.Module:
     lora = recipe.train.lora
     for param in model.parameters():
         param.requires_grad_(False)
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         wrapped = get_peft_model(model, config, autocast_adapter_dtype=False)
     except ValueError as err:
@@ -288,6 +310,7 @@ def apply_lora(model: torch.nn.Module, recipe) -> torch.nn.Module:
 
 def trainable_count(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts, ZeRO-3 partitioned or not."""
+
     def numel(p) -> int:
         return int(p.ds_numel) if hasattr(p, "ds_numel") else p.numel()
 

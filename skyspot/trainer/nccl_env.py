@@ -71,10 +71,14 @@ def image_problem(environ: Mapping[str, str], instance: Optional[Mapping[str, ob
     region, booted = instance.get("region"), instance.get("image")
     expected = images.get(str(region))
     if expected is None:
-        return f"skyspot fabric: this EFA node in {region} has no Amazon EFA image resolved at launch; not training on it"
+        return (
+            f"skyspot fabric: this EFA node in {region} has no Amazon EFA image resolved at launch; not training on it"
+        )
     if booted != expected:
-        return (f"skyspot fabric: this EFA node booted {booted}, not Amazon's {expected} for {region} "
-                "(SkyPilot finds the EFA AMI by name: docs/clouds.md); not training on it")
+        return (
+            f"skyspot fabric: this EFA node booted {booted}, not Amazon's {expected} for {region} "
+            "(SkyPilot finds the EFA AMI by name: docs/clouds.md); not training on it"
+        )
     return None
 
 

@@ -59,8 +59,13 @@ def torch_facts() -> dict[str, Any]:
     import torch
     import torch.distributed  # noqa: F401 - what the trainer loads: NCCL comes with torch's CUDA libraries
 
-    facts: dict[str, Any] = {"torch": {"version": torch.__version__, "cuda": torch.version.cuda,
-                                       "line": cuda_line(torch.__version__, torch.version.cuda)}}
+    facts: dict[str, Any] = {
+        "torch": {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "line": cuda_line(torch.__version__, torch.version.cuda),
+        }
+    }
     nccl: dict[str, Any] = {"version": None, "library": loaded_library("libnccl")}
     try:
         version = torch.cuda.nccl.version()
@@ -103,8 +108,12 @@ def _record(path: Path) -> Optional[dict]:
     return found if isinstance(found, dict) else None
 
 
-def collect(environ: Mapping[str, str] = os.environ, *, instance: Optional[Mapping[str, Any]] = None,
-            run_dir: Optional[Path] = None) -> dict[str, Any]:
+def collect(
+    environ: Mapping[str, str] = os.environ,
+    *,
+    instance: Optional[Mapping[str, Any]] = None,
+    run_dir: Optional[Path] = None,
+) -> dict[str, Any]:
     """The node's facts (see the module's docstring); `instance` is what trainer/instance.py read."""
     from skyspot.node_host import INSTALLED, driver_version, venv_path
     from skyspot.trainer.local_disk import RECORD
@@ -114,9 +123,13 @@ def collect(environ: Mapping[str, str] = os.environ, *, instance: Optional[Mappi
     facts: dict[str, Any] = {
         "image": (instance or {}).get("image"),
         "instance_type": (instance or {}).get("instance_type"),
-        "python": {"path": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
-                   "venv": "skyspot" if in_own else ("other" if sys.prefix != sys.base_prefix else None),
-                   "origin": (setup or {}).get("python_origin")},
+        "python": {
+            "path": sys.executable,
+            "version": platform.python_version(),
+            "prefix": sys.prefix,
+            "venv": "skyspot" if in_own else ("other" if sys.prefix != sys.base_prefix else None),
+            "origin": (setup or {}).get("python_origin"),
+        },
         "driver": driver_version(),
     }
     facts.update(torch_facts())
@@ -136,14 +149,23 @@ def kind(facts: Mapping[str, Any]) -> str:
     nccl = facts.get("nccl") or {}
     gpus = facts.get("gpus") or {}
     fabric = facts.get("fabric") or {}
-    parts = [facts.get("instance_type") or "unknown instance", f"image {facts.get('image') or 'unknown'}",
-             f"python {python.get('version')}" + (" (skyspot venv)" if python.get("venv") == "skyspot" else ""),
-             f"driver {facts.get('driver') or 'none'}",
-             f"torch {torch.get('version')}",
-             f"nccl {nccl.get('version') or '-'}" + (" (torch's own)" if _torchs_own(nccl.get("library")) else
-                                                      f" ({nccl['library']})" if nccl.get("library") else ""),
-             f"{gpus.get('count') or 0} GPU" + (f" {'/'.join(gpus['names'])}" if gpus.get("names") else ""),
-             _fabric_text(fabric)]
+    parts = [
+        facts.get("instance_type") or "unknown instance",
+        f"image {facts.get('image') or 'unknown'}",
+        f"python {python.get('version')}" + (" (skyspot venv)" if python.get("venv") == "skyspot" else ""),
+        f"driver {facts.get('driver') or 'none'}",
+        f"torch {torch.get('version')}",
+        f"nccl {nccl.get('version') or '-'}"
+        + (
+            " (torch's own)"
+            if _torchs_own(nccl.get("library"))
+            else f" ({nccl['library']})"
+            if nccl.get("library")
+            else ""
+        ),
+        f"{gpus.get('count') or 0} GPU" + (f" {'/'.join(gpus['names'])}" if gpus.get("names") else ""),
+        _fabric_text(fabric),
+    ]
     return ", ".join(parts)
 
 

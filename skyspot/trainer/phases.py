@@ -164,6 +164,7 @@ class Run:
     """Opened first in build (closed by cleanup even when build failed after it); Built.ckpt once built."""
     built: Optional[Built] = None
     progress: Progress = field(default_factory=Progress)
+
     @property
     def placement(self) -> Placement:
         return self.started.placement

@@ -97,8 +97,9 @@ class PreemptionWatch:
         self._signaled = True
         self._emergency = True
 
-    def request_emergency(self, deadline: Optional[float], source: str, action: str = "preempt",
-                          received: Optional[float] = None) -> None:
+    def request_emergency(
+        self, deadline: Optional[float], source: str, action: str = "preempt", received: Optional[float] = None
+    ) -> None:
         """A preemption notice (from any thread): checkpoint with all ranks at the next step boundary, then exit 75.
         `received`: when the watcher saw it, if that was elsewhere (the supervisor); else now."""
         now = time.time() if received is None else received
@@ -110,13 +111,25 @@ class PreemptionWatch:
                 self._deadline = deadline
             self._emergency = True
 
-    def request_checkpoint(self, source: str = "rebalance", action: str = "rebalance",
-                           deadline: Optional[float] = None, received: Optional[float] = None) -> None:
+    def request_checkpoint(
+        self,
+        source: str = "rebalance",
+        action: str = "rebalance",
+        deadline: Optional[float] = None,
+        received: Optional[float] = None,
+    ) -> None:
         """A warning without an exit yet (from any thread): a rebalance recommendation, planned
         maintenance ahead of its deadline. A normal checkpoint at the next step boundary, no exit."""
         with self._lock:
-            self._notices.append({"source": source, "deadline": deadline, "action": action,
-                                  "received": time.time() if received is None else received, "warning": True})
+            self._notices.append(
+                {
+                    "source": source,
+                    "deadline": deadline,
+                    "action": action,
+                    "received": time.time() if received is None else received,
+                    "warning": True,
+                }
+            )
             self._checkpoint = True
 
     @property
@@ -142,9 +155,16 @@ class PreemptionWatch:
         """This process's flags and what it saw since the last take(). The emergency flag stays set."""
         self.poll()
         with self._lock:
-            pending = Pending(self._emergency, self._checkpoint, self._first_seen, self._deadline,
-                              list(self._signals), list(self._notices), self._signaled)
-            del self._signals[:len(pending.signals)]
+            pending = Pending(
+                self._emergency,
+                self._checkpoint,
+                self._first_seen,
+                self._deadline,
+                list(self._signals),
+                list(self._notices),
+                self._signaled,
+            )
+            del self._signals[: len(pending.signals)]
             self._notices.clear()
             self._checkpoint = False
         return pending
@@ -191,15 +211,24 @@ class NoticeFile:
         """As PreemptionWatch.request_emergency, for the node's ranks (from the watcher's thread)."""
         self._publish("emergency", source, action, deadline)
 
-    def request_checkpoint(self, source: str = "rebalance", action: str = "rebalance",
-                           deadline: Optional[float] = None) -> None:
+    def request_checkpoint(
+        self, source: str = "rebalance", action: str = "rebalance", deadline: Optional[float] = None
+    ) -> None:
         """As PreemptionWatch.request_checkpoint, for the node's ranks (from the watcher's thread)."""
         self._publish("checkpoint", source, action, deadline)
 
     def _publish(self, kind: str, source: str, action: str, deadline: Optional[float]) -> None:
         with self._lock:
-            self._entries.append({"seq": len(self._entries) + 1, "kind": kind, "source": source, "action": action,
-                                  "deadline": deadline, "received": time.time()})
+            self._entries.append(
+                {
+                    "seq": len(self._entries) + 1,
+                    "kind": kind,
+                    "source": source,
+                    "action": action,
+                    "deadline": deadline,
+                    "received": time.time(),
+                }
+            )
             body = json.dumps({"token": self.token, "notices": self._entries})
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(body)
@@ -223,8 +252,11 @@ class NoticeFile:
         self._stat = stat
         if not isinstance(doc, dict) or doc.get("token") != self.token:
             return []
-        fresh = [e for e in doc.get("notices") or [] if isinstance(e, dict) and e.get("seq", 0) > self._seen
-                 and e.get("kind") in ("emergency", "checkpoint")]
+        fresh = [
+            e
+            for e in doc.get("notices") or []
+            if isinstance(e, dict) and e.get("seq", 0) > self._seen and e.get("kind") in ("emergency", "checkpoint")
+        ]
         if fresh:
             self._seen = max(e["seq"] for e in fresh)
         return fresh
@@ -304,10 +336,10 @@ class SavePredictor:
                     durable.append(e["ts"] - began)  # upload_end is written the moment the marker is up
         with self._lock:
             if not self._commit and commit:
-                self._commit.extend(commit[-self.KEEP:])
+                self._commit.extend(commit[-self.KEEP :])
                 self.source = "earlier attempts"
             if not self._durable and durable:
-                self._durable.extend(durable[-self.KEEP:])
+                self._durable.extend(durable[-self.KEEP :])
                 self.source = "earlier attempts"
 
     def predict(self) -> Optional[float]:

@@ -29,7 +29,7 @@ from typing import Optional
 from skyspot.trainer.exit_codes import USAGE
 
 COMM_OP = "ShareMemCommBuilder"  # what DeepSpeed's comm backend loads on CPU (deepspeed/comm/torch.py)
-CPU_ADAM_OP = "CPUAdamBuilder"   # what DeepSpeedCPUAdam loads (deepspeed/ops/adam/cpu_adam.py)
+CPU_ADAM_OP = "CPUAdamBuilder"  # what DeepSpeedCPUAdam loads (deepspeed/ops/adam/cpu_adam.py)
 
 
 def ops_for(recipe) -> list[str]:
@@ -58,8 +58,10 @@ def build_ops(recipe=None) -> list[str]:
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m skyspot.trainer.prepare",
-                                     description="Check CUDA on a GPU node and build the DeepSpeed ops a start loads.")
+    parser = argparse.ArgumentParser(
+        prog="python -m skyspot.trainer.prepare",
+        description="Check CUDA on a GPU node and build the DeepSpeed ops a start loads.",
+    )
     parser.add_argument("recipe", nargs="?", metavar="RECIPE", help="the trainer's recipe (registry name or file)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="the trainer's recipe overrides")
     return parser.parse_intermixed_args(argv)
@@ -84,13 +86,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     from skyspot.trainer.ext_lock import clear_stale
 
     clear_stale(say=lambda line: print(f"skyspot prepare: {line}", flush=True))  # a killed build's lock (ext_lock.py)
-    print("skyspot prepare: loading DeepSpeed's ops, building any this machine lacks (a minute or more the "
-          "first time)", flush=True)
+    print(
+        "skyspot prepare: loading DeepSpeed's ops, building any this machine lacks (a minute or more the first time)",
+        flush=True,
+    )
     try:
         built = build_ops(recipe)
     except Exception as error:  # a failed build is not fatal: the trainer builds it again at start
-        print(f"skyspot prepare: DeepSpeed op build failed ({error}); the trainer will build it on first start",
-              file=sys.stderr)
+        print(
+            f"skyspot prepare: DeepSpeed op build failed ({error}); the trainer will build it on first start",
+            file=sys.stderr,
+        )
         _say_node()
         return 0
     names = ", ".join(built) or "none needed on this accelerator"

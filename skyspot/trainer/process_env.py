@@ -80,8 +80,9 @@ def _standalone_env() -> None:
     """Allow `python -m skyspot.trainer` without torchrun: a world of one on loopback."""
     if "RANK" in os.environ:
         return
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": LOOPBACK,
-                       "MASTER_PORT": str(free_port())})
+    os.environ.update(
+        {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(free_port())}
+    )
 
 
 def die_with_parent() -> None:

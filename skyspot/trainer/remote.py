@@ -52,13 +52,12 @@ def is_durable_listing(keys) -> bool:
     return any(all((k, n) in markers for k in range(n)) for n in {n for _, n in markers})
 
 
-
 def listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
     """Every key under the run's checkpoints/, by step."""
     root = join_key(run_prefix, CHECKPOINTS) + "/"
     steps: dict[int, set[str]] = {}
     for key in store.list(root):
-        match = mf.STEP_DIR.match(key[len(root):].split("/", 1)[0])
+        match = mf.STEP_DIR.match(key[len(root) :].split("/", 1)[0])
         if match:
             steps.setdefault(int(match.group(1)), set()).add(key)
     return steps
@@ -99,8 +98,10 @@ def plan_part(store: Store, run_prefix: str, step: int, *, node_rank: int = 0, a
     keys = _get(lambda: store.list(prefix + "/"))
     if not is_durable_listing(keys):
         have = sorted(f"node {k} of {n}" for k, n in _markers(keys))
-        raise CheckpointError(f"{where} is not durable: it lacks a {mf.MARKER} marker of every node"
-                              + (f" (has {', '.join(have)})" if have else ""))
+        raise CheckpointError(
+            f"{where} is not durable: it lacks a {mf.MARKER} marker of every node"
+            + (f" (has {', '.join(have)})" if have else "")
+        )
     nodes = max(n for _, n in _markers(keys) if all((k, n) in _markers(keys) for k in range(n)))
     if node_rank >= nodes and any_node:
         node_rank = 0
@@ -137,16 +138,20 @@ def shares(files: dict[str, dict], n: int) -> list[list[str]]:
     return out
 
 
-def fetch_files(store: Store, plan: PartPlan, names: list[str], directory: str | os.PathLike,
-                max_workers: int = 8) -> None:
+def fetch_files(
+    store: Store, plan: PartPlan, names: list[str], directory: str | os.PathLike, max_workers: int = 8
+) -> None:
     """Download `names` of the part into `directory` and verify each against the manifest (CheckpointError
     naming the file when one is missing or corrupt; StoreError when the store stays unreachable)."""
     temp = Path(directory)
     files = {rel: plan.files[rel] for rel in names}
 
     def missing() -> list[str]:
-        return [rel for rel, meta in files.items()
-                if not (temp / rel).is_file() or (temp / rel).stat().st_size != meta["size"]]
+        return [
+            rel
+            for rel, meta in files.items()
+            if not (temp / rel).is_file() or (temp / rel).stat().st_size != meta["size"]
+        ]
 
     try:
         # A retry after a transient error fetches only what is not there yet.
@@ -160,7 +165,8 @@ def fetch_files(store: Store, plan: PartPlan, names: list[str], directory: str |
         size = (temp / rel).stat().st_size
         if size != meta["size"]:
             raise CheckpointError(
-                f"{plan.where}: file {rel!r} is corrupt ({size} bytes, the manifest says {meta['size']})")
+                f"{plan.where}: file {rel!r} is corrupt ({size} bytes, the manifest says {meta['size']})"
+            )
         if mf.sha256_file(temp / rel) != meta["sha256"].lower():
             raise CheckpointError(f"{plan.where}: file {rel!r} is corrupt (sha256 does not match the manifest)")
 
@@ -192,8 +198,16 @@ def complete_part(plan: PartPlan, temp: Path, target: str | os.PathLike) -> Path
     return target
 
 
-def download_checkpoint(store: Store, run_prefix: str, step: int, local_dir: str | os.PathLike,
-                        max_workers: int = 8, *, node_rank: int = 0, any_node: bool = False) -> Path:
+def download_checkpoint(
+    store: Store,
+    run_prefix: str,
+    step: int,
+    local_dir: str | os.PathLike,
+    max_workers: int = 8,
+    *,
+    node_rank: int = 0,
+    any_node: bool = False,
+) -> Path:
     """Download node `node_rank`'s part of a durable checkpoint to `local_dir`, verifying every file.
 
     Only the files the node's manifest lists come down (each node's directory holds only

@@ -92,9 +92,15 @@ def convert(source: Path, run_dir: Path, step: int, source_sha256: str, *, worke
         if stale.is_dir() and stale.resolve() != keep:
             shutil.rmtree(stale, ignore_errors=True)
     partial = root / f".{mf.step_dir_name(step)}.partial-{uuid.uuid4().hex[:8]}"
-    args = argparse.Namespace(input_folder=str(source), output_folder=str(partial), num_extract_workers=workers,
-                              num_merge_workers=max(1, workers // 2), keep_temp_folder=False, strict=True,
-                              inject_missing_state=False)
+    args = argparse.Namespace(
+        input_folder=str(source),
+        output_folder=str(partial),
+        num_extract_workers=workers,
+        num_merge_workers=max(1, workers // 2),
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=False,
+    )
     # DeepSpeed's converter unpickles every file in full (weights_only=False): each is vetted by the
     # weights-only loader first, so a file rewritten in the store runs nothing here either (safe_load.py).
     for path in sorted(Path(source).glob("*.pt")):
@@ -105,7 +111,9 @@ def convert(source: Path, run_dir: Path, step: int, source_sha256: str, *, worke
             ds_to_universal(args)
     except Exception as err:
         shutil.rmtree(partial, ignore_errors=True)
-        raise CheckpointError(f"{source}: DeepSpeed's universal conversion failed ({type(err).__name__}: {err})") from None
+        raise CheckpointError(
+            f"{source}: DeepSpeed's universal conversion failed ({type(err).__name__}: {err})"
+        ) from None
     (root / "latest_universal").unlink(missing_ok=True)  # the converter writes it; tags are always explicit
     write_durably(partial / CONVERTED, json.dumps({"step": step, "manifest_sha256": source_sha256}).encode())
     target = root / mf.step_dir_name(step)
@@ -113,8 +121,9 @@ def convert(source: Path, run_dir: Path, step: int, source_sha256: str, *, worke
     return target
 
 
-def gather(step_dir: Path, world_size: int, num_nodes: int, fetch_node: Optional[Callable[[int, Path], Path]],
-           staging: Path) -> Path:
+def gather(
+    step_dir: Path, world_size: int, num_nodes: int, fetch_node: Optional[Callable[[int, Path], Path]], staging: Path
+) -> Path:
     """A directory holding every source rank's files of the step: `step_dir` itself when it has them
     all (one node wrote it), else `staging` with links to the local files and the other nodes'
     parts fetched from the store by `fetch_node(node_rank, directory)`."""
@@ -126,7 +135,8 @@ def gather(step_dir: Path, world_size: int, num_nodes: int, fetch_node: Optional
         raise CheckpointError(
             f"{step_dir} was written by {num_nodes} nodes and holds ranks {sorted(have)} only; resuming at another "
             f"world size needs every rank's part (missing {missing}): set storage.store so the other nodes' parts "
-            "can be fetched, or resume with the same nodes")
+            "can be fetched, or resume with the same nodes"
+        )
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True, mode=0o700)
     for name in os.listdir(step_dir):

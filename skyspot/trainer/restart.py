@@ -78,8 +78,16 @@ def record_failure(run_dir: Path, rank: int, reason: str, failed_at: float) -> N
     try:
         path = Path(run_dir) / FAILURES / f"rank-{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        atomic_write_json(path, {"rank": rank, "pid": os.getpid(), "ts": failed_at, "reason": reason[:300],
-                                 "token": os.environ.get(TOKEN_ENV)})
+        atomic_write_json(
+            path,
+            {
+                "rank": rank,
+                "pid": os.getpid(),
+                "ts": failed_at,
+                "reason": reason[:300],
+                "token": os.environ.get(TOKEN_ENV),
+            },
+        )
     except OSError:
         pass
 
@@ -100,8 +108,11 @@ def node_evidence(run_dir: Path, token: Optional[str], since: float) -> dict[str
 
     run_dir = Path(run_dir)
     exits = _read(run_dir / WORKER_EXITS)
-    deaths = [e for e in (exits.get("exits") if isinstance(exits, dict) and exits.get("token") == token else []) or []
-              if _stamped(e, since)]
+    deaths = [
+        e
+        for e in (exits.get("exits") if isinstance(exits, dict) and exits.get("token") == token else []) or []
+        if _stamped(e, since)
+    ]
     failures = []
     for path in sorted((run_dir / FAILURES).glob("rank-*.json")):
         note = _read(path)
@@ -109,8 +120,12 @@ def node_evidence(run_dir: Path, token: Optional[str], since: float) -> dict[str
             failures.append(note)
     hang = _read(run_dir / HANG_RECORD)
     record = read_exit_record(run_dir, token=token, since=since)
-    return {"deaths": deaths, "failures": failures, "hang": hang if _stamped(hang, since) else None,
-            "code": record.get("code") if record and _stamped(record, since) else None}
+    return {
+        "deaths": deaths,
+        "failures": failures,
+        "hang": hang if _stamped(hang, since) else None,
+        "code": record.get("code") if record and _stamped(record, since) else None,
+    }
 
 
 def diagnose(views: list[dict[str, Any]], fallback: float) -> tuple[str, float]:
@@ -190,14 +205,21 @@ def _restarted(record: dict, views: list[dict], since: float, now: float, resili
     earlier = [r.get("at", 0.0) for r in record.get("restarts", [])]
     cause, failed_at = diagnose(views, fallback=since)
     decision = decide(earlier, now, resilience.restarts_in_place, resilience.restart_backoff_seconds)
-    gen = Generation(restart=len(earlier) + 1, attempt=record.get("attempt"), cause=cause, failed_at=failed_at,
-                     last_step=_last_step(Path(run_dir), record.get("attempt"), since),
-                     wait_seconds=decision.wait_seconds if decision.allowed else 0.0,
-                     within_hour=decision.within_hour, allowed=decision.allowed,
-                     preempted=any(v.get("code") == PREEMPTED for v in views))
+    gen = Generation(
+        restart=len(earlier) + 1,
+        attempt=record.get("attempt"),
+        cause=cause,
+        failed_at=failed_at,
+        last_step=_last_step(Path(run_dir), record.get("attempt"), since),
+        wait_seconds=decision.wait_seconds if decision.allowed else 0.0,
+        within_hour=decision.within_hour,
+        allowed=decision.allowed,
+        preempted=any(v.get("code") == PREEMPTED for v in views),
+    )
     if decision.allowed and not gen.preempted:
-        record.setdefault("restarts", []).append({"restart": gen.restart, "at": now, "cause": cause,
-                                                  "failed_at": failed_at, "last_step": gen.last_step})
+        record.setdefault("restarts", []).append(
+            {"restart": gen.restart, "at": now, "cause": cause, "failed_at": failed_at, "last_step": gen.last_step}
+        )
     return gen
 
 
@@ -207,26 +229,40 @@ def _last_step(run_dir: Path, attempt: Optional[int], since: float) -> Optional[
 
     if attempt is None:
         return None
-    steps = [e.get("step") for e in read_events_dir(run_dir / "events").events
-             if e.get("attempt") == attempt and e.get("rank") == 0 and e.get("type") == T.STEP
-             and isinstance(e.get("ts"), (int, float)) and e["ts"] >= since and isinstance(e.get("step"), int)]
+    steps = [
+        e.get("step")
+        for e in read_events_dir(run_dir / "events").events
+        if e.get("attempt") == attempt
+        and e.get("rank") == 0
+        and e.get("type") == T.STEP
+        and isinstance(e.get("ts"), (int, float))
+        and e["ts"] >= since
+        and isinstance(e.get("step"), int)
+    ]
     return max(steps) if steps else None
 
 
 def _say_restart(gen: Generation, resilience, say) -> None:
     ago = time.time() - gen.failed_at if gen.failed_at else None
-    what = f"a {gen.cause}" + (f" {ago:.1f} s ago" if ago is not None else "") + (
-        f" after step {gen.last_step}" if gen.last_step is not None else "")
+    what = (
+        f"a {gen.cause}"
+        + (f" {ago:.1f} s ago" if ago is not None else "")
+        + (f" after step {gen.last_step}" if gen.last_step is not None else "")
+    )
     if gen.preempted:
         say(f"restart in place after {what}: the previous workers ended preempted (75); ending so again")
     elif not gen.allowed:
-        say(f"{what}: the in-place budget is spent ({gen.within_hour} failures within the hour, "
+        say(
+            f"{what}: the in-place budget is spent ({gen.within_hour} failures within the hour, "
             f"resilience.restarts_in_place={resilience.restarts_in_place}); ending the attempt with the error "
-            "so the cluster is recovered on new machines")
+            "so the cluster is recovered on new machines"
+        )
     else:
-        say(f"restart in place {gen.restart} ({gen.within_hour}/{resilience.restarts_in_place} this hour) after "
+        say(
+            f"restart in place {gen.restart} ({gen.within_hour}/{resilience.restarts_in_place} this hour) after "
             f"{what}: every rank resumes from the newest committed local checkpoint"
-            + (f" after a {gen.wait_seconds:g} s backoff" if gen.wait_seconds else ""))
+            + (f" after a {gen.wait_seconds:g} s backoff" if gen.wait_seconds else "")
+        )
 
 
 def record_attempt(run_dir: Path, attempt: int) -> None:
@@ -243,11 +279,16 @@ def settle(gen: Generation) -> None:
     from skyspot.trainer.exit_codes import Preempted
 
     if gen.preempted:
-        raise Preempted(gen.last_step or 0, "preempted: the previous workers of this start ended preempted (75) "
-                                            "after their emergency checkpoint; not restarted in place")
+        raise Preempted(
+            gen.last_step or 0,
+            "preempted: the previous workers of this start ended preempted (75) "
+            "after their emergency checkpoint; not restarted in place",
+        )
     if not gen.allowed:
-        raise RestartBudgetSpent(f"in-place restart budget spent: {gen.within_hour} failures within an hour "
-                                 f"(the last a {gen.cause}); ending the attempt so it is recovered on new machines")
+        raise RestartBudgetSpent(
+            f"in-place restart budget spent: {gen.within_hour} failures within an hour "
+            f"(the last a {gen.cause}); ending the attempt so it is recovered on new machines"
+        )
     if gen.wait_seconds > 0:
         time.sleep(gen.wait_seconds)
 
@@ -256,8 +297,13 @@ def resumed(gen: Generation, step: int) -> None:
     """Global rank 0 once the resume point is known: the event's fields but the time to the next step."""
     if gen.in_place:
         steps_redone = max(0, gen.last_step - step) if gen.last_step is not None else 0
-        gen.pending = {"cause": gen.cause, "failed_at": gen.failed_at, "steps_redone": steps_redone,
-                       "restart": gen.restart, "step": step}
+        gen.pending = {
+            "cause": gen.cause,
+            "failed_at": gen.failed_at,
+            "steps_redone": steps_redone,
+            "restart": gen.restart,
+            "step": step,
+        }
 
 
 def first_step(gen: Optional[Generation], emit, say) -> None:
@@ -267,8 +313,10 @@ def first_step(gen: Optional[Generation], emit, say) -> None:
     fields, gen.pending = gen.pending, {}
     seconds = round(time.time() - fields["failed_at"], 3) if fields.get("failed_at") else None
     emit("restart_in_place", seconds_to_next_step=seconds, **fields)
-    say(f"back to training {seconds} s after the {fields['cause']} (restart in place {fields['restart']}, "
-        f"{fields['steps_redone']} step(s) redone from step {fields['step']})")
+    say(
+        f"back to training {seconds} s after the {fields['cause']} (restart in place {fields['restart']}, "
+        f"{fields['steps_redone']} step(s) redone from step {fields['step']})"
+    )
 
 
 def _write(path: Path, record: dict) -> None:

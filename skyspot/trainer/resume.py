@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from skyspot.errors import UsageError
 from skyspot.events import read_events_dir
 from skyspot.recipe import ModelSection, Recipe
-from skyspot.trainer.data import (build_eval_split, local_source_path, rebatch, resolve_source,
-                                  training_and_held_out)
+from skyspot.trainer.data import build_eval_split, local_source_path, rebatch, resolve_source, training_and_held_out
 from skyspot.trainer.evaluate import build_evaluator, has_tokens
 from skyspot.trainer.say import say
 
@@ -51,8 +50,10 @@ def reconcile_recipe(recipe: Recipe, saved: Optional[dict[str, Any]]) -> tuple[R
     for key in sorted(set(now) | set(then)):
         if now.get(key) != then.get(key):
             winner = "the checkpoint's" if key.startswith("model.") else "the recipe's"
-            lines.append(f"recipe differs from the checkpoint: {key} {then.get(key)!r} -> {now.get(key)!r} "
-                         f"({winner} value is used)")
+            lines.append(
+                f"recipe differs from the checkpoint: {key} {then.get(key)!r} -> {now.get(key)!r} "
+                f"({winner} value is used)"
+            )
     if "model" in saved and saved["model"] != recipe.model.model_dump(mode="json"):
         recipe = recipe.model_copy(update={"model": ModelSection.model_validate(saved["model"])})
     return recipe, lines
@@ -67,8 +68,9 @@ def keep_global_batch(recipe: Recipe, manifest: dict[str, Any], world_size: int)
         return recipe, None
     micro, accum, note = rebatch(saved, train.micro_batch_size, train.grad_accum, world_size)
     if (micro, accum) != (train.micro_batch_size, train.grad_accum):
-        recipe = recipe.model_copy(update={"train": train.model_copy(update={"micro_batch_size": micro,
-                                                                             "grad_accum": accum})})
+        recipe = recipe.model_copy(
+            update={"train": train.model_copy(update={"micro_batch_size": micro, "grad_accum": accum})}
+        )
     return recipe, (f"world size {manifest.get('world_size')} -> {world_size}: {note}" if note else None)
 
 
@@ -97,17 +99,22 @@ def store_history(started: Started) -> History:
         if not cache:
             cache.append(started.tier.read_events() if started.tier is not None else [])
         return cache[0]
+
     return read
 
 
-def held_out(started: Started, recipe: Recipe, tokenizer, samples: Samples,
-             history: History) -> tuple[Samples, Optional[Evaluator]]:
+def held_out(
+    started: Started, recipe: Recipe, tokenizer, samples: Samples, history: History
+) -> tuple[Samples, Optional[Evaluator]]:
     """The training set without the held-out part, and the evaluator (None without an eval section).
     Global rank 0 reads which steps this run has already evaluated (its event history: the run
     directory's, else the store's) so no step is evaluated twice; every rank gets its answer."""
     p = started.placement
-    split = (build_eval_split(recipe, tokenizer, data_source(started, recipe, "eval_split"))
-             if recipe.data.eval_split else None)
+    split = (
+        build_eval_split(recipe, tokenizer, data_source(started, recipe, "eval_split"))
+        if recipe.data.eval_split
+        else None
+    )
     samples, kept_out = training_and_held_out(recipe, samples, split)
     if kept_out is None:
         return samples, None
@@ -124,12 +131,26 @@ def held_out(started: Started, recipe: Recipe, tokenizer, samples: Samples,
         earlier = [e for e in earlier if e.get("type") in ("start", "eval")]
         earlier.sort(key=lambda e: (e.get("attempt") or 0, e.get("ts") or 0))
     earlier = started.comm.io_gather(earlier)[0] or []
-    evaluator = build_evaluator(recipe, kept_out, device=started.device, dp_rank=p.rank, dp_size=p.world_size,
-                                emit=started.emit, is_writer=p.is_global_zero, history=earlier)
+    evaluator = build_evaluator(
+        recipe,
+        kept_out,
+        device=started.device,
+        dp_rank=p.rank,
+        dp_size=p.world_size,
+        emit=started.emit,
+        is_writer=p.is_global_zero,
+        history=earlier,
+    )
     if p.is_global_zero:
-        say(f"eval: {len(kept_out)} held-out sequences ({'data.eval_split' if split is not None else 'eval.fraction'}), "
+        say(
+            f"eval: {len(kept_out)} held-out sequences ({'data.eval_split' if split is not None else 'eval.fraction'}), "
             f"{evaluator.batches} micro-batch{'es' if evaluator.batches != 1 else ''} per rank"
-            + (f"; {len(evaluator.done)} steps already evaluated, the last {max(evaluator.done)}" if evaluator.done else ""))
+            + (
+                f"; {len(evaluator.done)} steps already evaluated, the last {max(evaluator.done)}"
+                if evaluator.done
+                else ""
+            )
+        )
     return samples, evaluator
 
 

@@ -30,13 +30,16 @@ def round_trip(root: str, node_rank: str) -> str:
     store.put_bytes(key, data)
     back = store.get_bytes(key)
     if back != data:
-        raise RuntimeError(f"read back {0 if back is None else len(back)} bytes that differ from the "
-                           f"{len(data)} written")
+        raise RuntimeError(
+            f"read back {0 if back is None else len(back)} bytes that differ from the {len(data)} written"
+        )
     store.delete([key])
     if store.exists(key):
         raise RuntimeError("the object is still there after its delete")
-    return (f"skyspot rehearsal: store round trip ok: wrote, read back and deleted {len(data)} bytes at "
-            f"{key} in {time.monotonic() - started:.2f}s")
+    return (
+        f"skyspot rehearsal: store round trip ok: wrote, read back and deleted {len(data)} bytes at "
+        f"{key} in {time.monotonic() - started:.2f}s"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -46,8 +49,9 @@ def main(argv: list[str]) -> int:
     try:
         print(round_trip(*argv), flush=True)
     except Exception as error:  # any failure is the finding: one line, the rehearsal reports it
-        print(f"skyspot rehearsal: store round trip failed: {type(error).__name__}: {error}", file=sys.stderr,
-              flush=True)
+        print(
+            f"skyspot rehearsal: store round trip failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True
+        )
         return 2
     return 0
 

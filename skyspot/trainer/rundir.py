@@ -82,8 +82,9 @@ def _attempt_record(attempt: int) -> dict[str, Any]:
     return {"attempt": attempt, "updated": time.time()}
 
 
-def next_attempt_in_store(store: Store, run_prefix: str, *, attempts: int = 4, base_delay: float = 0.5,
-                          max_delay: float = 5.0) -> int:
+def next_attempt_in_store(
+    store: Store, run_prefix: str, *, attempts: int = 4, base_delay: float = 0.5, max_delay: float = 5.0
+) -> int:
     """Count one more start of the run in `<run_prefix>/attempts.json` in the store and return it (1 for the first).
 
     The store's backend of the counter: it counts starts across machines. Best effort, not
@@ -106,16 +107,26 @@ def next_attempt_in_store(store: Store, run_prefix: str, *, attempts: int = 4, b
     return attempt
 
 
-def write_run_json(run_dir: Path, *, run_id: str, recipe, store: Optional[str], world_size: int,
-                   where: dict[str, Any], fresh: bool = False) -> tuple[dict[str, Any], Optional[str]]:
+def write_run_json(
+    run_dir: Path,
+    *,
+    run_id: str,
+    recipe,
+    store: Optional[str],
+    world_size: int,
+    where: dict[str, Any],
+    fresh: bool = False,
+) -> tuple[dict[str, Any], Optional[str]]:
     """Write DIR/run.json on the first start (or after --fresh). Returns (run.json, warning or None)."""
     path = Path(run_dir) / RUN_JSON
     existing = read_json(path)
     if isinstance(existing, dict) and not fresh:
         warning = None
         if existing.get("fingerprint") != recipe.fingerprint():
-            warning = (f"the recipe changed since this run started (fingerprint {existing.get('fingerprint')} -> "
-                       f"{recipe.fingerprint()}); run.json keeps the original")
+            warning = (
+                f"the recipe changed since this run started (fingerprint {existing.get('fingerprint')} -> "
+                f"{recipe.fingerprint()}); run.json keeps the original"
+            )
         return existing, warning
     record = {
         "run_id": run_id,

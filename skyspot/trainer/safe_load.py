@@ -69,10 +69,15 @@ def _what(path: str | os.PathLike, error: Exception) -> str:
     except Exception:
         unsafe = []
     if unsafe:
-        return (f"it names {', '.join(sorted(unsafe)[:3])}, which no skyspot checkpoint holds: skyspot did not "
-                "write this file (who else can write to the run's store?)")
+        return (
+            f"it names {', '.join(sorted(unsafe)[:3])}, which no skyspot checkpoint holds: skyspot did not "
+            "write this file (who else can write to the run's store?)"
+        )
     # No global named: the weights-only unpickler refused an opcode or a call; its own line says which.
     lines = str(error).strip().splitlines()
     detail = next((line.strip() for line in lines if "nsupported" in line), "")
-    return ("it is not a file the weights-only loader reads" + (f" ({detail[:160]})" if detail else "")
-            + ": damaged, or not written by skyspot")
+    return (
+        "it is not a file the weights-only loader reads"
+        + (f" ({detail[:160]})" if detail else "")
+        + ": damaged, or not written by skyspot"
+    )

@@ -74,17 +74,24 @@ WORKER_POLL_S = 0.1  # ours: how soon a worker's end is seen (restart.TOLERANCE_
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m skyspot.trainer.supervise",
-                                     description="Run the trainer and exit with the code it recorded.")
+    parser = argparse.ArgumentParser(
+        prog="python -m skyspot.trainer.supervise", description="Run the trainer and exit with the code it recorded."
+    )
     parser.add_argument("--run-dir", required=True, type=Path, help="the trainer's --run-dir")
-    parser.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S,
-                        help="seconds torchrun gives workers after a signal before SIGKILL (default %(default)s)")
+    parser.add_argument(
+        "--grace",
+        type=_seconds,
+        default=DEFAULT_GRACE_S,
+        help="seconds torchrun gives workers after a signal before SIGKILL (default %(default)s)",
+    )
     _watchdog_flags(parser)
     if "--" not in argv:
-        parser.error("give the command after --, e.g. -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir DIR")
+        parser.error(
+            "give the command after --, e.g. -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny --run-dir DIR"
+        )
     split = argv.index("--")
     args = parser.parse_args(argv[:split])
-    command = argv[split + 1:]
+    command = argv[split + 1 :]
     if not command:
         parser.error("no command after --")
     return args, command
@@ -96,12 +103,24 @@ def _watchdog_flags(parser: argparse.ArgumentParser) -> None:
     from skyspot.recipe import ResilienceSection
 
     default = ResilienceSection()
-    parser.add_argument("--hang-factor", type=_positive, default=default.hang_factor,
-                        help="a hang: no step for longer than this x the median step time (default %(default)s)")
-    parser.add_argument("--hang-floor", type=_positive, default=default.hang_floor_seconds,
-                        help="... or than this many seconds, whichever is longer (default %(default)s)")
-    parser.add_argument("--first-step-bound", type=_positive, default=default.first_step_seconds,
-                        help="seconds allowed from a (re)start to its first step (default %(default)s)")
+    parser.add_argument(
+        "--hang-factor",
+        type=_positive,
+        default=default.hang_factor,
+        help="a hang: no step for longer than this x the median step time (default %(default)s)",
+    )
+    parser.add_argument(
+        "--hang-floor",
+        type=_positive,
+        default=default.hang_floor_seconds,
+        help="... or than this many seconds, whichever is longer (default %(default)s)",
+    )
+    parser.add_argument(
+        "--first-step-bound",
+        type=_positive,
+        default=default.first_step_seconds,
+        help="seconds allowed from a (re)start to its first step (default %(default)s)",
+    )
     parser.add_argument("--no-watchdog", action="store_true", help="do not watch for hangs")
 
 
@@ -140,9 +159,13 @@ def _child_setup(supervisor: int) -> None:
         os._exit(1)
 
 
-def run(run_dir: Path, command: list[str], grace: float = DEFAULT_GRACE_S,
-        say=lambda line: print(f"[skyspot.supervise] {line}", file=sys.stderr, flush=True),
-        hang_bounds: Optional[Bounds] = None) -> int:
+def run(
+    run_dir: Path,
+    command: list[str],
+    grace: float = DEFAULT_GRACE_S,
+    say=lambda line: print(f"[skyspot.supervise] {line}", file=sys.stderr, flush=True),
+    hang_bounds: Optional[Bounds] = None,
+) -> int:
     token = uuid.uuid4().hex
     env = dict(os.environ)
     env[TOKEN_ENV] = token

@@ -66,8 +66,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def keep_in_flight(current_left_bytes: int, new_bytes: int, bytes_per_second: float | None,
-                   seconds_left: float) -> bool:
+def keep_in_flight(
+    current_left_bytes: int, new_bytes: int, bytes_per_second: float | None, seconds_left: float
+) -> bool:
     """Emergency submission: should the upload in flight go on (the new one waiting behind it)? Pure.
 
     Newest-wins abandons the older upload. Before a deadline that can lose both: the older one
@@ -113,11 +114,22 @@ class Uploader:
     checkpoint module asks `can_delete_local` first).
     """
 
-    def __init__(self, store: Store, run_prefix: str, events: EventWriter | None = None,
-                 keep: int | None = 3, warn: Callable[[str], None] = log.warning, *,
-                 node_rank: int = 0, num_nodes: int = 1,
-                 max_workers: int = 8, retry_base_delay: float = 1.0, retry_max_delay: float = 60.0,
-                 events_dir: str | os.PathLike | None = None, events_every: float = 30.0):
+    def __init__(
+        self,
+        store: Store,
+        run_prefix: str,
+        events: EventWriter | None = None,
+        keep: int | None = 3,
+        warn: Callable[[str], None] = log.warning,
+        *,
+        node_rank: int = 0,
+        num_nodes: int = 1,
+        max_workers: int = 8,
+        retry_base_delay: float = 1.0,
+        retry_max_delay: float = 60.0,
+        events_dir: str | os.PathLike | None = None,
+        events_every: float = 30.0,
+    ):
         """`keep=None` keeps every durable checkpoint. With `events_dir`, the node's event files
         are synced every `events_every` seconds (and at close), so the bucket alone tells the
         run's story; with several nodes that loop also refreshes which checkpoints are durable."""
@@ -164,8 +176,9 @@ class Uploader:
         self._events_stop = threading.Event()
         self._events_thread = None
         if self._events_dir is not None:
-            self._events_thread = threading.Thread(target=self._sync_events_loop, args=(events_every,),
-                                                   name="skyspot-events-sync", daemon=True)
+            self._events_thread = threading.Thread(
+                target=self._sync_events_loop, args=(events_every,), name="skyspot-events-sync", daemon=True
+            )
             self._events_thread.start()
 
     # ------------------------------------------------------------------ public
@@ -195,13 +208,26 @@ class Uploader:
         with self._cv:
             self._streams[step] = None
 
-    def streams_done(self, step: int, ok: set[str], *, abandoned: str | None = None,
-                     failed: dict[str, str] | None = None, streamed_bytes: int = 0, seconds: float = 0.0) -> None:
+    def streams_done(
+        self,
+        step: int,
+        ok: set[str],
+        *,
+        abandoned: str | None = None,
+        failed: dict[str, str] | None = None,
+        streamed_bytes: int = 0,
+        seconds: float = 0.0,
+    ) -> None:
         """The writers' report: the files of this node that are whole in the store, or why they gave up."""
         with self._cv:
             if step in self._streams:
-                self._streams[step] = {"ok": set(ok), "abandoned": abandoned, "failed": dict(failed or {}),
-                                       "bytes": streamed_bytes, "seconds": seconds}
+                self._streams[step] = {
+                    "ok": set(ok),
+                    "abandoned": abandoned,
+                    "failed": dict(failed or {}),
+                    "bytes": streamed_bytes,
+                    "seconds": seconds,
+                }
                 self._cv.notify_all()
 
     def set_deadline(self, deadline_ts: float | None) -> None:
@@ -309,8 +335,10 @@ class Uploader:
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
         def upload() -> bool:
-            return self._blocking(lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files,
-                                                                 self.max_workers), attempts=5)
+            return self._blocking(
+                lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files, self.max_workers),
+                attempts=5,
+            )
 
         if timeout is None:
             return upload()
@@ -342,8 +370,11 @@ class Uploader:
         uploaded = 0
         with self._sync_lock:
             files = [(path, join_key(EVENTS_DIR, path.name)) for path in sorted(Path(local_events_dir).glob("*.jsonl"))]
-            files += [(path, join_key(prefix, rel)) for directory, prefix in self._also
-                      for path, rel in _regular_files(directory)]
+            files += [
+                (path, join_key(prefix, rel))
+                for directory, prefix in self._also
+                for path, rel in _regular_files(directory)
+            ]
             for path, key in files:
                 try:
                     stat = path.stat()
@@ -409,8 +440,9 @@ class Uploader:
         with self._cv:
             if job.step not in self._streams:
                 return set()
-            self._cv.wait_for(lambda: self._streams.get(job.step) is not None or job.stop_reason is not None
-                              or self._closing)
+            self._cv.wait_for(
+                lambda: self._streams.get(job.step) is not None or job.stop_reason is not None or self._closing
+            )
             report = self._streams.pop(job.step, None)
         if report is None:
             raise _Abandoned(job.stop_reason or "uploader closed")
@@ -444,7 +476,11 @@ class Uploader:
         uploaded: list[str] = []
         try:
             existing = self._retry(job, lambda: self.store.list(prefix + "/"))
-            mine = [k for k in existing if (m := mf.NODE_MARKER.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank]
+            mine = [
+                k
+                for k in existing
+                if (m := mf.NODE_MARKER.match(k.rsplit("/", 1)[-1])) and int(m.group(1)) == self.node_rank
+            ]
             if mine:
                 # An earlier attempt got this node's part there. The same checkpoint (a resume from
                 # it) needs no upload; a different one replaces it, and the old marker must not
@@ -457,8 +493,9 @@ class Uploader:
             self._put_all(job, prefix, [rel for rel in files if rel not in streamed], uploaded)
             # Two small files from done: finished even if a newer checkpoint just arrived.
             for name, key in ((mf.MANIFEST, manifest_key), (mf.MARKER, marker_key)):
-                self._put_one(job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded,
-                              check=False)
+                self._put_one(
+                    job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded, check=False
+                )
         except _Abandoned as stop:
             # No cleanup here: the partial files carry no marker, so they never count, and the
             # retention pass after the next durable upload deletes them. That keeps the path of
@@ -495,8 +532,15 @@ class Uploader:
         self._apply_retention()
         with self._cv:
             durable = job.step in self._durable
-        self._emit(job.step, nbytes, seconds, durable=durable, error=None, streamed_bytes=job.streamed_bytes,
-                   stream_seconds=job.stream_seconds)
+        self._emit(
+            job.step,
+            nbytes,
+            seconds,
+            durable=durable,
+            error=None,
+            streamed_bytes=job.streamed_bytes,
+            stream_seconds=job.stream_seconds,
+        )
 
     def _put_all(self, job: _Job, prefix: str, names: list[str], uploaded: list[str]) -> None:
         """Upload the data files in parallel; the first failure stops the others at a file boundary."""
@@ -505,10 +549,13 @@ class Uploader:
         sizes = {name: os.path.getsize(job.local_dir / name) for name in names}
         # Largest first, so one big shard does not start last and stretch the upload.
         names = sorted(names, key=lambda n: -sizes[n])
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(names))),
-                                thread_name_prefix="skyspot-upload") as pool:
-            futures = [pool.submit(self._put_one, job, job.local_dir / name, join_key(prefix, name), sizes[name],
-                                   uploaded) for name in names]
+        with ThreadPoolExecutor(
+            max_workers=max(1, min(self.max_workers, len(names))), thread_name_prefix="skyspot-upload"
+        ) as pool:
+            futures = [
+                pool.submit(self._put_one, job, job.local_dir / name, join_key(prefix, name), sizes[name], uploaded)
+                for name in names
+            ]
             try:
                 wait_futures(futures, return_when=FIRST_EXCEPTION)
                 for future in futures:
@@ -525,8 +572,9 @@ class Uploader:
             for future in futures:
                 future.result()
 
-    def _put_one(self, job: _Job, local_path: Path, key: str, size: int, uploaded: list[str],
-                 check: bool = True) -> None:
+    def _put_one(
+        self, job: _Job, local_path: Path, key: str, size: int, uploaded: list[str], check: bool = True
+    ) -> None:
         if check:
             self._check_stop(job)
         with self._cv:
@@ -554,16 +602,23 @@ class Uploader:
 
     def _retry(self, job: _Job, fn: Callable[[], T]) -> T:
         """Run one store call, retrying transient errors until it works or the job is stopped."""
+
         def sleep(delay: float) -> None:
             # Wait on the condition, not time.sleep, so a newer submission or close() cuts the wait short.
             with self._cv:
-                self._cv.wait_for(lambda: job.stop_reason is not None or self._closing
-                                  or self._superseded_by(job) is not None, delay)
+                self._cv.wait_for(
+                    lambda: job.stop_reason is not None or self._closing or self._superseded_by(job) is not None, delay
+                )
             self._check_stop(job)
 
-        result = with_retries(fn, attempts=None, base_delay=self.retry_base_delay,
-                              max_delay=self.retry_max_delay,
-                              on_retry=lambda _attempt, error, _delay: self._warn_outage(error), sleep=sleep)
+        result = with_retries(
+            fn,
+            attempts=None,
+            base_delay=self.retry_base_delay,
+            max_delay=self.retry_max_delay,
+            on_retry=lambda _attempt, error, _delay: self._warn_outage(error),
+            sleep=sleep,
+        )
         self._note_success()
         return result
 
@@ -579,8 +634,9 @@ class Uploader:
         with self._outage_lock:
             since, self._outage_since = self._outage_since, None
         if since is not None:
-            log.warning("store %s reachable again after %.0f s; uploads resumed",
-                        self.store.uri, time.monotonic() - since)
+            log.warning(
+                "store %s reachable again after %.0f s; uploads resumed", self.store.uri, time.monotonic() - since
+            )
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -605,9 +661,11 @@ class Uploader:
             rate = self._rate(current)
         keep = keep_in_flight(left_bytes, new_bytes, rate, deadline - time.time())
         if keep:
-            self.warn(f"checkpoint step {job.step} is queued behind step {current.step}'s upload: "
-                      f"{left_bytes} bytes left of that one fit before the deadline, and abandoning it "
-                      "would not make the newer one durable in time")
+            self.warn(
+                f"checkpoint step {job.step} is queued behind step {current.step}'s upload: "
+                f"{left_bytes} bytes left of that one fit before the deadline, and abandoning it "
+                "would not make the newer one durable in time"
+            )
         return keep
 
     def _fits(self, target: int, seconds_left: float) -> bool:
@@ -635,15 +693,32 @@ class Uploader:
         self._cv.notify_all()
         self._emit(step, done_bytes, seconds, durable=False, error=reason)
 
-    def _emit(self, step: int, nbytes: int, seconds: float, durable: bool, error: str | None,
-              streamed_bytes: int = 0, stream_seconds: float = 0.0) -> None:
+    def _emit(
+        self,
+        step: int,
+        nbytes: int,
+        seconds: float,
+        durable: bool,
+        error: str | None,
+        streamed_bytes: int = 0,
+        stream_seconds: float = 0.0,
+    ) -> None:
         if self.events is None:
             return
         extra = {"streamed_bytes": streamed_bytes, "stream_seconds": round(stream_seconds, 3)} if streamed_bytes else {}
         try:
-            self.events.emit("upload_end", step=step, bytes=nbytes, seconds=round(seconds, 3),
-                             throughput_bps=round(nbytes / seconds) if seconds > 0 else None,
-                             durable=durable, error=error, node=self.node_rank, nodes=self.num_nodes, **extra)
+            self.events.emit(
+                "upload_end",
+                step=step,
+                bytes=nbytes,
+                seconds=round(seconds, 3),
+                throughput_bps=round(nbytes / seconds) if seconds > 0 else None,
+                durable=durable,
+                error=error,
+                node=self.node_rank,
+                nodes=self.num_nodes,
+                **extra,
+            )
         except (OSError, ValueError):
             log.exception("cannot write upload_end event")
 
@@ -665,7 +740,7 @@ class Uploader:
         try:
             keys_by_step = listing(self.store, self.run_prefix)
             durable = durable_steps(keys_by_step)
-            doomed = durable[:-self.keep] if self.keep is not None and self.node_rank == 0 else []
+            doomed = durable[: -self.keep] if self.keep is not None and self.node_rank == 0 else []
             with self._cv:
                 self._durable = set(durable)
             for step in doomed:

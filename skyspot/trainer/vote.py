@@ -37,10 +37,18 @@ class Ballot:
 
     @classmethod
     def of(cls, loss: float, tokens: int, pending: Pending, time_due: bool, need_s: float) -> Ballot:
-        return cls(loss=loss, tokens=float(tokens), emergency=float(pending.emergency),
-                   checkpoint=float(pending.checkpoint), time_due=float(time_due),
-                   first_seen=pending.first_seen or 0.0, deadline=pending.deadline or 0.0,
-                   signaled=float(pending.signaled), need_s=need_s, clock=time.time())
+        return cls(
+            loss=loss,
+            tokens=float(tokens),
+            emergency=float(pending.emergency),
+            checkpoint=float(pending.checkpoint),
+            time_due=float(time_due),
+            first_seen=pending.first_seen or 0.0,
+            deadline=pending.deadline or 0.0,
+            signaled=float(pending.signaled),
+            need_s=need_s,
+            clock=time.time(),
+        )
 
     def encode(self) -> list[float]:
         return list(astuple(self))
@@ -78,12 +86,19 @@ def tally(ballots: list[Ballot], seconds: float) -> Vote:
     """The same Vote on every rank, from every rank's ballot (global rank 0's first)."""
     seen = [b.first_seen for b in ballots if b.first_seen > 0]
     deadlines = [b.deadline for b in ballots if b.deadline > 0]
-    return Vote(loss=sum(b.loss for b in ballots) / len(ballots), tokens=int(sum(b.tokens for b in ballots)),
-                emergency=any(b.emergency > 0 for b in ballots), checkpoint=any(b.checkpoint > 0 for b in ballots),
-                time_due=ballots[0].time_due > 0, first_seen=min(seen) if seen else None,
-                deadline=min(deadlines) if deadlines else None, seconds=seconds,
-                signaled=any(b.signaled > 0 for b in ballots), now=ballots[0].clock,
-                need_s=0.0 if any(b.need_s < 0 for b in ballots) else max(b.need_s for b in ballots))
+    return Vote(
+        loss=sum(b.loss for b in ballots) / len(ballots),
+        tokens=int(sum(b.tokens for b in ballots)),
+        emergency=any(b.emergency > 0 for b in ballots),
+        checkpoint=any(b.checkpoint > 0 for b in ballots),
+        time_due=ballots[0].time_due > 0,
+        first_seen=min(seen) if seen else None,
+        deadline=min(deadlines) if deadlines else None,
+        seconds=seconds,
+        signaled=any(b.signaled > 0 for b in ballots),
+        now=ballots[0].clock,
+        need_s=0.0 if any(b.need_s < 0 for b in ballots) else max(b.need_s for b in ballots),
+    )
 
 
 def cast(run: Run, ballot: Ballot) -> Vote:
@@ -110,9 +125,13 @@ def report_local(run: Run, pending: Pending) -> None:
     for notice in pending.notices:
         # A warning (a rebalance recommendation, maintenance ahead of its deadline) ends nothing:
         # its own type, so the cost report's notices are only those that ended an attempt.
-        events.emit("shutdown_warning" if notice.get("warning") else "preemption_notice",
-                    source=notice["source"], deadline=notice["deadline"], action=notice["action"],
-                    received=notice["received"])
+        events.emit(
+            "shutdown_warning" if notice.get("warning") else "preemption_notice",
+            source=notice["source"],
+            deadline=notice["deadline"],
+            action=notice["action"],
+            received=notice["received"],
+        )
 
 
 def boundary(run: Run, loss: float = 0.0, tokens: int = 0, step_s: float = 0.0) -> Vote:

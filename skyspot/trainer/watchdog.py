@@ -110,7 +110,13 @@ class Progress:
         seconds = event.get("step_seconds") if type == T.STEP else None
         if isinstance(seconds, (int, float)):
             self.step_seconds.append(float(seconds))  # history counts too: the median of the run
-        pause = event.get("seconds") if type == T.EVAL else event.get("blocked_seconds") if type == T.CHECKPOINT_END else None
+        pause = (
+            event.get("seconds")
+            if type == T.EVAL
+            else event.get("blocked_seconds")
+            if type == T.CHECKPOINT_END
+            else None
+        )
         if isinstance(pause, (int, float)):
             self.longest_pause = max(self.longest_pause, float(pause))
         if type == T.START and isinstance(event.get("total_steps"), int):
@@ -178,8 +184,9 @@ def find_workers(launcher_pid: int, cache: Optional[dict] = None) -> list[Worker
                 env = process.environ()
                 # The rank the trainer trains as (cluster.pinned_rank), not torchrun's: the c10d rendezvous
                 # may number another node's worker 0, and global rank 0 is the one that writes the steps.
-                cache[key] = ((pinned_rank(env), int(env["LOCAL_RANK"]))
-                              if "RANK" in env and "LOCAL_RANK" in env else None)
+                cache[key] = (
+                    (pinned_rank(env), int(env["LOCAL_RANK"])) if "RANK" in env and "LOCAL_RANK" in env else None
+                )
         except (psutil.Error, ValueError, OSError):
             continue
         if cache[key] is not None:
@@ -209,7 +216,7 @@ _FAULT_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
 
 
 def top_frame(text: str, pid: Optional[int] = None) -> Optional[str]:
-    """"file:line function" of the main thread's innermost frame in a py-spy or faulthandler dump."""
+    """ "file:line function" of the main thread's innermost frame in a py-spy or faulthandler dump."""
     blocks: list[tuple[bool, list[str]]] = []  # (is the main thread, frames)
     for line in text.splitlines():
         header = _PYSPY_THREAD.match(line)
@@ -251,13 +258,18 @@ def dump_one(worker: Worker, run_dir: Path, deadline: float) -> str:
         stopped = _is_stopped(worker)
         # A stopped process cannot be paused again (py-spy's "Failed to suspend process"): read it as it
         # is; a running one is paused for a consistent read, and read as it runs if that fails.
-        for extra in ([["--nonblocking"], []] if stopped else [[], ["--nonblocking"]]):
+        for extra in [["--nonblocking"], []] if stopped else [[], ["--nonblocking"]]:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             try:
-                done = subprocess.run([binary, "dump", "--pid", str(worker.pid), *extra], capture_output=True,
-                                      text=True, timeout=left, stdin=subprocess.DEVNULL)
+                done = subprocess.run(
+                    [binary, "dump", "--pid", str(worker.pid), *extra],
+                    capture_output=True,
+                    text=True,
+                    timeout=left,
+                    stdin=subprocess.DEVNULL,
+                )
             except subprocess.TimeoutExpired:
                 tried.append("py-spy timed out")
                 break
@@ -315,10 +327,17 @@ def _faulthandler_dump(worker: Worker, run_dir: Path, deadline: float) -> Option
 class Watchdog:
     """The thread: every `poll_s`, read the new events, look at the workers, and act on a hang."""
 
-    def __init__(self, run_dir: Path, launcher_pid: int, bounds: Bounds, *,
-                 say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
-                 poll_s: float = POLL_SECONDS, dump_timeout_s: float = DUMP_TIMEOUT_SECONDS,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        run_dir: Path,
+        launcher_pid: int,
+        bounds: Bounds,
+        *,
+        say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+        poll_s: float = POLL_SECONDS,
+        dump_timeout_s: float = DUMP_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ):
         self.run_dir = Path(run_dir)
         self.launcher_pid = launcher_pid
         self.say = say
@@ -383,8 +402,12 @@ class Watchdog:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         texts: dict[int, str] = {}
         deadline = time.monotonic() + self.dump_timeout_s
-        threads = [threading.Thread(target=lambda w=w: texts.__setitem__(w.rank, dump_one(w, self.run_dir, deadline)),
-                                    daemon=True) for w in workers]
+        threads = [
+            threading.Thread(
+                target=lambda w=w: texts.__setitem__(w.rank, dump_one(w, self.run_dir, deadline)), daemon=True
+            )
+            for w in workers
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -393,22 +416,42 @@ class Watchdog:
         for worker in workers:
             text = texts.get(worker.rank, "no stacks: the dump did not finish in time\n")
             (directory / f"rank-{worker.rank}.txt").write_text(text, encoding="utf-8")
-            ranks.append({"rank": worker.rank, "local_rank": worker.local_rank, "pid": worker.pid,
-                          "top": top_frame(text, worker.pid)})
+            ranks.append(
+                {
+                    "rank": worker.rank,
+                    "local_rank": worker.local_rank,
+                    "pid": worker.pid,
+                    "top": top_frame(text, worker.pid),
+                }
+            )
         first_step = progress.last_step_at is None
-        record = {"ts": now, "step": progress.step, "bound_seconds": round(bound, 3),
-                  "seconds_without_step": round(progress.without_step(now), 3), "stacks": str(directory),
-                  "first_step": first_step, "ranks": ranks}
+        record = {
+            "ts": now,
+            "step": progress.step,
+            "bound_seconds": round(bound, 3),
+            "seconds_without_step": round(progress.without_step(now), 3),
+            "stacks": str(directory),
+            "first_step": first_step,
+            "ranks": ranks,
+        }
         atomic_write_json(self.run_dir / HANG_JSON, record)
         writer = self._writer()
         if writer is not None:
-            writer.emit("hang", step=record["step"], seconds_without_step=record["seconds_without_step"],
-                        bound_seconds=record["bound_seconds"], ranks=ranks, stacks=str(directory),
-                        first_step=first_step)
+            writer.emit(
+                "hang",
+                step=record["step"],
+                seconds_without_step=record["seconds_without_step"],
+                bound_seconds=record["bound_seconds"],
+                ranks=ranks,
+                stacks=str(directory),
+                first_step=first_step,
+            )
         where = ", ".join(f"rank {r['rank']} in {r['top'] or '?'}" for r in ranks)
         what = "no first step" if first_step else f"no step after step {progress.step}"
-        self.say(f"hang: {what} for {overdue:.0f} s (bound {bound:.0f} s); stacks in {directory}; "
-                 f"killing {len(workers)} rank(s): {where}")
+        self.say(
+            f"hang: {what} for {overdue:.0f} s (bound {bound:.0f} s); stacks in {directory}; "
+            f"killing {len(workers)} rank(s): {where}"
+        )
         for worker in workers:
             try:
                 worker.process.kill()  # SIGKILL: a stopped process dies too
@@ -437,8 +480,9 @@ class Watchdog:
             node_rank = identity.get("node_rank")
             if not isinstance(node_rank, int):
                 node_rank = int(os.environ.get("SKYPILOT_NODE_RANK") or 0)
-            self._writers[attempt] = EventWriter(self.run_dir, self._run_id() or "", attempt, node_rank, None,
-                                                 supervisor=True)
+            self._writers[attempt] = EventWriter(
+                self.run_dir, self._run_id() or "", attempt, node_rank, None, supervisor=True
+            )
         return self._writers[attempt]
 
     def _run_id(self) -> Optional[str]:
@@ -463,8 +507,9 @@ class Watchdog:
             self.say(f"hang: stacks not copied to {uri}: {type(err).__name__}: {err}")
 
 
-def start_watchdog(run_dir: Path, launcher_pid: int, bounds: Optional[Bounds],
-                   say: Callable[[str], None]) -> Optional[Watchdog]:
+def start_watchdog(
+    run_dir: Path, launcher_pid: int, bounds: Optional[Bounds], say: Callable[[str], None]
+) -> Optional[Watchdog]:
     """The supervisor's entry: a started watchdog, or None when off (or it cannot start: never fatal)."""
     if bounds is None:
         return None

@@ -123,10 +123,18 @@ class _HashingFile:
 
 
 class CheckpointWriter:
-    def __init__(self, *, rank: int, node_rank: int, is_node_leader: bool, exchange: Exchange,
-                 on_committed: Optional[list[Callable[[int, Path], None]]] = None,
-                 after_commit: Optional[Callable[[int, Path], None]] = None,
-                 warn: Callable[[str], None] = print, streams=None):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        node_rank: int,
+        is_node_leader: bool,
+        exchange: Exchange,
+        on_committed: Optional[list[Callable[[int, Path], None]]] = None,
+        after_commit: Optional[Callable[[int, Path], None]] = None,
+        warn: Callable[[str], None] = print,
+        streams=None,
+    ):
         self.rank = rank
         self.node_rank = node_rank
         self.is_node_leader = is_node_leader
@@ -154,8 +162,7 @@ class CheckpointWriter:
         if self.in_flight:
             raise RuntimeError("a checkpoint is still being written; wait() first")
         self._release_streams()  # the snapshot about to be taken reuses the buffers they read
-        self._open = _Batch(step, kind, Path(directory),
-                            stream=self.streams is not None and self.streams.enabled(step))
+        self._open = _Batch(step, kind, Path(directory), stream=self.streams is not None and self.streams.enabled(step))
 
     def set_deadline(self, deadline_ts: Optional[float]) -> None:
         """Streams still running at this wall-clock time are abandoned (a preemption's upload deadline)."""
@@ -221,16 +228,24 @@ class CheckpointWriter:
             try:
                 batch.result = self._write(batch)
             except BaseException as err:  # never leave the loop waiting on a dead thread
-                batch.result = WriteResult(batch.step, batch.kind, batch.directory, False,
-                                           f"{type(err).__name__}: {err}", blocked_seconds=batch.blocked_seconds)
+                batch.result = WriteResult(
+                    batch.step,
+                    batch.kind,
+                    batch.directory,
+                    False,
+                    f"{type(err).__name__}: {err}",
+                    blocked_seconds=batch.blocked_seconds,
+                )
             finally:
                 batch.done.set()
             if batch.stream:  # decided alike on every rank: the third exchange is collective
                 try:
                     self._upload_phase(batch, batch.result is not None and batch.result.committed)
                 except Exception as err:  # the checkpoint is committed locally; the uploader has the disk path
-                    self.warn(f"checkpoint step_{batch.step}: streaming to the store failed ({type(err).__name__}: "
-                              f"{err}); it is uploaded from the local copy instead")
+                    self.warn(
+                        f"checkpoint step_{batch.step}: streaming to the store failed ({type(err).__name__}: "
+                        f"{err}); it is uploaded from the local copy instead"
+                    )
 
     def _write_file(self, path: Path, obj: Any, step: int, first: bool, stream=None) -> dict[str, Any]:
         def mid_file():
@@ -278,14 +293,14 @@ class CheckpointWriter:
             fault_point("write_begin", batch.step)
             for i, (path, obj) in enumerate(batch.files):
                 rel = path.relative_to(batch.directory).as_posix()
-                entries[rel] = self._write_file(path, obj, batch.step, first=(i == 0),
-                                                stream=self._open_stream(batch, rel, path))
+                entries[rel] = self._write_file(
+                    path, obj, batch.step, first=(i == 0), stream=self._open_stream(batch, rel, path)
+                )
             batch.files.clear()  # drop references; the buffers stay in the pool
             fsync_dir(batch.directory)
         except Exception as err:
             error = f"rank {self.rank}: {type(err).__name__}: {err}"
-        gathered = self.exchange({"rank": self.rank, "node_rank": self.node_rank, "entries": entries,
-                                  "error": error})
+        gathered = self.exchange({"rank": self.rank, "node_rank": self.node_rank, "entries": entries, "error": error})
         errors = [g["error"] for g in gathered if g.get("error")]
         node_bytes = 0
         marker_error = None
@@ -296,10 +311,14 @@ class CheckpointWriter:
                     if g["node_rank"] == self.node_rank:
                         files.update(g["entries"])
                 node_bytes = sum(meta["size"] for meta in files.values())
-                manifest = dict(batch.manifest, files=files, bytes=node_bytes,
-                                ranks=sorted({meta["rank"] for meta in files.values()}),
-                                write_seconds=round(time.monotonic() - start, 6),
-                                blocked_seconds=round(batch.blocked_seconds, 6))
+                manifest = dict(
+                    batch.manifest,
+                    files=files,
+                    bytes=node_bytes,
+                    ranks=sorted({meta["rank"] for meta in files.values()}),
+                    write_seconds=round(time.monotonic() - start, 6),
+                    blocked_seconds=round(batch.blocked_seconds, 6),
+                )
                 fault_point("before_manifest", batch.step)
                 manifest_sha = write_manifest(batch.directory, manifest)
                 fault_point("before_marker", batch.step)
@@ -318,10 +337,26 @@ class CheckpointWriter:
                 # It never committed on every node, and on a full disk its partial files hold the space the
                 # event files and the next checkpoint need. Every rank is done with it (two exchanges).
                 remove_checkpoint_dir(batch.directory)
-            return WriteResult(batch.step, batch.kind, batch.directory, False, "; ".join(errors),
-                               blocked_seconds=batch.blocked_seconds, write_seconds=write_seconds)
-        result = WriteResult(batch.step, batch.kind, batch.directory, True, None, node_bytes,
-                             batch.blocked_seconds, write_seconds, time.time())
+            return WriteResult(
+                batch.step,
+                batch.kind,
+                batch.directory,
+                False,
+                "; ".join(errors),
+                blocked_seconds=batch.blocked_seconds,
+                write_seconds=write_seconds,
+            )
+        result = WriteResult(
+            batch.step,
+            batch.kind,
+            batch.directory,
+            True,
+            None,
+            node_bytes,
+            batch.blocked_seconds,
+            write_seconds,
+            time.time(),
+        )
         if self.is_node_leader:
             self._after_global_commit(batch)
         return result
@@ -375,18 +410,29 @@ class CheckpointWriter:
         if not committed:
             return
         ended = max((s.finished or 0.0 for s in batch.streams.values()), default=0.0)
-        mine = {"rank": self.rank, "node_rank": self.node_rank, "ok": ok, "errors": errors, "abandoned": reason,
-                "bytes": sum(batch.streams[r].bytes for r in ok),
-                "seconds": max((s.finished or s.started) - s.started for s in batch.streams.values()) if ended else 0.0}
+        mine = {
+            "rank": self.rank,
+            "node_rank": self.node_rank,
+            "ok": ok,
+            "errors": errors,
+            "abandoned": reason,
+            "bytes": sum(batch.streams[r].bytes for r in ok),
+            "seconds": max((s.finished or s.started) - s.started for s in batch.streams.values()) if ended else 0.0,
+        }
         everyone = self.exchange(mine)
         if not self.is_node_leader or self.stream_sink is None:
             return
         node = [g for g in everyone if g["node_rank"] == self.node_rank]
         abandoned = next((g["abandoned"] for g in node if g["abandoned"]), None)
         failed = {rel: err for g in node for rel, err in g["errors"].items()}
-        self.stream_sink.streams_done(batch.step, {rel for g in node for rel in g["ok"]}, abandoned=abandoned,
-                                      failed=failed, streamed_bytes=sum(g["bytes"] for g in node),
-                                      seconds=max(g["seconds"] for g in node))
+        self.stream_sink.streams_done(
+            batch.step,
+            {rel for g in node for rel in g["ok"]},
+            abandoned=abandoned,
+            failed=failed,
+            streamed_bytes=sum(g["bytes"] for g in node),
+            seconds=max(g["seconds"] for g in node),
+        )
 
     def _queued(self) -> Optional[_Batch]:
         """The next checkpoint waiting for this thread, if one was submitted (not the close sentinel)."""

@@ -85,8 +85,11 @@ def test_hf_hub_offline_never_asks_the_hub_and_needs_the_cache(monkeypatch, tmp_
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     smol = recipe("smollm2-360m", "data.source=/nonexistent.jsonl")
-    with pytest.raises(UsageError, match=r"HF_HUB_OFFLINE is set and model.hub_id HuggingFaceTB/SmolLM2-360M is "
-                                         r"not in the Hugging Face cache"):
+    with pytest.raises(
+        UsageError,
+        match=r"HF_HUB_OFFLINE is set and model.hub_id HuggingFaceTB/SmolLM2-360M is "
+        r"not in the Hugging Face cache",
+    ):
         preflight(smol, local=True)
     plant_in_hub_cache(model_dir, tmp_path / "hf" / "hub", "HuggingFaceTB/SmolLM2-360M")
     with pytest.raises(UsageError, match="data.source '/nonexistent.jsonl' is not 'synthetic'"):
@@ -133,15 +136,24 @@ def test_a_held_out_file_is_checked_as_the_source_is(tmp_path, model_dir):
     preflight(load_recipe(str(path), environ={}), local=True)
 
 
-@pytest.mark.parametrize("records, overrides, message", [
-    ([{"prompt": "x", "completion": "y"}], ["data.format=alpaca"],
-     "data.format=alpaca needs string fields instruction and output (and optionally input); this record has: "
-     "completion, prompt"),
-    ([{"body": "x"}], ["data.format=text"], "needs a string field 'text' (fields: body); set data.text_field"),
-    ([{"conversation": []}], ["data.format=chat", "model.tokenizer=/tok"], "needs a list field 'messages'"),
-    ([{"messages": [{"role": "user", "content": "hi"}]}], ["data.format=chat", "model.tokenizer=/tok"],
-     "without an assistant turn"),
-])
+@pytest.mark.parametrize(
+    "records, overrides, message",
+    [
+        (
+            [{"prompt": "x", "completion": "y"}],
+            ["data.format=alpaca"],
+            "data.format=alpaca needs string fields instruction and output (and optionally input); this record has: "
+            "completion, prompt",
+        ),
+        ([{"body": "x"}], ["data.format=text"], "needs a string field 'text' (fields: body); set data.text_field"),
+        ([{"conversation": []}], ["data.format=chat", "model.tokenizer=/tok"], "needs a list field 'messages'"),
+        (
+            [{"messages": [{"role": "user", "content": "hi"}]}],
+            ["data.format=chat", "model.tokenizer=/tok"],
+            "without an assistant turn",
+        ),
+    ],
+)
 def test_a_data_set_without_the_fields_its_format_needs_is_one_line(tmp_path, model_dir, records, overrides, message):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -17,9 +17,19 @@ runner = CliRunner()
 
 
 def test_a_local_launch_gets_its_options_from_the_executor_and_records_nothing():
-    prepared = prepare(LaunchRequest(recipe="tiny", local=True, dry_run=True,
-                                     executor_flags={"preempt_at_steps": "7,3", "simulate": "gcp",
-                                                     "crash_at_steps": "5:0.1", "provision_delay": 4.0}))
+    prepared = prepare(
+        LaunchRequest(
+            recipe="tiny",
+            local=True,
+            dry_run=True,
+            executor_flags={
+                "preempt_at_steps": "7,3",
+                "simulate": "gcp",
+                "crash_at_steps": "5:0.1",
+                "provision_delay": 4.0,
+            },
+        )
+    )
     options = prepared.executor.options
     assert options.preempt_at_steps == [3, 7] and options.cloud == "gcp" and options.provision_delay == 4.0
     assert [(f["action"], f["step"], f["node"], f["local_rank"]) for f in options.rank_faults] == [("crash", 5, 0, 1)]
@@ -28,10 +38,13 @@ def test_a_local_launch_gets_its_options_from_the_executor_and_records_nothing()
         assert ledger.runs(include_finished=True) == []
 
 
-@pytest.mark.parametrize("flags, said", [
-    ({"preempt_every": 5.0}, "--preempt-every inject(s) faults into a local run: add --local"),
-    ({"fresh_node": True}, "--fresh-node is for local runs: add --local"),
-])
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        ({"preempt_every": 5.0}, "--preempt-every inject(s) faults into a local run: add --local"),
+        ({"fresh_node": True}, "--fresh-node is for local runs: add --local"),
+    ],
+)
 def test_a_cloud_launch_refuses_the_local_executor_s_flags(flags, said):
     with pytest.raises(UsageError, match=said.replace("(", r"\(").replace(")", r"\)")):
         prepare(LaunchRequest(recipe="llama8b", local=False, dry_run=True, executor_flags=flags))

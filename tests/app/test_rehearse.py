@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan(recipe: str, *args: str, local: bool = True, **flags) -> rehearse.RehearsalPlan:
-    return rehearse.plan_rehearsals(LaunchRequest(recipe=recipe, overrides=list(args), local=local, flags=flags,
-                                                  executor_flags={}))
+    return rehearse.plan_rehearsals(
+        LaunchRequest(recipe=recipe, overrides=list(args), local=local, flags=flags, executor_flags={})
+    )
 
 
 def _wait_for_runs_to_end(timeout: float = 240.0) -> None:
@@ -71,7 +72,10 @@ def test_every_recipes_rehearsal_is_the_tiny_model_for_five_steps_on_one_candida
     assert resources.accelerators == ([target.candidate.accelerators] if target.candidate.accelerators else [])
     assert resources.num_nodes == target.nodes and resources.deadline is None
     assert (rehearsal.deepspeed, resources.disk_size, resources.network_tier) == (
-        recipe.deepspeed, recipe.resources.disk_size, recipe.resources.network_tier)  # the real run's own
+        recipe.deepspeed,
+        recipe.resources.disk_size,
+        recipe.resources.network_tier,
+    )  # the real run's own
 
 
 def test_the_rehearsal_task_does_the_round_trip_before_the_trainer_and_never_retries():
@@ -81,7 +85,10 @@ def test_the_rehearsal_task_does_the_round_trip_before_the_trainer_and_never_ret
     task = rehearsal_task(built.task, "s3://my-ckpts/runs")
     lines = task["run"].splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(SUPERVISOR_LINE))
-    assert lines[at - 1] == '"$PY" -m skyspot.trainer.round_trip s3://my-ckpts/runs/"$SKYSPOT_RUN_NAME" "$SKYPILOT_NODE_RANK"'
+    assert (
+        lines[at - 1]
+        == '"$PY" -m skyspot.trainer.round_trip s3://my-ckpts/runs/"$SKYSPOT_RUN_NAME" "$SKYPILOT_NODE_RANK"'
+    )
     assert task["resources"]["job_recovery"]["max_restarts_on_errors"] == 0
     assert built.task["resources"]["job_recovery"]["max_restarts_on_errors"] == 3  # the real task is untouched
     assert task["setup"] == built.task["setup"]
@@ -105,8 +112,21 @@ def test_the_round_trip_writes_reads_back_and_deletes_through_the_store(s3_serve
 
 
 def _record(cloud: str, *, ok: bool, line: str = "FAILED_SETUP, exit 1: the image has no python3") -> None:
-    rehearsal_record.write([rehearsal_record.Record(cloud=cloud, image="default", accelerators="CPU", at=time.time(),
-                                                    ok=ok, line=line, minutes=1.0, cost_usd=0.01, run=f"r-{cloud}")])
+    rehearsal_record.write(
+        [
+            rehearsal_record.Record(
+                cloud=cloud,
+                image="default",
+                accelerators="CPU",
+                at=time.time(),
+                ok=ok,
+                line=line,
+                minutes=1.0,
+                cost_usd=0.01,
+                run=f"r-{cloud}",
+            )
+        ]
+    )
 
 
 def test_a_failed_rehearsal_leaves_its_candidates_out_and_force_keeps_them():
@@ -126,10 +146,14 @@ def test_the_dry_run_says_which_rehearsal_failed_when_and_why():
     result = runner.invoke(app, ["launch", "tiny", "--dry-run"])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if "rehearsal failed" in line]
-    assert lines == [f"aws any CPU {cap}: rehearsal failed {time.strftime('%Y-%m-%d')} " + lines[i].split(
-        time.strftime('%Y-%m-%d') + " ", 1)[1] for i, cap in enumerate(("spot", "on-demand"))]
-    assert all(line.endswith("FAILED_SETUP, exit 1: the image has no python3; skipped (--force to keep)")
-               for line in lines)
+    assert lines == [
+        f"aws any CPU {cap}: rehearsal failed {time.strftime('%Y-%m-%d')} "
+        + lines[i].split(time.strftime("%Y-%m-%d") + " ", 1)[1]
+        for i, cap in enumerate(("spot", "on-demand"))
+    ]
+    assert all(
+        line.endswith("FAILED_SETUP, exit 1: the image has no python3; skipped (--force to keep)") for line in lines
+    )
     forced = runner.invoke(app, ["launch", "tiny", "--dry-run", "--force"])
     assert forced.exit_code == 0 and "kept (--force)" in forced.output and "skipped" not in forced.output
 
@@ -139,8 +163,11 @@ def test_every_candidate_failed_and_a_simulated_cloud_that_failed_are_one_line_r
         _record(cloud, ok=False)
     result = runner.invoke(app, ["launch", "tiny", "--dry-run"])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.output.strip().splitlines()[-1].endswith("failed its last rehearsal: fix what it said and "
-                                                           "`--rehearse` again, or pass --force to keep them")
+    assert (
+        result.output.strip()
+        .splitlines()[-1]
+        .endswith("failed its last rehearsal: fix what it said and `--rehearse` again, or pass --force to keep them")
+    )
     _record("gcp", ok=True, line="works")
     refused = runner.invoke(app, ["launch", "tiny", "--simulate", "aws", "--dry-run"])
     assert refused.exit_code == 2 and "--simulate aws: every aws candidate failed" in refused.output
@@ -151,8 +178,10 @@ def test_bad_input_is_one_line_and_a_rehearsals_dry_run_starts_nothing():
     assert unknown.exit_code == 2 and "Traceback" not in unknown.output and "unknown recipe" in unknown.output
     dry = runner.invoke(app, ["launch", "tiny", "--local", "--rehearse", "--dry-run"])
     assert dry.exit_code == 0, dry.output
-    assert ("rehearsal of 'tiny': 3 spot candidate(s), 1 node(s) each, the tiny model for 5 steps: "
-            "aws/default/CPU, gcp/default/CPU, azure/default/CPU") in dry.output
+    assert (
+        "rehearsal of 'tiny': 3 spot candidate(s), 1 node(s) each, the tiny model for 5 steps: "
+        "aws/default/CPU, gcp/default/CPU, azure/default/CPU"
+    ) in dry.output
     assert Ledger().runs() == [] and not rehearsal_record.path().exists()
     cloud = runner.invoke(app, ["launch", "llama8b", "--cloud", "--rehearse", "--store", "s3://my-ckpts/runs"])
     assert cloud.exit_code == 1 and "then launch it? needs confirmation: pass -y/--yes" in cloud.output
@@ -164,12 +193,16 @@ def test_a_local_rehearsal_whose_setup_fails_excludes_that_candidate_and_force_b
     monkeypatch.setenv("SKYSPOT_TEST_FAIL_SETUP", "aws")
     # The nodes' `python -m skyspot...` runs in the node's directory: this checkout's skyspot, not another's.
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    result = runner.invoke(app, ["launch", "tiny", "--local", "--rehearse", "-d", "--clouds", "aws,gcp",
-                                 "train.steps=2"])
+    result = runner.invoke(
+        app, ["launch", "tiny", "--local", "--rehearse", "-d", "--clouds", "aws,gcp", "train.steps=2"]
+    )
     try:
         assert result.exit_code == 0, result.output
-        rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[1:-1]]
-                for line in result.output.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+        rows = {
+            line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[1:-1]]
+            for line in result.output.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()
+        }
         assert rows["aws"][3].startswith("failed: FAILED_SETUP, exit 1")
         assert rows["gcp"][3] == "works" and float(rows["gcp"][4]) < 5
         assert rows["gcp"][5].startswith("$") and float(rows["gcp"][5][1:]) > 0  # priced as cost-report does
@@ -180,8 +213,11 @@ def test_a_local_rehearsal_whose_setup_fails_excludes_that_candidate_and_force_b
             run = ledger.get(gcp.run)
         log = open(run.info["log"]).read()
         assert "store round trip ok: wrote, read back and deleted 65536 bytes" in log
-        events = [json.loads(line) for path in sorted(Path(run.run_dir, "events").glob("*"))
-                  for line in path.read_text().splitlines()]
+        events = [
+            json.loads(line)
+            for path in sorted(Path(run.run_dir, "events").glob("*"))
+            for line in path.read_text().splitlines()
+        ]
         assert max(e.get("step", 0) for e in events) == rehearse.REHEARSAL_STEPS  # train.steps=2 is the real run's
         assert any(e["type"] == "node" for e in events)
         real = [r for r in Ledger().runs() if "rehearse" not in r.name]
@@ -214,14 +250,24 @@ class FakeQueue(FakeSkyJobs):
     def queue_v2(self, **kwargs):
         self.calls.append(("queue_v2", kwargs))
         now = time.time()
-        records = [{"job_id": job_id, "job_name": name, "status": next(
-            (status for cloud, status in self.endings.items() if f"-rehearse-{cloud}-" in name), "RUNNING"),
-            "end_at": now} for job_id, name in self.jobs.items() if job_id in kwargs.get("job_ids", [])]
+        records = [
+            {
+                "job_id": job_id,
+                "job_name": name,
+                "status": next(
+                    (status for cloud, status in self.endings.items() if f"-rehearse-{cloud}-" in name), "RUNNING"
+                ),
+                "end_at": now,
+            }
+            for job_id, name in self.jobs.items()
+            if job_id in kwargs.get("job_ids", [])
+        ]
         return lambda: (records, len(records), {}, 0)
 
 
 def test_a_cloud_rehearsal_submits_each_target_as_a_spot_managed_job_and_the_launch_skips_the_failed(
-        monkeypatch, s3_server):
+    monkeypatch, s3_server
+):
     monkeypatch.setattr(rehearse, "CLOUD_POLL_SECONDS", 0.05)
     monkeypatch.setenv("HF_TOKEN", "hf_canary_value")
     fake = FakeQueue(monkeypatch, {"aws": "FAILED_SETUP", "gcp": "SUCCEEDED"})
@@ -230,14 +276,16 @@ def test_a_cloud_rehearsal_submits_each_target_as_a_spot_managed_job_and_the_lau
     assert result.exit_code == 0, result.output  # the plain launch, before any rehearsal: every candidate
     plain = launched(fake)[-1][0]
     fake.calls.clear()
-    result = runner.invoke(app, ["launch", "llama8b", "--cloud", "-y", "-d", "--rehearse", "--clouds", "aws,gcp",
-                                 "--store", store])
+    result = runner.invoke(
+        app, ["launch", "llama8b", "--cloud", "-y", "-d", "--rehearse", "--clouds", "aws,gcp", "--store", store]
+    )
     assert result.exit_code == 0, result.output
     jobs = launched(fake)
     rehearsals, (real, real_name) = jobs[:-1], jobs[-1]
     assert [name.split("-rehearse-")[1].split("-")[0] for _, name in rehearsals] == [
-        t.key.cloud for t in _plan("llama8b", local=False, **{"storage.store": store,
-                                                              "resources.clouds": ["aws", "gcp"]}).targets]
+        t.key.cloud
+        for t in _plan("llama8b", local=False, **{"storage.store": store, "resources.clouds": ["aws", "gcp"]}).targets
+    ]
     for task, name in rehearsals:
         resources = list(task.resources)
         assert {r.use_spot for r in resources} == {True} and len({r.cloud for r in resources}) == 1

@@ -28,8 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_fresh_node_rehearsal_prints_the_table_with_cost_and_the_failed_candidate_is_skipped(monkeypatch):
     monkeypatch.setenv("SKYSPOT_TEST_FAIL_SETUP", "aws")
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the controller's own imports: this checkout's skyspot
-    result = runner.invoke(app, ["launch", "tiny", "--local", "--rehearse", "-d", "--clouds", "aws,gcp",
-                                 "train.steps=2"])
+    result = runner.invoke(
+        app, ["launch", "tiny", "--local", "--rehearse", "-d", "--clouds", "aws,gcp", "train.steps=2"]
+    )
     try:
         print(result.output)
         assert result.exit_code == 0, result.output

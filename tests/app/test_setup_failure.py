@@ -17,10 +17,22 @@ def test_a_setup_that_cannot_mend_the_node_says_so_in_one_line_keeps_a_record_an
     store = tmp_path / "store"  # stands for the bucket, as SkyPilot mounts it at SKYSPOT_STORE_MOUNT
     store.mkdir()
     home = tmp_path / "home"  # no ~/.local/bin/uv, and no uv on PATH: nothing setup can mend
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SKYSPOT_RUN_NAME": "r1", "SKYPILOT_SETUP_NODE_RANK": "3",
-           "SKYSPOT_STORE_MOUNT": str(store), "PYTHONPATH": str(wheel), "SKYSPOT_IMAGE": "ami-0123456789"}
-    done = subprocess.run([sys.executable, "-m", "skyspot.node_env", "setup", "--wheel", str(wheel)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "SKYSPOT_RUN_NAME": "r1",
+        "SKYPILOT_SETUP_NODE_RANK": "3",
+        "SKYSPOT_STORE_MOUNT": str(store),
+        "PYTHONPATH": str(wheel),
+        "SKYSPOT_IMAGE": "ami-0123456789",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.node_env", "setup", "--wheel", str(wheel)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr  # configuration, never 75
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("skyspot node env: uv is not on this node") and "[node: driver none, python " in last

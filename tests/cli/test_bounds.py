@@ -30,8 +30,9 @@ def home(tmp_path_factory):
 
 def cli(home, *args) -> subprocess.CompletedProcess:
     env = {**os.environ, "SKYSPOT_HOME": str(home), "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"}
-    done = subprocess.run([sys.executable, "-m", "skyspot.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.cli.main", *args], env=env, capture_output=True, text=True, timeout=300
+    )
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.returncode == 0, done.stderr[-2000:]
     return done
@@ -42,11 +43,15 @@ def test_status_lists_twenty_thousand_attempts_and_names_the_skipped_file(home):
     done = cli(home, "status", "-a", "--json")
     rows = {r["name"]: r for r in json.loads(done.stdout)}
     assert rows["big"]["recoveries"] == ATTEMPTS - 1 and rows["big"]["step"] == STEPS_PER_ATTEMPT * ATTEMPTS
-    assert rows["big"]["malformed_event_lines"] == 0 and rows["big"]["interruptions"] == {"spot-preemption": ATTEMPTS - 1}
+    assert rows["big"]["malformed_event_lines"] == 0 and rows["big"]["interruptions"] == {
+        "spot-preemption": ATTEMPTS - 1
+    }
     assert rows["huge"]["oversized_event_files"] == ["attempt-9.node-0.rank-0.jsonl"]
     notes = [line for line in done.stderr.splitlines() if "over 128 MiB" in line]
-    assert notes == ["huge: skipped 1 events file(s) over 128 MiB unread (one process's events are far smaller): "
-                     "attempt-9.node-0.rank-0.jsonl"]
+    assert notes == [
+        "huge: skipped 1 events file(s) over 128 MiB unread (one process's events are far smaller): "
+        "attempt-9.node-0.rank-0.jsonl"
+    ]
 
 
 @pytest.mark.slow  # 10-60 s each on a loaded 2-core machine: with `-m slow`
@@ -74,6 +79,8 @@ def test_the_plot_of_twenty_thousand_attempts_is_drawn(home, tmp_path):
 def test_a_one_gib_events_file_is_one_line_and_the_rest_reported(home, tmp_path, args):
     done = cli(home, *[str(tmp_path / "h.png") if a == "PLOT" else a for a in args])
     notes = [line for line in done.stderr.splitlines() if "events file" in line]
-    assert notes == ["note: skipped 1 events file(s) over 128 MiB unread (one process's events are far smaller): "
-                     "attempt-9.node-0.rank-0.jsonl"]
+    assert notes == [
+        "note: skipped 1 events file(s) over 128 MiB unread (one process's events are far smaller): "
+        "attempt-9.node-0.rank-0.jsonl"
+    ]
     assert "goodput" in done.stdout  # the run's own events are still reported

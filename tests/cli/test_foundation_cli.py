@@ -53,17 +53,20 @@ def test_render_applies_overrides_and_writes_a_file(tmp_path):
     assert "train.steps=40" in yaml.safe_load(target.read_text())["run"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["render", "lama70b"], "unknown recipe 'lama70b'; did you mean 'llama70b'?"),
-    (["render", "tiny", "train.stepz=3"], "names no recipe key; did you mean 'train.steps'?"),
-    (["render", "tiny", "resources.num_nodes=0"], "resources.num_nodes"),
-    (["render", "tiny", "train.steps"], "is not of the form section.key=value"),
-    (["launch", "llama8b", "--dry-run", "--clouds", "aws,oracle"], "resources.clouds"),
-    (["launch", "llama8b", "--dry-run", "--store", "ftp://host/path"], "storage.store"),
-    (["launch", "llama8b", "--dry-run", "--store", "s3://Bad_Bucket/x"], "storage.store"),
-    (["launch", "llama8b", "--dry-run", "-n", "../escape"], "run name '../escape' is not allowed"),
-    (["render", "tiny", "resources.accelerators=[X999:8]"], "unknown accelerator 'X999'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["render", "lama70b"], "unknown recipe 'lama70b'; did you mean 'llama70b'?"),
+        (["render", "tiny", "train.stepz=3"], "names no recipe key; did you mean 'train.steps'?"),
+        (["render", "tiny", "resources.num_nodes=0"], "resources.num_nodes"),
+        (["render", "tiny", "train.steps"], "is not of the form section.key=value"),
+        (["launch", "llama8b", "--dry-run", "--clouds", "aws,oracle"], "resources.clouds"),
+        (["launch", "llama8b", "--dry-run", "--store", "ftp://host/path"], "storage.store"),
+        (["launch", "llama8b", "--dry-run", "--store", "s3://Bad_Bucket/x"], "storage.store"),
+        (["launch", "llama8b", "--dry-run", "-n", "../escape"], "run name '../escape' is not allowed"),
+        (["render", "tiny", "resources.accelerators=[X999:8]"], "unknown accelerator 'X999'"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = invoke(*args)
     assert result.exit_code == 2, result.output
@@ -95,9 +98,11 @@ def test_dry_run_shows_yaml_and_candidate_table_and_submits_nothing():
 
 
 def test_cli_startup_imports_no_heavy_module():
-    code = ("import sys; from skyspot.cli.main import app; from skyspot.app.launch import build; build('llama70b');"
-            "heavy=[m for m in ('torch','deepspeed','sky','boto3','google.cloud.storage') if m in sys.modules];"
-            "print(heavy)")
+    code = (
+        "import sys; from skyspot.cli.main import app; from skyspot.app.launch import build; build('llama70b');"
+        "heavy=[m for m in ('torch','deepspeed','sky','boto3','google.cloud.storage') if m in sys.modules];"
+        "print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -107,7 +112,11 @@ def test_launch_without_an_enabled_cloud_fails_with_one_clear_line(sky_env):
     """The real SDK, its real local API server, and no cloud credentials: the state of every machine here."""
     result = subprocess.run(
         [sys.executable, "-m", "skyspot.cli.main", "launch", "llama70b", "-y", "--store", "s3://my-bucket/runs"],
-        env={**sky_env, "HF_TOKEN": "hf_canary"}, capture_output=True, text=True, timeout=300)
+        env={**sky_env, "HF_TOKEN": "hf_canary"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: SkyPilot has no enabled cloud among aws, azure, gcp: run `sky check`")
@@ -142,8 +151,10 @@ def test_recipes_verbose_checks_the_notice_window_per_cloud():
 def test_dry_run_shows_the_window_check_and_launch_warns():
     result = invoke("launch", "llama70b", "--dry-run", "--store", "s3://my-bucket/runs")
     assert "Emergency checkpoint vs notice window" in result.stderr and "not in time" in result.stderr
-    assert ("aws: 211.7 GB/node: 5 s notice poll + 0 s step + 1.3 s snapshot + max(52.9 s write at 4 GB/s, 84.7 s "
-            "upload at 2.5 GB/s) = 91.0 s <= 120 s notice: durable in time") in " ".join(result.stderr.split())
+    assert (
+        "aws: 211.7 GB/node: 5 s notice poll + 0 s step + 1.3 s snapshot + max(52.9 s write at 4 GB/s, 84.7 s "
+        "upload at 2.5 GB/s) = 91.0 s <= 120 s notice: durable in time"
+    ) in " ".join(result.stderr.split())
 
 
 # --------------------------------------------------------------------------- whose error is it (issue 18)
@@ -157,8 +168,10 @@ def _error_line(result) -> str:
 
 def test_a_bad_override_is_blamed_on_the_override_not_the_recipe_file():
     line = _error_line(invoke("render", "tiny", "train.steps=abc"))
-    assert line == ("error: override train.steps=abc: Input should be a valid integer, not the string 'abc' "
-                    "(recipe recipes/tiny.yaml)")
+    assert line == (
+        "error: override train.steps=abc: Input should be a valid integer, not the string 'abc' "
+        "(recipe recipes/tiny.yaml)"
+    )
     assert "(line" not in line
 
 

@@ -88,8 +88,9 @@ def hold_lock(run_dir: Path, *named: int) -> Iterator[subprocess.Popen]:
     """A process that holds the run's controller lock, as a controller does (and dies on SIGTERM
     without updating the ledger, as a crashing one would); killed on leaving."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir), *map(str, named)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run_dir), *map(str, named)], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "held"
         yield proc
@@ -277,9 +278,20 @@ def test_no_escape_sequence_from_a_ledger_row_reaches_the_terminal():
     make_run("run-1", status="FAILED", info={"cloud": "aws", "cause": f"boom{ESCAPES}"})
     _raw("UPDATE runs SET recipe = ? WHERE name = 'run-1'", f"tiny{ESCAPES}")
     make_run(f"odd{ESCAPES}", status="FAILED", info={"cause": ESCAPES})
-    results = [invoke(*args) for args in (["status"], ["status", "-a"], ["cost-report"], ["cost-report", "run-1"],
-                                          ["cost-report", "--csv"], ["cost-report", "run-1", "--csv"],  # issue 31.13
-                                          ["cancel", "--all", "-y"], ["logs", "run-1"], ["status", "--json"])]
+    results = [
+        invoke(*args)
+        for args in (
+            ["status"],
+            ["status", "-a"],
+            ["cost-report"],
+            ["cost-report", "run-1"],
+            ["cost-report", "--csv"],
+            ["cost-report", "run-1", "--csv"],  # issue 31.13
+            ["cancel", "--all", "-y"],
+            ["logs", "run-1"],
+            ["status", "--json"],
+        )
+    ]
     for result in results:
         text = result.stdout + result.stderr
         assert not any(c in text for c in "\x1b\x07\x9b\r"), repr(text)
@@ -305,8 +317,10 @@ def plant_odd_files(events: Path) -> list[socket.socket]:
     return [held]
 
 
-@pytest.mark.parametrize("args", [["status", "-a", "--json"], ["cost-report", "run-1", "--json"],
-                                  ["cost-report", "--json"], ["status", "-a"]])
+@pytest.mark.parametrize(
+    "args",
+    [["status", "-a", "--json"], ["cost-report", "run-1", "--json"], ["cost-report", "--json"], ["status", "-a"]],
+)
 def test_a_fifo_socket_or_device_among_the_events_never_hangs_a_reader(tmp_path, args):
     """Run as a subprocess with a timeout: the bug this guards is a read that never returns."""
     run_dir = make_run()
@@ -314,8 +328,9 @@ def test_a_fifo_socket_or_device_among_the_events_never_hangs_a_reader(tmp_path,
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "skyspot.cli.main", *args], env=env, capture_output=True,
-                              text=True, timeout=30)
+        done = subprocess.run(
+            [sys.executable, "-m", "skyspot.cli.main", *args], env=env, capture_output=True, text=True, timeout=30
+        )
     finally:
         for s in sockets:
             s.close()
@@ -359,22 +374,28 @@ def test_cp_refuses_an_empty_destination(tmp_path, monkeypatch, destination):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("options, message", [
-    (["--preempt-at-steps", "abc"], "--preempt-at-steps 'abc' must be comma-separated step numbers"),
-    (["--spot-nodes", "0"], "--spot-nodes takes node counts >= 1"),
-    (["--simulate", "bogus"], "--simulate 'bogus' is not one of aws, gcp, azure"),
-    (["--spot-trace", "/nonexistent"], "cannot read spot trace '/nonexistent'"),
-    (["--fallback-after", "-3"], "--fallback-after"),
-    (["--preempt-every", "0"], "--preempt-every takes seconds > 0, at most"),
-    (["--preempt-every", "5", "--preempt-at-steps", "3"], "use one of --preempt-every, --preempt-at-steps"),
-    (["--spot-nodes", "2"], "above resources.num_nodes"),
-    # Found by the bounded property test: the deadline's plan line came before this error (two lines).
-    (["--fallback-after", "1", "--deadline", "1h"], "--fallback-after and a deadline both decide"),
-    # Issue 31, item 10: an infinite wait killed the controller at its first recovery (OverflowError).
-    *[([flag, value], f"{flag} takes seconds from 0 to 604800 (a week)")
-      for flag in ("--provision-delay", "--notice", "--grace") for value in ("inf", "1e308")],
-    (["--preempt-every", "1e308"], "--preempt-every takes seconds > 0, at most 604800 (a week)"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--preempt-at-steps", "abc"], "--preempt-at-steps 'abc' must be comma-separated step numbers"),
+        (["--spot-nodes", "0"], "--spot-nodes takes node counts >= 1"),
+        (["--simulate", "bogus"], "--simulate 'bogus' is not one of aws, gcp, azure"),
+        (["--spot-trace", "/nonexistent"], "cannot read spot trace '/nonexistent'"),
+        (["--fallback-after", "-3"], "--fallback-after"),
+        (["--preempt-every", "0"], "--preempt-every takes seconds > 0, at most"),
+        (["--preempt-every", "5", "--preempt-at-steps", "3"], "use one of --preempt-every, --preempt-at-steps"),
+        (["--spot-nodes", "2"], "above resources.num_nodes"),
+        # Found by the bounded property test: the deadline's plan line came before this error (two lines).
+        (["--fallback-after", "1", "--deadline", "1h"], "--fallback-after and a deadline both decide"),
+        # Issue 31, item 10: an infinite wait killed the controller at its first recovery (OverflowError).
+        *[
+            ([flag, value], f"{flag} takes seconds from 0 to 604800 (a week)")
+            for flag in ("--provision-delay", "--notice", "--grace")
+            for value in ("inf", "1e308")
+        ],
+        (["--preempt-every", "1e308"], "--preempt-every takes seconds > 0, at most 604800 (a week)"),
+    ],
+)
 def test_a_dry_run_refuses_the_local_options_a_launch_refuses(options, message):
     dry = one_line_error(invoke("launch", "tiny", "--dry-run", *options))
     real = one_line_error(invoke("launch", "tiny", "-d", *options))
@@ -390,8 +411,12 @@ def test_the_supervisor_refuses_a_grace_that_never_ends(grace, tmp_path):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path),
-                           "--grace", grace, "--", "true"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path), "--grace", grace, "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "argument --grace: invalid number of seconds (0 to 86400) value" in done.stderr
 
@@ -406,7 +431,8 @@ def test_a_file_that_is_not_a_recipe_is_refused_without_echoing_its_lines(tmp_pa
         line = one_line_error(invoke(*map(str, args)))
         assert "CANARY" not in line and "$6$" not in line, line
     assert "not a recipe: none of its 2 top-level key(s) is a recipe section" in one_line_error(
-        invoke("render", str(shadow)))
+        invoke("render", str(shadow))
+    )
     assert "a key (line 2): unknown key" in one_line_error(invoke("render", str(mixed)))
 
 

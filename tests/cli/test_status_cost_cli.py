@@ -23,8 +23,16 @@ from tests.builders import event as _ev
 runner = CliRunner()
 
 T0 = 1_700_000_000.0
-WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g5.48xlarge",
-         "spot": True, "accelerators": None, "num_nodes": 1, "simulated": True}
+WHERE = {
+    "cloud": "aws",
+    "region": "us-east-1",
+    "zone": "us-east-1a",
+    "instance_type": "g5.48xlarge",
+    "spot": True,
+    "accelerators": None,
+    "num_nodes": 1,
+    "simulated": True,
+}
 STATUS_FIELDS = {"name", "recipe", "executor", "status", "recoveries", "step", "total_steps"}
 
 
@@ -46,20 +54,34 @@ def preempted_once_events() -> dict[str, list[dict]]:
     """Attempt 0 runs steps 1-30 (checkpoint at 25) and is preempted; attempt 1 resumes at 25 and ends at 40."""
     trainer0 = [_ev(T0 + 5, "start", 0, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=1)]
     trainer0 += [_ev(T0 + 5 + 10 * k, "step", 0, step=k, loss=2.0 - k / 100, step_seconds=10.0) for k in range(1, 31)]
-    trainer0 += [_ev(T0 + 256, "checkpoint_end", 0, step=25, kind="interval", blocked_seconds=1.0),
-                 _ev(T0 + 310, "exit", 0, code=75, reason="preempted", step=30)]
-    executor0 = [_ev(T0, "attempt_start", 0, rank=None, where=WHERE),
-                 _ev(T0 + 306, "preempt_notice_sent", 0, rank=None, deadline=T0 + 336),
-                 _ev(T0 + 320, "attempt_end", 0, rank=None, code=75, reason="preempted")]
-    trainer1 = [_ev(T0 + 405, "start", 1, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=2),
-                _ev(T0 + 410, "resume", 1, step=25, checkpoint="step_25", source="local", load_seconds=2.0)]
+    trainer0 += [
+        _ev(T0 + 256, "checkpoint_end", 0, step=25, kind="interval", blocked_seconds=1.0),
+        _ev(T0 + 310, "exit", 0, code=75, reason="preempted", step=30),
+    ]
+    executor0 = [
+        _ev(T0, "attempt_start", 0, rank=None, where=WHERE),
+        _ev(T0 + 306, "preempt_notice_sent", 0, rank=None, deadline=T0 + 336),
+        _ev(T0 + 320, "attempt_end", 0, rank=None, code=75, reason="preempted"),
+    ]
+    trainer1 = [
+        _ev(T0 + 405, "start", 1, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=2),
+        _ev(T0 + 410, "resume", 1, step=25, checkpoint="step_25", source="local", load_seconds=2.0),
+    ]
     trainer1 += [_ev(T0 + 410 + 10 * (k - 25), "step", 1, step=k, loss=1.7, step_seconds=10.0) for k in range(26, 41)]
-    trainer1 += [_ev(T0 + 562, "checkpoint_end", 1, step=40, kind="final", blocked_seconds=1.5),
-                 _ev(T0 + 565, "exit", 1, code=0, reason="complete", step=40)]
-    executor1 = [_ev(T0 + 400, "attempt_start", 1, rank=None, where=WHERE),
-                 _ev(T0 + 570, "attempt_end", 1, rank=None, code=0, reason="complete")]
-    return {event_file_name(0, 0, 0): trainer0, event_file_name(0, 0, None): executor0,
-            event_file_name(1, 0, 0): trainer1, event_file_name(1, 0, None): executor1}
+    trainer1 += [
+        _ev(T0 + 562, "checkpoint_end", 1, step=40, kind="final", blocked_seconds=1.5),
+        _ev(T0 + 565, "exit", 1, code=0, reason="complete", step=40),
+    ]
+    executor1 = [
+        _ev(T0 + 400, "attempt_start", 1, rank=None, where=WHERE),
+        _ev(T0 + 570, "attempt_end", 1, rank=None, code=0, reason="complete"),
+    ]
+    return {
+        event_file_name(0, 0, 0): trainer0,
+        event_file_name(0, 0, None): executor0,
+        event_file_name(1, 0, 0): trainer1,
+        event_file_name(1, 0, None): executor1,
+    }
 
 
 def write_events(run_dir: Path, files: dict[str, list[dict]], junk: dict[str, list[bytes]] | None = None) -> None:
@@ -76,8 +98,15 @@ def make_run(name: str = "run-1", status: str = "SUCCEEDED", files=None, info=No
     write_events(run_dir, preempted_once_events() if files is None else files)
     ledger = Ledger()
     try:
-        ledger.add(name, "tiny", "local", run_dir=str(run_dir), total_steps=40, num_nodes=1,
-                   info={"cloud": "aws"} if info is None else info)
+        ledger.add(
+            name,
+            "tiny",
+            "local",
+            run_dir=str(run_dir),
+            total_steps=40,
+            num_nodes=1,
+            info={"cloud": "aws"} if info is None else info,
+        )
         ledger.set_status(name, status)
     finally:
         ledger.close()
@@ -100,8 +129,14 @@ def test_status_json_shows_a_hand_built_run():
     row = rows[0]
     assert STATUS_FIELDS <= set(row)
     assert {k: row[k] for k in STATUS_FIELDS} == {
-        "name": "run-1", "recipe": "tiny", "executor": "local", "status": "SUCCEEDED",
-        "recoveries": 1, "step": 40, "total_steps": 40}
+        "name": "run-1",
+        "recipe": "tiny",
+        "executor": "local",
+        "status": "SUCCEEDED",
+        "recoveries": 1,
+        "step": 40,
+        "total_steps": 40,
+    }
     assert row["cloud"] == "aws" and row["spot"] is True and row["simulated"] is True
     assert row["last_checkpoint"] == 40 and row["malformed_event_lines"] == 0
     assert row["cost_so_far_usd"] > 0
@@ -184,7 +219,7 @@ JUNK_LINES = [
 def test_malformed_event_lines_are_skipped_counted_and_change_no_figure():
     make_run("clean")
     files = preempted_once_events()
-    junk = {name: JUNK_LINES[i::len(files)] for i, name in enumerate(files)}
+    junk = {name: JUNK_LINES[i :: len(files)] for i, name in enumerate(files)}
     write_events(make_run("damaged", files=files), files, junk)
 
     result = invoke("status", "--json")
@@ -193,8 +228,9 @@ def test_malformed_event_lines_are_skipped_counted_and_change_no_figure():
     assert rows["damaged"]["malformed_event_lines"] == len(JUNK_LINES)
     assert f"skipped {len(JUNK_LINES)} malformed event line(s)" in result.stderr
     ignore = {"name", "malformed_event_lines", "elapsed_seconds", "cost_so_far_usd"}
-    assert {k: v for k, v in rows["damaged"].items() if k not in ignore} == \
-           {k: v for k, v in rows["clean"].items() if k not in ignore}
+    assert {k: v for k, v in rows["damaged"].items() if k not in ignore} == {
+        k: v for k, v in rows["clean"].items() if k not in ignore
+    }
     assert rows["damaged"]["cost_so_far_usd"] == pytest.approx(rows["clean"]["cost_so_far_usd"])
 
     table = invoke("status")
@@ -203,8 +239,9 @@ def test_malformed_event_lines_are_skipped_counted_and_change_no_figure():
     result = invoke("cost-report", "--json")
     assert result.exit_code == 0 and f"skipped {len(JUNK_LINES)} malformed event line(s)" in result.stderr
     reports = {r["name"]: r for r in json.loads(result.stdout)}
-    assert {k: v for k, v in reports["damaged"].items() if k != "name"} == \
-           {k: v for k, v in reports["clean"].items() if k != "name"}
+    assert {k: v for k, v in reports["damaged"].items() if k != "name"} == {
+        k: v for k, v in reports["clean"].items() if k != "name"
+    }
     one = invoke("cost-report", "damaged")
     assert one.exit_code == 0 and f"skipped {len(JUNK_LINES)} malformed event line(s)" in one.stderr
 
@@ -213,10 +250,18 @@ def _junk_line():
     valid = json.dumps(preempted_once_events()[event_file_name(0, 0, 0)][3]).encode()
     truncated = st.integers(1, len(valid) - 1).map(lambda n: valid[:n])
     binary = st.binary(min_size=1, max_size=40).map(lambda b: b.replace(b"\n", b"") + b"\x00junk")
-    bad_value = st.one_of(st.text(max_size=5), st.none(), st.booleans(), st.floats(allow_nan=True).filter(
-        lambda f: f != f), st.lists(st.integers(), max_size=2), st.just(-1), st.just(1.5))
+    bad_value = st.one_of(
+        st.text(max_size=5),
+        st.none(),
+        st.booleans(),
+        st.floats(allow_nan=True).filter(lambda f: f != f),
+        st.lists(st.integers(), max_size=2),
+        st.just(-1),
+        st.just(1.5),
+    )
     wrong_type = st.tuples(st.sampled_from(["ts", "attempt", "step"]), bad_value).map(
-        lambda kv: json.dumps({**json.loads(valid), kv[0]: kv[1]}).encode())
+        lambda kv: json.dumps({**json.loads(valid), kv[0]: kv[1]}).encode()
+    )
     return st.one_of(truncated, binary, wrong_type).filter(_is_invalid)
 
 
@@ -273,8 +318,9 @@ def test_a_run_whose_events_are_gone_still_lists():
 # --------------------------------------------------------------------------- damaged ledger
 
 
-@pytest.mark.parametrize("content", [b"this is not a database\n" * 50, b"\x00" * 8192,
-                                     b"SQLite format 3\x00" + b"\xff" * 4000])
+@pytest.mark.parametrize(
+    "content", [b"this is not a database\n" * 50, b"\x00" * 8192, b"SQLite format 3\x00" + b"\xff" * 4000]
+)
 def test_a_garbage_ledger_is_one_line_telling_to_move_it_aside(content):
     (skyspot_home() / "ledger.db").write_bytes(content)
     for args in (["status"], ["status", "--json"], ["cost-report"], ["cost-report", "--csv"], ["cost-report", "x"]):
@@ -310,8 +356,10 @@ def _raw(sql: str, *params) -> None:
     db.close()
 
 
-@pytest.mark.parametrize("info", ["{not json", "[1, 2]", '"a string"', "null", "", '{"candidates": "junk"}',
-                                  '{"candidates": [1, "x", null]}'])
+@pytest.mark.parametrize(
+    "info",
+    ["{not json", "[1, 2]", '"a string"', "null", "", '{"candidates": "junk"}', '{"candidates": [1, "x", null]}'],
+)
 def test_a_row_with_bad_info_still_shows_and_reports(info):
     make_run()
     _raw("UPDATE runs SET info = ? WHERE name = 'run-1'", info)
@@ -323,9 +371,19 @@ def test_a_row_with_bad_info_still_shows_and_reports(info):
         assert json.loads(result.stdout)[0]["preemptions"] == 1
 
 
-@pytest.mark.parametrize("column, value", [("created_at", "yesterday"), ("total_steps", "forty"),
-                                           ("ended_at", "x"), ("run_dir", b"\xff\x00"), ("created_at", None),
-                                           ("job_id", 1.5), ("created_at", float("inf")), ("name", b"bad")])
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("created_at", "yesterday"),
+        ("total_steps", "forty"),
+        ("ended_at", "x"),
+        ("run_dir", b"\xff\x00"),
+        ("created_at", None),
+        ("job_id", 1.5),
+        ("created_at", float("inf")),
+        ("name", b"bad"),
+    ],
+)
 def test_a_row_with_wrong_types_is_skipped_and_reported(column, value):
     make_run("good")
     make_run("bad")
@@ -369,8 +427,14 @@ def test_status_and_cost_report_of_an_empty_ledger():
 
 # --------------------------------------------------------------------------- egress
 
-GCP_WHERE = {**WHERE, "cloud": "gcp", "region": "us-central1", "zone": "us-central1-a",
-             "instance_type": "g2-standard-96", "accelerators": "L4:8"}
+GCP_WHERE = {
+    **WHERE,
+    "cloud": "gcp",
+    "region": "us-central1",
+    "zone": "us-central1-a",
+    "instance_type": "g2-standard-96",
+    "accelerators": "L4:8",
+}
 TEN_GIB = 10 * 2**30
 
 
@@ -382,10 +446,12 @@ def store_traffic_events() -> dict[str, list[dict]]:
         events = [dict(e, where=GCP_WHERE) if "where" in e else e for e in events]
         events = [dict(e, source="store", bytes=10**10) if e["type"] == "resume" else e for e in events]
         files[name] = events
-    files[event_file_name(0, 0, 0)].append(_ev(T0 + 300, "upload_end", 0, step=25, bytes=TEN_GIB, seconds=40.0,
-                                               durable=True, error=None, node=0, nodes=1))
-    files[event_file_name(1, 0, 0)].append(_ev(T0 + 566, "upload_end", 1, step=40, bytes=TEN_GIB, seconds=40.0,
-                                               durable=True, error=None, node=0, nodes=1))
+    files[event_file_name(0, 0, 0)].append(
+        _ev(T0 + 300, "upload_end", 0, step=25, bytes=TEN_GIB, seconds=40.0, durable=True, error=None, node=0, nodes=1)
+    )
+    files[event_file_name(1, 0, 0)].append(
+        _ev(T0 + 566, "upload_end", 1, step=40, bytes=TEN_GIB, seconds=40.0, durable=True, error=None, node=0, nodes=1)
+    )
     return files
 
 
@@ -401,8 +467,8 @@ def make_store_run(name: str, store: str) -> None:
 
 
 def test_cost_report_counts_egress_for_a_cross_cloud_attempt_and_none_on_the_store_cloud():
-    make_store_run("cross", "s3://my-bucket/runs")   # GPUs on GCP, store on S3
-    make_store_run("same", "gs://my-bucket/runs")    # GPUs and store on GCP
+    make_store_run("cross", "s3://my-bucket/runs")  # GPUs on GCP, store on S3
+    make_store_run("same", "gs://my-bucket/runs")  # GPUs and store on GCP
     rows = {r["name"]: r for r in json.loads(invoke("cost-report", "--json").stdout)}
     # Two uploads out of GCP: 2 x 10 GiB x $0.12/GiB = $2.40; one resume out of AWS: 10 GB x $0.09 = $0.90.
     assert rows["cross"]["egress_usd"] == pytest.approx(3.30)
@@ -414,10 +480,13 @@ def test_cost_report_counts_egress_for_a_cross_cloud_attempt_and_none_on_the_sto
     assert {r["name"]: float(r["egress_usd"]) for r in summary} == pytest.approx({"cross": 3.30, "same": 0.0})
     attempts = list(csv.DictReader(io.StringIO(invoke("cost-report", "cross", "--csv").stdout)))
     assert [(a["egress_upload_bytes"], a["egress_download_bytes"]) for a in attempts] == [
-        (str(TEN_GIB), "0"), (str(TEN_GIB), str(10**10))]
+        (str(TEN_GIB), "0"),
+        (str(TEN_GIB), str(10**10)),
+    ]
     assert [float(a["egress_usd"]) for a in attempts] == pytest.approx([1.20, 2.10])
     assert [float(a["cost_usd"]) for a in attempts] == pytest.approx(
-        [float(a["compute_usd"]) + float(a["egress_usd"]) for a in attempts])
+        [float(a["compute_usd"]) + float(a["egress_usd"]) for a in attempts]
+    )
 
     table = invoke("cost-report", "cross").stdout
     assert "EGRESS" in table and "$1.2000" in table and "$2.1000" in table
@@ -444,15 +513,23 @@ def costly_recovery_events() -> dict[str, list[dict]]:
     then runs all 40 steps: the recovery costs more than the spot discount saves."""
     trainer0 = [_ev(T0 + 5, "start", 0, where=WHERE)]
     trainer0 += [_ev(T0 + 5 + 10 * k, "step", 0, step=k, step_seconds=10.0) for k in range(1, 31)]
-    executor0 = [_ev(T0, "attempt_start", 0, rank=None, where=WHERE),
-                 _ev(T0 + 310, "attempt_end", 0, rank=None, code=-9, reason="preempted")]
+    executor0 = [
+        _ev(T0, "attempt_start", 0, rank=None, where=WHERE),
+        _ev(T0 + 310, "attempt_end", 0, rank=None, code=-9, reason="preempted"),
+    ]
     trainer1 = [_ev(T0 + 1400, "start", 1, where=WHERE)]
     trainer1 += [_ev(T0 + 1400 + 10 * k, "step", 1, step=k, step_seconds=10.0) for k in range(1, 41)]
     trainer1 += [_ev(T0 + 1805, "exit", 1, code=0, reason="complete", step=40)]
-    executor1 = [_ev(T0 + 400, "attempt_start", 1, rank=None, where=WHERE),
-                 _ev(T0 + 1810, "attempt_end", 1, rank=None, code=0, reason="complete")]
-    return {event_file_name(0, 0, 0): trainer0, event_file_name(0, 0, None): executor0,
-            event_file_name(1, 0, 0): trainer1, event_file_name(1, 0, None): executor1}
+    executor1 = [
+        _ev(T0 + 400, "attempt_start", 1, rank=None, where=WHERE),
+        _ev(T0 + 1810, "attempt_end", 1, rank=None, code=0, reason="complete"),
+    ]
+    return {
+        event_file_name(0, 0, 0): trainer0,
+        event_file_name(0, 0, None): executor0,
+        event_file_name(1, 0, 0): trainer1,
+        event_file_name(1, 0, None): executor1,
+    }
 
 
 def test_a_loss_reads_minus_dollars_and_says_why():
@@ -477,8 +554,10 @@ def test_cost_report_states_the_baseline_it_used():
     assert report["baseline_seconds"] == 415
     assert report["on_demand_cost_usd"] == pytest.approx(415 / 3600 * report["baseline_usd_per_hour"])
     text = " ".join(invoke("cost-report", "run-1").stdout.split())
-    assert ("on-demand baseline $1.88: this run as one uninterrupted attempt on aws g5.48xlarge us-east-1 on "
-            "demand at $16.29/h x 1 node: start-up 5.0s + 40 useful steps 400.0s + wind-down 10.0s = 415.0s") in text
+    assert (
+        "on-demand baseline $1.88: this run as one uninterrupted attempt on aws g5.48xlarge us-east-1 on "
+        "demand at $16.29/h x 1 node: start-up 5.0s + 40 useful steps 400.0s + wind-down 10.0s = 415.0s"
+    ) in text
     summary = " ".join(invoke("cost-report").stdout.split())
     assert "ON-DEMAND: the same run as one uninterrupted attempt on the cheapest on-demand candidate" in summary
 
@@ -516,8 +595,20 @@ def test_status_on_a_wide_page_shows_every_column(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     result = invoke("status", "-a")
     assert result.stdout.splitlines()[0].split() == [
-        "NAME", "RECIPE", "EXECUTOR", "STATUS", "WHERE", "CAPACITY", "STEP", "#RECOVERIES", "LAST", "CKPT",
-        "ELAPSED", "EST.", "COST"]
+        "NAME",
+        "RECIPE",
+        "EXECUTOR",
+        "STATUS",
+        "WHERE",
+        "CAPACITY",
+        "STEP",
+        "#RECOVERIES",
+        "LAST",
+        "CKPT",
+        "ELAPSED",
+        "EST.",
+        "COST",
+    ]
     assert "hidden" not in result.stderr
 
 
@@ -570,8 +661,7 @@ def test_cancel_all_stops_every_run_that_has_not_ended():
         make_run(name, status=status)
     result = invoke("cancel", "--all", "-y")
     assert result.exit_code == 0
-    assert {r["name"]: r["status"] for r in status_rows("-a")} == {"a": "CANCELLED", "b": "CANCELLED",
-                                                                    "c": "SUCCEEDED"}
+    assert {r["name"]: r["status"] for r in status_rows("-a")} == {"a": "CANCELLED", "b": "CANCELLED", "c": "SUCCEEDED"}
     assert "every run has ended" in invoke("cancel", "--all", "-y").stderr
     assert "not both" in one_line_error(invoke("cancel", "a", "--all"))
 
@@ -586,11 +676,13 @@ def test_status_loads_neither_pydantic_nor_rich():
     import sys
 
     make_run()
-    code = ("import sys; sys.argv = ['skyspot', 'status', '-a']\n"
-            "from skyspot.cli.main import app\n"
-            "try:\n    app()\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('pydantic', 'typer._adapters', 'rich.console', 'rich.table') if m in sys.modules),"
-            " file=sys.stderr)")
+    code = (
+        "import sys; sys.argv = ['skyspot', 'status', '-a']\n"
+        "from skyspot.cli.main import app\n"
+        "try:\n    app()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('pydantic', 'typer._adapters', 'rich.console', 'rich.table') if m in sys.modules),"
+        " file=sys.stderr)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "run-1" in done.stdout, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]"
@@ -601,8 +693,13 @@ def test_a_start_up_longer_than_the_training_is_named_beside_goodput():
     # Attempt 0's trainer starts 5 s in; push its steps 1000 s later, as a first op build would.
     for name, events in files.items():
         for event in events:
-            if event["attempt"] == 0 and event["type"] in ("step", "checkpoint_end", "exit", "attempt_end",
-                                                           "preempt_notice_sent"):
+            if event["attempt"] == 0 and event["type"] in (
+                "step",
+                "checkpoint_end",
+                "exit",
+                "attempt_end",
+                "preempt_notice_sent",
+            ):
                 event["ts"] += 1000
     make_run(files=files)
     text = " ".join(invoke("cost-report", "run-1").stdout.split())
@@ -615,7 +712,9 @@ def test_status_says_why_a_run_failed():
     make_run("broken", status="FAILED", info={"cloud": "aws", "cause": "usage error: no AWS credentials found"})
     make_run("fine")
     assert {r["name"]: r["cause"] for r in status_rows("-a")} == {
-        "broken": "usage error: no AWS credentials found", "fine": None}
+        "broken": "usage error: no AWS credentials found",
+        "fine": None,
+    }
     result = invoke("status", "-a")
     assert "broken FAILED: usage error: no AWS credentials found" in result.stderr
     assert "fine" not in result.stderr
@@ -627,24 +726,43 @@ def interrupted_twice_events() -> dict[str, list[dict]]:
     ended by a planned AWS `system-reboot` the trainer acted on, attempt 2 completes."""
     files = {}
     for attempt, (t, action, executor_notice) in enumerate(((0, "terminate", True), (100, "system-reboot", False))):
-        trainer = [_ev(T0 + t + 5, "start", attempt, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=1),
-                   _ev(T0 + t + 16.5, "preemption_notice", attempt, source="aws", deadline=T0 + t + 17, action=action,
-                       received=T0 + t + 16.48),
-                   _ev(T0 + t + 16.6, "emergency_checkpoint", attempt, step=10 * (attempt + 1),
-                       signal_to_commit_seconds=0.11),
-                   _ev(T0 + t + 16.6, "exit", attempt, code=75, step=10 * (attempt + 1),
-                       reason=f"preempted: emergency checkpoint step_{10 * (attempt + 1)} committed")]
-        executor = [_ev(T0 + t, "attempt_start", attempt, rank=None, where=WHERE),
-                    _ev(T0 + t + 18.5, "attempt_end", attempt, rank=None, code=75, reason="preempted", node_codes=[75])]
+        trainer = [
+            _ev(T0 + t + 5, "start", attempt, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=1),
+            _ev(
+                T0 + t + 16.5,
+                "preemption_notice",
+                attempt,
+                source="aws",
+                deadline=T0 + t + 17,
+                action=action,
+                received=T0 + t + 16.48,
+            ),
+            _ev(T0 + t + 16.6, "emergency_checkpoint", attempt, step=10 * (attempt + 1), signal_to_commit_seconds=0.11),
+            _ev(
+                T0 + t + 16.6,
+                "exit",
+                attempt,
+                code=75,
+                step=10 * (attempt + 1),
+                reason=f"preempted: emergency checkpoint step_{10 * (attempt + 1)} committed",
+            ),
+        ]
+        executor = [
+            _ev(T0 + t, "attempt_start", attempt, rank=None, where=WHERE),
+            _ev(T0 + t + 18.5, "attempt_end", attempt, rank=None, code=75, reason="preempted", node_codes=[75]),
+        ]
         if executor_notice:
             executor.insert(1, _ev(T0 + t + 16.3, "preempt_notice_sent", attempt, rank=None, deadline=T0 + t + 17.3))
         files[event_file_name(attempt, 0, 0)], files[event_file_name(attempt, 0, None)] = trainer, executor
     files[event_file_name(2, 0, 0)] = [
         _ev(T0 + 205, "start", 2, where=WHERE, world_size=2, total_steps=40, recipe="tiny", pid=3),
         _ev(T0 + 206, "resume", 2, step=20, checkpoint="step_20", source="local", load_seconds=0.2),
-        _ev(T0 + 220, "exit", 2, code=0, reason="training complete", step=40)]
-    files[event_file_name(2, 0, None)] = [_ev(T0 + 200, "attempt_start", 2, rank=None, where=WHERE),
-                                          _ev(T0 + 221, "attempt_end", 2, rank=None, code=0, reason="complete")]
+        _ev(T0 + 220, "exit", 2, code=0, reason="training complete", step=40),
+    ]
+    files[event_file_name(2, 0, None)] = [
+        _ev(T0 + 200, "attempt_start", 2, rank=None, where=WHERE),
+        _ev(T0 + 221, "attempt_end", 2, rank=None, code=0, reason="complete"),
+    ]
     return files
 
 
@@ -655,23 +773,29 @@ def test_cost_report_names_what_interrupted_each_attempt_and_sums_them(monkeypat
     attempt_rows = [line for line in text.splitlines() if "aws/us-east-1" in line]  # the attempts table
     assert len(attempt_rows) == 3 and "spot-preemption (terminate)" in attempt_rows[0]
     assert "planned-maintenance (system-reboot)" in attempt_rows[1] and "-" in attempt_rows[2].split()
-    recoveries = text[text.index("recoveries"):].splitlines()
+    recoveries = text[text.index("recoveries") :].splitlines()
     assert recoveries[2].split()[:2] == ["1", "spot-preemption"] and recoveries[3].split()[1] == "planned-maintenance"
     assert "interrupted by: 1 spot preemption, 1 planned maintenance" in text
     assert "1 spot preemption, 1 planned maintenance" in invoke("cost-report").stdout.splitlines()[2]
 
-    row, = json.loads(invoke("cost-report", "--json").stdout)
+    (row,) = json.loads(invoke("cost-report", "--json").stdout)
     assert row["interruptions_by_cause"] == {"spot-preemption": 1, "planned-maintenance": 1}
     assert row["interruptions"] == "1 spot preemption, 1 planned maintenance"
-    summary, = csv.DictReader(io.StringIO(invoke("cost-report", "--csv").stdout))
+    (summary,) = csv.DictReader(io.StringIO(invoke("cost-report", "--csv").stdout))
     assert summary["interruptions_by_cause"] == "spot-preemption=1;planned-maintenance=1"
     one = json.loads(invoke("cost-report", "run-1", "--json").stdout)[0]
     assert [(a["cause"], a["cloud_cause"]) for a in one["attempts"]] == [
-        ("spot-preemption", "terminate"), ("planned-maintenance", "system-reboot"), (None, None)]
+        ("spot-preemption", "terminate"),
+        ("planned-maintenance", "system-reboot"),
+        (None, None),
+    ]
     assert [r["interruption_cause"] for r in one["recovery_details"]] == ["spot-preemption", "planned-maintenance"]
     attempts = list(csv.DictReader(io.StringIO(invoke("cost-report", "run-1", "--csv").stdout)))
     assert [(a["cause"], a["cloud_cause"]) for a in attempts] == [
-        ("spot-preemption", "terminate"), ("planned-maintenance", "system-reboot"), ("", "")]
+        ("spot-preemption", "terminate"),
+        ("planned-maintenance", "system-reboot"),
+        ("", ""),
+    ]
     assert status_rows("-a")[0]["interruptions"] == {"spot-preemption": 1, "planned-maintenance": 1}
 
 
@@ -709,9 +833,11 @@ def test_cost_report_text_says_what_the_money_bought_and_where_the_time_went(mon
     assert "what the money bought: eval loss 1.1000 (perplexity 3.00) at step 16; train loss 1.2000 at step 16" in out
     assert "recoveries 1 re-provisioned (MTTR 29.5s), 2 in place (MTTR 8.0s; 1 hang)" in out
     assert "lost steps 4 (8.0s; 2 redone in place)" in out
-    assert ("of 102.0s billed: useful steps 32.0s, evaluating 5.5s, steps redone in place 4.0s, steps redone on "
-            "new machines 4.0s, checkpoint stalls 1.0s, first start-up 20.0s, start-ups on new machines 8.0s, "
-            "in-place restarts 24.0s, other 3.5s") in out
+    assert (
+        "of 102.0s billed: useful steps 32.0s, evaluating 5.5s, steps redone in place 4.0s, steps redone on "
+        "new machines 4.0s, checkpoint stalls 1.0s, first start-up 20.0s, start-ups on new machines 8.0s, "
+        "in-place restarts 24.0s, other 3.5s"
+    ) in out
     assert "in-place restarts (same machines, new processes)" in out
     assert "no step for 11.5s (bound 10.0s); rank 0: loop.py:700 train; stacks stacks/hang-1" in out
     listing = invoke("cost-report").stdout
@@ -732,8 +858,12 @@ def test_status_counts_in_place_restarts_and_hangs_apart_from_recoveries(monkeyp
     rows = {r["name"]: r for r in status_rows("-a")}
     row = rows["restarted"]
     assert (row["recoveries"], row["restarts_in_place"], row["hangs"]) == (1, 2, 1)
-    assert (row["train_loss"], row["train_loss_step"], row["eval_loss"], row["eval_loss_step"]) == \
-        (pytest.approx(1.2), 16, 1.1, 16)
+    assert (row["train_loss"], row["train_loss_step"], row["eval_loss"], row["eval_loss_step"]) == (
+        pytest.approx(1.2),
+        16,
+        1.1,
+        16,
+    )
     assert (rows["plain"]["restarts_in_place"], rows["plain"]["eval_loss"]) == (0, None)
     monkeypatch.setenv("COLUMNS", "200")
     lines = invoke("status", "-a").stdout.splitlines()
@@ -761,13 +891,15 @@ def test_logs_end_with_the_latest_train_and_eval_loss():
 def test_status_and_cost_report_say_what_the_run_ran_on_one_line_per_kind_of_node():
     files = preempted_once_events()
     kind = "g5.48xlarge, image ami-0abc, python 3.10.12 (skyspot venv), driver 580.65.06, torch 2.13.0+cu130"
-    files[event_file_name(0, 0, 0)].insert(1, _ev(T0 + 5.5, "node", 0, kind=kind, image="ami-0abc",
-                                                  driver="580.65.06", python={"version": "3.10.12"}))
-    files[event_file_name(1, 0, 0)].insert(1, _ev(T0 + 405.5, "node", 1, kind=kind, image="ami-0abc",
-                                                  driver="580.65.06", python={"version": "3.10.12"}))
+    files[event_file_name(0, 0, 0)].insert(
+        1, _ev(T0 + 5.5, "node", 0, kind=kind, image="ami-0abc", driver="580.65.06", python={"version": "3.10.12"})
+    )
+    files[event_file_name(1, 0, 0)].insert(
+        1, _ev(T0 + 405.5, "node", 1, kind=kind, image="ami-0abc", driver="580.65.06", python={"version": "3.10.12"})
+    )
     make_run(files=files)
-    row, = status_rows()
-    entry, = json.loads(invoke("cost-report", "run-1", "--json").stdout)
+    (row,) = status_rows()
+    (entry,) = json.loads(invoke("cost-report", "run-1", "--json").stdout)
     assert row["node_kinds"] == entry["node_kinds"] and len(row["node_kinds"]) == 1
     assert row["node_kinds"][0]["starts"] == 2 and row["node_kinds"][0]["facts"]["image"] == "ami-0abc"
     text = runner.invoke(app, ["cost-report", "run-1"], terminal_width=400).stdout
@@ -781,7 +913,7 @@ def test_a_final_nan_loss_is_said_not_hidden_behind_an_older_one():
     last = next(i for i, e in enumerate(trainer1) if e["type"] == "step" and e["step"] == 40)
     trainer1[last] = {**trainer1[last], "loss": float("nan")}
     make_run(files=files)
-    entry, = json.loads(invoke("cost-report", "run-1", "--json").stdout)
+    (entry,) = json.loads(invoke("cost-report", "run-1", "--json").stdout)
     assert entry["final_train_diverged"] is True and entry["final_train_step"] == 40
     assert entry["final_train_loss"] is None
     text = runner.invoke(app, ["cost-report", "run-1"], terminal_width=400).stdout

@@ -9,10 +9,18 @@ from skyspot.clouds import fabric_rates
 from skyspot.clouds.fabric_rates import MIN_FRACTION, expected_for, judge, summarize
 
 
-@pytest.mark.parametrize(("instance_type", "gbytes", "fabric"), [
-    ("p4d.24xlarge", 50, "EFA"), ("p4de.24xlarge", 50, "EFA"), ("p5.48xlarge", 400, "EFA"),
-    ("a3-highgpu-8g", 100, "GPUDirect-TCPX"), ("a3-megagpu-8g", 200, "GPUDirect-TCPXO"),
-    ("Standard_ND96asr_v4", 200, "InfiniBand HDR"), ("Standard_ND96isr_H100_v5", 400, "InfiniBand NDR")])
+@pytest.mark.parametrize(
+    ("instance_type", "gbytes", "fabric"),
+    [
+        ("p4d.24xlarge", 50, "EFA"),
+        ("p4de.24xlarge", 50, "EFA"),
+        ("p5.48xlarge", 400, "EFA"),
+        ("a3-highgpu-8g", 100, "GPUDirect-TCPX"),
+        ("a3-megagpu-8g", 200, "GPUDirect-TCPXO"),
+        ("Standard_ND96asr_v4", 200, "InfiniBand HDR"),
+        ("Standard_ND96isr_H100_v5", 400, "InfiniBand NDR"),
+    ],
+)
 def test_each_fabric_is_its_links_times_their_rate_in_gbytes(instance_type, gbytes, fabric):
     rate = expected_for(instance_type)
     assert rate is not None and rate.busbw_gbytes == gbytes and rate.fabric == fabric
@@ -52,11 +60,18 @@ def test_sockets_warn_gloo_is_only_refused_and_one_node_is_not_judged():
 
 
 def test_an_attempts_fabric_is_its_slowest_node_and_any_warning():
-    events = [{"transport": "ofi", "busbw_gbps": 70.0, "expected_gbps": 50.0, "below_expected": False},
-              {"transport": "ofi", "busbw_gbps": 20.0, "expected_gbps": 50.0, "below_expected": True,
-               "warning": "below"}]
-    assert summarize(events) == {"transport": "ofi", "busbw_gbps": 20.0, "expected_gbps": 50.0,
-                                 "below_expected": True, "on_sockets": False, "warning": "below"}
+    events = [
+        {"transport": "ofi", "busbw_gbps": 70.0, "expected_gbps": 50.0, "below_expected": False},
+        {"transport": "ofi", "busbw_gbps": 20.0, "expected_gbps": 50.0, "below_expected": True, "warning": "below"},
+    ]
+    assert summarize(events) == {
+        "transport": "ofi",
+        "busbw_gbps": 20.0,
+        "expected_gbps": 50.0,
+        "below_expected": True,
+        "on_sockets": False,
+        "warning": "below",
+    }
     assert summarize([]) is None
     old = summarize([{"transport": "socket"}])  # an event from before the probe: transport only
     assert old["busbw_gbps"] is None and old["warning"] is None

@@ -22,26 +22,54 @@ pytest.importorskip("atheris")
 
 RUNS = 3000
 _FRESH_PEAK = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
-SEED_OVERRIDES = ["train.steps=40", "resources.clouds=[aws, gcp]", "storage.store=s3://b/p", "model.config.x=1",
-                  "deepspeed.extra={a: 1}", "train.lr=3e-4", "resources.deadline=36h"]
+SEED_OVERRIDES = [
+    "train.steps=40",
+    "resources.clouds=[aws, gcp]",
+    "storage.store=s3://b/p",
+    "model.config.x=1",
+    "deepspeed.extra={a: 1}",
+    "train.lr=3e-4",
+    "resources.deadline=36h",
+]
 
 
 @pytest.mark.parametrize("target", ["recipe", "overrides"])
 def test_fuzzing_finds_no_crash_hang_or_blow_up(tmp_path, target):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    seeds = ([p.read_bytes() for p in sorted(RECIPES_DIR.glob("*.yaml"))] if target == "recipe"
-             else [s.encode() for s in SEED_OVERRIDES])
+    seeds = (
+        [p.read_bytes() for p in sorted(RECIPES_DIR.glob("*.yaml"))]
+        if target == "recipe"
+        else [s.encode() for s in SEED_OVERRIDES]
+    )
     for i, seed in enumerate(seeds):
         (corpus / f"seed-{i}").write_bytes(seed)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # libFuzzer's -rss_limit_mb reads the process's peak RSS, and Linux carries a process's peak across
     # fork and exec: started straight from this pytest process (gigabytes after the suite's earlier
     # tests), the fuzzer would begin above its own limit. A small Python in between forks it afresh.
-    done = subprocess.run([sys.executable, "-c", _FRESH_PEAK, sys.executable, "-m", "tests.fuzz.recipe_targets",
-                           target, str(corpus), f"-runs={RUNS}",
-                           "-seed=1", "-timeout=2", "-rss_limit_mb=500", "-max_len=4096",
-                           f"-artifact_prefix={tmp_path}/"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _FRESH_PEAK,
+            sys.executable,
+            "-m",
+            "tests.fuzz.recipe_targets",
+            target,
+            str(corpus),
+            f"-runs={RUNS}",
+            "-seed=1",
+            "-timeout=2",
+            "-rss_limit_mb=500",
+            "-max_len=4096",
+            f"-artifact_prefix={tmp_path}/",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"Done {RUNS} runs" in done.stderr, done.stderr[-2000:]

@@ -8,7 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from skyspot.planning.deadline import (ALL_ON_DEMAND, DEFAULT_POLICY, IDLE, ON_DEMAND, POLICIES, SPOT, DeadlineError, Estimates, Job, State, decide, feasibility, measure, parse_deadline, simulate)
+from skyspot.planning.deadline import (
+    ALL_ON_DEMAND,
+    DEFAULT_POLICY,
+    IDLE,
+    ON_DEMAND,
+    POLICIES,
+    SPOT,
+    DeadlineError,
+    Estimates,
+    Job,
+    State,
+    decide,
+    feasibility,
+    measure,
+    parse_deadline,
+    simulate,
+)
 from skyspot.executors.local.spot_trace import SpotTrace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
@@ -25,8 +41,10 @@ def trace(name: str) -> SpotTrace:
 # --------------------------------------------------------------------------- parsing
 
 
-@pytest.mark.parametrize("text, seconds", [("36h", 36 * HOUR), ("90m", 5400), ("2d", 172800), ("1h30m", 5400),
-                                           ("45s", 45), ("1.5h", 5400), ("1h 30m", 5400)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("36h", 36 * HOUR), ("90m", 5400), ("2d", 172800), ("1h30m", 5400), ("45s", 45), ("1.5h", 5400), ("1h 30m", 5400)],
+)
 def test_a_duration_counts_from_now(text, seconds):
     assert parse_deadline(text, now=1000.0) == 1000.0 + seconds
 
@@ -201,8 +219,9 @@ def test_at_least_five_traces_ship_with_the_scenarios_the_issue_names():
     assert len(gaps) > 10 and max(gaps) <= 70
 
 
-LOCAL_JOB = dict(steps=300, deadline=260.0, spot_usd_per_hour=4.5408, on_demand_usd_per_hour=16.288,
-                 notice_seconds=5.0)  # tiny as `python -m bench --only deadline` runs it, priced as g5.48xlarge
+LOCAL_JOB = dict(
+    steps=300, deadline=260.0, spot_usd_per_hour=4.5408, on_demand_usd_per_hour=16.288, notice_seconds=5.0
+)  # tiny as `python -m bench --only deadline` runs it, priced as g5.48xlarge
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -219,15 +238,23 @@ def test_local_scale_every_policy_meets_the_deadline_and_the_default_costs_at_mo
 
 def cloud_job(fraction: float) -> Job:
     """Can't Be Late's setting (section 6.1): 48 h of work, a 0.2 h changeover, job fraction C/R."""
-    return Job(steps=480, step_seconds=360.0, deadline=48 * HOUR / fraction, restart_seconds=0.2 * HOUR,
-               spot_usd_per_hour=1.0, on_demand_usd_per_hour=3.59)
+    return Job(
+        steps=480,
+        step_seconds=360.0,
+        deadline=48 * HOUR / fraction,
+        restart_seconds=0.2 * HOUR,
+        spot_usd_per_hour=1.0,
+        on_demand_usd_per_hour=3.59,
+    )
 
 
 def stretched(name: str, factor: float = 600.0) -> SpotTrace:
     """A shipped trace at cloud scale: 1 s of the trace = 10 min."""
     t = trace(name)
-    return SpotTrace(preemptions=[p * factor for p in t.preemptions],
-                     unavailable=[(a * factor, b * factor) for a, b in t.unavailable])
+    return SpotTrace(
+        preemptions=[p * factor for p in t.preemptions],
+        unavailable=[(a * factor, b * factor) for a, b in t.unavailable],
+    )
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -251,8 +278,14 @@ def test_where_the_policy_matters_uniform_progress_beats_greedy(name, fraction):
 
 
 def test_the_simulator_charges_a_changeover_and_bills_only_held_instances():
-    job = Job(steps=100, step_seconds=1.0, deadline=1000.0, restart_seconds=10.0, spot_usd_per_hour=3600.0,
-              on_demand_usd_per_hour=7200.0)
+    job = Job(
+        steps=100,
+        step_seconds=1.0,
+        deadline=1000.0,
+        restart_seconds=10.0,
+        spot_usd_per_hour=3600.0,
+        on_demand_usd_per_hour=7200.0,
+    )
     calm = simulate(job, SpotTrace(), "uniform-progress", tick=0.5, period=5)
     assert calm.finish == pytest.approx(110.0) and calm.cost_usd == pytest.approx(110.0)
     assert calm.segments == [(0.0, pytest.approx(110.0), SPOT)]

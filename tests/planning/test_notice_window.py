@@ -30,8 +30,10 @@ def test_llama70b_is_durable_in_time_on_aws_with_the_arithmetic():
     assert aws.write_s == pytest.approx(52.92, abs=0.01) and aws.upload_s == pytest.approx(84.66, abs=0.01)
     assert aws.durable_at_s == pytest.approx(5 + 1.32 + 84.66, abs=0.01)  # 90.99 s, 29.0 s to spare
     assert aws.verdict == "durable in time" and aws.durable_slack_s == pytest.approx(29.01, abs=0.01)
-    assert aws.arithmetic == ("211.7 GB/node: 5 s notice poll + 0 s step + 1.3 s snapshot + max(52.9 s write at 4 GB/s, "
-                              "84.7 s upload at 2.5 GB/s) = 91.0 s <= 120 s notice")
+    assert aws.arithmetic == (
+        "211.7 GB/node: 5 s notice poll + 0 s step + 1.3 s snapshot + max(52.9 s write at 4 GB/s, "
+        "84.7 s upload at 2.5 GB/s) = 91.0 s <= 120 s notice"
+    )
     assert "local NVMe" in aws.write_source and "2.5 GB/s" in aws.upload_source
     # GCP (86.0 s) and Azure (87.0 s) have 30 s: no emergency checkpoint of 211.7 GB per node makes it there.
     assert gcp.verdict == azure.verdict == "not in time"
@@ -68,8 +70,9 @@ def test_advice_drops_the_clouds_whose_window_is_too_short():
     # 4e9 params on one node: 48 GB; at 2 GB/s write and 1 GB/s upload: 24 s write, 48 s upload, overlapped.
     # AWS: 5 + snapshot + 48 s <= 120 s. GCP: 24 s local <= 30 s, 48 s durable > 30 s. Azure: 25 s / 49 s.
     r = recipe("llama8b")
-    report = check_notice_windows(r, environ={"SKYSPOT_MODEL_PARAMS": "4e9"},
-                                  bandwidth={"*": {"write_gbps": 2, "upload_gbps": 1}})
+    report = check_notice_windows(
+        r, environ={"SKYSPOT_MODEL_PARAMS": "4e9"}, bandwidth={"*": {"write_gbps": 2, "upload_gbps": 1}}
+    )
     assert [c.verdict for c in report.checks] == ["durable in time", "local only in time", "local only in time"]
     aws = report.check("aws")
     assert aws.durable_slack_s == pytest.approx(120 - 5 - aws.snapshot_s - 48.0)
@@ -82,8 +85,15 @@ def test_measured_rates_replace_the_assumptions():
         {"ts": 1.0, "type": "local_disk", "write_gbps": 6.5, "node_rank": 0},
         {"ts": 2.0, "type": "local_disk", "write_gbps": 5.0, "node_rank": 1},
         {"ts": 3.0, "type": "checkpoint_end", "bytes": 4e9, "write_seconds": 2.0},
-        {"ts": 4.0, "type": "upload_end", "durable": True, "bytes": 4e9, "seconds": 0.5, "streamed_bytes": 4e9,
-         "stream_seconds": 1.0},
+        {
+            "ts": 4.0,
+            "type": "upload_end",
+            "durable": True,
+            "bytes": 4e9,
+            "seconds": 0.5,
+            "streamed_bytes": 4e9,
+            "stream_seconds": 1.0,
+        },
         {"ts": 5.0, "type": "upload_end", "durable": True, "bytes": 4e9, "seconds": 2.0},
         {"ts": 6.0, "type": "upload_end", "durable": False, "bytes": 4e9, "seconds": 0.1},
         {"ts": 7.0, "type": "upload_end", "durable": True, "bytes": 1000, "seconds": 0.001},  # too small to tell
@@ -92,8 +102,9 @@ def test_measured_rates_replace_the_assumptions():
     assert measured == {"*": {"write_gbps": 5.0, "upload_gbps": 3.0}}  # slowest disk; median of 4 and 2 GB/s
     bw = bandwidth_for("aws", overrides=measured, environ={}, local_nvme=True)
     assert (bw.write_gbps, bw.upload_gbps) == (5.0, 3.0)
-    assert measured_bandwidth([{"ts": 1.0, "type": "checkpoint_end", "bytes": 4e9, "write_seconds": 2.0}]) == \
-        {"*": {"write_gbps": 2.0}}
+    assert measured_bandwidth([{"ts": 1.0, "type": "checkpoint_end", "bytes": 4e9, "write_seconds": 2.0}]) == {
+        "*": {"write_gbps": 2.0}
+    }
     assert measured_bandwidth([]) == {}
 
 
@@ -134,7 +145,9 @@ def test_llama70b_lora_is_durable_in_time_on_every_cloud():
 
 
 def test_planning_imports_no_heavy_modules():
-    code = ("import sys, skyspot.clouds, skyspot.sizing, skyspot.planning.notice_window; "
-            "print(sorted(m for m in ('torch', 'deepspeed', 'sky', 'boto3') if m in sys.modules))")
+    code = (
+        "import sys, skyspot.clouds, skyspot.sizing, skyspot.planning.notice_window; "
+        "print(sorted(m for m in ('torch', 'deepspeed', 'sky', 'boto3') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

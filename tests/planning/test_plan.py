@@ -20,8 +20,8 @@ from skyspot.trainer.interval import initial_plan
 
 CKPT_70B = 846_644_477_952
 # Azure A100-80GB:8 spot, store on S3: 2 uploads/h leave Azure at $0.087/GB, 1 resume/h leaves AWS at $0.09/GB.
-AZURE_SPOT_EGRESS = 2 * CKPT_70B / 1e9 * 0.087 + CKPT_70B / 1e9 * 0.09   # 147.316139 + 76.198003 = 223.514142
-AZURE_ON_DEMAND_EGRESS = 2 * CKPT_70B / 1e9 * 0.087                         # no preemptions, no resumes
+AZURE_SPOT_EGRESS = 2 * CKPT_70B / 1e9 * 0.087 + CKPT_70B / 1e9 * 0.09  # 147.316139 + 76.198003 = 223.514142
+AZURE_ON_DEMAND_EGRESS = 2 * CKPT_70B / 1e9 * 0.087  # no preemptions, no resumes
 
 
 @pytest.fixture(autouse=True)
@@ -60,11 +60,16 @@ def test_a_candidate_without_a_spot_price_shows_none_and_comes_after_the_priced_
 def test_without_a_cloud_store_the_order_is_by_node_price_alone():
     ordered = plan()
     assert [key(c) for c in ordered[:5]] == [
-        ("azure", "A100-80GB:8", "spot"), ("aws", "A100-80GB:8", "spot"), ("aws", "H100:8", "spot"),
-        ("gcp", "H100:8", "spot"), ("gcp", "A100-80GB:8", "spot")]
+        ("azure", "A100-80GB:8", "spot"),
+        ("aws", "A100-80GB:8", "spot"),
+        ("aws", "H100:8", "spot"),
+        ("gcp", "H100:8", "spot"),
+        ("gcp", "A100-80GB:8", "spot"),
+    ]
     assert all(c.egress_usd_per_hour == 0 for c in ordered)
     assert [c.expected_usd_per_hour for c in ordered] == [
-        None if c.usd_per_hour is None else 4 * c.usd_per_hour for c in ordered]
+        None if c.usd_per_hour is None else 4 * c.usd_per_hour for c in ordered
+    ]
     assert [key(c) for c in plan("/tmp/local-store")] == [key(c) for c in ordered]
 
 
@@ -77,7 +82,10 @@ def test_a_cross_cloud_candidate_pays_egress_and_moves_behind_a_same_cloud_one()
     assert azure.expected_usd_per_hour == pytest.approx(4 * 3.6047 + AZURE_SPOT_EGRESS)
     assert by_key[("azure", "A100-80GB:8", "on-demand")].egress_usd_per_hour == pytest.approx(AZURE_ON_DEMAND_EGRESS)
     assert [key(c) for c in ordered[:3]] == [
-        ("aws", "A100-80GB:8", "spot"), ("aws", "H100:8", "spot"), ("azure", "A100-80GB:8", "spot")]
+        ("aws", "A100-80GB:8", "spot"),
+        ("aws", "H100:8", "spot"),
+        ("azure", "A100-80GB:8", "spot"),
+    ]
     assert by_key[("aws", "A100-80GB:8", "spot")].egress_usd_per_hour == 0
     # The rule of docs/architecture.md holds: every spot candidate before any on-demand one.
     assert [c.spot for c in ordered] == [True] * 6 + [False] * 6
@@ -118,19 +126,34 @@ def test_egress_follows_the_recipe_checkpoint_interval_and_preemption_prior():
 def test_launch_dry_run_with_an_s3_store_shows_egress_per_candidate_and_orders_by_it():
     result = CliRunner().invoke(app, ["launch", "llama70b", "--dry-run", "--store", "s3://my-bucket/x"])
     assert result.exit_code == 0, result.stderr
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.stderr.splitlines()
-            if re.match(r"│ \d+ ", line)][:12]
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in result.stderr.splitlines()
+        if re.match(r"│ \d+ ", line)
+    ][:12]
     header = next(line for line in result.stderr.splitlines() if "EGRESS $/H" in line)
     assert [h.strip() for h in header.split("┃")[1:-1]] == [
-        "#", "CLOUD", "REGION", "ACCELERATORS", "INSTANCE", "CAPACITY", "NODES $/H", "EGRESS $/H", "TOTAL $/H",
-        "PREEMPT/NODE-H", "EXPECTED $/H", "NOTE"]
+        "#",
+        "CLOUD",
+        "REGION",
+        "ACCELERATORS",
+        "INSTANCE",
+        "CAPACITY",
+        "NODES $/H",
+        "EGRESS $/H",
+        "TOTAL $/H",
+        "PREEMPT/NODE-H",
+        "EXPECTED $/H",
+        "NOTE",
+    ]
     table = [(r[1], r[3], r[5], r[6], r[7], r[8]) for r in rows]
-    assert table[:3] == [("aws", "A100-80GB:8", "spot", "32.11", "0.00", "32.11"),
-                         ("aws", "H100:8", "spot", "45.02", "0.00", "45.02"),
-                         ("azure", "A100-80GB:8", "spot", "14.42", "223.51", "237.93")]
+    assert table[:3] == [
+        ("aws", "A100-80GB:8", "spot", "32.11", "0.00", "32.11"),
+        ("aws", "H100:8", "spot", "45.02", "0.00", "45.02"),
+        ("azure", "A100-80GB:8", "spot", "14.42", "223.51", "237.93"),
+    ]
     assert ("azure", "H100:8", "spot", "-", "223.51", "-") == table[5] and "no spot price in snapshot" in rows[5][11]
     assert "egress: the store is on aws" in result.stderr
     # The rendered task on stdout lists the candidates in the same order.
     ordered = re.findall(r"- cloud: (\w+)\n    accelerators: (\S+)\n    use_spot: (\w+)", result.stdout)
     assert [(c, a, "spot" if s == "true" else "on-demand") for c, a, s in ordered] == [r[:3] for r in table]
-

@@ -19,8 +19,14 @@ from skyspot.planning.spot_risk import HALF_LIFE_S, History, add_attempts, rate_
 from skyspot.recipe import load_recipe
 from tests.builders import event
 
-AZURE_A100 = {"cloud": "azure", "region": "eastus", "zone": "1", "instance_type": "Standard_ND96amsr_A100_v4",
-              "spot": True, "accelerators": "A100-80GB:8"}
+AZURE_A100 = {
+    "cloud": "azure",
+    "region": "eastus",
+    "zone": "1",
+    "instance_type": "Standard_ND96amsr_A100_v4",
+    "spot": True,
+    "accelerators": "A100-80GB:8",
+}
 
 
 def preempted_attempts(where: dict, *, count: int, uptime_s: float, start: float, run_id: str) -> list[dict]:
@@ -46,8 +52,14 @@ def plant_run(name: str, events: list[dict], *, num_nodes: int = 1) -> Path:
 
 
 def test_no_history_gives_the_clouds_prior():
-    risk = rate_for(read_history(), "azure", region=None, instance_type="Standard_ND96amsr_A100_v4", spot=True,
-                    accelerator="A100-80GB:8")
+    risk = rate_for(
+        read_history(),
+        "azure",
+        region=None,
+        instance_type="Standard_ND96amsr_A100_v4",
+        spot=True,
+        accelerator="A100-80GB:8",
+    )
     assert risk.per_node_hour == pytest.approx(1 / 4)  # Azure's prior for large GPUs: 4 node-hours (ours)
     assert risk.source == "prior 1 in 4 node-h (ours)"
     assert rate_for(None, "aws", region=None, instance_type=None, spot=False, accelerator="H100:8").per_node_hour == 0
@@ -55,22 +67,34 @@ def test_no_history_gives_the_clouds_prior():
 
 def test_planted_preemptions_raise_that_places_rate_and_only_its():
     now = time.time()
-    plant_run("bursty", preempted_attempts(AZURE_A100, count=6, uptime_s=600, start=now - 7200, run_id="bursty"),
-              num_nodes=4)
+    plant_run(
+        "bursty", preempted_attempts(AZURE_A100, count=6, uptime_s=600, start=now - 7200, run_id="bursty"), num_nodes=4
+    )
     history = read_history(now=now)
-    risk = rate_for(history, "azure", region=None, instance_type="Standard_ND96amsr_A100_v4", spot=True,
-                    accelerator="A100-80GB:8")
+    risk = rate_for(
+        history, "azure", region=None, instance_type="Standard_ND96amsr_A100_v4", spot=True, accelerator="A100-80GB:8"
+    )
     # 6 preemptions in 6 x 600 s x 4 nodes = 4 node-hours, on a prior of 1 in 4: (1 + ~6) / (4 + ~4).
     assert risk.per_node_hour == pytest.approx(7 / 8, rel=0.01)
     assert "prior 1 in 4 node-h (ours) + 6 preemptions in 4.0 node-h observed" in risk.source
-    elsewhere = rate_for(history, "azure", region="westus2", instance_type="Standard_ND96amsr_A100_v4", spot=True,
-                         accelerator="A100-80GB:8")
+    elsewhere = rate_for(
+        history,
+        "azure",
+        region="westus2",
+        instance_type="Standard_ND96amsr_A100_v4",
+        spot=True,
+        accelerator="A100-80GB:8",
+    )
     assert elsewhere.per_node_hour == pytest.approx(1 / 4) and "observed" not in elsewhere.source
 
 
 def test_a_simulated_place_is_no_history():
-    plant_run("local", preempted_attempts({**AZURE_A100, "simulated": True}, count=6, uptime_s=600,
-                                          start=time.time() - 7200, run_id="local"))
+    plant_run(
+        "local",
+        preempted_attempts(
+            {**AZURE_A100, "simulated": True}, count=6, uptime_s=600, start=time.time() - 7200, run_id="local"
+        ),
+    )
     assert read_history().places == {}
 
 
@@ -95,8 +119,11 @@ def test_a_bursty_zone_moves_its_candidates_down_and_price_placement_keeps_the_p
     by_price = _order(load_recipe("llama70b", ["resources.placement=price"], environ={}))
     assert by_price[0] == ("azure", "A100-80GB:8", True)  # the cheapest spot price
     assert _order(load_recipe("llama70b", environ={}))[0] == by_price[0]  # the prior alone does not move it
-    plant_run("bursty", preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000,
-                                           run_id="bursty"), num_nodes=4)
+    plant_run(
+        "bursty",
+        preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000, run_id="bursty"),
+        num_nodes=4,
+    )
     by_cost = _order(load_recipe("llama70b", environ={}))
     spot = [c for c in by_cost if c[2]]
     assert spot.index(("azure", "A100-80GB:8", True)) > 0
@@ -110,17 +137,26 @@ def _dry_run(*args: str):
 
 
 def test_the_dry_run_shows_each_risk_its_source_and_why_the_order_differs():
-    plant_run("bursty", preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000,
-                                           run_id="bursty"), num_nodes=4)
+    plant_run(
+        "bursty",
+        preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000, run_id="bursty"),
+        num_nodes=4,
+    )
     result = _dry_run()
     assert result.exit_code == 0, result.stderr
     assert "PREEMPT/NODE-H" in result.stderr and "EXPECTED $/H" in result.stderr
     assert "placement: by expected cost per hour of training" in result.stderr
-    assert re.search(r"risk azure any A100-80GB:8 Standard_ND96amsr_A100_v4 spot: \d\.\d{3} preemptions/node-h: "
-                     r"prior 1 in 4 node-h \(ours\) \+ 20 preemptions in 6\.7 node-h observed", result.stderr)
+    assert re.search(
+        r"risk azure any A100-80GB:8 Standard_ND96amsr_A100_v4 spot: \d\.\d{3} preemptions/node-h: "
+        r"prior 1 in 4 node-h \(ours\) \+ 20 preemptions in 6\.7 node-h observed",
+        result.stderr,
+    )
     assert "risk aws any H100:8 p5.48xlarge spot: 0.167 preemptions/node-h: prior 1 in 6 node-h (ours)" in result.stderr
-    moved = re.search(r"#(\d+) azure any A100-80GB:8 Standard_ND96amsr_A100_v4 spot is #1 by price: \$14\.42/h "
-                      r"\+ expected preemptions \$([\d.,]+)/h", result.stderr)
+    moved = re.search(
+        r"#(\d+) azure any A100-80GB:8 Standard_ND96amsr_A100_v4 spot is #1 by price: \$14\.42/h "
+        r"\+ expected preemptions \$([\d.,]+)/h",
+        result.stderr,
+    )
     assert moved and int(moved.group(1)) > 1
     # The rendered task tries them in the same order: aws first now.
     first = re.search(r"- cloud: (\w+)\n    accelerators: (\S+)", result.stdout)
@@ -154,8 +190,11 @@ def test_a_cached_render_follows_new_history():
 
     assert first_candidate() == ("azure", "A100-80GB:8")
     assert first_candidate() == ("azure", "A100-80GB:8")  # from the cache
-    plant_run("bursty", preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000,
-                                           run_id="bursty"), num_nodes=4)
+    plant_run(
+        "bursty",
+        preempted_attempts(AZURE_A100, count=20, uptime_s=300, start=time.time() - 9000, run_id="bursty"),
+        num_nodes=4,
+    )
     assert first_candidate() == ("aws", "A100-80GB:8")
     cached = sorted((skyspot_home() / "cache").iterdir())
     assert first_candidate() == ("aws", "A100-80GB:8")  # reading the history leaves the key as it was: a hit

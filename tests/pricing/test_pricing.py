@@ -45,8 +45,9 @@ def test_gcp_price_is_vm_row_plus_gpu_row_in_the_same_zone():
 
 def test_gcp_accelerator_alone_prices_the_whole_instance():
     # us-east5-a: a2-ultragpu-8g 8.79698 + A100-80GB x8 35.39358 on demand.
-    price = pricing.hourly_price("gcp", accelerator="A100-80GB", accelerator_count=8,
-                                 region="us-east5", zone="us-east5-a", spot=False)
+    price = pricing.hourly_price(
+        "gcp", accelerator="A100-80GB", accelerator_count=8, region="us-east5", zone="us-east5-a", spot=False
+    )
     assert price.instance_type == "a2-ultragpu-8g"
     assert price.usd_per_hour == pytest.approx(8.79698 + 35.39358)
 
@@ -68,30 +69,35 @@ def test_within_a_region_the_cheapest_zone_wins_and_unknown_zone_names_fall_back
     assert "zone 'us-east-1a' not in the price data" in price.detail
 
 
-@pytest.mark.parametrize("cloud, accelerator, count, instance_type", [
-    ("aws", "H100", 8, "p5.48xlarge"),
-    ("aws", "A100-80GB", 8, "p4de.24xlarge"),
-    ("aws", "A100", 8, "p4d.24xlarge"),
-    ("aws", "L40S", 8, "g6e.48xlarge"),
-    ("aws", "H200", 8, "p5en.48xlarge"),  # p5e has no on-demand price at all, so p5en ranks first
-    ("gcp", "A100-80GB", 8, "a2-ultragpu-8g"),
-    ("gcp", "A100", 8, "a2-highgpu-8g"),
-    ("gcp", "H100", 8, "a3-highgpu-8g"),
-    ("gcp", "H100-MEGA", 8, "a3-megagpu-8g"),
-    ("gcp", "L4", 8, "g2-standard-96"),
-    ("azure", "A100-80GB", 8, "Standard_ND96amsr_A100_v4"),
-    ("azure", "A100", 8, "Standard_ND96asr_v4"),
-    ("azure", "H100", 8, "Standard_ND96isr_H100_v5"),  # the catalog says 12 GPUs; corrected to 8
-])
+@pytest.mark.parametrize(
+    "cloud, accelerator, count, instance_type",
+    [
+        ("aws", "H100", 8, "p5.48xlarge"),
+        ("aws", "A100-80GB", 8, "p4de.24xlarge"),
+        ("aws", "A100", 8, "p4d.24xlarge"),
+        ("aws", "L40S", 8, "g6e.48xlarge"),
+        ("aws", "H200", 8, "p5en.48xlarge"),  # p5e has no on-demand price at all, so p5en ranks first
+        ("gcp", "A100-80GB", 8, "a2-ultragpu-8g"),
+        ("gcp", "A100", 8, "a2-highgpu-8g"),
+        ("gcp", "H100", 8, "a3-highgpu-8g"),
+        ("gcp", "H100-MEGA", 8, "a3-megagpu-8g"),
+        ("gcp", "L4", 8, "g2-standard-96"),
+        ("azure", "A100-80GB", 8, "Standard_ND96amsr_A100_v4"),
+        ("azure", "A100", 8, "Standard_ND96asr_v4"),
+        ("azure", "H100", 8, "Standard_ND96isr_H100_v5"),  # the catalog says 12 GPUs; corrected to 8
+    ],
+)
 def test_instance_for_maps_accelerators_to_instance_types(cloud, accelerator, count, instance_type):
     assert pricing.instance_for(cloud, accelerator, count) == instance_type
 
 
 def test_unknown_instance_or_cloud_is_a_usage_error_that_points_at_skyspot_prices():
-    for call in (lambda: pricing.hourly_price("aws", "p9.96xlarge", spot=True),
-                 lambda: pricing.hourly_price("oracle", "BM.GPU.H100.8", spot=True),
-                 lambda: pricing.instance_for("aws", "H100", 3),
-                 lambda: pricing.hourly_price("aws", "p4d.24xlarge", region="mars-1", spot=False)):
+    for call in (
+        lambda: pricing.hourly_price("aws", "p9.96xlarge", spot=True),
+        lambda: pricing.hourly_price("oracle", "BM.GPU.H100.8", spot=True),
+        lambda: pricing.instance_for("aws", "H100", 3),
+        lambda: pricing.hourly_price("aws", "p4d.24xlarge", region="mars-1", spot=False),
+    ):
         with pytest.raises(UsageError) as error:
             call()
         message = str(error.value)
@@ -127,19 +133,28 @@ def _run_isolated(code: str, env_extra: dict) -> dict:
     """)
     env = {k: v for k, v in os.environ.items() if k != "SKY_RUNTIME_DIR"}
     env.update(env_extra)
-    out = subprocess.run([sys.executable, "-c", guard + textwrap.dedent(code)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", guard + textwrap.dedent(code)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_without_a_catalog_cache_nothing_imports_sky_or_touches_the_network(tmp_path):
-    result = _run_isolated("""
+    result = _run_isolated(
+        """
         import json, sys
         from skyspot.pricing import prices as pricing
         price = pricing.hourly_price("aws", accelerator="H100", accelerator_count=8, spot=True)
         print(json.dumps({"sky": "sky" in sys.modules, "source": price.source}))
-    """, {"HOME": str(tmp_path), "SKY_RUNTIME_DIR": str(tmp_path / "runtime")})
+    """,
+        {"HOME": str(tmp_path), "SKY_RUNTIME_DIR": str(tmp_path / "runtime")},
+    )
     assert result == {"sky": False, "source": "snapshot"}
 
 
@@ -149,39 +164,52 @@ def test_a_cached_catalog_is_used_without_importing_sky_and_falls_back_per_insta
     catalog.write_text(
         "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Arch\n"
         "p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,,30.0,9.5,us-east-1,use1-az1,x86_64\n"
-        "p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,,30.0,7.25,us-east-1,use1-az2,x86_64\n")
-    result = _run_isolated("""
+        "p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,,30.0,7.25,us-east-1,use1-az2,x86_64\n"
+    )
+    result = _run_isolated(
+        """
         import json, sys
         from skyspot.pricing import prices as pricing
         cached = pricing.hourly_price("aws", "p4de.24xlarge", region="us-east-1", spot=True)
         other = pricing.hourly_price("aws", "p5.48xlarge", region="us-east-1", spot=False)
         print(json.dumps({"sky": "sky" in sys.modules, "cached": [cached.usd_per_hour, cached.source],
                           "other": other.source}))
-    """, {"HOME": str(tmp_path / "home"), "SKY_RUNTIME_DIR": str(tmp_path)})
+    """,
+        {"HOME": str(tmp_path / "home"), "SKY_RUNTIME_DIR": str(tmp_path)},
+    )
     assert result == {"sky": False, "cached": [7.25, "skypilot-catalog"], "other": "snapshot"}
 
 
 def test_catalog_path_is_where_skypilot_keeps_its_catalog(tmp_path):
     # Pins our copy of SkyPilot's layout (schema version and runtime dir) to the installed SkyPilot.
-    result = _run_isolated("""
+    result = _run_isolated(
+        """
         import json
         from sky.catalog import common
         from skyspot.pricing import prices as pricing
         print(json.dumps({"sky": common.get_catalog_path("gcp/vms.csv"), "ours": str(pricing.catalog_path("gcp"))}))
-    """, {"HOME": str(tmp_path), "SKY_RUNTIME_DIR": str(tmp_path / "runtime")})
+    """,
+        {"HOME": str(tmp_path), "SKY_RUNTIME_DIR": str(tmp_path / "runtime")},
+    )
     assert result["sky"] == result["ours"]
 
 
 # --- prices SkyPilot would actually pay -------------------------------------------------------
 
 
-@pytest.mark.parametrize("zone, opt_in", [
-    ("use1-atl2-az1", True),              # Local Zone ID (Atlanta), as the catalog spells it
-    ("us-east-1-atl-2a", True),           # the same zone by name, as a VM reports it
-    ("use1-wl1-bos-wlz1", True),          # Wavelength zone ID
-    ("us-east-1-wl1-bos-wlz-1", True),    # Wavelength zone name
-    ("use1-az4", False), ("us-east-1a", False), ("us-gov-west-1a", False), ("apse2-az3", False),
-])
+@pytest.mark.parametrize(
+    "zone, opt_in",
+    [
+        ("use1-atl2-az1", True),  # Local Zone ID (Atlanta), as the catalog spells it
+        ("us-east-1-atl-2a", True),  # the same zone by name, as a VM reports it
+        ("use1-wl1-bos-wlz1", True),  # Wavelength zone ID
+        ("us-east-1-wl1-bos-wlz-1", True),  # Wavelength zone name
+        ("use1-az4", False),
+        ("us-east-1a", False),
+        ("us-gov-west-1a", False),
+        ("apse2-az3", False),
+    ],
+)
 def test_opt_in_zones_are_recognised_by_id_and_by_name(zone, opt_in):
     assert pricing.opt_in_zone("aws", zone) is opt_in
     assert pricing.opt_in_zone("gcp", zone) is False  # GCP and Azure have no opt-in zones
@@ -208,8 +236,10 @@ def test_a_cached_catalog_local_zone_row_never_prices_either(tmp_path, monkeypat
     # p6-b200.48xlarge is not in the snapshot, so only the cached catalog can answer.
     catalog = tmp_path / ".sky" / "catalogs" / "v8" / "aws" / "vms.csv"
     catalog.parent.mkdir(parents=True)
-    header = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
-              "AvailabilityZone,Arch\n")
+    header = (
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+        "AvailabilityZone,Arch\n"
+    )
     local_zone = "p6-b200.48xlarge,B200,8.0,192.0,2048.0,,113.9,1.0,us-west-2,usw2-lax1-az1,x86_64\n"
     regular = "p6-b200.48xlarge,B200,8.0,192.0,2048.0,,113.9,20.0,us-west-2,usw2-az3,x86_64\n"
     catalog.write_text(header + local_zone + regular)
@@ -229,16 +259,22 @@ def test_a_missing_spot_price_is_never_the_on_demand_price(tmp_path, monkeypatch
     with pytest.raises(pricing.MissingPrice, match="no spot price for azure 'Standard_ND96isr_H100_v5'"):
         pricing.hourly_price("azure", accelerator="H100", accelerator_count=8, spot=True)
     assert pricing.hourly_price("azure", accelerator="H100", accelerator_count=8, spot=False).usd_per_hour == 98.32
-    assert {r["spot_usd_per_hour"] for r in pricing.snapshot_rows("azure")
-            if r["instance_type"] == "Standard_ND96isr_H100_v5"} == {None}
+    assert {
+        r["spot_usd_per_hour"]
+        for r in pricing.snapshot_rows("azure")
+        if r["instance_type"] == "Standard_ND96isr_H100_v5"
+    } == {None}
     # AWS caps spot at on-demand and does reach it: such a row stays a spot price (p5 use1-az4 55.04).
-    assert pricing.hourly_price("aws", "p5.48xlarge", region="us-east-1", zone="use1-az4",
-                                spot=True).usd_per_hour == 55.04
+    assert (
+        pricing.hourly_price("aws", "p5.48xlarge", region="us-east-1", zone="use1-az4", spot=True).usd_per_hour == 55.04
+    )
     # SkyPilot's Azure fetcher writes 0 where Azure's API has no H100 price: missing, not free.
     catalog = tmp_path / ".sky" / "catalogs" / "v8" / "azure" / "vms.csv"
     catalog.parent.mkdir(parents=True)
-    catalog.write_text("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
-                       "Generation\nStandard_ND96isr_H100_v5,H100,8,96,1900,,0.0,0.0,eastus,V2\n")
+    catalog.write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+        "Generation\nStandard_ND96isr_H100_v5,H100,8,96,1900,,0.0,0.0,eastus,V2\n"
+    )
     monkeypatch.setenv("SKY_RUNTIME_DIR", str(tmp_path))
     with pytest.raises(pricing.MissingPrice):
         pricing.hourly_price("azure", "Standard_ND96isr_H100_v5", region="eastus", spot=True)
@@ -259,8 +295,10 @@ def test_egress_prices_are_dated_sourced_and_in_the_source_notes():
     assert pricing.egress_price("aws").cost(10**9) == pytest.approx(0.09)
 
 
-@pytest.mark.parametrize("store, cloud", [
-    ("s3://my-bucket/x", "aws"), ("gs://my-bucket/x", "gcp"), ("/tmp/runs", None), (None, None), ("", None)])
+@pytest.mark.parametrize(
+    "store, cloud",
+    [("s3://my-bucket/x", "aws"), ("gs://my-bucket/x", "gcp"), ("/tmp/runs", None), (None, None), ("", None)],
+)
 def test_a_store_uri_names_its_cloud(store, cloud):
     assert pricing.store_cloud(store) == cloud
 
@@ -274,12 +312,15 @@ def test_an_accelerator_alone_is_priced_at_the_cheapest_type_that_carries_it_as_
     assert (on_demand.instance_type, on_demand.usd_per_hour) == ("g6e.xlarge", 1.861)
 
 
-@pytest.mark.parametrize(("cloud", "accelerator", "count", "lacks"), [
-    ("gcp", "A10G", 1, "gcp offers no A10G:1 instance (the price snapshot lists it on aws only)"),
-    ("aws", "A100-80GB", 1, "aws offers no A100-80GB:1 instance (the price snapshot lists it on azure, gcp only)"),
-    ("azure", "L4", 1, "azure offers no L4:1 instance (the price snapshot lists it on aws, gcp only)"),
-    ("aws", "A10G", 1, None),
-    ("aws", "H100", 4, None),  # listed nowhere: not the snapshot's to say; SkyPilot's catalog decides
-])
+@pytest.mark.parametrize(
+    ("cloud", "accelerator", "count", "lacks"),
+    [
+        ("gcp", "A10G", 1, "gcp offers no A10G:1 instance (the price snapshot lists it on aws only)"),
+        ("aws", "A100-80GB", 1, "aws offers no A100-80GB:1 instance (the price snapshot lists it on azure, gcp only)"),
+        ("azure", "L4", 1, "azure offers no L4:1 instance (the price snapshot lists it on aws, gcp only)"),
+        ("aws", "A10G", 1, None),
+        ("aws", "H100", 4, None),  # listed nowhere: not the snapshot's to say; SkyPilot's catalog decides
+    ],
+)
 def test_a_pair_listed_on_another_cloud_only_is_one_this_cloud_lacks(cloud, accelerator, count, lacks):
     assert pricing.offered(cloud, accelerator, count) == lacks

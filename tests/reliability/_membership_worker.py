@@ -14,9 +14,17 @@ node = int(os.environ["SKYPILOT_NODE_RANK"])
 generations = run_dir / "generations"
 generations.mkdir(parents=True, exist_ok=True)
 number = len(list(generations.iterdir()))
-(generations / f"{number}-{os.getpid()}.json").write_text(json.dumps(
-    {"generation": number, "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]), "ts": time.time(),
-     "rank": int(os.environ["RANK"]), "group_rank": int(os.environ["GROUP_RANK"])}))
+(generations / f"{number}-{os.getpid()}.json").write_text(
+    json.dumps(
+        {
+            "generation": number,
+            "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+            "ts": time.time(),
+            "rank": int(os.environ["RANK"]),
+            "group_rank": int(os.environ["GROUP_RANK"]),
+        }
+    )
+)
 if number == 0 and node == 1:
     time.sleep(1.0)
     os.kill(os.getpid(), signal.SIGKILL)

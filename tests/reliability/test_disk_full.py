@@ -27,9 +27,11 @@ pytestmark = pytest.mark.slow
 OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=2", "train.log_every=4", "checkpoint.keep=3"]
 ENOSPC = "No space left on device"
 
+
 def _mount(path, size_bytes: int) -> bool:
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(path)],
-                          capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(path)], capture_output=True
+    )
     return done.returncode == 0
 
 
@@ -103,8 +105,7 @@ def test_full_disk_abandons_each_write_and_stops_with_one_line_and_exit_1(full_d
     assert [line for line in first["log"].splitlines() if line.startswith("[skyspot]") and ENOSPC in line]
 
 
-def test_injected_enospc_abandons_one_checkpoint_and_training_continues_bitwise(reference, tmp_path,
-                                                                               tmp_path_factory):
+def test_injected_enospc_abandons_one_checkpoint_and_training_continues_bitwise(reference, tmp_path, tmp_path_factory):
     if _can_mount(tmp_path_factory):
         pytest.skip("a real full disk is tested above (tmpfs)")
     run_dir = tmp_path / "run"

@@ -33,13 +33,19 @@ from tests.reliability.conftest import STEPS, same_params
 pytestmark = pytest.mark.slow
 runner = CliRunner()
 
-OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=2", "train.log_every=4",
-             "resources.num_nodes=2", "resources.cpu_ranks=1"]
+OVERRIDES = [
+    f"train.steps={STEPS}",
+    "checkpoint.every_steps=2",
+    "train.log_every=4",
+    "resources.num_nodes=2",
+    "resources.cpu_ranks=1",
+]
 KILL_AT_STEP = 7  # node 0's rank has logged this step: checkpoints 2, 4 and 6 are behind us
 RUN_TIMEOUT_S = 480
 # A lost node never rejoins torchrun's rendezvous: the survivor's agent restarts its workers in place and
 # waits this long for it (task/render.py), then exits with the error; short here, 300 s in a real task.
 RDZV_JOIN_S = 15
+
 
 def node_processes(name: str, node_rank: int) -> list[psutil.Process]:
     """Every process of one simulated node: they all carry the node's SkyPilot environment."""
@@ -79,8 +85,11 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 def start_two_nodes(name: str, dist_timeout_s: int, monkeypatch) -> Path:
     monkeypatch.setitem(task.DIST_ENV, "SKYSPOT_DIST_TIMEOUT_SECONDS", str(dist_timeout_s))
     monkeypatch.setitem(task.DIST_ENV, "SKYSPOT_RDZV_JOIN_TIMEOUT_SECONDS", str(RDZV_JOIN_S))
-    result = runner.invoke(app, ["launch", "tiny", "--local", "-d", "-n", name, "--provision-delay", "0.5",
-                                 *OVERRIDES], catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        ["launch", "tiny", "--local", "-d", "-n", name, "--provision-delay", "0.5", *OVERRIDES],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     run_dir = Path(Ledger().get(name).run_dir)
     spec = json.loads((run_dir / "local.json").read_text())
@@ -90,8 +99,9 @@ def start_two_nodes(name: str, dist_timeout_s: int, monkeypatch) -> Path:
 
 
 def finished(name: str) -> str:
-    wait_until(lambda: Ledger().get(name).status in ("SUCCEEDED", "FAILED", "CANCELLED"), RUN_TIMEOUT_S,
-               f"run {name} to end")
+    wait_until(
+        lambda: Ledger().get(name).status in ("SUCCEEDED", "FAILED", "CANCELLED"), RUN_TIMEOUT_S, f"run {name} to end"
+    )
     return Ledger().get(name).status
 
 

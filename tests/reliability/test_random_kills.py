@@ -33,8 +33,9 @@ def harness():
 def test_random_sigkills_lose_no_committed_checkpoint_and_end_bitwise_equal(reference, tmp_path):
     kills = harness()
     print(f"seed {SEED}")
-    result = kills.run(SEED, KILLS, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, store=True,
-                       say=print)
+    result = kills.run(
+        SEED, KILLS, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, store=True, say=print
+    )
     print(result.summary())
     context = f"seed {SEED}; logs in {tmp_path / 'logs'}"
     assert not result.violations, f"{context}: " + "\n".join(result.violations)
@@ -50,15 +51,19 @@ def test_random_sigkills_lose_no_committed_checkpoint_and_end_bitwise_equal(refe
 WIPE_KILLS = int(os.environ.get("RANDOM_KILLS_WIPE", "0"))
 
 
-@pytest.mark.skipif(not WIPE_KILLS, reason="opt-in: RANDOM_KILLS_WIPE=N runs N kills that also wipe the local disk "
-                                           "(about 20 s each here; docs/reliability.md has the long run's figures)")
+@pytest.mark.skipif(
+    not WIPE_KILLS,
+    reason="opt-in: RANDOM_KILLS_WIPE=N runs N kills that also wipe the local disk "
+    "(about 20 s each here; docs/reliability.md has the long run's figures)",
+)
 def test_random_sigkills_with_the_local_disk_wiped_lose_no_durable_checkpoint(reference, tmp_path):
     """Each kill also deletes the node's run directory, as a spot VM's disk goes with it: every resume comes
     from the store alone, so the streamed uploads are what is being tested."""
     kills = harness()
     print(f"seed {SEED}")
-    result = kills.run(SEED, WIPE_KILLS, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, wipe=True,
-                       say=print)
+    result = kills.run(
+        SEED, WIPE_KILLS, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, wipe=True, say=print
+    )
     print(result.summary())
     context = f"seed {SEED}; logs in {tmp_path / 'logs'}"
     assert not result.violations, f"{context}: " + "\n".join(result.violations)

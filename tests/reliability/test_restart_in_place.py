@@ -31,8 +31,9 @@ CRASH_AT = 7  # rank 0 logged step 7: the crash hits step 8; checkpoints every 2
 
 
 def launch(name: str, *args: str) -> Path:
-    result = runner.invoke(app, ["launch", "tiny", "--local", "-d", "-n", name, "--provision-delay", "0.5", *args],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["launch", "tiny", "--local", "-d", "-n", name, "--provision-delay", "0.5", *args], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     return Path(Ledger().get(name).run_dir)
 
@@ -57,10 +58,19 @@ def crashed_run(tmp_path_factory):
             env.delenv(name)
         env.setenv("SKYSPOT_HOME", str(tmp_path_factory.mktemp("inplace-home")))
         env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        run_dir = launch("crash-node-1", "--crash-at-steps", f"{CRASH_AT}:1", "--hang-at-steps", f"{HANG_AT}:0",
-                         f"train.steps={STEPS}", "checkpoint.every_steps=2", *TWO_NODES,
-                         f"resilience.hang_floor_seconds={HANG_FLOOR_S}", "resilience.first_step_seconds=300",
-                         "resilience.restart_backoff_seconds=1")
+        run_dir = launch(
+            "crash-node-1",
+            "--crash-at-steps",
+            f"{CRASH_AT}:1",
+            "--hang-at-steps",
+            f"{HANG_AT}:0",
+            f"train.steps={STEPS}",
+            "checkpoint.every_steps=2",
+            *TWO_NODES,
+            f"resilience.hang_floor_seconds={HANG_FLOOR_S}",
+            "resilience.first_step_seconds=300",
+            "resilience.restart_backoff_seconds=1",
+        )
         return run_dir, finished("crash-node-1")
 
 
@@ -95,7 +105,7 @@ def test_a_crash_and_a_hang_restart_in_place_and_the_run_ends_bitwise_equal(cras
     first_after = min(e["ts"] for e in log.of_type("step") if e["ts"] > restarted_at)
     assert event["seconds_to_next_step"] == pytest.approx(first_after - event["failed_at"], abs=0.5)
     # The hang: found within its bound of the SIGSTOP, with every rank's stacks in the run directory.
-    hang, = log.of_type("hang")
+    (hang,) = log.of_type("hang")
     # The bound is the floor or hang_factor x the measured step, whichever is longer: on a slow machine the
     # steps' own figure can pass the floor (CI measured 4.017 s once).
     assert HANG_FLOOR_S - 0.01 <= hang["bound_seconds"] <= HANG_FLOOR_S * 3, hang
@@ -113,9 +123,17 @@ def test_a_crash_and_a_hang_restart_in_place_and_the_run_ends_bitwise_equal(cras
 def test_a_rank_that_keeps_crashing_spends_the_budget_and_falls_back_to_a_new_attempt(tmp_path):
     # One node of 2 ranks, a budget of 1 per hour, no backoff: crash at 3 is restarted in place, the
     # crash at 5 is past the budget and ends the attempt; the next attempt (new "machines") finishes.
-    run_dir = launch("keeps-crashing", "--crash-at-steps", "3,5", "train.steps=8", "checkpoint.every_steps=2",
-                     "train.log_every=4", "resources.cpu_ranks=2", "resilience.restarts_in_place=1",
-                     "resilience.restart_backoff_seconds=0")
+    run_dir = launch(
+        "keeps-crashing",
+        "--crash-at-steps",
+        "3,5",
+        "train.steps=8",
+        "checkpoint.every_steps=2",
+        "train.log_every=4",
+        "resources.cpu_ranks=2",
+        "resilience.restarts_in_place=1",
+        "resilience.restart_backoff_seconds=0",
+    )
     assert finished("keeps-crashing") == "SUCCEEDED", log_tail(run_dir)
     log = read_events_dir(run_dir / "events")
     assert [e["reason"] for e in log.of_type("attempt_end")] == ["error", "complete"]
@@ -129,9 +147,20 @@ def test_a_rank_that_keeps_crashing_spends_the_budget_and_falls_back_to_a_new_at
 def test_a_preemption_is_never_restarted_in_place(tmp_path):
     # Azure sends no SIGTERM: the trainer saves on the notice alone and ends 75 while torchrun is healthy,
     # the case torchrun would restart; its workers exit 0 and the supervisor passes 75 on.
-    run_dir = launch("preempted-once", "--simulate", "azure", "--preempt-at-steps", "4", "--notice", "20",
-                     "train.steps=24", "checkpoint.every_steps=10", "checkpoint.train_through_notice=false",
-                     "train.log_every=4", "resources.cpu_ranks=2")
+    run_dir = launch(
+        "preempted-once",
+        "--simulate",
+        "azure",
+        "--preempt-at-steps",
+        "4",
+        "--notice",
+        "20",
+        "train.steps=24",
+        "checkpoint.every_steps=10",
+        "checkpoint.train_through_notice=false",
+        "train.log_every=4",
+        "resources.cpu_ranks=2",
+    )
     assert finished("preempted-once") == "SUCCEEDED", log_tail(run_dir)
     log = read_events_dir(run_dir / "events")
     assert [(e["reason"], e["code"]) for e in log.of_type("attempt_end")] == [("preempted", 75), ("complete", 0)]
@@ -142,11 +171,37 @@ def test_a_preemption_is_never_restarted_in_place(tmp_path):
 def test_a_configuration_error_is_never_restarted_in_place(tmp_path):
     """Exit 2 under a torchrun that would restart (the rendered task's flags): started once, exit 2."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-               sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1",
-               "--max-restarts", "3", "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
-               "--rdzv_id", "bad", "--monitor-interval", "0.1",
-               "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir), "train.steps=oops"]
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "1",
+        "--max-restarts",
+        "3",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "localhost:0",
+        "--rdzv_id",
+        "bad",
+        "--monitor-interval",
+        "0.1",
+        "-m",
+        "skyspot.trainer",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+        "train.steps=oops",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert done.returncode == 2, done.stderr[-3000:]
     exits = json.loads((run_dir / "worker_exits.json").read_text())["exits"]
@@ -172,12 +227,28 @@ def test_a_failure_on_one_node_restarts_the_healthy_nodes_workers_too(tmp_path):
     nodes = []
     for node in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT_", "SKYSPOT_"))}
-        env.update(SKYPILOT_NODE_RANK=str(node), SKYPILOT_NODE_IPS="127.0.0.1\n127.0.0.1", SKYPILOT_NUM_NODES="2",
-                   SKYPILOT_NUM_GPUS_PER_NODE="0", SKYSPOT_RUN_NAME="membership", SKYSPOT_MASTER_PORT=port,
-                   SKYSPOT_RUN_DIR=str(tmp_path / f"node-{node}"), PYTHONPATH=repo, SKYSPOT_PYTHON=sys.executable,
-                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
-        nodes.append(subprocess.Popen(["bash", "-c", script], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, start_new_session=True))
+        env.update(
+            SKYPILOT_NODE_RANK=str(node),
+            SKYPILOT_NODE_IPS="127.0.0.1\n127.0.0.1",
+            SKYPILOT_NUM_NODES="2",
+            SKYPILOT_NUM_GPUS_PER_NODE="0",
+            SKYSPOT_RUN_NAME="membership",
+            SKYSPOT_MASTER_PORT=port,
+            SKYSPOT_RUN_DIR=str(tmp_path / f"node-{node}"),
+            PYTHONPATH=repo,
+            SKYSPOT_PYTHON=sys.executable,
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        )
+        nodes.append(
+            subprocess.Popen(
+                ["bash", "-c", script],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     started = time.monotonic()
     try:
         codes = [p.wait(timeout=100) for p in nodes]
@@ -190,8 +261,10 @@ def test_a_failure_on_one_node_restarts_the_healthy_nodes_workers_too(tmp_path):
     assert codes == [0, 0] and took < 90, output[-3000:]  # node 0 never sat out its 120 s
 
     def generations(node):
-        return sorted((json.loads(p.read_text()) for p in (tmp_path / f"node-{node}" / "generations").glob("*.json")),
-                      key=lambda g: g["generation"])
+        return sorted(
+            (json.loads(p.read_text()) for p in (tmp_path / f"node-{node}" / "generations").glob("*.json")),
+            key=lambda g: g["generation"],
+        )
 
     node0, node1 = generations(0), generations(1)
     assert [g["restart_count"] for g in node1] == [0, 1]  # its own failure: counted

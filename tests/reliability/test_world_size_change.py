@@ -49,8 +49,11 @@ def test_resume_on_fewer_then_more_ranks_continues_the_same_training(reference, 
     assert code == 0, log_text(run_dir, "start3")[-3000:]
 
     log = read_events_dir(run_dir / "events")
-    resumes = [(e["step"], e["world_size_from"], e["world_size"], e["samples"])
-               for e in log.of_type("resume") if e.get("rank") == 0]
+    resumes = [
+        (e["step"], e["world_size_from"], e["world_size"], e["samples"])
+        for e in log.of_type("resume")
+        if e.get("rank") == 0
+    ]
     assert resumes == [(8, 2, 1, 64), (16, 1, 2, 128)]  # the data position continues: 8 samples a step
     # One conversion cache per node, for the latest conversion.
     assert [p.name for p in universal_root(run_dir).iterdir() if p.is_dir()] == ["step_16"]

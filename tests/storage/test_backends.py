@@ -11,8 +11,16 @@ import sys
 import pytest
 
 from skyspot.errors import StoreError
-from skyspot.storage import (AzureStore, GCSStore, LocalStore, S3Store, TransientStoreError, open_store, parse_store_uri,
-                             with_retries)
+from skyspot.storage import (
+    AzureStore,
+    GCSStore,
+    LocalStore,
+    S3Store,
+    TransientStoreError,
+    open_store,
+    parse_store_uri,
+    with_retries,
+)
 
 from tests.storage.conftest import SERVERS
 
@@ -46,8 +54,12 @@ def test_put_get_list_delete(store, tmp_path):
 
 def test_parallel_upload_and_download_of_a_directory(store, tmp_path):
     src = tmp_path / "src"
-    files = {"big.bin": os.urandom(20 * 1024 * 1024),  # over 16 MiB: 2 S3 parts, 2 Azure blocks and ranges
-             "sub/a.txt": b"a", "sub/b.txt": b"b" * 4097, "empty": b""}
+    files = {
+        "big.bin": os.urandom(20 * 1024 * 1024),  # over 16 MiB: 2 S3 parts, 2 Azure blocks and ranges
+        "sub/a.txt": b"a",
+        "sub/b.txt": b"b" * 4097,
+        "empty": b"",
+    }
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
@@ -106,8 +118,14 @@ def test_an_outage_is_transient_and_the_store_answers_again_with_its_objects(bac
         assert "\n" not in str(caught.value)
         retries = []
         with pytest.raises(TransientStoreError):
-            with_retries(lambda: store.list("r/"), attempts=2, base_delay=0, max_delay=0,
-                         on_retry=lambda *a: retries.append(a), sleep=lambda d: None)
+            with_retries(
+                lambda: store.list("r/"),
+                attempts=2,
+                base_delay=0,
+                max_delay=0,
+                on_retry=lambda *a: retries.append(a),
+                sleep=lambda d: None,
+            )
         assert len(retries) == 1
     finally:
         server.start()
@@ -120,14 +138,21 @@ def test_s3_unreachable_endpoint_is_a_transient_store_error(s3_server, monkeypat
     monkeypatch.setenv("AWS_ENDPOINT_URL", url)
     with pytest.raises(TransientStoreError) as caught:
         S3Store("ckpt", "runs", sdk_attempts=1).get_bytes("run.json")
-    assert str(caught.value) == (f"cannot read s3://ckpt/runs/run.json: endpoint {url} unreachable "
-                                 "(EndpointConnectionError)")
+    assert str(caught.value) == (
+        f"cannot read s3://ckpt/runs/run.json: endpoint {url} unreachable (EndpointConnectionError)"
+    )
 
 
 def test_s3_missing_credentials_say_how_to_provide_them(s3_server, monkeypatch, tmp_path):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                "AWS_WEB_IDENTITY_TOKEN_FILE"):
+    for var in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
@@ -156,17 +181,28 @@ def test_gcs_missing_credentials_say_how_to_provide_them(tmp_path):
     # must never probe the real metadata address. NO_GCE_CHECK skips the probe; the addresses
     # point at a closed loopback port in case a version ignores it.
     closed = _closed_port_url().removeprefix("http://")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")}
-    env.update(CLOUDSDK_CONFIG=str(tmp_path), NO_GCE_CHECK="true", GCE_METADATA_HOST=closed,
-               GCE_METADATA_IP=closed, HOME=str(tmp_path))
-    code = ("from skyspot.storage import GCSStore\n"
-            "try:\n    GCSStore('ckpt', sdk_retry_seconds=0).get_bytes('x')\n"
-            "except Exception as e:\n    print(type(e).__name__ + ': ' + str(e))\n")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT")
+    }
+    env.update(
+        CLOUDSDK_CONFIG=str(tmp_path),
+        NO_GCE_CHECK="true",
+        GCE_METADATA_HOST=closed,
+        GCE_METADATA_IP=closed,
+        HOME=str(tmp_path),
+    )
+    code = (
+        "from skyspot.storage import GCSStore\n"
+        "try:\n    GCSStore('ckpt', sdk_retry_seconds=0).get_bytes('x')\n"
+        "except Exception as e:\n    print(type(e).__name__ + ': ' + str(e))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == (
         "StoreError: cannot connect to gs://ckpt: no Google Cloud credentials found; run "
-        "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"), out.stderr
+        "`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+    ), out.stderr
 
 
 def test_gcs_missing_bucket_is_named(gcs_server):
@@ -184,8 +220,10 @@ def test_a_runs_events_are_read_back_from_the_store_in_time_order(s3_server):
     store = open_store(s3_server.bucket())
     step = {"step": 1, "loss": 2.5, "lr": 1e-3, "step_seconds": 0.1, "samples": 8, "tokens": 512}
     line = lambda ts, type, **f: json.dumps({"ts": ts, "run_id": "r", "attempt": 1, "type": type, **f})  # noqa: E731
-    store.put_bytes("r/events/attempt-1.node-0.rank-0.jsonl",
-                    (line(2.0, "step", **step) + "\n" + line(1.0, "start") + "\n").encode())
+    store.put_bytes(
+        "r/events/attempt-1.node-0.rank-0.jsonl",
+        (line(2.0, "step", **step) + "\n" + line(1.0, "start") + "\n").encode(),
+    )
     store.put_bytes("r/events/attempt-1.executor.jsonl", (line(0.5, "attempt_start") + "\nnot json\n").encode())
     store.put_bytes("r/events-old/attempt-0.executor.jsonl", (line(0.1, "attempt_start") + "\n").encode())
     store.put_bytes("other/events/attempt-1.executor.jsonl", (line(0.2, "attempt_start") + "\n").encode())
@@ -197,12 +235,12 @@ def test_a_runs_events_are_read_back_from_the_store_in_time_order(s3_server):
 
 def test_azure_unreachable_endpoint_is_a_transient_store_error(azure_server, monkeypatch):
     url = _closed_port_url() + "/devstoreaccount1"
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
-                       azure_server.connection_string.replace(azure_server.url, url))
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_server.connection_string.replace(azure_server.url, url))
     with pytest.raises(TransientStoreError) as caught:
         AzureStore("devstoreaccount1", "ckpt", "runs", sdk_attempts=1).get_bytes("run.json")
-    assert str(caught.value) == (f"cannot read az://devstoreaccount1/ckpt/runs/run.json: endpoint {url} unreachable "
-                                 "(ServiceRequestError)")
+    assert str(caught.value) == (
+        f"cannot read az://devstoreaccount1/ckpt/runs/run.json: endpoint {url} unreachable (ServiceRequestError)"
+    )
 
 
 def test_azure_missing_credentials_say_how_to_provide_them(monkeypatch):
@@ -214,7 +252,8 @@ def test_azure_missing_credentials_say_how_to_provide_them(monkeypatch):
     assert str(caught.value) == (
         "cannot connect to az://myaccount1/ckpt: no Azure credentials found; set AZURE_STORAGE_CONNECTION_STRING, "
         "AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, or install azure-identity and run `az login` or use a "
-        "managed identity")
+        "managed identity"
+    )
     assert not isinstance(caught.value, TransientStoreError)
 
 
@@ -227,7 +266,9 @@ def test_azure_missing_container_is_named(azure_server):
 
 def test_azure_wrong_key_is_access_denied_and_never_quoted(azure_server, monkeypatch):
     wrong = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5LXdyb25nLWtleQ=="
-    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_server.connection_string.replace(azure_server.KEY, wrong))
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING", azure_server.connection_string.replace(azure_server.KEY, wrong)
+    )
     uri = azure_server.container()
     with pytest.raises(StoreError) as caught:
         quick_store(uri).put_bytes("k", b"1")
@@ -240,6 +281,8 @@ def test_azure_wrong_key_is_access_denied_and_never_quoted(azure_server, monkeyp
 def test_azure_credentials_for_another_account_are_refused(azure_server, monkeypatch):
     with pytest.raises(StoreError) as caught:
         open_store("az://otheraccount/ckpt").list()
-    assert str(caught.value) == ("cannot connect to az://otheraccount/ckpt: AZURE_STORAGE_CONNECTION_STRING is for "
-                                 "storage account 'devstoreaccount1', not 'otheraccount'")
+    assert str(caught.value) == (
+        "cannot connect to az://otheraccount/ckpt: AZURE_STORAGE_CONNECTION_STRING is for "
+        "storage account 'devstoreaccount1', not 'otheraccount'"
+    )
     assert azure_server.KEY not in str(caught.value)

@@ -27,8 +27,12 @@ def test_a_ranged_read_returns_at_most_the_limit_and_one_byte(store):
 
 def test_an_events_object_past_the_cap_is_skipped_named_and_the_rest_read(store, monkeypatch):
     monkeypatch.setattr(events, "MAX_EVENTS_FILE_BYTES", CAP)
-    line = json.dumps({"ts": 1.0, "run_id": "r", "attempt": 0, "node_rank": 0, "rank": None,
-                       "type": "attempt_start"}).encode() + b"\n"
+    line = (
+        json.dumps(
+            {"ts": 1.0, "run_id": "r", "attempt": 0, "node_rank": 0, "rank": None, "type": "attempt_start"}
+        ).encode()
+        + b"\n"
+    )
     store.put_bytes("r/events/attempt-0.executor.jsonl", line)
     store.put_bytes("r/events/attempt-0.node-0.rank-0.jsonl", line * (CAP // len(line) + 5))  # past the cap
     store.put_bytes("r/events/attempt-1.executor.jsonl", b"")

@@ -20,8 +20,14 @@ def test_with_retries_retries_transient_errors_then_succeeds():
             raise TransientStoreError("endpoint unreachable")
         return "ok"
 
-    result = with_retries(flaky, attempts=5, base_delay=1.0, max_delay=1.5,
-                          on_retry=lambda n, e, d: retries.append((n, str(e))), sleep=sleeps.append)
+    result = with_retries(
+        flaky,
+        attempts=5,
+        base_delay=1.0,
+        max_delay=1.5,
+        on_retry=lambda n, e, d: retries.append((n, str(e))),
+        sleep=sleeps.append,
+    )
     assert result == "ok"
     assert retries == [(1, "endpoint unreachable"), (2, "endpoint unreachable")]
     assert 0.5 <= sleeps[0] <= 1.0 and 0.75 <= sleeps[1] <= 1.5  # equal jitter, capped at max_delay

@@ -20,7 +20,7 @@ def _stream_through(store, key: str, data: bytes, source, *, release_at: int) ->
     stream = store.open_stream(key, source=source)
     with open(source, "wb", buffering=0) as f:
         for start in range(0, len(buffer), 3 * 1024 * 1024 + 17):
-            chunk = memoryview(buffer)[start:start + 3 * 1024 * 1024 + 17]
+            chunk = memoryview(buffer)[start : start + 3 * 1024 * 1024 + 17]
             f.write(chunk)
             stream.write(chunk)
             stream.write(b"")  # empty writes are nothing

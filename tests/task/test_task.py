@@ -53,19 +53,31 @@ def test_golden_task_parses_with_skypilot(sky, name):
     # spot candidates come before every on-demand one
     assert [r.use_spot for r in resources] == [True] * per_mode + [False] * per_mode
     for r in resources:
-        assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
-                                  "recover_on_exit_codes": [75]}
-    assert "-m torch.distributed.run --nnodes \"$SKYPILOT_NUM_NODES\" --nproc_per_node \"$NPROC\" --max-restarts 72" in task.run
+        assert r.job_recovery == {
+            "strategy": "EAGER_NEXT_REGION",
+            "max_restarts_on_errors": 3,
+            "recover_on_exit_codes": [75],
+        }
+    assert (
+        '-m torch.distributed.run --nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node "$NPROC" --max-restarts 72'
+        in task.run
+    )
     assert "--rdzv_backend c10d" in task.run and "is_host=$IS_HOST" in task.run
-    assert "exec \"$PY\" -m skyspot.trainer.supervise" in task.run
+    assert 'exec "$PY" -m skyspot.trainer.supervise' in task.run
 
 
 def test_a_multi_node_recipe_asks_skypilot_for_the_fast_fabric_where_its_cloud_has_one(sky):
     """llama70b: `network_tier: best` on every AWS candidate (EFA) and GCP H100:8 (GPUDirect-TCPX), on no
     Azure one (SkyPilot has no network_tier there) nor GCP A100 (no TCPX NICs on a2)."""
     task = sky.Task.from_yaml(str(TASKS / "llama70b.yaml"))
-    tiers = {(str(r.cloud), f"{next(iter(r.accelerators))}:{next(iter(r.accelerators.values()))}", r.use_spot):
-             r.network_tier.value if r.network_tier else None for r in task.resources}
+    tiers = {
+        (
+            str(r.cloud),
+            f"{next(iter(r.accelerators))}:{next(iter(r.accelerators.values()))}",
+            r.use_spot,
+        ): r.network_tier.value if r.network_tier else None
+        for r in task.resources
+    }
     assert len(tiers) == 12
     for (cloud, accelerators, _), tier in tiers.items():
         want = "best" if cloud == "AWS" or (cloud == "GCP" and accelerators == "H100:8") else None
@@ -79,7 +91,8 @@ def test_a_pair_the_cloud_does_not_offer_is_no_candidate():
     pairs = {(c.cloud, c.accelerators) for c in built.candidates}
     assert pairs == {("aws", "L4:1"), ("gcp", "L4:1"), ("aws", "A10G:1")}
     assert dropped(built.recipe) == [
-        ("gcp", "A10G:1", "gcp offers no A10G:1 instance (the price snapshot lists it on aws only)")]
+        ("gcp", "A10G:1", "gcp offers no A10G:1 instance (the price snapshot lists it on aws only)")
+    ]
     assert all(c.usd_per_hour is not None for c in built.candidates)  # every candidate priced
 
 
@@ -97,7 +110,7 @@ def test_a_bucket_store_is_mounted_for_the_wheelhouse_and_setup_is_told_the_stor
     built = build("tiny", flags={"storage.store": "s3://my-ckpts/team"}, environ={})
     assert list(built.task["file_mounts"]) == ["/skyspot/package", "/skyspot/store/my-ckpts"]
     assert built.task["envs"]["SKYSPOT_STORE_MOUNT"] == "/skyspot/store/my-ckpts/team"  # setup reads it there
-    assert "\"$BOOT\" -m skyspot.node_env setup --wheel \"$WHEEL\" --store s3://my-ckpts/team\n" in built.task["setup"]
+    assert '"$BOOT" -m skyspot.node_env setup --wheel "$WHEEL" --store s3://my-ckpts/team\n' in built.task["setup"]
 
 
 def test_a_local_store_mounts_nothing():
@@ -115,8 +128,11 @@ def test_a_bucket_data_source_is_mounted_in_mount_mode_and_read_there(sky):
 
 
 def test_a_bucket_eval_file_is_mounted_like_the_source_and_a_hub_split_goes_as_it_is(sky):
-    built = build("llama8b", ["data.source=s3://my-data/sets/train.jsonl", "data.eval_split=gs://held-data/v.jsonl",
-                              "eval.fraction=null"], environ={})
+    built = build(
+        "llama8b",
+        ["data.source=s3://my-data/sets/train.jsonl", "data.eval_split=gs://held-data/v.jsonl", "eval.fraction=null"],
+        environ={},
+    )
     assert built.task["file_mounts"]["/skyspot/data/held-data"] == {"source": "gs://held-data", "mode": "MOUNT"}
     assert "data.eval_split=/skyspot/data/held-data/v.jsonl" in built.task["run"]
     sky.Task.from_yaml_config(copy.deepcopy(built.task))
@@ -128,8 +144,9 @@ def test_a_launched_task_names_the_run_and_mounts_the_wheel_it_was_built_with(tm
     from skyspot.task import package as packaging
 
     package = packaging.build(tmp_path / "packages")
-    built = build("llama70b", flags={"storage.store": "s3://my-ckpts/team"}, environ={}, run_name="big-run",
-                  package=package)
+    built = build(
+        "llama70b", flags={"storage.store": "s3://my-ckpts/team"}, environ={}, run_name="big-run", package=package
+    )
     assert built.task["name"] == built.task["envs"]["SKYSPOT_RUN_NAME"] == "big-run"
     assert built.task["file_mounts"]["/skyspot/package"] == str(package.folder)
     assert [p.name for p in package.folder.iterdir()] == [package.wheel.name]  # setup installs skyspot-*.whl
@@ -197,11 +214,21 @@ def test_trainer_overrides_come_from_env_and_cli_with_cli_winning():
 
 
 def test_every_value_set_at_launch_reaches_the_node_as_an_override_the_store_first():
-    built = build("tiny", ["train.steps=7"], flags={"storage.store": "s3://my-ckpts/team", "resources.clouds": ["aws"]},
-                  environ={"SKYSPOT_TRAIN__LR": "0.01", "SKYSPOT_RESOURCES__SPOT": "false", "HF_TOKEN": "hf_x"})
+    built = build(
+        "tiny",
+        ["train.steps=7"],
+        flags={"storage.store": "s3://my-ckpts/team", "resources.clouds": ["aws"]},
+        environ={"SKYSPOT_TRAIN__LR": "0.01", "SKYSPOT_RESOURCES__SPOT": "false", "HF_TOKEN": "hf_x"},
+    )
     words = shlex.split(built.task["run"].split("-m skyspot.trainer ", 1)[1].replace("\\\n", " "))
-    assert words == ["tiny", "--run-dir", "$RUN_DIR", "storage.store=s3://my-ckpts/team", "train.lr=0.01",
-                     "train.steps=7"]
+    assert words == [
+        "tiny",
+        "--run-dir",
+        "$RUN_DIR",
+        "storage.store=s3://my-ckpts/team",
+        "train.lr=0.01",
+        "train.steps=7",
+    ]
     # No value rides in an environment variable (SKYSPOT_STORE_MOUNT is where the bucket is mounted, not a value).
     assert not any(name.startswith(("SKYSPOT_STORAGE", "SKYSPOT_TRAIN")) for name in built.task["envs"])
 
@@ -234,7 +261,7 @@ def _tcpx_lines(script: str) -> str:
     lines = script.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('TCPX="'))
     end = next(i for i in range(start + 1, len(lines)) if lines[i] == "fi")
-    return "\n".join(lines[start:end + 1])
+    return "\n".join(lines[start : end + 1])
 
 
 def test_setup_waits_for_tcpx_in_a_bound_and_loads_the_plugin_beside_torchs_own_nccl(tmp_path):
@@ -249,8 +276,12 @@ def test_setup_waits_for_tcpx_in_a_bound_and_loads_the_plugin_beside_torchs_own_
     (root / "tcpx" / "lib64").mkdir(parents=True)
     (root / "nvidia" / "lib64").mkdir(parents=True)
     (root / "nvidia" / "lib64" / "libcuda.so.1").write_bytes(b"")  # the host's driver, mounted in
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SKYSPOT_TCPX_ROOT": str(root),
-           "SKYSPOT_TCPX_WAIT_SECONDS": "0"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(home),
+        "SKYSPOT_TCPX_ROOT": str(root),
+        "SKYSPOT_TCPX_WAIT_SECONDS": "0",
+    }
     stuck = subprocess.run(["bash", "-ec", block], env=env, capture_output=True, text=True, timeout=60)
     assert stuck.returncode == 2 and stuck.stderr.count("\n") == 1, stuck.stderr
     assert "GPUDirect-TCPX is not installed on this node after 0s" in stuck.stderr
@@ -264,9 +295,8 @@ def test_setup_waits_for_tcpx_in_a_bound_and_loads_the_plugin_beside_torchs_own_
     # what `run` exports: the container's LD_LIBRARY_PATH, cleaned, with the shim first
     lines = task["run"].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("PY="))
-    exported = "\n".join(lines[start:start + 3]) + '\necho "$LD_LIBRARY_PATH"'
-    container = {**env, "SKYSPOT_PYTHON": sys.executable,
-                 "LD_LIBRARY_PATH": f"{root}/nvidia/lib64:{root}/tcpx/lib64"}
+    exported = "\n".join(lines[start : start + 3]) + '\necho "$LD_LIBRARY_PATH"'
+    container = {**env, "SKYSPOT_PYTHON": sys.executable, "LD_LIBRARY_PATH": f"{root}/nvidia/lib64:{root}/tcpx/lib64"}
     done = subprocess.run(["bash", "-ec", exported], env=container, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == f"{shim}:{root}/nvidia/lib64", done.stdout + done.stderr
 
@@ -276,6 +306,7 @@ def test_hang_bounds_reach_the_supervisor_exactly():
     from skyspot.recipe import load_recipe
     from skyspot.task.render import run_script
 
-    script = run_script(load_recipe("tiny", ["resilience.hang_floor_seconds=1234567", "resilience.hang_factor=2.5"]),
-                        "tiny", [])
+    script = run_script(
+        load_recipe("tiny", ["resilience.hang_floor_seconds=1234567", "resilience.hang_factor=2.5"]), "tiny", []
+    )
     assert "--hang-factor 2.5 --hang-floor 1234567 " in script and "e+" not in script

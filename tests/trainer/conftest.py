@@ -25,8 +25,9 @@ def real_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("real-model")
     paths = build(root)
     paths["recipe"] = recipe_file(root / "recipe.yaml", paths["model"], paths["alpaca"], held_out=paths["held_out"])
-    paths["lora_recipe"] = recipe_file(root / "lora.yaml", paths["model"], paths["alpaca"], lora=True,
-                                       held_out=paths["held_out"])
+    paths["lora_recipe"] = recipe_file(
+        root / "lora.yaml", paths["model"], paths["alpaca"], lora=True, held_out=paths["held_out"]
+    )
     return paths
 
 

@@ -31,41 +31,90 @@ def trainer_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun_command(run_dir: Path, overrides: list[str], nproc: int = 2, *, nnodes: int = 1, node_rank: int = 0,
-                     port: Optional[int] = None, recipe: str = "tiny") -> list[str]:
+def torchrun_command(
+    run_dir: Path,
+    overrides: list[str],
+    nproc: int = 2,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    port: Optional[int] = None,
+    recipe: str = "tiny",
+) -> list[str]:
     nodes = ["--nnodes", str(nnodes), "--node_rank", str(node_rank)] if nnodes > 1 else []
-    return [TORCHRUN, *nodes, "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(port or free_port()), "-m", "skyspot.trainer", recipe, "--run-dir", str(run_dir),
-            *overrides]
+    return [
+        TORCHRUN,
+        *nodes,
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port or free_port()),
+        "-m",
+        "skyspot.trainer",
+        recipe,
+        "--run-dir",
+        str(run_dir),
+        *overrides,
+    ]
 
 
-def start(run_dir: Path, overrides: list[str] = TINY, *, supervised: bool = True, log_name: str = "log",
-          nproc: int = 2, recipe: str = "tiny", **env: str) -> subprocess.Popen:
+def start(
+    run_dir: Path,
+    overrides: list[str] = TINY,
+    *,
+    supervised: bool = True,
+    log_name: str = "log",
+    nproc: int = 2,
+    recipe: str = "tiny",
+    **env: str,
+) -> subprocess.Popen:
     """Start a node: `supervise -- torchrun ... -m skyspot.trainer RECIPE`, in its own session."""
     command = torchrun_command(run_dir, overrides, nproc, recipe=recipe)
     if supervised:
         command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--", *command]
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{run_dir.name}.{log_name}.txt", "wb")
-    return subprocess.Popen(command, cwd=REPO, env=trainer_env(**env), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=REPO, env=trainer_env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
-def start_nodes(run_dirs: list[Path], overrides: list[str] = TINY, *, log_name: str = "log",
-                **env: str) -> list[subprocess.Popen]:
+def start_nodes(
+    run_dirs: list[Path], overrides: list[str] = TINY, *, log_name: str = "log", **env: str
+) -> list[subprocess.Popen]:
     """Start one node per run directory, one rank each, as SkyPilot would on separate machines:
     each node has its own run directory (its own disk) and SKYPILOT_NODE_RANK / SKYPILOT_NUM_NODES."""
     port = free_port()
     procs = []
     for node, run_dir in enumerate(run_dirs):
-        command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-                   *torchrun_command(run_dir, overrides, 1, nnodes=len(run_dirs), node_rank=node, port=port)]
+        command = [
+            sys.executable,
+            "-m",
+            "skyspot.trainer.supervise",
+            "--run-dir",
+            str(run_dir),
+            "--",
+            *torchrun_command(run_dir, overrides, 1, nnodes=len(run_dirs), node_rank=node, port=port),
+        ]
         run_dir.mkdir(parents=True, exist_ok=True)
         log = open(run_dir.parent / f"{run_dir.name}.{log_name}.txt", "wb")
-        procs.append(subprocess.Popen(
-            command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=trainer_env(SKYPILOT_NODE_RANK=str(node), SKYPILOT_NUM_NODES=str(len(run_dirs)),
-                            SKYPILOT_NODE_IPS="\n".join(["127.0.0.1"] * len(run_dirs)), **env)))
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=trainer_env(
+                    SKYPILOT_NODE_RANK=str(node),
+                    SKYPILOT_NUM_NODES=str(len(run_dirs)),
+                    SKYPILOT_NODE_IPS="\n".join(["127.0.0.1"] * len(run_dirs)),
+                    **env,
+                ),
+            )
+        )
     return procs
 
 

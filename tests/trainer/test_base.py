@@ -44,8 +44,15 @@ def base(tmp_path, store, run_dir="run", model=HUB_ID, environ=None):
     (tmp_path / run_dir).mkdir(exist_ok=True)
     import os
 
-    return BaseModel(recipe, tmp_path / run_dir, PLACEMENT, None, tier=tier, say=lambda line: None,
-                     environ=environ if environ is not None else os.environ)
+    return BaseModel(
+        recipe,
+        tmp_path / run_dir,
+        PLACEMENT,
+        None,
+        tier=tier,
+        say=lambda line: None,
+        environ=environ if environ is not None else os.environ,
+    )
 
 
 def test_the_first_start_fetches_from_the_hub_pins_the_commit_and_copies_into_the_store(tmp_path, offline_cache):
@@ -80,8 +87,12 @@ def test_without_a_mount_the_copy_is_downloaded_and_only_what_is_needed(tmp_path
 
     remote = open_store(store)
     remote.upload_dir(model_dir, f"run-1/{BASE_DIR}", list(FILES))
-    remote.put_bytes(f"run-1/{BASE_DIR}/{COMPLETE}", json.dumps(
-        {"repo": HUB_ID, "revision": None, "commit": "c" * 40, "files": {n: len(d) for n, d in FILES.items()}}).encode())
+    remote.put_bytes(
+        f"run-1/{BASE_DIR}/{COMPLETE}",
+        json.dumps(
+            {"repo": HUB_ID, "revision": None, "commit": "c" * 40, "files": {n: len(d) for n, d in FILES.items()}}
+        ).encode(),
+    )
     node = base(tmp_path, store, environ={})
     path, source, _ = node._locate(False)  # config and tokenizer only
     assert (path, source) == (tmp_path / "run" / BASE_DIR, "store")
@@ -104,8 +115,12 @@ def test_the_weights_are_copied_to_the_local_disk_never_mmapped_through_the_moun
 
     remote = open_store(store)
     remote.upload_dir(model_dir, f"run-1/{BASE_DIR}", list(FILES))
-    remote.put_bytes(f"run-1/{BASE_DIR}/{COMPLETE}", json.dumps(
-        {"repo": HUB_ID, "revision": None, "commit": "c" * 40, "files": {n: len(d) for n, d in FILES.items()}}).encode())
+    remote.put_bytes(
+        f"run-1/{BASE_DIR}/{COMPLETE}",
+        json.dumps(
+            {"repo": HUB_ID, "revision": None, "commit": "c" * 40, "files": {n: len(d) for n, d in FILES.items()}}
+        ).encode(),
+    )
     mount = tmp_path / "mount"
     (mount / "run-1").mkdir(parents=True)
     (mount / "run-1" / BASE_DIR).symlink_to(model_dir)

@@ -40,8 +40,13 @@ WRITE = textwrap.dedent("""
 
 def start_writer(root: Path, *steps: int, fault: str = "") -> subprocess.Popen:
     env = trainer_env(SKYSPOT_FAULT=fault) if fault else trainer_env()
-    return subprocess.Popen([sys.executable, "-c", WRITE, str(root), *map(str, steps)], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITE, str(root), *map(str, steps)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def write(root: Path, *steps: int, fault: str = "") -> int:
@@ -72,8 +77,13 @@ def test_a_committed_checkpoint_is_valid(committed):
     assert (committed / "latest").read_text() == "step_2"
 
 
-KILL_POINTS = {"write_begin": "incomplete", "mid_file": "incomplete", "before_manifest": "incomplete",
-               "before_marker": "incomplete", "after_marker": "valid"}
+KILL_POINTS = {
+    "write_begin": "incomplete",
+    "mid_file": "incomplete",
+    "before_manifest": "incomplete",
+    "before_marker": "incomplete",
+    "after_marker": "valid",
+}
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +119,22 @@ def test_a_partial_first_file_is_really_partial(committed, killed):
     assert 0 < written < full
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda d: (d / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x"), "bytes"),
-    (lambda d: _flip_byte(d / "trainer_state_rank_0.pt"), "sha256"),
-    (lambda d: (d / "trainer_state_rank_0.pt").unlink(), "missing"),
-    (lambda d: (d / mf.MANIFEST).write_text((d / mf.MANIFEST).read_text().replace('"world_size": 1', '"world_size": 2')), "hash"),
-    (lambda d: (d / mf.MARKER).write_text("{not json"), "JSON"),
-    (lambda d: (d / mf.MARKER).write_text(json.dumps({"step": 7, "manifest_sha256": "x"})), "names step 7"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda d: (d / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x"), "bytes"),
+        (lambda d: _flip_byte(d / "trainer_state_rank_0.pt"), "sha256"),
+        (lambda d: (d / "trainer_state_rank_0.pt").unlink(), "missing"),
+        (
+            lambda d: (d / mf.MANIFEST).write_text(
+                (d / mf.MANIFEST).read_text().replace('"world_size": 1', '"world_size": 2')
+            ),
+            "hash",
+        ),
+        (lambda d: (d / mf.MARKER).write_text("{not json"), "JSON"),
+        (lambda d: (d / mf.MARKER).write_text(json.dumps({"step": 7, "manifest_sha256": "x"})), "names step 7"),
+    ],
+)
 def test_damaged_checkpoint_is_corrupt_and_resume_uses_the_previous_one(committed, tmp_path, damage, reason):
     root = copy(committed, tmp_path)
     damage(root / "step_2")

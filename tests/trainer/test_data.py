@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from skyspot.errors import UsageError
-from skyspot.trainer.data import (DataOrder, encode_document, iter_documents, iter_hub, pack,
-                                  synthetic_samples)
+from skyspot.trainer.data import DataOrder, encode_document, iter_documents, iter_hub, pack, synthetic_samples
 from skyspot.trainer.model import ByteTokenizer
 
 
 def order(dp_rank=0, dp_size=2, n=10, shuffle=True, mb=2, accum=2):
-    return DataOrder(num_samples=n, seed=7, shuffle=shuffle, dp_rank=dp_rank, dp_size=dp_size,
-                     micro_batch=mb, grad_accum=accum)
+    return DataOrder(
+        num_samples=n, seed=7, shuffle=shuffle, dp_rank=dp_rank, dp_size=dp_size, micro_batch=mb, grad_accum=accum
+    )
 
 
 def test_order_is_a_pure_function_of_samples_consumed():
@@ -35,7 +35,7 @@ def test_each_epoch_visits_every_sample_once_and_epochs_differ():
     o = order(n=12)
     stream = o.global_indices(0, 36)
     for e in range(3):
-        assert sorted(stream[12 * e:12 * (e + 1)].tolist()) == list(range(12))
+        assert sorted(stream[12 * e : 12 * (e + 1)].tolist()) == list(range(12))
     assert stream[:12].tolist() != stream[12:24].tolist()
     assert order(n=12, shuffle=False).global_indices(0, 12).tolist() == list(range(12))
 
@@ -128,11 +128,12 @@ def test_alpaca_trains_on_the_output_only(tmp_path, bpe):
     record = {"instruction": "Reverse the words.", "input": "apple river", "output": "river apple"}
     recipe = _recipe(tmp_path, _write(tmp_path / "a.jsonl", [record]))
     [(ids, labels)] = list(examples(recipe, bpe, [("a:1", record)]))
-    prompt = [bpe.bos_token_id] + bpe(ALPACA_PROMPT.format(instruction=record["instruction"], input="apple river"),
-                                      add_special_tokens=False)["input_ids"]
-    assert ids[:len(prompt)] == prompt and labels[:len(prompt)] == [IGNORE_INDEX] * len(prompt)
-    trained = labels[len(prompt):]
-    assert trained == ids[len(prompt):] and trained[-1] == bpe.eos_token_id
+    prompt = [bpe.bos_token_id] + bpe(
+        ALPACA_PROMPT.format(instruction=record["instruction"], input="apple river"), add_special_tokens=False
+    )["input_ids"]
+    assert ids[: len(prompt)] == prompt and labels[: len(prompt)] == [IGNORE_INDEX] * len(prompt)
+    trained = labels[len(prompt) :]
+    assert trained == ids[len(prompt) :] and trained[-1] == bpe.eos_token_id
     assert bpe.decode(trained[:-1]) == "river apple"
     # without an input, the other Alpaca prompt
     [(ids, _)] = list(examples(recipe, bpe, [("a:2", {**record, "input": ""})]))
@@ -154,8 +155,10 @@ def test_chat_trains_on_every_assistant_turn_and_nothing_else(tmp_path, bpe):
 def test_padding_keeps_one_example_per_sequence_and_drops_what_cannot_be_trained(tmp_path, bpe):
     from skyspot.trainer.data import IGNORE_INDEX, build_dataset
 
-    records = [{"instruction": "Say yes.", "input": "", "output": "yes"},
-               {"instruction": "word " * 200, "input": "", "output": "no"}]  # the prompt alone passes seq_len
+    records = [
+        {"instruction": "Say yes.", "input": "", "output": "yes"},
+        {"instruction": "word " * 200, "input": "", "output": "no"},
+    ]  # the prompt alone passes seq_len
     recipe = _recipe(tmp_path, _write(tmp_path / "a.jsonl", records), "data.packing=false")
     samples = build_dataset(recipe, bpe)
     assert (len(samples), samples.examples, samples.dropped) == (1, 2, 1)
@@ -177,7 +180,9 @@ def test_jsonl_json_and_parquet_give_the_same_samples(tmp_path, bpe):
     jsonl = _write(tmp_path / "d.jsonl", records)
     (tmp_path / "d.json").write_text(json.dumps(records))
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "d.parquet")
-    built = [build_dataset(_recipe(tmp_path, path), bpe) for path in (jsonl, tmp_path / "d.json", tmp_path / "d.parquet")]
+    built = [
+        build_dataset(_recipe(tmp_path, path), bpe) for path in (jsonl, tmp_path / "d.json", tmp_path / "d.parquet")
+    ]
     for other in built[1:]:
         assert np.array_equal(built[0].ids, other.ids) and np.array_equal(built[0].labels, other.labels)
     hub = build_dataset(_recipe(tmp_path, jsonl), bpe, source=str(jsonl))

@@ -59,8 +59,13 @@ def test_replaying_the_step_counter_makes_a_fresh_process_resume_bitwise(tmp_pat
     base = str(tmp_path / "adam")
 
     def run(mode):
-        return subprocess.Popen([sys.executable, "-c", SCRIPT, mode, base], cwd=REPO, env=trainer_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, mode, base],
+            cwd=REPO,
+            env=trainer_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     assert run("first").wait(300) == 0
     assert [p.wait(300) for p in [run("plain"), run("replay")]] == [0, 0]  # fresh processes, in parallel

@@ -77,8 +77,17 @@ def manager(run_dir: Path, store=None, tier=None) -> tuple[CheckpointManager, li
     if store is not None:
         tier = StoreTier(store.uri, RUN, ONE, store=store)
         tier.adopt(tier.probe(retries=NO_RETRIES))
-    ckpt = CheckpointManager(run_dir, ONE, load_recipe("tiny"), run_id=RUN, attempt=1, events=None, comm=OneRank(),
-                             warn=said.append, resume_source=tier)
+    ckpt = CheckpointManager(
+        run_dir,
+        ONE,
+        load_recipe("tiny"),
+        run_id=RUN,
+        attempt=1,
+        events=None,
+        comm=OneRank(),
+        warn=said.append,
+        resume_source=tier,
+    )
     return ckpt, said
 
 
@@ -104,8 +113,10 @@ def test_a_corrupt_remote_shard_falls_back_to_the_previous_durable_checkpoint_wi
     ckpt, said = manager(tmp_path / "fresh", bucket)
     point = ckpt.find()
     assert (point.step, point.source) == (4, "store")
-    assert said == [f"node 0: checkpoint step_8 in {bucket.uri}: file 'trainer_state_rank_0.pt' is corrupt "
-                    "(sha256 does not match the manifest); falling back to an earlier checkpoint"]
+    assert said == [
+        f"node 0: checkpoint step_8 in {bucket.uri}: file 'trainer_state_rank_0.pt' is corrupt "
+        "(sha256 does not match the manifest); falling back to an earlier checkpoint"
+    ]
     assert not (tmp_path / "fresh" / "checkpoints" / "step_8").exists()  # nothing half-downloaded left
 
 
@@ -185,14 +196,21 @@ def test_emergency_deadline_is_the_notices_or_the_clouds_window_capped_by_torchr
     assert emergency_deadline(None, 990.0, "aws", {}) == 990.0 + 120 - EXIT_MARGIN_S
     assert emergency_deadline(None, 990.0, "gcp", {}) == 990.0 + 30 - EXIT_MARGIN_S
     assert emergency_deadline(None, 990.0, "unknown", {}) == 990.0 + 30 - EXIT_MARGIN_S
-    assert emergency_deadline(None, 990.0, "aws", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}) == 990.0 + 60 - EXIT_MARGIN_S
+    assert (
+        emergency_deadline(None, 990.0, "aws", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}) == 990.0 + 60 - EXIT_MARGIN_S
+    )
 
 
 def test_a_nodes_part_is_split_among_its_ranks_by_bytes_the_same_everywhere():
     from skyspot.trainer.remote import shares
 
-    files = {"optim_0.pt": {"size": 900}, "optim_1.pt": {"size": 900}, "model_0.pt": {"size": 100},
-             "model_1.pt": {"size": 100}, "trainer_state_rank_0.pt": {"size": 10}}
+    files = {
+        "optim_0.pt": {"size": 900},
+        "optim_1.pt": {"size": 900},
+        "model_0.pt": {"size": 100},
+        "model_1.pt": {"size": 100},
+        "trainer_state_rank_0.pt": {"size": 10},
+    }
     split = shares(files, 2)
     assert sorted(sum(split, [])) == sorted(files)  # every file once
     assert [sum(files[f]["size"] for f in share) for share in split] == [1010, 1000]

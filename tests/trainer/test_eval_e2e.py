@@ -21,8 +21,14 @@ from tests.trainer.launch import events, finish, log_text, start, wait_for_file
 
 pytestmark = pytest.mark.slow
 
-EVAL = ["train.steps=8", "checkpoint.every_steps=4", "train.log_every=4", "eval.fraction=0.05",
-        "eval.every_steps=4", "eval.batches=2"]
+EVAL = [
+    "train.steps=8",
+    "checkpoint.every_steps=4",
+    "train.log_every=4",
+    "eval.fraction=0.05",
+    "eval.every_steps=4",
+    "eval.batches=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,9 @@ def eval_reference(tmp_path_factory):
 def preempted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("eval") / "preempted"
     faults = run_dir.parent / "faults"
-    proc = start(run_dir, EVAL, log_name="start1", SKYSPOT_FAULT="eval_batch@4/0:pause=3",
-                 SKYSPOT_FAULT_DIR=str(faults))
+    proc = start(
+        run_dir, EVAL, log_name="start1", SKYSPOT_FAULT="eval_batch@4/0:pause=3", SKYSPOT_FAULT_DIR=str(faults)
+    )
     wait_for_file(faults / "eval_batch@4.rank0", proc)
     torchrun = psutil.Process(proc.pid).children()[0]
     torchrun.send_signal(15)  # SIGTERM, as SkyPilot's preemption path sends it
@@ -49,8 +56,11 @@ def preempted(tmp_path_factory):
 
 
 def _evals(run_dir, attempt=None) -> list[tuple[int, float, float, int]]:
-    return [(e["step"], e["loss"], e["perplexity"], e["tokens"]) for e in events(run_dir, "eval")
-            if attempt is None or e["attempt"] == attempt]
+    return [
+        (e["step"], e["loss"], e["perplexity"], e["tokens"])
+        for e in events(run_dir, "eval")
+        if attempt is None or e["attempt"] == attempt
+    ]
 
 
 def test_an_eval_interrupted_by_a_preemption_is_redone_and_equals_the_uninterrupted_runs(eval_reference, preempted):
@@ -74,6 +84,8 @@ def test_final_records_the_last_evaluation(eval_reference, preempted):
     last = events(eval_reference, "eval")[-1]
     for directory in (eval_reference, run_dir):
         metadata = json.loads((directory / "final" / "skyspot.json").read_text())
-        assert metadata == {"step": 8, "eval": {k: last[k] for k in ("step", "loss", "perplexity", "tokens",
-                                                                      "batches")}}
+        assert metadata == {
+            "step": 8,
+            "eval": {k: last[k] for k in ("step", "loss", "perplexity", "tokens", "batches")},
+        }
     assert "eval step 8 | loss" in log_text(eval_reference)

@@ -11,9 +11,16 @@ import pytest
 import torch
 
 from skyspot.recipe import load_recipe
-from skyspot.trainer.data import (IGNORE_INDEX, DataOrder, Samples, build_dataset, build_eval_split, hold_out,
-                                  training_and_held_out)
-from skyspot.trainer.evaluate import (Evaluator, combine, done_steps, eval_positions, perplexity, token_loss_sum)
+from skyspot.trainer.data import (
+    IGNORE_INDEX,
+    DataOrder,
+    Samples,
+    build_dataset,
+    build_eval_split,
+    hold_out,
+    training_and_held_out,
+)
+from skyspot.trainer.evaluate import Evaluator, combine, done_steps, eval_positions, perplexity, token_loss_sum
 from skyspot.trainer.model import ByteTokenizer
 
 
@@ -91,8 +98,9 @@ def test_an_eval_file_is_masked_and_packed_exactly_as_training_data(tmp_path, bp
         assert pad.any() and (evaluated.labels[pad] == IGNORE_INDEX).all()
     # and the training set is the training file's alone
     training, held_out = training_and_held_out(recipe, build_dataset(recipe, bpe), evaluated)
-    assert held_out is evaluated and np.array_equal(training.ids, build_dataset(_alpaca_recipe(
-        tmp_path, train, f"data.packing={packing}"), bpe).ids)
+    assert held_out is evaluated and np.array_equal(
+        training.ids, build_dataset(_alpaca_recipe(tmp_path, train, f"data.packing={packing}"), bpe).ids
+    )
 
 
 def test_a_missing_eval_file_says_so(tmp_path, bpe):
@@ -129,8 +137,16 @@ def test_the_token_loss_sum_is_the_models_own_loss_times_its_tokens():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).eval()
     ids = torch.randint(0, 50, (3, 12))
     labels = ids.clone()
     labels[:, :5] = IGNORE_INDEX  # a prompt
@@ -158,8 +174,9 @@ def _gloo_worker(rank: int, world: int, port: int, out: str) -> None:
     samples, engine = _eval_fixture()
     positions, real = eval_positions(len(samples), 2, 2, rank, world, seed=3)
     events = []
-    evaluator = Evaluator(samples, positions, real, torch.device("cpu"), 2, None,
-                          lambda type, **f: events.append(f), is_writer=False)
+    evaluator = Evaluator(
+        samples, positions, real, torch.device("cpu"), 2, None, lambda type, **f: events.append(f), is_writer=False
+    )
     result = evaluator.evaluate(engine, 2, interrupted=lambda: False)
     torch.save({"result": result, "events": events, "mode": engine.modes}, f"{out}.{rank}")
     dist.destroy_process_group()
@@ -214,8 +231,9 @@ def test_an_interrupted_evaluation_records_nothing_and_restores_training_mode():
     samples, engine = _eval_fixture()
     positions, real = eval_positions(len(samples), 2, 2, 0, 1, seed=3)
     events = []
-    evaluator = Evaluator(samples, positions, real, torch.device("cpu"), 2, None,
-                          lambda type, **f: events.append(f), is_writer=False)
+    evaluator = Evaluator(
+        samples, positions, real, torch.device("cpu"), 2, None, lambda type, **f: events.append(f), is_writer=False
+    )
     asked = []
     assert evaluator.evaluate(engine, 4, interrupted=lambda: asked.append(1) or len(asked) > 1) is None
     assert events == [] and evaluator.done == {} and engine.modes == ["eval", "train"]
@@ -227,8 +245,17 @@ def test_an_interrupted_evaluation_records_nothing_and_restores_training_mode():
 
 def _evaluator(every_steps=None, every_seconds=None, done=None) -> Evaluator:
     samples, _ = _eval_fixture()
-    return Evaluator(samples, np.zeros((1, 1), dtype=np.int64), np.ones((1, 1), dtype=bool), None, every_steps,
-                     every_seconds, lambda *a, **k: None, False, done=dict(done or {}))
+    return Evaluator(
+        samples,
+        np.zeros((1, 1), dtype=np.int64),
+        np.ones((1, 1), dtype=bool),
+        None,
+        every_steps,
+        every_seconds,
+        lambda *a, **k: None,
+        False,
+        done=dict(done or {}),
+    )
 
 
 def test_evals_are_due_every_n_steps_every_t_seconds_and_at_the_end_never_twice_for_a_step():
@@ -243,8 +270,13 @@ def test_the_history_names_the_steps_already_evaluated_since_the_last_fresh_star
     def ev(attempt, type, **fields):
         return {"attempt": attempt, "type": type, **fields}
 
-    history = [ev(1, "start", fresh=False), ev(1, "eval", step=4, loss=1.0, batches=2),
-               ev(2, "start", fresh=True), ev(2, "eval", step=8, loss=0.5, batches=2),
-               ev(3, "start", fresh=False), ev(3, "eval", step=12, loss=0.4, batches=3)]
+    history = [
+        ev(1, "start", fresh=False),
+        ev(1, "eval", step=4, loss=1.0, batches=2),
+        ev(2, "start", fresh=True),
+        ev(2, "eval", step=8, loss=0.5, batches=2),
+        ev(3, "start", fresh=False),
+        ev(3, "eval", step=12, loss=0.4, batches=3),
+    ]
     done = done_steps(history, batches=2)
     assert list(done) == [8] and done[8]["loss"] == 0.5  # 4 is from before --fresh; 12 had other batches

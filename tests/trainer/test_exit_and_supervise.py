@@ -13,8 +13,18 @@ import pytest
 
 from skyspot.errors import CheckpointError, RecipeError, UsageError
 from skyspot.trainer import exit_codes
-from skyspot.trainer.exit_codes import (COMPLETE, ERROR, INTERRUPTED, NO_VALID_CHECKPOINT, PREEMPTED, USAGE,
-                                        Preempted, code_for, read_exit_record, write_exit_record)
+from skyspot.trainer.exit_codes import (
+    COMPLETE,
+    ERROR,
+    INTERRUPTED,
+    NO_VALID_CHECKPOINT,
+    PREEMPTED,
+    USAGE,
+    Preempted,
+    code_for,
+    read_exit_record,
+    write_exit_record,
+)
 from tests.trainer.launch import REPO, trainer_env
 
 
@@ -64,8 +74,19 @@ FAKE = textwrap.dedent("""
 
 
 def supervise(run_dir, *args, **kwargs) -> subprocess.Popen:
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-               sys.executable, "-c", FAKE, str(run_dir), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--",
+        sys.executable,
+        "-c",
+        FAKE,
+        str(run_dir),
+        *args,
+    ]
     return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stderr=subprocess.PIPE, text=True, **kwargs)
 
 
@@ -94,14 +115,29 @@ def test_supervisor_forwards_signals_to_the_command(tmp_path, sig):
 
 
 def test_supervisor_usage_errors_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path)],
-                          cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path)],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2 and "--" in proc.stderr
 
 
 def test_command_killed_by_a_signal_maps_to_128_plus_n(tmp_path):
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(tmp_path), "--",
-               sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(tmp_path),
+        "--",
+        sys.executable,
+        "-c",
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+    ]
     assert subprocess.run(command, cwd=REPO, env=trainer_env(), timeout=30).returncode == 137
 
 
@@ -115,10 +151,12 @@ def test_an_orphan_never_runs_on_when_its_parent_died_before_the_death_signal_wa
     from skyspot.trainer.supervise import _child_setup
 
     me = os.getpid()  # read here: the preexec function runs in the child
-    mine = subprocess.run([sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(me),
-                          capture_output=True, text=True)
+    mine = subprocess.run(
+        [sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(me), capture_output=True, text=True
+    )
     assert mine.returncode == 0 and mine.stdout.strip() == "ran"  # its parent is the one it expects
-    stranger = subprocess.run([sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(1),
-                              capture_output=True, text=True)
+    stranger = subprocess.run(
+        [sys.executable, "-c", "print('ran')"], preexec_fn=lambda: _child_setup(1), capture_output=True, text=True
+    )
     assert stranger.returncode == 1 and stranger.stdout == ""  # never exec'd
     assert not process_env.is_launcher(os.getpid())  # pytest is no torch elastic launcher

@@ -25,8 +25,15 @@ def test_only_a_lock_no_process_holds_and_older_than_an_instant_is_stale(tmp_pat
     old = time.time() - 3600
     os.utime(dead, (old, old))
     os.utime(held, (old, old))
-    holder = subprocess.Popen([sys.executable, "-c", f"import os, time; fd = os.open({str(held)!r}, os.O_RDONLY); "
-                               "print('open', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time; fd = os.open({str(held)!r}, os.O_RDONLY); print('open', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         said = []

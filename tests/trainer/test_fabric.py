@@ -31,11 +31,21 @@ ip-172-31-12-21:45361:45361 [0] NCCL INFO Using network Socket
 TCPX_LOG = "a3:1:2 [0] NCCL INFO Using network GPUDirectTCPX\n"
 
 
-@pytest.mark.parametrize(("text", "transport", "gdr"), [
-    (EFA_LOG, "ofi", True), (IB_LOG, "ib", False), (SOCKET_LOG, "socket", False), (TCPX_LOG, "tcpx", False),
-    ("nd96:7:8 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE\nnd96:7:8 [0] NCCL INFO Using network IB\n", "roce",
-     False),
-    ("no such line\n", "unknown", False)])
+@pytest.mark.parametrize(
+    ("text", "transport", "gdr"),
+    [
+        (EFA_LOG, "ofi", True),
+        (IB_LOG, "ib", False),
+        (SOCKET_LOG, "socket", False),
+        (TCPX_LOG, "tcpx", False),
+        (
+            "nd96:7:8 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE\nnd96:7:8 [0] NCCL INFO Using network IB\n",
+            "roce",
+            False,
+        ),
+        ("no such line\n", "unknown", False),
+    ],
+)
 def test_nccls_own_line_says_which_transport_it_chose(text, transport, gdr):
     found = fabric.from_log(text)
     assert found["transport"] == transport and found["gdr"] is gdr
@@ -52,8 +62,11 @@ def test_only_the_node_leader_with_nccl_is_asked_and_a_tasks_own_nccl_debug_wins
     assert mine == {"NCCL_DEBUG": "WARN"}
     directory = fabric.prepare(tmp_path / "run", backend="nccl", node_leader=True, environ=env)
     assert directory == tmp_path / "run" / "nccl" and directory.is_dir()
-    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                   "NCCL_DEBUG_FILE": str(directory / "nccl.%h.%p.log")}
+    assert env == {
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+        "NCCL_DEBUG_FILE": str(directory / "nccl.%h.%p.log"),
+    }
 
 
 def _events(tmp_path, node_rank=0):
@@ -65,8 +78,15 @@ def test_a_multi_node_run_on_sockets_is_warned_about_in_the_log_and_the_event(tm
     directory.mkdir()
     (directory / "nccl.ip-172-31-12-21.4242.log").write_text(SOCKET_LOG)  # what NCCL_DEBUG_FILE expands to
     said: list[str] = []
-    fields = fabric.record(directory, backend="nccl", num_nodes=4, events=_events(tmp_path), pid=4242,
-                           environ={"NCCL_SOCKET_IFNAME": "ens3", "HF_TOKEN": "hf_secret"}, say=said.append)
+    fields = fabric.record(
+        directory,
+        backend="nccl",
+        num_nodes=4,
+        events=_events(tmp_path),
+        pid=4242,
+        environ={"NCCL_SOCKET_IFNAME": "ens3", "HF_TOKEN": "hf_secret"},
+        say=said.append,
+    )
     assert fields["transport"] == "socket" and fields["source"] == "nccl log"
     assert fields["env"] == {"NCCL_SOCKET_IFNAME": "ens3"}  # the NCCL variables only: no other value
     assert said[0] == "fabric: 4 node(s) on socket (Socket); not probed"  # the one line every start says
@@ -92,8 +112,15 @@ def test_cost_report_shows_each_attempts_transport(tmp_path, monkeypatch):
     where = {"cloud": "aws", "region": "us-east-1", "instance_type": "p4de.24xlarge", "spot": True, "num_nodes": 2}
     events = [
         {**base, "ts": 1.0, "attempt": 0, "node_rank": 0, "type": "start", "where": where},
-        {**base, "ts": 2.0, "attempt": 0, "node_rank": 0, "type": "fabric", "transport": "socket",
-         "warning": "NCCL is on plain TCP sockets between 2 nodes"},
+        {
+            **base,
+            "ts": 2.0,
+            "attempt": 0,
+            "node_rank": 0,
+            "type": "fabric",
+            "transport": "socket",
+            "warning": "NCCL is on plain TCP sockets between 2 nodes",
+        },
         {**base, "ts": 2.0, "attempt": 0, "node_rank": 1, "rank": 8, "type": "fabric", "transport": "socket"},
         {**base, "ts": 100.0, "attempt": 1, "node_rank": 0, "type": "start", "where": where},
         {**base, "ts": 101.0, "attempt": 1, "node_rank": 0, "type": "fabric", "transport": "ofi"},
@@ -110,8 +137,14 @@ def test_cost_report_shows_each_attempts_transport(tmp_path, monkeypatch):
     assert any(c.key == "fabric" and c.header == "FABRIC" for c in cli_cost.ATTEMPT_COLUMNS)
 
 
-PROBE = {"busbw_gbps": 20.0, "algbw_gbps": 10.67, "probe_bytes": 256 << 20, "probe_iters": 20,
-         "probe_seconds": 0.025, "probe_world_size": 16}
+PROBE = {
+    "busbw_gbps": 20.0,
+    "algbw_gbps": 10.67,
+    "probe_bytes": 256 << 20,
+    "probe_iters": 20,
+    "probe_seconds": 0.025,
+    "probe_world_size": 16,
+}
 P4D = {"cloud": "aws", "instance_type": "p4d.24xlarge"}
 
 
@@ -121,36 +154,80 @@ def test_the_event_carries_the_probe_and_what_the_instance_type_should_carry(tmp
     (directory / "nccl.ip-10-0-0-1.4242.log").write_text(EFA_LOG)
     said: list[str] = []
     # One EFA interface of four (SkyPilot's example: about 20 GB/s on two p4d): below half of 50 GB/s.
-    fields = fabric.record(directory, backend="nccl", num_nodes=2, events=_events(tmp_path), pid=4242, environ={},
-                           say=said.append, probe=PROBE, where=P4D)
+    fields = fabric.record(
+        directory,
+        backend="nccl",
+        num_nodes=2,
+        events=_events(tmp_path),
+        pid=4242,
+        environ={},
+        say=said.append,
+        probe=PROBE,
+        where=P4D,
+    )
     assert fields["below_expected"] is True and "refused" not in fields
-    assert said[0] == ("fabric: 2 node(s) on ofi (AWS Libfabric (efa)); all-reduce of 256 MiB x 20: bus bandwidth "
-                       "20.00 GB/s; expected 50 GB/s (p4d.24xlarge 4 x 100 Gb/s EFA) BELOW")
-    assert said[1].startswith("warning: the fabric between 2 nodes is below 0.5 of what it should carry: measured "
-                              "20.00 GB/s bus bandwidth on ofi, expected 50 GB/s")
+    assert said[0] == (
+        "fabric: 2 node(s) on ofi (AWS Libfabric (efa)); all-reduce of 256 MiB x 20: bus bandwidth "
+        "20.00 GB/s; expected 50 GB/s (p4d.24xlarge 4 x 100 Gb/s EFA) BELOW"
+    )
+    assert said[1].startswith(
+        "warning: the fabric between 2 nodes is below 0.5 of what it should carry: measured "
+        "20.00 GB/s bus bandwidth on ofi, expected 50 GB/s"
+    )
     (event,) = [e for e in read_events_dir(tmp_path / "events").events if e["type"] == "fabric"]
     assert (event["busbw_gbps"], event["probe_bytes"], event["probe_iters"], event["transport"]) == (
-        20.0, 256 << 20, 20, "ofi")
+        20.0,
+        256 << 20,
+        20,
+        "ofi",
+    )
     assert event["expected_gbps"] == 50.0 and event["below_expected"] is True and event["require"] == "warn"
     assert "efa-acc-inst-types" in event["expected_source"]
     # Four interfaces (about 78 GB/s in SkyPilot's example): nothing to say beyond the line.
-    healthy = fabric.record(directory, backend="nccl", num_nodes=2, pid=4242, environ={}, say=said.append,
-                            probe={**PROBE, "busbw_gbps": 78.0}, where=P4D)
+    healthy = fabric.record(
+        directory,
+        backend="nccl",
+        num_nodes=2,
+        pid=4242,
+        environ={},
+        say=said.append,
+        probe={**PROBE, "busbw_gbps": 78.0},
+        where=P4D,
+    )
     assert healthy["below_expected"] is False and "warning" not in healthy and len(said) == 3
 
 
 def test_require_best_refuses_a_short_fabric_in_one_line_with_both_figures(tmp_path):
     said: list[str] = []
-    short = fabric.record(None, backend="nccl", num_nodes=2, environ={"NCCL_NET": "AWS Libfabric"},
-                          say=said.append, probe=PROBE, where=P4D, require="best")
-    assert short["refused"] == ("fabric.require=best: the fabric between 2 nodes is below 0.5 of what it should "
-                                "carry: measured 20.00 GB/s bus bandwidth on ofi, expected 50 GB/s (p4d.24xlarge 4 x "
-                                "100 Gb/s EFA); refusing to start (fabric.require=warn trains on it with a warning)")
+    short = fabric.record(
+        None,
+        backend="nccl",
+        num_nodes=2,
+        environ={"NCCL_NET": "AWS Libfabric"},
+        say=said.append,
+        probe=PROBE,
+        where=P4D,
+        require="best",
+    )
+    assert short["refused"] == (
+        "fabric.require=best: the fabric between 2 nodes is below 0.5 of what it should "
+        "carry: measured 20.00 GB/s bus bandwidth on ofi, expected 50 GB/s (p4d.24xlarge 4 x "
+        "100 Gb/s EFA); refusing to start (fabric.require=warn trains on it with a warning)"
+    )
     assert len(said) == 1  # the summary; the refusal is the start's one error line, said once by the trainer
-    cpu = fabric.record(tmp_path, backend="gloo", num_nodes=2, environ={}, say=said.append,
-                        probe={**PROBE, "busbw_gbps": 0.9}, require="best")
-    assert cpu["refused"].startswith("fabric.require=best: the fabric between 2 nodes is plain TCP (gloo): "
-                                     "measured 0.90 GB/s bus bandwidth, no expected figure for this instance type")
+    cpu = fabric.record(
+        tmp_path,
+        backend="gloo",
+        num_nodes=2,
+        environ={},
+        say=said.append,
+        probe={**PROBE, "busbw_gbps": 0.9},
+        require="best",
+    )
+    assert cpu["refused"].startswith(
+        "fabric.require=best: the fabric between 2 nodes is plain TCP (gloo): "
+        "measured 0.90 GB/s bus bandwidth, no expected figure for this instance type"
+    )
     one_node = fabric.record(tmp_path, backend="gloo", num_nodes=1, environ={}, say=said.append, require="best")
     assert "refused" not in one_node and one_node["expected_gbps"] is None
 
@@ -163,11 +240,26 @@ def test_status_and_cost_report_show_the_measured_fabric_and_mark_a_short_one(tm
     base = {"run_id": "r", "attempt": 0, "type": "fabric", "transport": "ofi", "expected_gbps": 50.0}
     events = [
         {"run_id": "r", "rank": 0, "ts": 1.0, "attempt": 0, "node_rank": 0, "type": "start", "where": where},
-        {**base, "ts": 2.0, "node_rank": 0, "rank": 0, "busbw_gbps": 20.0, "below_expected": True,
-         "warning": "the fabric between 2 nodes is below 0.5 of what it should carry"},
+        {
+            **base,
+            "ts": 2.0,
+            "node_rank": 0,
+            "rank": 0,
+            "busbw_gbps": 20.0,
+            "below_expected": True,
+            "warning": "the fabric between 2 nodes is below 0.5 of what it should carry",
+        },
         {**base, "ts": 2.0, "node_rank": 1, "rank": 8, "busbw_gbps": 21.5, "below_expected": True},
-        {"run_id": "r", "rank": 0, "ts": 3700.0, "attempt": 0, "node_rank": 0, "type": "exit", "code": 0,
-         "reason": "complete"},
+        {
+            "run_id": "r",
+            "rank": 0,
+            "ts": 3700.0,
+            "attempt": 0,
+            "node_rank": 0,
+            "type": "exit",
+            "code": 0,
+            "reason": "complete",
+        },
     ]
     run = cost.run_cost(EventLog(events=events))
     (attempt,) = run.attempts

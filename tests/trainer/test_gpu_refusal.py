@@ -18,15 +18,28 @@ from tests.trainer.launch import REPO, TINY, finish, log_text, start, trainer_en
 
 
 def test_the_refusal_names_driver_cuda_line_and_devices():
-    line = gpu.problem(8, available=True, devices=4, torch_version="2.13.0", cuda="13.0", driver="NVIDIA driver 535.1",
-                       source="SKYPILOT_NUM_GPUS_PER_NODE=8")
+    line = gpu.problem(
+        8,
+        available=True,
+        devices=4,
+        torch_version="2.13.0",
+        cuda="13.0",
+        driver="NVIDIA driver 535.1",
+        source="SKYPILOT_NUM_GPUS_PER_NODE=8",
+    )
     assert "\n" not in line and "535.1" in line and "CUDA 13.0" in line and "sees 4 CUDA devices" in line
     assert "for 8 ranks" in line
-    none = gpu.problem(1, available=False, devices=0, torch_version="2.13.0+cpu", cuda=None,
-                       driver="no NVIDIA driver (no nvidia-smi)", source="SKYPILOT_SETUP_NUM_GPUS_PER_NODE=1")
+    none = gpu.problem(
+        1,
+        available=False,
+        devices=0,
+        torch_version="2.13.0+cpu",
+        cuda=None,
+        driver="no NVIDIA driver (no nvidia-smi)",
+        source="SKYPILOT_SETUP_NUM_GPUS_PER_NODE=1",
+    )
     assert "built without CUDA" in none and "cannot use CUDA" in none and "no NVIDIA driver" in none
-    assert gpu.problem(8, available=True, devices=8, torch_version="2.13.0", cuda="13.0", driver="",
-                       source="x") is None
+    assert gpu.problem(8, available=True, devices=8, torch_version="2.13.0", cuda="13.0", driver="", source="x") is None
 
 
 def test_a_node_without_gpus_is_not_checked():
@@ -53,8 +66,14 @@ def _one_line(stderr: str, prefix: str) -> str:
 
 def test_prepare_refuses_a_gpu_node_without_cuda(tmp_path):
     env = trainer_env(SKYPILOT_SETUP_NUM_GPUS_PER_NODE="1")
-    done = subprocess.run([sys.executable, "-m", "skyspot.trainer.prepare", "tiny"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.trainer.prepare", "tiny"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == USAGE, done.stdout + done.stderr
     line = _one_line(done.stderr, "skyspot prepare: ")
     assert "SKYPILOT_SETUP_NUM_GPUS_PER_NODE=1" in line and "no NVIDIA driver" in line
@@ -64,8 +83,14 @@ def test_prepare_refuses_a_gpu_node_without_cuda(tmp_path):
 def test_the_trainer_refuses_a_gpu_node_without_cuda_and_writes_no_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     env = trainer_env(SKYPILOT_NUM_GPUS_PER_NODE="1")
-    done = subprocess.run([sys.executable, "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir), *TINY],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.trainer", "tiny", "--run-dir", str(run_dir), *TINY],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == USAGE, done.stdout + done.stderr
     _one_line(done.stderr, "[skyspot] this node has GPUs for 1 rank")
     assert sorted(p.name for p in run_dir.iterdir()) == ["exit.json"]  # no checkpoints/, events/, run.json
@@ -91,9 +116,14 @@ def test_a_refusal_under_the_supervisor_and_torchrun_ends_the_log_with_its_line_
     run_dir = tmp_path / "run"
     command = torchrun_command(run_dir, TINY, 1)
     command[1:1] = ["--max-restarts", str(restarts)]
-    done = subprocess.run([sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-                           *command], cwd=REPO, env=trainer_env(SKYPILOT_NUM_GPUS_PER_NODE="1", CUDA_VISIBLE_DEVICES=""),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--", *command],
+        cwd=REPO,
+        env=trainer_env(SKYPILOT_NUM_GPUS_PER_NODE="1", CUDA_VISIBLE_DEVICES=""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     log = done.stdout + done.stderr
     assert done.returncode == USAGE, log
     assert "Traceback" not in log and "ChildFailedError" not in log, log

@@ -13,12 +13,16 @@ from skyspot.executors.local.metadata_server import MetadataServer
 from skyspot.trainer import instance
 from skyspot.trainer.cluster import where_from_cluster_info
 
-CLUSTER = {"aws": {"cloud": "AWS", "region": "us-east-1", "zone": "us-east-1a"},
-           "gcp": {"cloud": "GCP", "region": "us-east5", "zone": "us-east5-a"},
-           "azure": {"cloud": "Azure", "region": "eastus", "zone": None}}
-INSTANCES = {"aws": ("p4de.24xlarge", "us-east-1a", "us-east-1", "use1-az6"),
-             "gcp": ("a2-ultragpu-8g", "us-east5-a", "us-east5", None),
-             "azure": ("Standard_ND96amsr_A100_v4", "", "eastus", None)}
+CLUSTER = {
+    "aws": {"cloud": "AWS", "region": "us-east-1", "zone": "us-east-1a"},
+    "gcp": {"cloud": "GCP", "region": "us-east5", "zone": "us-east5-a"},
+    "azure": {"cloud": "Azure", "region": "eastus", "zone": None},
+}
+INSTANCES = {
+    "aws": ("p4de.24xlarge", "us-east-1a", "us-east-1", "use1-az6"),
+    "gcp": ("a2-ultragpu-8g", "us-east5-a", "us-east5", None),
+    "azure": ("Standard_ND96amsr_A100_v4", "", "eastus", None),
+}
 
 
 @pytest.fixture
@@ -38,21 +42,34 @@ def test_the_node_reads_instance_type_capacity_and_zone_from_its_clouds_metadata
     server.set_instance(instance_type, spot=spot, zone=zone, region=region, zone_id=zone_id)
     found = instance.read(env_for(server, cloud))
     assert found["cloud"] == cloud and found["instance_type"] == instance_type and found["spot"] is spot
-    assert found["capacity"] == {"aws": "spot" if spot else "on-demand", "gcp": "TRUE" if spot else "FALSE",
-                                 "azure": "Spot" if spot else "Regular"}[cloud]
+    assert (
+        found["capacity"]
+        == {
+            "aws": "spot" if spot else "on-demand",
+            "gcp": "TRUE" if spot else "FALSE",
+            "azure": "Spot" if spot else "Regular",
+        }[cloud]
+    )
     assert (found["zone"] or "") == zone and found["region"] == region
     if cloud == "aws":
         assert found["zone_id"] == "use1-az6" and server.count("aws.token", 200) == 1  # IMDSv2, one token
 
 
-@pytest.mark.parametrize("cloud,image,said", [
-    ("aws", "ami-0a1b2c3d4e5f", "ami-0a1b2c3d4e5f"),
-    ("gcp", "skypilot-gcp-gpu-ubuntu-241030", "skypilot-gcp-gpu-ubuntu-241030"),  # projects/0/global/images/NAME
-    ("azure", "/Subscriptions/s/Providers/Microsoft.Compute/Locations/eastus/Publishers/microsoft-dsvm/x",
-     "/Subscriptions/s/Providers/Microsoft.Compute/Locations/eastus/Publishers/microsoft-dsvm/x"),
-])
-def test_the_node_reads_its_image_where_the_cloud_says_it_and_nothing_breaks_where_it_does_not(server, cloud,
-                                                                                               image, said):
+@pytest.mark.parametrize(
+    "cloud,image,said",
+    [
+        ("aws", "ami-0a1b2c3d4e5f", "ami-0a1b2c3d4e5f"),
+        ("gcp", "skypilot-gcp-gpu-ubuntu-241030", "skypilot-gcp-gpu-ubuntu-241030"),  # projects/0/global/images/NAME
+        (
+            "azure",
+            "/Subscriptions/s/Providers/Microsoft.Compute/Locations/eastus/Publishers/microsoft-dsvm/x",
+            "/Subscriptions/s/Providers/Microsoft.Compute/Locations/eastus/Publishers/microsoft-dsvm/x",
+        ),
+    ],
+)
+def test_the_node_reads_its_image_where_the_cloud_says_it_and_nothing_breaks_where_it_does_not(
+    server, cloud, image, said
+):
     instance_type, zone, region, zone_id = INSTANCES[cloud]
     server.set_instance(instance_type, spot=True, zone=zone, region=region, zone_id=zone_id, image=image)
     assert instance.read(env_for(server, cloud))["image"] == said
@@ -102,8 +119,14 @@ def test_a_cloud_run_without_a_queue_record_is_priced_from_what_its_node_read(se
     base = {"run_id": "r", "attempt": 0, "node_rank": 0}
     events = [
         {**base, "ts": t0, "rank": 1, "type": "start", "where": plain},  # a rank that did not ask, first
-        {**base, "ts": t0 + 0.5, "rank": 0, "type": "start", "where": instance.where_with(plain, found),
-         "instance": found},
+        {
+            **base,
+            "ts": t0 + 0.5,
+            "rank": 0,
+            "type": "start",
+            "where": instance.where_with(plain, found),
+            "instance": found,
+        },
         {**base, "ts": t0 + 3600, "rank": 0, "type": "exit", "code": 0, "reason": "complete", "step": 10},
     ]
     run = cost.run_cost(EventLog(events=events))
@@ -153,7 +176,7 @@ class _Raw:
             data = self.reply(request)
             if self.drip:
                 for i in range(len(data)):
-                    conn.sendall(data[i:i + 1])
+                    conn.sendall(data[i : i + 1])
                     time.sleep(self.drip)
             else:
                 conn.sendall(data)
@@ -172,8 +195,11 @@ def _http(status: str, body: bytes, extra: str = "") -> bytes:
 
 
 def _env(cloud, port):
-    key = {"aws": "AWS_EC2_METADATA_SERVICE_ENDPOINT", "gcp": "GCE_METADATA_HOST",
-           "azure": "SKYSPOT_AZURE_METADATA_ENDPOINT"}[cloud]
+    key = {
+        "aws": "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+        "gcp": "GCE_METADATA_HOST",
+        "azure": "SKYSPOT_AZURE_METADATA_ENDPOINT",
+    }[cloud]
     value = f"127.0.0.1:{port}" if cloud == "gcp" else f"http://127.0.0.1:{port}"
     return {key: value, "SKYPILOT_CLUSTER_INFO": json.dumps(CLUSTER[cloud])}
 
@@ -181,17 +207,27 @@ def _env(cloud, port):
 _AZURE_OK = {"vmSize": "Standard_ND96amsr_A100_v4", "priority": "Spot", "zone": "", "location": "eastus"}
 
 
-@pytest.mark.parametrize("cloud, reply, drip", [
-    ("aws", lambda r: _http("500 Internal Server Error", b"no"), 0.0),  # the token PUT answered 500
-    ("aws", lambda r: _http("429 Too Many Requests", b""), 0.0),
-    ("aws", lambda r: b"GARBAGE\r\n\r\n", 0.0),  # http.client.BadStatusLine
-    ("azure", lambda r: _http("200 OK", json.dumps([1, 2]).encode()), 0.0),  # a list for the document
-    ("azure", lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "vmSize": {"nested": [1]}}).encode()), 0.0),
-    ("azure", lambda r: _http("200 OK", b'{"vmSize": NaN, "priority": "Spot"}'), 0.0),
-    ("azure", lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "vmSize": "x" * (3 << 20)}).encode()),
-     0.0),  # 3 MB: past the cap, never read whole
-    ("gcp", lambda r: _http("200 OK", b"projects/0/machineTypes/a2-ultragpu-8g", "Metadata-Flavor: Google\r\n"), 0.5),
-])
+@pytest.mark.parametrize(
+    "cloud, reply, drip",
+    [
+        ("aws", lambda r: _http("500 Internal Server Error", b"no"), 0.0),  # the token PUT answered 500
+        ("aws", lambda r: _http("429 Too Many Requests", b""), 0.0),
+        ("aws", lambda r: b"GARBAGE\r\n\r\n", 0.0),  # http.client.BadStatusLine
+        ("azure", lambda r: _http("200 OK", json.dumps([1, 2]).encode()), 0.0),  # a list for the document
+        ("azure", lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "vmSize": {"nested": [1]}}).encode()), 0.0),
+        ("azure", lambda r: _http("200 OK", b'{"vmSize": NaN, "priority": "Spot"}'), 0.0),
+        (
+            "azure",
+            lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "vmSize": "x" * (3 << 20)}).encode()),
+            0.0,
+        ),  # 3 MB: past the cap, never read whole
+        (
+            "gcp",
+            lambda r: _http("200 OK", b"projects/0/machineTypes/a2-ultragpu-8g", "Metadata-Flavor: Google\r\n"),
+            0.5,
+        ),
+    ],
+)
 def test_an_odd_metadata_answer_leaves_the_start_as_it_was_within_the_budget(cloud, reply, drip):
     """Each of these failed the trainer's start, or held it 21.6 s against its 4 s budget (a byte every 0.5 s)."""
     import time
@@ -206,8 +242,12 @@ def test_an_odd_metadata_answer_leaves_the_start_as_it_was_within_the_budget(clo
 
 
 def test_values_that_are_not_short_printable_strings_are_dropped_and_the_rest_kept():
-    server = _Raw(lambda r: _http("200 OK", json.dumps({**_AZURE_OK, "zone": {"a": 1}, "location": "east\x1bus",
-                                                         "storageProfile": [1]}).encode()))
+    server = _Raw(
+        lambda r: _http(
+            "200 OK",
+            json.dumps({**_AZURE_OK, "zone": {"a": 1}, "location": "east\x1bus", "storageProfile": [1]}).encode(),
+        )
+    )
     try:
         found = instance.read(_env("azure", server.port))
     finally:

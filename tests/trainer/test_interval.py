@@ -20,19 +20,35 @@ def _recipe(**checkpoint):
 
 def _attempt(number: int, start: float, up: float, preempted: bool, blocked: float = 0.5) -> list[dict]:
     base = {"run_id": "r", "attempt": number, "node_rank": 0, "rank": 0}
-    events = [{**base, "ts": start, "type": "start", "where": {"cloud": "aws", "spot": True}},
-              {**base, "ts": start + 1, "type": "checkpoint_end", "step": number * 10, "kind": "interval",
-               "blocked_seconds": blocked}]
+    events = [
+        {**base, "ts": start, "type": "start", "where": {"cloud": "aws", "spot": True}},
+        {
+            **base,
+            "ts": start + 1,
+            "type": "checkpoint_end",
+            "step": number * 10,
+            "kind": "interval",
+            "blocked_seconds": blocked,
+        },
+    ]
     if preempted:
-        events += [{**base, "ts": start + up, "type": "preemption_notice"},
-                   {**base, "ts": start + up + 1, "type": "exit", "reason": "preempted", "code": 75}]
+        events += [
+            {**base, "ts": start + up, "type": "preemption_notice"},
+            {**base, "ts": start + up + 1, "type": "exit", "reason": "preempted", "code": 75},
+        ]
     return events
 
 
 def _planner(tmp_path, history=(), **checkpoint):
     said, emitted = [], []
-    planner = IntervalPlanner(_recipe(**checkpoint), "aws", tmp_path / EVENTS_DIR, history=history,
-                              emit=lambda type, **f: emitted.append({"type": type, **f}), say=said.append)
+    planner = IntervalPlanner(
+        _recipe(**checkpoint),
+        "aws",
+        tmp_path / EVENTS_DIR,
+        history=history,
+        emit=lambda type, **f: emitted.append({"type": type, **f}),
+        say=said.append,
+    )
     return planner, said, emitted
 
 
@@ -41,8 +57,9 @@ def test_before_any_preemption_the_prior_decides(tmp_path):
     every = planner.replan("start")
     # No checkpoint observed yet: C is the estimate for tiny's state; Daly with M = 7200 s.
     c = planner.cost_s
-    assert every == pytest.approx(math.sqrt(2 * c * 7200) * (1 + math.sqrt(c / (2 * 7200)) / 3 + c / (9 * 2 * 7200)) - c,
-                                  rel=1e-6)
+    assert every == pytest.approx(
+        math.sqrt(2 * c * 7200) * (1 + math.sqrt(c / (2 * 7200)) / 3 + c / (9 * 2 * 7200)) - c, rel=1e-6
+    )
     assert 5 < every < 15  # about 9.7 s for tiny's 1.3 MB state at the default write bandwidth
     assert emitted[0]["type"] == "interval_plan" and emitted[0]["inputs"]["mtbp_s"] == 7200
     assert emitted[0]["inputs"]["sources"]["prior"] == "checkpoint.mtbp_prior_seconds"
@@ -64,8 +81,12 @@ def test_observed_preemptions_and_checkpoint_costs_replace_the_estimates(tmp_pat
 def test_a_change_under_ten_percent_is_not_logged_and_a_larger_one_is(tmp_path):
     events_dir = tmp_path / EVENTS_DIR
     events_dir.mkdir()
-    planner, said, emitted = _planner(tmp_path, _attempt(1, 1000.0, 100.0, True) + _attempt(2, 1200.0, 200.0, True),
-                                      mtbp_prior_seconds=3600, min_every_seconds=1)
+    planner, said, emitted = _planner(
+        tmp_path,
+        _attempt(1, 1000.0, 100.0, True) + _attempt(2, 1200.0, 200.0, True),
+        mtbp_prior_seconds=3600,
+        min_every_seconds=1,
+    )
     first = planner.replan("start")
     # This attempt's own checkpoint at the same cost: no change worth a line.
     path = events_dir / event_file_name(3, 0, 0)
@@ -74,9 +95,22 @@ def test_a_change_under_ten_percent_is_not_logged_and_a_larger_one_is(tmp_path):
     # Checkpoints get 16x dearer: the interval grows about 4x, and the change is logged with its reason.
     with open(path, "a") as handle:
         for step, cost in ((40, 8.0), (50, 8.0), (60, 8.0), (70, 8.0)):
-            handle.write(json.dumps({"run_id": "r", "attempt": 3, "node_rank": 0, "rank": 0, "ts": 1500.0 + step,
-                                     "type": "checkpoint_end", "step": step, "kind": "interval",
-                                     "blocked_seconds": cost}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "run_id": "r",
+                        "attempt": 3,
+                        "node_rank": 0,
+                        "rank": 0,
+                        "ts": 1500.0 + step,
+                        "type": "checkpoint_end",
+                        "step": step,
+                        "kind": "interval",
+                        "blocked_seconds": cost,
+                    }
+                )
+                + "\n"
+            )
     second = planner.replan("after step_70")
     assert second > 3 * first and len(emitted) == 2
     assert emitted[1]["reason"] == "after step_70" and emitted[1]["previous_seconds"] == first

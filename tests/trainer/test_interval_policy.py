@@ -13,10 +13,21 @@ from hypothesis import strategies as st
 
 from skyspot.events import EventLog
 from skyspot.recipe import load_recipe
-from skyspot.trainer.interval import (MAX_INTERVAL_S, MIN_INTERVAL_S, attempt_uptimes, blocking_cost_from_events,
-                                      daly_exact_interval, daly_interval, daly_wall_time, initial_plan,
-                                      mtbp_from_events, plan_from_events, plan_interval, upload_seconds_from_events,
-                                      young_interval)
+from skyspot.trainer.interval import (
+    MAX_INTERVAL_S,
+    MIN_INTERVAL_S,
+    attempt_uptimes,
+    blocking_cost_from_events,
+    daly_exact_interval,
+    daly_interval,
+    daly_wall_time,
+    initial_plan,
+    mtbp_from_events,
+    plan_from_events,
+    plan_interval,
+    upload_seconds_from_events,
+    young_interval,
+)
 from tests.builders import event as ev
 
 NVME = {"SKYSPOT_WRITE_GBPS": "2"}  # the fast tier on local NVMe instead of SkyPilot's root disk
@@ -31,18 +42,21 @@ def test_young():
     assert young_interval(0, 1440) == 0.0
 
 
-@pytest.mark.parametrize("M, expected, quoted", [
-    # Daly (2006), figs. 3-5: delta = 5 min, R = 10 min, Ts = 500 h.
-    # M = 24 h = 1,440 min: sqrt(2*5*1440) = 120; x = 5/2880 = 0.0017361, sqrt(x) = 0.041667;
-    #   120 * (1 + 0.013889 + 0.000193) - 5 = 120 * 1.014082 - 5 = 116.690 -> "117 min".
-    (1440, 116.690, 117),
-    # M = 6 h = 360 min: sqrt(3600) = 60; x = 5/720 = 0.0069444, sqrt(x) = 0.083333;
-    #   60 * (1 + 0.027778 + 0.000772) - 5 = 60 * 1.028549 - 5 = 56.713 -> "57 min".
-    (360, 56.713, 57),
-    # M = 15 min: sqrt(150) = 12.247449; x = 5/30 = 0.166667, sqrt(x) = 0.408248;
-    #   12.247449 * (1 + 0.136083 + 0.018519) - 5 = 12.247449 * 1.154601 - 5 = 9.141 -> "9.1 min".
-    (15, 9.141, 9.1),
-])
+@pytest.mark.parametrize(
+    "M, expected, quoted",
+    [
+        # Daly (2006), figs. 3-5: delta = 5 min, R = 10 min, Ts = 500 h.
+        # M = 24 h = 1,440 min: sqrt(2*5*1440) = 120; x = 5/2880 = 0.0017361, sqrt(x) = 0.041667;
+        #   120 * (1 + 0.013889 + 0.000193) - 5 = 120 * 1.014082 - 5 = 116.690 -> "117 min".
+        (1440, 116.690, 117),
+        # M = 6 h = 360 min: sqrt(3600) = 60; x = 5/720 = 0.0069444, sqrt(x) = 0.083333;
+        #   60 * (1 + 0.027778 + 0.000772) - 5 = 60 * 1.028549 - 5 = 56.713 -> "57 min".
+        (360, 56.713, 57),
+        # M = 15 min: sqrt(150) = 12.247449; x = 5/30 = 0.166667, sqrt(x) = 0.408248;
+        #   12.247449 * (1 + 0.136083 + 0.018519) - 5 = 12.247449 * 1.154601 - 5 = 9.141 -> "9.1 min".
+        (15, 9.141, 9.1),
+    ],
+)
 def test_daly_reproduces_the_papers_worked_examples(M, expected, quoted):
     tau = daly_interval(5, M, R=10)
     assert tau == pytest.approx(expected, abs=0.001)
@@ -141,8 +155,12 @@ finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=F
 
 
 @settings(max_examples=300, deadline=None)
-@given(C=finite, M=st.one_of(st.floats(min_value=1e-3, max_value=1e9), st.just(math.inf)), U=finite,
-       staleness=st.one_of(st.none(), st.floats(min_value=0, max_value=1e7)))
+@given(
+    C=finite,
+    M=st.one_of(st.floats(min_value=1e-3, max_value=1e9), st.just(math.inf)),
+    U=finite,
+    staleness=st.one_of(st.none(), st.floats(min_value=0, max_value=1e7)),
+)
 def test_planned_interval_is_finite_and_within_its_bounds(C, M, U, staleness):
     plan = plan_interval(C, M, U, staleness)
     assert math.isfinite(plan.every_seconds) and plan.every_seconds > 0
@@ -155,20 +173,26 @@ def test_planned_interval_is_finite_and_within_its_bounds(C, M, U, staleness):
 
 def executor_log():
     spot = {"cloud": "aws", "spot": True}
-    return EventLog([
-        # attempt 1: up at 0, notice at 3,600 -> 3,600 s of uptime, preempted
-        ev(0, "attempt_start", 1, where=spot), ev(10, "start", 1, rank=0),
-        ev(3600, "preempt_notice_sent", 1, deadline=3720), ev(3605, "preempt_sigterm", 1),
-        ev(3720, "attempt_end", 1, code=75, reason="preempted"),
-        # attempt 2: up at 4,000, notice at 11,200 -> 7,200 s, preempted
-        ev(4000, "attempt_start", 2, where=spot), ev(11200, "preempt_notice_sent", 2, deadline=11320),
-        ev(11320, "attempt_end", 2, code=75, reason="preempted"),
-        # attempt 3: on demand for 5,000 s: not exposed to preemption
-        ev(12000, "attempt_start", 3, where={"cloud": "aws", "spot": False}),
-        ev(17000, "attempt_end", 3, code=0, reason="preempted-fallback-ended"),
-        # attempt 4: spot, up at 18,000 and still running at its last event 19,800 -> 1,800 s, censored
-        ev(18000, "attempt_start", 4, where=spot), ev(19800, "step", 4, rank=0, step=7),
-    ])
+    return EventLog(
+        [
+            # attempt 1: up at 0, notice at 3,600 -> 3,600 s of uptime, preempted
+            ev(0, "attempt_start", 1, where=spot),
+            ev(10, "start", 1, rank=0),
+            ev(3600, "preempt_notice_sent", 1, deadline=3720),
+            ev(3605, "preempt_sigterm", 1),
+            ev(3720, "attempt_end", 1, code=75, reason="preempted"),
+            # attempt 2: up at 4,000, notice at 11,200 -> 7,200 s, preempted
+            ev(4000, "attempt_start", 2, where=spot),
+            ev(11200, "preempt_notice_sent", 2, deadline=11320),
+            ev(11320, "attempt_end", 2, code=75, reason="preempted"),
+            # attempt 3: on demand for 5,000 s: not exposed to preemption
+            ev(12000, "attempt_start", 3, where={"cloud": "aws", "spot": False}),
+            ev(17000, "attempt_end", 3, code=0, reason="preempted-fallback-ended"),
+            # attempt 4: spot, up at 18,000 and still running at its last event 19,800 -> 1,800 s, censored
+            ev(18000, "attempt_start", 4, where=spot),
+            ev(19800, "step", 4, rank=0, step=7),
+        ]
+    )
 
 
 def test_mtbp_blends_observed_uptime_with_the_prior():
@@ -179,7 +203,11 @@ def test_mtbp_blends_observed_uptime_with_the_prior():
     assert estimate.mtbp_s == 6000 and estimate.source == "observed+prior"
     assert estimate.observed_s == 6300
     assert [(a.attempt, a.uptime_s, a.preempted, a.spot) for a in estimate.attempts] == [
-        (1, 3600, True, True), (2, 7200, True, True), (3, 5000, True, False), (4, 1800, False, True)]
+        (1, 3600, True, True),
+        (2, 7200, True, True),
+        (3, 5000, True, False),
+        (4, 1800, False, True),
+    ]
 
 
 def test_mtbp_keeps_the_prior_until_enough_preemptions_are_seen():
@@ -190,8 +218,12 @@ def test_mtbp_keeps_the_prior_until_enough_preemptions_are_seen():
 def test_mtbp_from_trainer_events_alone():
     # A SkyPilot run: attempt 0 started at 0 and left no exit before attempt 1 began (killed with its
     # node at its last event, 5,000); attempt 1 ran 6,000 -> 9,000 and completed.
-    log = [ev(0, "start", 0, rank=0, where={"spot": True}), ev(5000, "step", 0, rank=0, step=50),
-           ev(6000, "start", 1, rank=0), ev(9000, "exit", 1, rank=0, code=0, reason="complete")]
+    log = [
+        ev(0, "start", 0, rank=0, where={"spot": True}),
+        ev(5000, "step", 0, rank=0, step=50),
+        ev(6000, "start", 1, rank=0),
+        ev(9000, "exit", 1, rank=0, code=0, reason="complete"),
+    ]
     estimate = mtbp_from_events(log, prior_s=4000, min_observations=1)
     # (4,000 + 5,000 + 3,000) / (1 + 1) = 6,000
     assert estimate.mtbp_s == 6000 and estimate.preemptions == 1
@@ -214,16 +246,19 @@ def test_blocking_cost_is_the_median_of_the_slowest_rank_per_checkpoint():
 
 
 def test_upload_time_counts_only_uploads_that_became_durable():
-    log = [ev(1, "upload_end", 1, step=10, seconds=100.0, durable=True, node_rank=0),
-           ev(2, "upload_end", 1, step=20, seconds=30.0, durable=False, error="superseded by step 30"),
-           ev(3, "upload_end", 1, step=30, seconds=120.0, durable=True)]
+    log = [
+        ev(1, "upload_end", 1, step=10, seconds=100.0, durable=True, node_rank=0),
+        ev(2, "upload_end", 1, step=20, seconds=30.0, durable=False, error="superseded by step 30"),
+        ev(3, "upload_end", 1, step=30, seconds=120.0, durable=True),
+    ]
     assert upload_seconds_from_events(log) == 110.0
 
 
 def test_plan_from_events_prefers_what_the_run_observed():
     log = executor_log().events + [
         ev(100, "checkpoint_end", 1, rank=0, step=10, kind="interval", blocked_seconds=20.0),
-        ev(400, "upload_end", 1, step=10, seconds=250.0, durable=True)]
+        ev(400, "upload_end", 1, step=10, seconds=250.0, durable=True),
+    ]
     plan = plan_from_events(log, prior_s=5400, blocking_cost_s=1.0, upload_s=1.0)
     # C = 20, M = 6,000: sqrt(240,000) = 489.898; x = 20/12,000 = 0.0016667, sqrt(x) = 0.040825;
     # 489.898 * (1 + 0.013608 + 0.000185) - 20 = 476.66 s; above the 250 s upload.

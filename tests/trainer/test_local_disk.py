@@ -29,8 +29,10 @@ def fake_sys(tmp_path: Path, disks: dict[str, str], *, partitioned=(), held=()) 
     return root
 
 
-P4DE = {"nvme0n1": "Amazon Elastic Block Store", **{f"nvme{i}n1": "Amazon EC2 NVMe Instance Storage"
-                                                     for i in range(1, 9)}}
+P4DE = {
+    "nvme0n1": "Amazon Elastic Block Store",
+    **{f"nvme{i}n1": "Amazon EC2 NVMe Instance Storage" for i in range(1, 9)},
+}
 
 
 def test_a_p4de_stripes_its_eight_instance_store_drives_and_never_touches_ebs(tmp_path):
@@ -39,8 +41,17 @@ def test_a_p4de_stripes_its_eight_instance_store_drives_and_never_touches_ebs(tm
     assert [d.name for d in devices] == [f"nvme{i}n1" for i in range(1, 9)]  # the EBS root volume is not local
     chosen = plan(devices, ROOT_MOUNTS, user="ubuntu", sys_block=sys_block)
     assert chosen.mountpoint == local_disk.MOUNT
-    assert chosen.commands[0] == ["sudo", "mdadm", "--create", MD_DEVICE, "--level=0", "--raid-devices=8", "--force",
-                                  "--run", *[f"/dev/nvme{i}n1" for i in range(1, 9)]]
+    assert chosen.commands[0] == [
+        "sudo",
+        "mdadm",
+        "--create",
+        MD_DEVICE,
+        "--level=0",
+        "--raid-devices=8",
+        "--force",
+        "--run",
+        *[f"/dev/nvme{i}n1" for i in range(1, 9)],
+    ]
     assert chosen.commands[1][:2] == ["sudo", "mkfs.ext4"] and chosen.commands[1][-1] == MD_DEVICE
     assert chosen.commands[-2] == ["sudo", "mount", "-o", "noatime", MD_DEVICE, local_disk.MOUNT]
     assert chosen.commands[-1] == ["sudo", "chown", "ubuntu", local_disk.MOUNT]
@@ -69,8 +80,16 @@ def test_without_free_local_nvme_the_run_directory_stays_on_the_root_disk(tmp_pa
     assert chosen.mountpoint is None and "nvme1n1 part of md127" in chosen.reason
     assert plan([], "").reason == "no local NVMe"
     lines = []
-    assert run(["--link", str(tmp_path / "runs")], sys_block=tmp_path / "nothing", mounts_text="", say=lines.append,
-               environ=NODE) == 0
+    assert (
+        run(
+            ["--link", str(tmp_path / "runs")],
+            sys_block=tmp_path / "nothing",
+            mounts_text="",
+            say=lines.append,
+            environ=NODE,
+        )
+        == 0
+    )
     assert lines == ["local disk: no local NVMe; run directories stay on the root disk"]
     assert not (tmp_path / "runs").exists()
 
@@ -78,9 +97,14 @@ def test_without_free_local_nvme_the_run_directory_stays_on_the_root_disk(tmp_pa
 def test_a_failing_command_leaves_everything_on_the_root_disk(tmp_path):
     sys_block = fake_sys(tmp_path, {"nvme1n1": "Amazon EC2 NVMe Instance Storage"})
     lines, ran = [], []
-    code = run(["--link", str(tmp_path / "runs"), "--mount", str(tmp_path / "mnt")], sys_block=sys_block,
-               mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or (1 if "mkfs.ext4" in c else 0),
-               environ=NODE)
+    code = run(
+        ["--link", str(tmp_path / "runs"), "--mount", str(tmp_path / "mnt")],
+        sys_block=sys_block,
+        mounts_text="",
+        say=lines.append,
+        execute=lambda c: ran.append(c) or (1 if "mkfs.ext4" in c else 0),
+        environ=NODE,
+    )
     assert code == 0 and len(ran) == 1 and "failed (exit 1)" in lines[0] and not (tmp_path / "runs").is_symlink()
     # The NVMe is there but unused: the record says so, and the trainer's event and log say it again.
     record = json.loads((tmp_path / "runs" / ".local_disk.json").read_text())
@@ -91,8 +115,9 @@ def test_nvme_left_unused_is_said_in_setup_the_trainers_log_and_its_event(tmp_pa
     sys_block = fake_sys(tmp_path, {"nvme1n1": "Amazon EC2 NVMe Instance Storage"}, held=["nvme1n1"])
     runs, lines = tmp_path / "runs", []
     assert run(["--link", str(runs)], sys_block=sys_block, mounts_text="", say=lines.append, environ=NODE) == 0
-    assert lines == ["local disk: every local NVMe is in use (nvme1n1 part of md127); run directories stay on "
-                     "the root disk"]
+    assert lines == [
+        "local disk: every local NVMe is in use (nvme1n1 part of md127); run directories stay on the root disk"
+    ]
     events = EventWriter(runs / "r", "r", 1, 0, 0)
     fields = record_event(runs / "r", events)
     events.close()
@@ -109,25 +134,47 @@ def test_nvme_left_unused_is_said_in_setup_the_trainers_log_and_its_event(tmp_pa
 
 def test_model_names_match_whatever_the_generation_case_or_padding(tmp_path):
     """Azure's v6 sizes say "Microsoft NVMe Direct Disk v2"; sysfs pads model strings with spaces."""
-    sys_block = fake_sys(tmp_path, {
-        "nvme0n1": "Microsoft NVMe Direct Disk v2", "nvme1n1": "MICROSOFT  NVMe Direct Disk   ",
-        "nvme2n1": "Amazon EC2 NVMe Instance Storage", "nvme3n1": "nvme_card",
-        "nvme4n1": "nvme_card-pd", "nvme5n1": "nvme_card-hd", "nvme6n1": "MSFT NVMe Accelerator v1.0",
-        "nvme7n1": "Amazon Elastic Block Store", "nvme8n1": "Some Vendor NVMe SSD"})
+    sys_block = fake_sys(
+        tmp_path,
+        {
+            "nvme0n1": "Microsoft NVMe Direct Disk v2",
+            "nvme1n1": "MICROSOFT  NVMe Direct Disk   ",
+            "nvme2n1": "Amazon EC2 NVMe Instance Storage",
+            "nvme3n1": "nvme_card",
+            "nvme4n1": "nvme_card-pd",
+            "nvme5n1": "nvme_card-hd",
+            "nvme6n1": "MSFT NVMe Accelerator v1.0",
+            "nvme7n1": "Amazon Elastic Block Store",
+            "nvme8n1": "Some Vendor NVMe SSD",
+        },
+    )
     assert [d.name for d in find_devices(sys_block, "")] == ["nvme0n1", "nvme1n1", "nvme2n1", "nvme3n1"]
     assert local_disk.unknown_devices(sys_block) == [("nvme8n1", "Some Vendor NVMe SSD")]
     lines = []
-    run(["--link", str(tmp_path / "runs"), "--dry-run"], sys_block=fake_sys(tmp_path / "b", {
-        "nvme8n1": "Some Vendor NVMe SSD"}), mounts_text="", say=lines.append)
-    assert lines[0] == "local disk: left alone, not a model known as local or network NVMe: nvme8n1 ('Some Vendor NVMe SSD')"
+    run(
+        ["--link", str(tmp_path / "runs"), "--dry-run"],
+        sys_block=fake_sys(tmp_path / "b", {"nvme8n1": "Some Vendor NVMe SSD"}),
+        mounts_text="",
+        say=lines.append,
+    )
+    assert (
+        lines[0]
+        == "local disk: left alone, not a model known as local or network NVMe: nvme8n1 ('Some Vendor NVMe SSD')"
+    )
 
 
 def test_setup_links_the_runs_directory_measures_it_once_and_the_trainer_records_the_figure(tmp_path):
     sys_block = fake_sys(tmp_path, {"nvme1n1": "Amazon EC2 NVMe Instance Storage"})
     mnt, runs = tmp_path / "mnt", tmp_path / "home" / "skyspot" / "runs"
     ran, lines = [], []
-    code = run(["--link", str(runs), "--mount", str(mnt), "--measure-mb", "8"], sys_block=sys_block,
-               mounts_text="", say=lines.append, execute=lambda c: ran.append(c) or 0, environ=NODE)
+    code = run(
+        ["--link", str(runs), "--mount", str(mnt), "--measure-mb", "8"],
+        sys_block=sys_block,
+        mounts_text="",
+        say=lines.append,
+        execute=lambda c: ran.append(c) or 0,
+        environ=NODE,
+    )
     assert code == 0 and [c[1] for c in ran] == ["mkfs.ext4", "mkdir", "mount", "chown"]
     assert runs.is_symlink() and runs.resolve() == (mnt / "skyspot-runs").resolve()
     record = json.loads((runs / ".local_disk.json").read_text())
@@ -152,13 +199,23 @@ def test_a_runs_directory_that_holds_runs_is_never_moved(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert link(empty, str(tmp_path / "mnt"))[0] and empty.is_symlink()
-    assert link(empty, str(tmp_path / "mnt")) == (True, f"{empty} is on the local NVMe already ({tmp_path / 'mnt' / 'skyspot-runs'})")
+    assert link(empty, str(tmp_path / "mnt")) == (
+        True,
+        f"{empty} is on the local NVMe already ({tmp_path / 'mnt' / 'skyspot-runs'})",
+    )
 
 
 def test_dry_run_prints_the_commands_and_changes_nothing(tmp_path, capsys):
     sys_block = fake_sys(tmp_path, P4DE)
-    assert run(["--link", str(tmp_path / "runs"), "--dry-run"], sys_block=sys_block, mounts_text=ROOT_MOUNTS,
-               execute=lambda c: 1 / 0) == 0
+    assert (
+        run(
+            ["--link", str(tmp_path / "runs"), "--dry-run"],
+            sys_block=sys_block,
+            mounts_text=ROOT_MOUNTS,
+            execute=lambda c: 1 / 0,
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith(f"sudo mdadm --create {MD_DEVICE} --level=0 --raid-devices=8")
     assert not (tmp_path / "runs").exists()
@@ -166,9 +223,20 @@ def test_dry_run_prints_the_commands_and_changes_nothing(tmp_path, capsys):
 
 def test_nothing_happens_off_a_skypilot_node_or_on_a_simulated_one(tmp_path):
     sys_block = fake_sys(tmp_path, P4DE)
-    for environ, why in (({}, "not a SkyPilot node"),
-                         ({"SKYPILOT_CLUSTER_INFO": '{"cloud": "AWS", "simulated": true}'}, "simulated")):
+    for environ, why in (
+        ({}, "not a SkyPilot node"),
+        ({"SKYPILOT_CLUSTER_INFO": '{"cloud": "AWS", "simulated": true}'}, "simulated"),
+    ):
         lines = []
-        assert run(["--link", str(tmp_path / "runs")], sys_block=sys_block, mounts_text=ROOT_MOUNTS,
-                   execute=lambda c: 1 / 0, say=lines.append, environ=environ) == 0
+        assert (
+            run(
+                ["--link", str(tmp_path / "runs")],
+                sys_block=sys_block,
+                mounts_text=ROOT_MOUNTS,
+                execute=lambda c: 1 / 0,
+                say=lines.append,
+                environ=environ,
+            )
+            == 0
+        )
         assert why in lines[0] and "nothing changed" in lines[0] and not (tmp_path / "runs").exists()

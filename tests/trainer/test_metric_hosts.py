@@ -71,25 +71,30 @@ def test_a_launch_that_would_send_a_token_elsewhere_is_refused_before_anything_s
     (user, user_uri), (theirs, their_uri) = servers
     monkeypatch.setenv("MLFLOW_TRACKING_URI", user_uri)
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
-    result = CliRunner().invoke(app, ["launch", "tiny", "--local", "-d", "metrics.backends=[mlflow]",
-                                      f"metrics.mlflow_tracking_uri={their_uri}"])
+    result = CliRunner().invoke(
+        app,
+        ["launch", "tiny", "--local", "-d", "metrics.backends=[mlflow]", f"metrics.mlflow_tracking_uri={their_uri}"],
+    )
     assert result.exit_code == 2 and TOKEN not in result.output
-    line, = [x for x in result.stderr.splitlines() if x.strip()]
+    (line,) = [x for x in result.stderr.splitlines() if x.strip()]
     assert f"the recipe's metrics.mlflow_tracking_uri names {their_uri}, but your MLFLOW_TRACKING_URI names" in line
     assert not user.seen and not theirs.seen
 
 
-@pytest.mark.parametrize("environ, recipe_uri, refused", [
-    ({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "http://wandb.example.com"}, None, "plain http to another machine"),
-    ({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "http://127.0.0.1:8080"}, None, None),  # loopback: fine
-    ({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "https://wandb.example.com"}, None, None),
-    ({"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_URI": "http://mlflow.example.com"}, None, "plain http"),
-    ({"MLFLOW_TRACKING_TOKEN": "t"}, "https://mlflow.example.com", "your environment names no MLFLOW_TRACKING_URI"),
-    ({"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_URI": "https://a.example.com"}, "https://a.example.com", None),
-    ({}, "https://anyone.example.com", None),  # no credential: a recipe may name any server
-    ({"MLFLOW_TRACKING_TOKEN": "t"}, "runs/mlruns", None),  # a file store inside the run
-    ({}, "../outside", "leaves the run's directory"),
-])
+@pytest.mark.parametrize(
+    "environ, recipe_uri, refused",
+    [
+        ({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "http://wandb.example.com"}, None, "plain http to another machine"),
+        ({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "http://127.0.0.1:8080"}, None, None),  # loopback: fine
+        ({"WANDB_API_KEY": "k", "WANDB_BASE_URL": "https://wandb.example.com"}, None, None),
+        ({"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_URI": "http://mlflow.example.com"}, None, "plain http"),
+        ({"MLFLOW_TRACKING_TOKEN": "t"}, "https://mlflow.example.com", "your environment names no MLFLOW_TRACKING_URI"),
+        ({"MLFLOW_TRACKING_TOKEN": "t", "MLFLOW_TRACKING_URI": "https://a.example.com"}, "https://a.example.com", None),
+        ({}, "https://anyone.example.com", None),  # no credential: a recipe may name any server
+        ({"MLFLOW_TRACKING_TOKEN": "t"}, "runs/mlruns", None),  # a file store inside the run
+        ({}, "../outside", "leaves the run's directory"),
+    ],
+)
 def test_where_a_credential_may_go(environ, recipe_uri, refused):
     backends = ["wandb", "mlflow"]
     if refused is None:
@@ -102,8 +107,11 @@ def test_where_a_credential_may_go(environ, recipe_uri, refused):
 def test_the_hosts_travel_to_the_nodes_beside_their_tokens(monkeypatch):
     from skyspot.app.launch import build
 
-    environ = {"WANDB_BASE_URL": "https://wandb.example.com", "MLFLOW_TRACKING_URI": "https://ml.example.com",
-               "WANDB_API_KEY": "CANARYwandbKey"}
+    environ = {
+        "WANDB_BASE_URL": "https://wandb.example.com",
+        "MLFLOW_TRACKING_URI": "https://ml.example.com",
+        "WANDB_API_KEY": "CANARYwandbKey",
+    }
     task = build("tiny", ["metrics.backends=[wandb,mlflow]"], environ=environ).task
     assert task["envs"]["WANDB_BASE_URL"] == "https://wandb.example.com"
     assert task["envs"]["MLFLOW_TRACKING_URI"] == "https://ml.example.com"

@@ -28,10 +28,19 @@ pytest.importorskip("mlflow")
 pytest.importorskip("tensorboard")
 
 RUN = "metrics-run"
-WHERE = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "g5.48xlarge", "spot": True,
-         "num_nodes": 1, "simulated": True}
-PRICES = [{"cloud": "aws", "region": "us-east-1", "instance_type": "g5.48xlarge", "spot": True, "usd_per_hour": 3.6},
-          {"cloud": "aws", "region": "us-east-1", "instance_type": "g5.48xlarge", "spot": False, "usd_per_hour": 16.29}]
+WHERE = {
+    "cloud": "aws",
+    "region": "us-east-1",
+    "zone": "us-east-1a",
+    "instance_type": "g5.48xlarge",
+    "spot": True,
+    "num_nodes": 1,
+    "simulated": True,
+}
+PRICES = [
+    {"cloud": "aws", "region": "us-east-1", "instance_type": "g5.48xlarge", "spot": True, "usd_per_hour": 3.6},
+    {"cloud": "aws", "region": "us-east-1", "instance_type": "g5.48xlarge", "spot": False, "usd_per_hour": 16.29},
+]
 
 
 def loss_at(step: int) -> float:
@@ -63,8 +72,9 @@ def start(run_dir: Path, attempt: int, backends: str, *, said: list, extra=(), s
 
         tier = SimpleNamespace(store=store, read_events=lambda: read_events_store(store, RUN).events)
         uploader = Uploader(store, RUN, events, events_dir=run_dir / "events", events_every=0.2)
-    run = SimpleNamespace(run_dir=run_dir, run_id=RUN, attempt=attempt, recipe=recipe, tier=tier, uploader=uploader,
-                          events=events)
+    run = SimpleNamespace(
+        run_dir=run_dir, run_id=RUN, attempt=attempt, recipe=recipe, tier=tier, uploader=uploader, events=events
+    )
     sink = attach(run, said.append, environ={PRICES_ENV: json.dumps(PRICES)})
     events.emit("start", where=dict(WHERE, spot=attempt != 3), world_size=2, total_steps=20, recipe="tiny", pid=1)
     return sink, events
@@ -76,11 +86,26 @@ def train(events, steps, *, resumed_from=None, evals=()):
     tokens = 64 * (steps[0] - 1)
     for step in steps:
         tokens += 64
-        events.emit("step", step=step, loss=loss_at(step), lr=1e-3, step_seconds=0.5, samples=step * 4,
-                    tokens=tokens, grad_norm=1.0 + step / 100)
+        events.emit(
+            "step",
+            step=step,
+            loss=loss_at(step),
+            lr=1e-3,
+            step_seconds=0.5,
+            samples=step * 4,
+            tokens=tokens,
+            grad_norm=1.0 + step / 100,
+        )
         if step in evals:
-            events.emit("eval", step=step, loss=loss_at(step) + 0.5, perplexity=math.exp(loss_at(step) + 0.5),
-                        tokens=100, batches=2, seconds=0.1)
+            events.emit(
+                "eval",
+                step=step,
+                loss=loss_at(step) + 0.5,
+                perplexity=math.exp(loss_at(step) + 0.5),
+                tokens=100,
+                batches=2,
+                seconds=0.1,
+            )
 
 
 def two_attempts_with_a_rollback(run_dir: Path, backends: str) -> list[str]:
@@ -143,7 +168,7 @@ def mlflow_series(uri: str) -> tuple[list, dict[str, list[tuple[int, float]]]]:
 def wandb_series(directory: Path) -> tuple[set, dict[str, list[tuple[int, float]]]]:
     from skyspot.trainer.metrics.to_wandb import read_history
 
-    ids = {p.name[len("run-"):-len(".wandb")] for p in directory.glob("offline-run-*/run-*.wandb")}
+    ids = {p.name[len("run-") : -len(".wandb")] for p in directory.glob("offline-run-*/run-*.wandb")}
     series: dict[str, list[tuple[int, float]]] = {}
     for run_id in ids:
         for row in read_history(directory, run_id):
@@ -194,8 +219,11 @@ def test_a_fresh_node_pulls_the_run_from_the_store_and_the_store_shows_it_whole(
     second.close(0)
     second.uploader.close(timeout=10)
     kept = tmp_path / "store" / RUN
-    for series in (tensorboard_series(kept / "tensorboard"), tensorboard_series(dashboards / "tensorboard"),
-                   mlflow_series((kept / "mlruns").as_uri())[1]):
+    for series in (
+        tensorboard_series(kept / "tensorboard"),
+        tensorboard_series(dashboards / "tensorboard"),
+        mlflow_series((kept / "mlruns").as_uri())[1],
+    ):
         assert_drawn_once(series)
     assert len(mlflow_series((kept / "mlruns").as_uri())[0]) == 1
     assert dict(tensorboard_series(kept / "tensorboard")["spot/preemptions"])[20] == 1.0
@@ -291,10 +319,15 @@ def test_prices_match_the_placement_and_where_reads_as_text():
     assert hourly_price(PRICES, dict(WHERE, spot=False)) == 16.29
     assert hourly_price(PRICES, dict(WHERE, instance_type="p5.48xlarge")) is None
     assert hourly_price([dict(PRICES[0], region=None)], dict(WHERE, region="us-west-2")) == 3.6  # any region
-    assert where_text(dict(WHERE, spot=False, num_nodes=2)) == "aws us-east-1 (us-east-1a) g5.48xlarge on-demand x2 (simulated)"
+    assert (
+        where_text(dict(WHERE, spot=False, num_nodes=2))
+        == "aws us-east-1 (us-east-1a) g5.48xlarge on-demand x2 (simulated)"
+    )
     started = {"ts": 7200.0, "attempt": 2, "where": WHERE}
-    earlier = [{"ts": 0.0, "attempt": 1, "type": "start", "where": WHERE},
-               {"ts": 3600.0, "attempt": 1, "type": "exit", "reason": "preempted", "code": 75}]
+    earlier = [
+        {"ts": 0.0, "attempt": 1, "type": "start", "where": WHERE},
+        {"ts": 3600.0, "attempt": 1, "type": "exit", "reason": "preempted", "code": 75},
+    ]
     told = story(started, earlier, PRICES)
     assert told.preemptions == 1 and told.scalars(9000.0)["spot/cost_usd"] == pytest.approx(3.6 + 3.6 / 2)
     assert "spot/cost_usd" not in story(started, earlier, []).scalars(9000.0)  # no price: no cost curve
@@ -307,8 +340,13 @@ def test_an_unreachable_mlflow_server_costs_one_warning_and_the_others_go_on(das
     from skyspot.ports import free_port
 
     said: list[str] = []
-    sink, events = start(dashboards, 1, "mlflow,tensorboard", said=said,
-                         extra=[f"metrics.mlflow_tracking_uri=http://127.0.0.1:{free_port()}"])
+    sink, events = start(
+        dashboards,
+        1,
+        "mlflow,tensorboard",
+        said=said,
+        extra=[f"metrics.mlflow_tracking_uri=http://127.0.0.1:{free_port()}"],
+    )
     train(events, range(1, 21))
     sink.close(0)
     mlflow_lines = [line for line in said if line.startswith("metrics: mlflow")]
@@ -364,7 +402,10 @@ def _raise(*args, **kwargs):
 
 
 def test_no_dashboard_secret_reaches_a_file_the_dashboards_write(dashboards, monkeypatch):
-    canaries = {"WANDB_API_KEY": "CANARYwandbKey0123456789abcdef0123456789", "MLFLOW_TRACKING_TOKEN": "CANARYmlflowToken"}
+    canaries = {
+        "WANDB_API_KEY": "CANARYwandbKey0123456789abcdef0123456789",
+        "MLFLOW_TRACKING_TOKEN": "CANARYmlflowToken",
+    }
     for name, value in canaries.items():
         monkeypatch.setenv(name, value)
     said = two_attempts_with_a_rollback(dashboards, "tensorboard,mlflow,wandb")

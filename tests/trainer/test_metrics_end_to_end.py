@@ -29,17 +29,29 @@ pytest.importorskip("tensorboard")
 runner = CliRunner()
 
 STEPS = 24
-OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=4", "train.log_every=8",
-             "checkpoint.train_through_notice=false", "metrics.backends=[tensorboard,mlflow,wandb]",
-             "eval.fraction=0.05", "eval.every_steps=4", "eval.batches=2"]
+OVERRIDES = [
+    f"train.steps={STEPS}",
+    "checkpoint.every_steps=4",
+    "train.log_every=8",
+    "checkpoint.train_through_notice=false",
+    "metrics.backends=[tensorboard,mlflow,wandb]",
+    "eval.fraction=0.05",
+    "eval.every_steps=4",
+    "eval.batches=2",
+]
 SIGKILL_AT = 15  # the notice read at step 15; rank 0 held at the end of step 16 until the hard off
-DASHBOARD_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false",
-                 "MLFLOW_ALLOW_FILE_STORE": "true"}
+DASHBOARD_ENV = {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_ERROR_REPORTING": "false",
+    "MLFLOW_ALLOW_FILE_STORE": "true",
+}
 
 
 def launch(name: str, store: Path, *args: str) -> None:
-    result = runner.invoke(app, ["launch", "tiny", "--local", "-n", name, "--store", str(store), *args, *OVERRIDES],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["launch", "tiny", "--local", "-n", name, "--store", str(store), *args, *OVERRIDES], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -72,15 +84,27 @@ def test_two_preemptions_one_a_sigkill_leave_one_run_per_dashboard_drawn_once(un
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("SKYSPOT_FAULT", f"step_end@{SIGKILL_AT + 1}/0:pause=8")
     store = tmp_path / "store"
-    launch("stormy", store, "--simulate", "gcp", "--notice", "3", "--provision-delay", "0.5",
-           "--preempt-at-steps", f"6,{SIGKILL_AT}")
+    launch(
+        "stormy",
+        store,
+        "--simulate",
+        "gcp",
+        "--notice",
+        "3",
+        "--provision-delay",
+        "0.5",
+        "--preempt-at-steps",
+        f"6,{SIGKILL_AT}",
+    )
 
     run_dir = Path(Ledger().get("stormy").run_dir)
     log = read_events_dir(run_dir / "events")
     resumes = [e["step"] for e in log.of_type("resume") if e.get("rank") == 0]
     assert len(resumes) == 2 and resumes[1] < SIGKILL_AT  # the SIGKILL rolled back past logged steps
     logged_twice = [s for s in range(resumes[1] + 1, SIGKILL_AT + 1)]
-    assert sum(1 for e in log.of_type("step") if e.get("rank") == 0 and e["step"] in logged_twice) == 2 * len(logged_twice)
+    assert sum(1 for e in log.of_type("step") if e.get("rank") == 0 and e["step"] in logged_twice) == 2 * len(
+        logged_twice
+    )
 
     kept = store / "stormy"  # what the store holds is what a dashboard over it shows
     tensorboard = tensorboard_series(kept / "tensorboard")
@@ -107,5 +131,5 @@ def test_two_preemptions_one_a_sigkill_leave_one_run_per_dashboard_drawn_once(un
     assert sorted({e["step"] for e in evals}) == sorted(uninterrupted["eval/loss"])
     report = runner.invoke(app, ["cost-report", "stormy", "--json"], catch_exceptions=False)
     assert report.exit_code == 0, report.output
-    row, = json.loads(report.stdout)
+    (row,) = json.loads(report.stdout)
     assert row["final_eval_step"] == STEPS and row["final_eval_loss"] == uninterrupted["eval/loss"][STEPS]

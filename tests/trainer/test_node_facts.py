@@ -16,8 +16,11 @@ def test_the_libnccl_a_process_mapped_is_read_from_its_maps(tmp_path):
     maps.write_text(
         "7f00-7f01 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libz.so.1.2.13\n"
         "7f02-7f03 r-xp 00000000 08:01 2 /venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2\n"
-        "7f04-7f05 rw-p 00000000 00:00 0 [heap]\n")
-    assert node_facts.loaded_library("libnccl", maps) == "/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+        "7f04-7f05 rw-p 00000000 00:00 0 [heap]\n"
+    )
+    assert (
+        node_facts.loaded_library("libnccl", maps) == "/venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+    )
     assert node_facts.loaded_library("libnccl-net", maps) is None and node_facts.loaded_library("libz", maps)
     assert node_facts.loaded_library("libnccl", tmp_path / "missing") is None
 
@@ -58,10 +61,15 @@ def _node(ts, attempt, node_rank, kind, **facts):
 def test_nodes_of_a_run_are_grouped_by_kind_with_their_starts_and_attempts():
     a = "p5.48xlarge, image ami-1, python 3.10.12 (skyspot venv), driver 580.65.06, torch 2.13.0+cu130"
     b = "a3-highgpu-8g, image tcpx, python 3.12.9 (skyspot venv), driver 570.172.08, torch 2.13.0+cu126"
-    events = [_node(1, 0, 0, a, driver="580.65.06"), _node(2, 0, 1, a, driver="580.65.06"),
-              _node(3, 1, 0, b, driver="570.172.08"), _node(4, 1, 1, b, driver="570.172.08"),
-              _node(5, 2, 0, a, driver="580.65.06"), event(6, "step", 2, step=1, loss=1.0),
-              event(7, "node", 2, node_rank=1, kind=None)]  # no kind: left out
+    events = [
+        _node(1, 0, 0, a, driver="580.65.06"),
+        _node(2, 0, 1, a, driver="580.65.06"),
+        _node(3, 1, 0, b, driver="570.172.08"),
+        _node(4, 1, 1, b, driver="570.172.08"),
+        _node(5, 2, 0, a, driver="580.65.06"),
+        event(6, "step", 2, step=1, loss=1.0),
+        event(7, "node", 2, node_rank=1, kind=None),
+    ]  # no kind: left out
     kinds = node_kinds(events)
     assert [(k["kind"], k["starts"], k["attempts"]) for k in kinds] == [(a, 3, [0, 2]), (b, 2, [1])]
     assert kinds[1]["facts"]["driver"] == "570.172.08"

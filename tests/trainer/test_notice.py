@@ -113,6 +113,7 @@ def test_the_fence_stops_real_metadata_addresses(loopback_only):
 
 # -- helpers ---------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def server():
     with MetadataServer() as srv:
@@ -158,8 +159,9 @@ def watchers():
 
 def watch(srv, cloud, rec, watchers, warnings=False, env_extra=None, **kwargs):
     kwargs.setdefault("poll_interval", poll_for(cloud))
-    w = start_notice_watcher(rec.on_notice, rec.on_warning if warnings else None,
-                             env=env_for(srv, cloud, **(env_extra or {})), **kwargs)
+    w = start_notice_watcher(
+        rec.on_notice, rec.on_warning if warnings else None, env=env_for(srv, cloud, **(env_extra or {})), **kwargs
+    )
     assert w is not None
     watchers.append(w)
     return w
@@ -201,8 +203,19 @@ def settle(srv: MetadataServer, cloud: str, polls: int = 3) -> None:
 
 # -- which cloud, which endpoint -------------------------------------------------------------
 
-@pytest.mark.parametrize("raw", [None, "", "not json", "[]", '{"cloud": "Kubernetes"}',
-                                 '{"cloud": "Lambda", "region": "us-east-1"}', '{"region": "x"}'])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        "",
+        "not json",
+        "[]",
+        '{"cloud": "Kubernetes"}',
+        '{"cloud": "Lambda", "region": "us-east-1"}',
+        '{"region": "x"}',
+    ],
+)
 def test_unknown_or_unset_cloud_starts_nothing(server, loopback_only, raw):
     env = {**server.env_for(None)}  # every override set: still nothing, the cloud decides
     if raw is not None:
@@ -232,8 +245,10 @@ def test_overrides_redirect_each_cloud(server):
     for cloud in CLOUDS:
         assert watch_target(env_for(server, cloud)) == (cloud, server.url)
     # google-auth reads GCE_METADATA_HOST, then its old name GCE_METADATA_ROOT
-    assert watch_target({"SKYPILOT_CLUSTER_INFO": cluster_info("GCP"), "GCE_METADATA_ROOT": server.host_port}) \
-        == ("gcp", server.url)
+    assert watch_target({"SKYPILOT_CLUSTER_INFO": cluster_info("GCP"), "GCE_METADATA_ROOT": server.host_port}) == (
+        "gcp",
+        server.url,
+    )
 
 
 def test_aws_metadata_disabled_guards_the_real_imds_but_not_an_explicit_endpoint(server):
@@ -249,9 +264,14 @@ def test_malformed_override_is_a_warning_not_a_crash(caplog):
     assert "not watching" in caplog.text
 
 
-@pytest.mark.parametrize("extra", [{"AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "IPv6"},
-                                   {"AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "ipv6"},
-                                   {"AWS_IMDS_USE_IPV6": "true"}])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "IPv6"},
+        {"AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE": "ipv6"},
+        {"AWS_IMDS_USE_IPV6": "true"},
+    ],
+)
 def test_aws_ipv6_mode_targets_the_ipv6_imds_as_botocore_does(extra):
     from botocore.utils import IMDSFetcher
 
@@ -286,13 +306,13 @@ def test_gcp_fallback_is_the_documented_ip_unless_redirected(server, monkeypatch
 
 # -- the server speaks each protocol ---------------------------------------------------------
 
+
 def test_aws_server_requires_a_token_and_answers_404_while_nothing_is_pending(server):
     status, _, _ = request(server, "GET", "/latest/meta-data/spot/instance-action")
     assert status == 401
     status, _, _ = request(server, "PUT", "/latest/api/token")
     assert status == 400  # the TTL header is required
-    status, headers, token = request(server, "PUT", "/latest/api/token",
-                                     {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    status, headers, token = request(server, "PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
     assert status == 200 and token and headers["X-aws-ec2-metadata-token-ttl-seconds"] == "60"
     auth = {"X-aws-ec2-metadata-token": token.decode()}
     assert request(server, "GET", "/latest/meta-data/spot/instance-action", auth)[0] == 404
@@ -304,7 +324,11 @@ def test_aws_server_requires_a_token_and_answers_404_while_nothing_is_pending(se
     assert status == 200 and json.loads(body) == {"action": "stop", "time": "2027-01-15T08:00:00Z"}
     server.announce_maintenance(1_800_000_000.0)
     (event,) = json.loads(request(server, "GET", "/latest/meta-data/events/maintenance/scheduled", auth)[2])
-    assert (event["Code"], event["NotBefore"], event["State"]) == ("system-reboot", "15 Jan 2027 08:00:00 GMT", "active")
+    assert (event["Code"], event["NotBefore"], event["State"]) == (
+        "system-reboot",
+        "15 Jan 2027 08:00:00 GMT",
+        "active",
+    )
     server.expire_tokens()
     assert request(server, "GET", "/latest/meta-data/spot/instance-action", auth)[0] == 401
     assert server.count("aws.instance_action", 401) == 2
@@ -313,21 +337,26 @@ def test_aws_server_requires_a_token_and_answers_404_while_nothing_is_pending(se
 def test_aws_server_with_imdsv1_allowed_answers_without_a_token(server):
     server.aws_tokens = "optional"
     assert request(server, "GET", "/latest/meta-data/spot/instance-action")[0] == 404
-    assert request(server, "GET", "/latest/meta-data/spot/instance-action",
-                   {"X-aws-ec2-metadata-token": "forged"})[0] == 401  # a token sent must still be valid
+    assert (
+        request(server, "GET", "/latest/meta-data/spot/instance-action", {"X-aws-ec2-metadata-token": "forged"})[0]
+        == 401
+    )  # a token sent must still be valid
 
 
 def test_gcp_server_insists_on_its_header_and_serves_maintenance(server):
     assert request(server, "GET", "/computeMetadata/v1/instance/preempted")[0] == 403
-    status, headers, body = request(server, "GET", "/computeMetadata/v1/instance/preempted",
-                                    {"Metadata-Flavor": "Google"})
+    status, headers, body = request(
+        server, "GET", "/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"}
+    )
     assert (status, body, headers["Metadata-Flavor"]) == (200, b"FALSE", "Google") and headers["ETag"]
     flavour = {"Metadata-Flavor": "Google"}
     assert request(server, "GET", "/computeMetadata/v1/instance/maintenance-event", flavour)[2] == b"NONE"
     assert request(server, "GET", "/computeMetadata/v1/instance/upcoming-maintenance", flavour)[0] == 404
     server.announce_maintenance(1_800_000_000.0)
-    assert request(server, "GET", "/computeMetadata/v1/instance/maintenance-event", flavour)[2] \
+    assert (
+        request(server, "GET", "/computeMetadata/v1/instance/maintenance-event", flavour)[2]
         == b"TERMINATE_ON_HOST_MAINTENANCE"
+    )
     status, headers, body = request(server, "GET", "/computeMetadata/v1/instance/upcoming-maintenance", flavour)
     assert status == 200 and json.loads(body)["window_start_time"] == "2027-01-15T08:00:00Z"
     server.cancel_maintenance()
@@ -375,8 +404,12 @@ def test_env_for_points_every_sdk_variable_here(server):
     assert env["AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE"] == "IPv4"
     assert env["GCE_METADATA_HOST"] == env["GCE_METADATA_ROOT"] == env["GCE_METADATA_IP"] == server.host_port
     assert env["SKYSPOT_AZURE_METADATA_ENDPOINT"] == env["AZURE_POD_IDENTITY_AUTHORITY_HOST"] == server.url
-    assert set(server.env_for("gcp")) == {"GCE_METADATA_HOST", "GCE_METADATA_ROOT", "GCE_METADATA_IP",
-                                         "GCE_METADATA_MTLS_MODE"}
+    assert set(server.env_for("gcp")) == {
+        "GCE_METADATA_HOST",
+        "GCE_METADATA_ROOT",
+        "GCE_METADATA_IP",
+        "GCE_METADATA_MTLS_MODE",
+    }
     assert server.env_for("gcp")["GCE_METADATA_MTLS_MODE"] == "none"
 
 
@@ -392,6 +425,7 @@ def test_google_auth_own_gce_check_asks_the_loopback_server_and_finds_no_gce(ser
 
 
 # -- each cloud end to end -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_nothing_pending_means_no_callback(server, watchers, cloud):
@@ -517,6 +551,7 @@ def test_reset_gives_a_fresh_instance_for_the_next_attempt(server, watchers):
 
 # -- 1. planned shutdowns ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cloud,action", [("aws", "system-reboot"), ("gcp", "maintenance"), ("azure", "reboot")])
 def test_planned_shutdown_warns_at_once_and_calls_on_notice_lead_seconds_before_it(server, watchers, cloud, action):
     """An hour of warning, time-scaled: 4 s ahead, the exit kept 1.5 s before it (the cloud's window, scaled)."""
@@ -588,10 +623,14 @@ def test_maintenance_announced_again_after_a_cancelled_one_is_warned_of_again(se
     assert rec.notices == []
 
 
-@pytest.mark.parametrize("cloud,kwargs,action", [
-    ("aws", {"aws_code": "system-maintenance"}, "system-maintenance"),
-    ("gcp", {"gcp_value": "MIGRATE_ON_HOST_MAINTENANCE"}, "migrate"),
-    ("azure", {"azure_type": "Freeze"}, "freeze")])
+@pytest.mark.parametrize(
+    "cloud,kwargs,action",
+    [
+        ("aws", {"aws_code": "system-maintenance"}, "system-maintenance"),
+        ("gcp", {"gcp_value": "MIGRATE_ON_HOST_MAINTENANCE"}, "migrate"),
+        ("azure", {"azure_type": "Freeze"}, "freeze"),
+    ],
+)
 def test_maintenance_that_keeps_the_vm_running_is_a_warning_only(server, watchers, cloud, kwargs, action):
     rec = Recorder()
     w = watch(server, cloud, rec, watchers, warnings=True, lead=0.5)
@@ -616,6 +655,7 @@ def test_azure_started_reboot_is_imminent(server, watchers):
 
 
 # -- 2. AWS without a token ------------------------------------------------------------------
+
 
 def test_aws_unanswered_token_put_falls_back_to_imdsv1_and_sees_the_notice(watchers):
     """A container behind the default hop limit: the PUT's answer never arrives; IMDSv1 still works."""
@@ -661,6 +701,7 @@ def test_aws_without_token_or_imdsv1_keeps_trying_quietly(watchers, tokens, extr
 
 # -- 3. independent paths -----------------------------------------------------------------------
 
+
 def test_aws_failing_rebalance_path_does_not_delay_the_interruption_notice(server, watchers):
     server.fail("aws.rebalance", 500)
     rec = Recorder()
@@ -694,12 +735,19 @@ def test_gcp_paths_hang_independently(server, watchers):
 
 # -- 4. GCP DNS --------------------------------------------------------------------------------
 
+
 def test_gcp_falls_back_to_the_metadata_ip_when_the_host_does_not_resolve(server, watchers, loopback_only):
     port = server.host_port.rsplit(":", 1)[1]
     rec = Recorder()
-    w = start_notice_watcher(rec.on_notice, env={"SKYPILOT_CLUSTER_INFO": cluster_info("GCP"),
-                                                 "GCE_METADATA_HOST": f"metadata.invalid:{port}",
-                                                 "GCE_METADATA_IP": server.host_port}, poll_interval=POLL)
+    w = start_notice_watcher(
+        rec.on_notice,
+        env={
+            "SKYPILOT_CLUSTER_INFO": cluster_info("GCP"),
+            "GCE_METADATA_HOST": f"metadata.invalid:{port}",
+            "GCE_METADATA_IP": server.host_port,
+        },
+        poll_interval=POLL,
+    )
     watchers.append(w)
     settle(server, "gcp")
     server.announce_preemption(time.time() + 30)
@@ -709,6 +757,7 @@ def test_gcp_falls_back_to_the_metadata_ip_when_the_host_does_not_resolve(server
 
 
 # -- 5. Azure: only this VM's events -----------------------------------------------------------
+
 
 def test_azure_neighbours_events_change_nothing(server, watchers):
     rec = Recorder()
@@ -755,6 +804,7 @@ def test_azure_acted_on_events_are_approved_on_stop_when_they_name_this_vm_alone
 
 
 # -- 6. Azure: the first request early -----------------------------------------------------------
+
 
 def test_azure_events_flow_only_after_the_first_request_so_it_goes_out_first(watchers):
     """Scheduled Events start with the first request (slow to answer) and events follow later."""
@@ -833,6 +883,7 @@ def test_trainer_wires_warnings_to_an_early_checkpoint_with_their_cause(server, 
 
 # -- 7. GCP without ETags ------------------------------------------------------------------------
 
+
 def test_gcp_answers_without_etag_are_polled_not_spun(watchers):
     with MetadataServer(gcp_etags=False) as srv:
         rec = Recorder()
@@ -868,13 +919,19 @@ def test_gcp_503_is_retried_as_google_auth_retries_it(server, watchers):
 
 # -- an endpoint that is down or slow ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_unreachable_endpoint_is_retried_quietly_and_recovers(watchers, caplog, cloud):
     port = free_port()  # nothing listens here yet
     stand_in = MetadataServer(port=port)  # not started, so its env_for has no URL yet: spell it out
-    env = {"SKYPILOT_CLUSTER_INFO": cluster_info(CLOUD_NAMES[cloud]),
-           ms.ENV_VARS[cloud]: {"aws": f"http://127.0.0.1:{port}/", "gcp": f"127.0.0.1:{port}",
-                                "azure": f"http://127.0.0.1:{port}"}[cloud]}
+    env = {
+        "SKYPILOT_CLUSTER_INFO": cluster_info(CLOUD_NAMES[cloud]),
+        ms.ENV_VARS[cloud]: {
+            "aws": f"http://127.0.0.1:{port}/",
+            "gcp": f"127.0.0.1:{port}",
+            "azure": f"http://127.0.0.1:{port}",
+        }[cloud],
+    }
     rec = Recorder()
     with caplog.at_level(logging.DEBUG, logger="skyspot.trainer.notice"):
         w = start_notice_watcher(rec.on_notice, env=env, poll_interval=0.02)
@@ -927,6 +984,7 @@ def test_a_failing_callback_is_logged_not_raised(server, watchers, caplog):
 
 
 # -- stopping --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cloud", CLOUDS)
 def test_stop_is_prompt_even_during_a_hanging_get(server, cloud):

@@ -32,9 +32,16 @@ def test_maintenance_an_hour_ahead_checkpoints_early_trains_on_and_exits_before_
     run_dir, faults = tmp_path / "run", tmp_path / "faults"
     overrides = ["train.steps=100000", "checkpoint.every_steps=100000", "train.log_every=50", "checkpoint.keep=3"]
     with MetadataServer() as metadata:
-        proc = start(run_dir, overrides, SKYPILOT_CLUSTER_INFO=GCP_NODE, SKYSPOT_NOTICE_POLL_SECONDS="0.2",
-                     SKYPILOT_NUM_GPUS_PER_NODE="0", SKYSPOT_FAULT="step_end@3/0:hold=120",
-                     SKYSPOT_FAULT_DIR=str(faults), **metadata.env_for("gcp"))
+        proc = start(
+            run_dir,
+            overrides,
+            SKYPILOT_CLUSTER_INFO=GCP_NODE,
+            SKYSPOT_NOTICE_POLL_SECONDS="0.2",
+            SKYPILOT_NUM_GPUS_PER_NODE="0",
+            SKYSPOT_FAULT="step_end@3/0:hold=120",
+            SKYSPOT_FAULT_DIR=str(faults),
+            **metadata.env_for("gcp"),
+        )
         try:
             wait_for_file(faults / "step_end@3.rank0", proc)
             assert metadata.count("gcp.maintenance_event") >= 1  # watched since setup

@@ -109,8 +109,15 @@ def first_step_loss_by_plain_transformers(recipe_path: Path, model_dir: Path) ->
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     losses = []
     for rank in range(2):
-        order = DataOrder(len(samples), recipe.train.seed, recipe.data.shuffle, rank, 2,
-                          recipe.train.micro_batch_size, recipe.train.grad_accum)
+        order = DataOrder(
+            len(samples),
+            recipe.train.seed,
+            recipe.data.shuffle,
+            rank,
+            2,
+            recipe.train.micro_batch_size,
+            recipe.train.grad_accum,
+        )
         [indices] = order.step_indices(0)
         labels = torch.from_numpy(samples.labels[indices])
         with torch.no_grad():
@@ -123,8 +130,7 @@ def test_pretrained_weights_arrive_on_every_rank_and_the_first_loss_is_the_sourc
     """lr=0: after two steps final/ (gathered from both ranks' ZeRO-3 shards) is the source, bit for bit;
     step 1's loss is what plain transformers computes on the source model for the same batch."""
     run_dir = tmp_path / "lr0"
-    code = finish(start(run_dir, ["train.lr=0", "train.steps=2"], recipe=str(real_model["recipe"]),
-                        HF_HUB_OFFLINE="1"))
+    code = finish(start(run_dir, ["train.lr=0", "train.steps=2"], recipe=str(real_model["recipe"]), HF_HUB_OFFLINE="1"))
     assert code == 0, log_text(run_dir)
     assert_equal_tensors(safetensors_of(run_dir / "final"), safetensors_of(real_model["model"]))
     [first] = [e for e in events(run_dir, "step") if e["rank"] == 0 and e["step"] == 1]
@@ -137,15 +143,22 @@ def test_pretrained_weights_arrive_on_every_rank_and_the_first_loss_is_the_sourc
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final")
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Reverse: apple river"}],
-                                           add_generation_prompt=True, return_tensors="pt")
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Reverse: apple river"}], add_generation_prompt=True, return_tensors="pt"
+    )
+    out = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     assert out.shape[1] == prompt.shape[1] + 6 and isinstance(tokenizer.decode(out[0]), str)
 
 
-def test_a_real_model_preempted_twice_through_the_local_executor_ends_bitwise_equal(real_model, real_reference,
-                                                                                  monkeypatch):
+def test_a_real_model_preempted_twice_through_the_local_executor_ends_bitwise_equal(
+    real_model, real_reference, monkeypatch
+):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The controller sends each notice when it reads step 3's (7's) event; rank 0 then waits 4 s at the
     # end of the next step, before the ranks vote, so the notice is read by then however loaded the
@@ -175,7 +188,8 @@ def test_the_eval_loss_on_the_held_out_file_goes_down_and_final_records_the_last
 
 
 def test_lora_checkpoints_hold_only_adapters_resume_exactly_and_the_base_comes_from_the_store(
-        real_model, real_reference, lora_reference, tmp_path, monkeypatch):
+    real_model, real_reference, lora_reference, tmp_path, monkeypatch
+):
     """The model as a hub id (planted in an offline Hugging Face cache) and a store: the first attempt
     copies the base into the store, the attempt after the preemption reads it there."""
     from tests.trainer.real_model import HUB_ID, plant_in_hub_cache, recipe_file
@@ -229,12 +243,16 @@ def test_lora_checkpoints_hold_only_adapters_resume_exactly_and_the_base_comes_f
 
 def test_a_missing_model_directory_stops_the_trainer_with_one_line_and_exit_2(real_model, tmp_path):
     run_dir = tmp_path / "missing"
-    code = finish(start(run_dir, [f"model.hub_id={tmp_path}/gone"], recipe=str(real_model["recipe"]),
-                        HF_HUB_OFFLINE="1"))
+    code = finish(
+        start(run_dir, [f"model.hub_id={tmp_path}/gone"], recipe=str(real_model["recipe"]), HF_HUB_OFFLINE="1")
+    )
     assert code == 2
     errors = [line for line in log_text(run_dir).splitlines() if line.startswith("[skyspot]")]
-    assert errors == [f"[skyspot] model.hub_id {tmp_path}/gone is not a directory on this machine; a local model "
-                      "is a directory that save_pretrained wrote (config.json and *.safetensors)"]
+    assert errors == [
+        f"[skyspot] model.hub_id {tmp_path}/gone is not a directory on this machine; a local model "
+        "is a directory that save_pretrained wrote (config.json and *.safetensors)"
+    ]
     # no traceback of ours (torchrun prints its own report of a failed worker)
-    assert not [line for line in log_text(run_dir).splitlines() if line.strip().startswith('File "') and
-                "/skyspot/" in line]
+    assert not [
+        line for line in log_text(run_dir).splitlines() if line.strip().startswith('File "') and "/skyspot/" in line
+    ]

@@ -14,15 +14,18 @@ from skyspot.trainer.checkpoint import resharding
 from skyspot.trainer.data import DataOrder, rebatch
 
 
-@pytest.mark.parametrize("global_batch, micro, accum, dp, expected", [
-    (8, 4, 1, 2, (4, 1)),      # unchanged world: the recipe's split
-    (8, 4, 1, 1, (4, 2)),      # 2 -> 1 rank: accumulate twice
-    (4, 4, 1, 2, (2, 1)),      # 1 -> 2 ranks: halve the micro batch
-    (64, 8, 2, 4, (8, 2)),     # 4 ranks wrote 8 x 2 x 4 = 64: unchanged
-    (64, 8, 2, 2, (8, 4)),     # 4 -> 2 nodes of 1 rank
-    (48, 8, 1, 3, (8, 2)),     # 6 -> 3: 16 per rank
-    (24, 8, 1, 5, (8, 1)),     # 24 does not divide by 5: the recipe's split, and a note
-])
+@pytest.mark.parametrize(
+    "global_batch, micro, accum, dp, expected",
+    [
+        (8, 4, 1, 2, (4, 1)),  # unchanged world: the recipe's split
+        (8, 4, 1, 1, (4, 2)),  # 2 -> 1 rank: accumulate twice
+        (4, 4, 1, 2, (2, 1)),  # 1 -> 2 ranks: halve the micro batch
+        (64, 8, 2, 4, (8, 2)),  # 4 ranks wrote 8 x 2 x 4 = 64: unchanged
+        (64, 8, 2, 2, (8, 4)),  # 4 -> 2 nodes of 1 rank
+        (48, 8, 1, 3, (8, 2)),  # 6 -> 3: 16 per rank
+        (24, 8, 1, 5, (8, 1)),  # 24 does not divide by 5: the recipe's split, and a note
+    ],
+)
 def test_rebatch_keeps_the_global_batch_whenever_it_divides(global_batch, micro, accum, dp, expected):
     got_micro, got_accum, note = rebatch(global_batch, micro, accum, dp)
     assert (got_micro, got_accum) == expected
@@ -36,8 +39,12 @@ def test_rebatch_keeps_the_global_batch_whenever_it_divides(global_batch, micro,
 
 def _step_samples(order: DataOrder, ranks: int, consumed: int) -> list[int]:
     """Every rank's samples of the step starting at `consumed`, in training order."""
-    per_rank = [DataOrder(order.num_samples, order.seed, order.shuffle, r, ranks, order.micro_batch,
-                          order.grad_accum).step_indices(consumed) for r in range(ranks)]
+    per_rank = [
+        DataOrder(
+            order.num_samples, order.seed, order.shuffle, r, ranks, order.micro_batch, order.grad_accum
+        ).step_indices(consumed)
+        for r in range(ranks)
+    ]
     return sorted(int(i) for batch in per_rank for i in np.ravel(batch))
 
 
@@ -51,8 +58,11 @@ def test_across_a_world_size_change_every_step_takes_the_same_samples():
     for step in range(8, 30):  # crosses epochs (100 samples, 8 per step)
         consumed = step * 8
         assert _step_samples(after, 1, consumed) == _step_samples(before, 2, consumed)
-    seen = [i for step in range(0, 25) for i in _step_samples(after if step >= 8 else before,
-                                                              1 if step >= 8 else 2, step * 8)]
+    seen = [
+        i
+        for step in range(0, 25)
+        for i in _step_samples(after if step >= 8 else before, 1 if step >= 8 else 2, step * 8)
+    ]
     assert sorted(seen) == sorted(list(range(100)) * 2)  # 25 steps x 8 = two epochs: each sample twice
 
 
@@ -100,6 +110,7 @@ def test_gather_completes_another_nodes_part_from_the_store_or_says_what_is_miss
 
     def short(node, directory):
         return _step_dir(directory, [2])
+
     with pytest.raises(CheckpointError, match=r"lacks ranks \[3\]"):
         reshard.gather(step_dir, 4, 2, short, tmp_path / "universal" / ".gather-step_8")
 
@@ -114,10 +125,13 @@ def test_the_conversion_cache_is_keyed_by_the_source_manifest(tmp_path):
     assert reshard.cached(tmp_path, 12, "abc") is None
 
 
-@pytest.mark.parametrize("content, message", [
-    ("bytes", "refusing .*not a file the weights-only loader reads"),  # vetted before DeepSpeed sees it
-    ("torch", "universal conversion failed"),  # loads weights-only, but is no DeepSpeed checkpoint
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("bytes", "refusing .*not a file the weights-only loader reads"),  # vetted before DeepSpeed sees it
+        ("torch", "universal conversion failed"),  # loads weights-only, but is no DeepSpeed checkpoint
+    ],
+)
 def test_a_failed_conversion_is_one_line_and_leaves_no_cache(tmp_path, content, message):
     source = _step_dir(tmp_path / "step_8", [0, 1])
     if content == "torch":

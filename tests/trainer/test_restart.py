@@ -17,7 +17,11 @@ NOW = 10_000.0
 
 
 def test_the_first_restarts_of_an_hour_are_allowed_each_after_twice_the_last_wait():
-    first, second, third = decide([], NOW, 3, 5.0), decide([NOW - 60], NOW, 3, 5.0), decide([NOW - 90, NOW - 60], NOW, 3, 5.0)
+    first, second, third = (
+        decide([], NOW, 3, 5.0),
+        decide([NOW - 60], NOW, 3, 5.0),
+        decide([NOW - 90, NOW - 60], NOW, 3, 5.0),
+    )
     assert (first.allowed, first.within_hour, first.wait_seconds) == (True, 1, 5.0)
     assert (second.allowed, second.within_hour, second.wait_seconds) == (True, 2, 10.0)
     assert (third.allowed, third.within_hour, third.wait_seconds) == (True, 3, 20.0)
@@ -45,20 +49,26 @@ def _failure(pid, ts):
 
 
 def test_a_rank_that_died_without_a_word_before_its_peers_errors_is_a_crash():
-    views = [{"deaths": [_death(10, 101.0)], "failures": [_failure(10, 100.3)]},  # node 0: a peer's symptom
-             {"deaths": [_death(20, 100.2)], "failures": []}]  # node 1: SIGKILLed, silent
+    views = [
+        {"deaths": [_death(10, 101.0)], "failures": [_failure(10, 100.3)]},  # node 0: a peer's symptom
+        {"deaths": [_death(20, 100.2)], "failures": []},
+    ]  # node 1: SIGKILLed, silent
     assert diagnose(views, fallback=0.0) == ("crash", 100.2)
 
 
 def test_an_exception_first_is_an_error_even_when_a_peer_is_killed_silently_later():
-    views = [{"deaths": [_death(10, 100.9)], "failures": [_failure(10, 100.0)]},
-             {"deaths": [_death(20, 131.0)], "failures": []}]  # SIGKILLed by its agent 30 s on
+    views = [
+        {"deaths": [_death(10, 100.9)], "failures": [_failure(10, 100.0)]},
+        {"deaths": [_death(20, 131.0)], "failures": []},
+    ]  # SIGKILLed by its agent 30 s on
     assert diagnose(views, fallback=0.0) == ("error", 100.0)
 
 
 def test_a_hang_the_watchdog_recorded_names_the_cause_and_its_time():
-    views = [{"deaths": [_death(10, 200.0)], "failures": [], "hang": {"ts": 190.0, "step": 7}},
-             {"deaths": [_death(20, 200.1)], "failures": [], "hang": None}]
+    views = [
+        {"deaths": [_death(10, 200.0)], "failures": [], "hang": {"ts": 190.0, "step": 7}},
+        {"deaths": [_death(20, 200.1)], "failures": [], "hang": None},
+    ]
     assert diagnose(views, fallback=0.0) == ("hang", 190.0)
     assert diagnose([{"deaths": [], "failures": []}], fallback=42.0) == ("crash", 42.0)
 
@@ -84,8 +94,15 @@ def test_an_error_keeps_its_code_so_torchrun_restarts_it():
 
 
 def test_the_global_rank_follows_the_skypilot_node_rank_not_the_rendezvous_order():
-    env = {"GROUP_RANK": "0", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "4",
-           "SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2"}
+    env = {
+        "GROUP_RANK": "0",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "WORLD_SIZE": "4",
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NUM_NODES": "2",
+    }
     assert cluster.pin_rank(env)
     assert env["RANK"] == "3" and env[cluster.LAUNCHER_RANK_ENV] == "1"
     assert not cluster.pin_rank(env) and env["RANK"] == "3"  # once
@@ -100,7 +117,8 @@ def test_rank_faults_name_a_step_and_optionally_a_node_and_local_rank():
     assert rank_faults.parse("12:1,7,9:0.1", "crash") == [
         {"action": "crash", "step": 7, "node": None, "local_rank": None},
         {"action": "crash", "step": 9, "node": 0, "local_rank": 1},
-        {"action": "crash", "step": 12, "node": 1, "local_rank": None}]
+        {"action": "crash", "step": 12, "node": 1, "local_rank": None},
+    ]
     for bad in ("x", "3:a", "0", "3:-1", "3:1.x"):
         with pytest.raises(UsageError, match="--hang-at-steps"):
             rank_faults.parse(bad, "hang")
@@ -139,8 +157,13 @@ def test_an_injected_fault_signals_the_nodes_worker_by_local_rank(tmp_path):
 
     procs = []
     for local_rank in (0, 1):
-        env = {**os.environ, "SKYSPOT_RUN_NAME": "faulty", "SKYPILOT_NODE_RANK": "1", "TORCHELASTIC_RUN_ID": "faulty",
-               "LOCAL_RANK": str(local_rank)}
+        env = {
+            **os.environ,
+            "SKYSPOT_RUN_NAME": "faulty",
+            "SKYPILOT_NODE_RANK": "1",
+            "TORCHELASTIC_RUN_ID": "faulty",
+            "LOCAL_RANK": str(local_rank),
+        }
         procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env))
     try:
         deadline = time.monotonic() + 10
@@ -168,8 +191,15 @@ def test_the_watchdog_numbers_a_worker_as_the_trainer_will_not_as_the_rendezvous
     SkyPilot node, or once pinned, torchrun's RANK is the rank."""
     from skyspot.trainer.cluster import LAUNCHER_RANK_ENV, pinned_rank
 
-    node1 = {"GROUP_RANK": "0", "SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2", "RANK": "0",
-             "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2"}
+    node1 = {
+        "GROUP_RANK": "0",
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NUM_NODES": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "WORLD_SIZE": "2",
+    }
     assert pinned_rank(node1) == 1
     assert pinned_rank({**node1, "SKYPILOT_NODE_RANK": "0", "RANK": "1"}) == 0
     assert pinned_rank({"RANK": "3", "LOCAL_RANK": "1"}) == 3

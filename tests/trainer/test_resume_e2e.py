@@ -38,15 +38,13 @@ def preempted(tmp_path_factory):
     codes = []
 
     # start 1: SIGTERM to rank 1 only, while it pauses at the end of step 6.
-    proc = start(run_dir, TINY, log_name="start1", SKYSPOT_FAULT="step_end@6/1:pause=3",
-                 SKYSPOT_FAULT_DIR=str(faults))
+    proc = start(run_dir, TINY, log_name="start1", SKYSPOT_FAULT="step_end@6/1:pause=3", SKYSPOT_FAULT_DIR=str(faults))
     pid = int(wait_for_file(faults / "step_end@6.rank1", proc))
     os.kill(pid, signal.SIGTERM)
     codes.append(finish(proc))
 
     # start 2: SIGTERM to torchrun itself (the supervisor's child) while rank 0 pauses at step 10.
-    proc = start(run_dir, TINY, log_name="start2", SKYSPOT_FAULT="step_end@10/0:pause=3",
-                 SKYSPOT_FAULT_DIR=str(faults))
+    proc = start(run_dir, TINY, log_name="start2", SKYSPOT_FAULT="step_end@10/0:pause=3", SKYSPOT_FAULT_DIR=str(faults))
     wait_for_file(faults / "step_end@10.rank0", proc)
     torchrun = psutil.Process(proc.pid).children()[0]
     assert "torchrun" in " ".join(torchrun.cmdline())
@@ -54,8 +52,9 @@ def preempted(tmp_path_factory):
     codes.append(finish(proc))
 
     # start 3: SIGKILL of the node while step 16's checkpoint has its files and manifest but no marker.
-    proc = start(run_dir, TINY, log_name="start3", SKYSPOT_FAULT="before_marker@16:pause=60",
-                 SKYSPOT_FAULT_DIR=str(faults))
+    proc = start(
+        run_dir, TINY, log_name="start3", SKYSPOT_FAULT="before_marker@16:pause=60", SKYSPOT_FAULT_DIR=str(faults)
+    )
     wait_for_file(faults / "before_marker@16.rank0", proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the supervisor; torchrun and the workers die with it
     codes.append(finish(proc))
@@ -74,8 +73,9 @@ def _cmdline(p: psutil.Process) -> list[str]:
 
 
 def _losses(run_dir, attempt=None) -> dict[int, tuple[float, float]]:
-    return {e["step"]: (e["loss"], e["lr"]) for e in events(run_dir, "step")
-            if attempt is None or e["attempt"] == attempt}
+    return {
+        e["step"]: (e["loss"], e["lr"]) for e in events(run_dir, "step") if attempt is None or e["attempt"] == attempt
+    }
 
 
 def test_one_rank_sigterm_makes_every_rank_save_and_exit_75(preempted):
@@ -121,7 +121,10 @@ def test_preempted_run_matches_uninterrupted_run_bitwise(reference, preempted):
         got = _losses(run_dir, attempt)
         assert got, f"start {attempt} logged no steps"
         assert got == {step: expected[step] for step in got}, f"start {attempt} diverged"
-    ours, theirs = load_file(run_dir / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
+    ours, theirs = (
+        load_file(run_dir / "final" / "model.safetensors"),
+        load_file(reference / "final" / "model.safetensors"),
+    )
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
@@ -149,7 +152,7 @@ def test_final_model_loads_generates_and_equals_the_last_checkpoint(reference):
     tokenizer = ByteTokenizer.from_pretrained(reference / "final")
     prompt = torch.tensor([tokenizer.encode("abcabcabc")])
     out = model.generate(prompt, max_new_tokens=12, do_sample=False)
-    text = tokenizer.decode(out[0, prompt.shape[1]:])
+    text = tokenizer.decode(out[0, prompt.shape[1] :])
     assert out.shape[1] > prompt.shape[1] and isinstance(text, str)
 
     fp32 = get_fp32_state_dict_from_zero_checkpoint(str(reference / "checkpoints"), tag="step_16")

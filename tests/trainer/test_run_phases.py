@@ -17,8 +17,18 @@ from skyspot.trainer.vote import BALLOT_FIELDS, Ballot, tally
 
 
 def test_a_ballot_goes_out_and_comes_back_by_field_name():
-    ballot = Ballot(loss=1.5, tokens=7.0, emergency=1.0, checkpoint=0.0, time_due=1.0, first_seen=10.0,
-                    deadline=40.0, signaled=0.0, need_s=2.5, clock=99.0)
+    ballot = Ballot(
+        loss=1.5,
+        tokens=7.0,
+        emergency=1.0,
+        checkpoint=0.0,
+        time_due=1.0,
+        first_seen=10.0,
+        deadline=40.0,
+        signaled=0.0,
+        need_s=2.5,
+        clock=99.0,
+    )
     numbers = ballot.encode()
     assert numbers == [getattr(ballot, name) for name in BALLOT_FIELDS]  # the wire order is the fields' order
     assert Ballot.decode(numbers) == ballot
@@ -29,10 +39,21 @@ def test_a_ballot_goes_out_and_comes_back_by_field_name():
 
 
 def test_the_tally_is_the_same_rule_on_every_rank():
-    zero = Ballot(loss=1.0, tokens=3.0, emergency=0.0, checkpoint=0.0, time_due=1.0, first_seen=0.0,
-                  deadline=0.0, signaled=0.0, need_s=4.0, clock=50.0)
-    other = dataclasses.replace(zero, loss=3.0, tokens=5.0, emergency=1.0, first_seen=12.0, deadline=30.0,
-                                time_due=0.0, need_s=6.0, clock=51.0)
+    zero = Ballot(
+        loss=1.0,
+        tokens=3.0,
+        emergency=0.0,
+        checkpoint=0.0,
+        time_due=1.0,
+        first_seen=0.0,
+        deadline=0.0,
+        signaled=0.0,
+        need_s=4.0,
+        clock=50.0,
+    )
+    other = dataclasses.replace(
+        zero, loss=3.0, tokens=5.0, emergency=1.0, first_seen=12.0, deadline=30.0, time_due=0.0, need_s=6.0, clock=51.0
+    )
     vote = tally([zero, other], seconds=0.25)
     assert (vote.loss, vote.tokens, vote.emergency, vote.checkpoint) == (2.0, 8, True, False)
     assert vote.time_due and vote.now == 50.0  # global rank 0's interval clock and its time
@@ -62,8 +83,9 @@ def test_the_schedule_reapplied_on_resume_is_what_the_scheduler_reports_and_save
     train = recipe.train
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([param], lr=0.5)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(train.warmup_steps, train.steps,
-                                                                       train.min_lr_ratio))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_factor(train.warmup_steps, train.steps, train.min_lr_ratio)
+    )
     for _ in range(4):
         optimizer.step()
         scheduler.step()

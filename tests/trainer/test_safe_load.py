@@ -84,8 +84,14 @@ def test_what_deepspeed_and_the_trainer_pickle_is_allowed(trained):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("planted", ["trainer_state_rank_0.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                     "zero_pp_rank_1_mp_rank_00_model_states.pt"])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "trainer_state_rank_0.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_model_states.pt",
+    ],
+)
 def test_resume_from_a_planted_checkpoint_refuses_and_runs_nothing(trained, tmp_path, planted):
     """Our own load (the trainer state) and DeepSpeed's (model and ZeRO optimizer states, through the
     snapshot engine) alike: the resume stops with NO_VALID_CHECKPOINT and one line naming the file."""
@@ -100,6 +106,10 @@ def test_resume_from_a_planted_checkpoint_refuses_and_runs_nothing(trained, tmp_
     assert not marker.exists()
     # One line from the trainer, and the supervisor's one line with the exit code (torchrun adds its own
     # ChildFailedError report whenever a worker exits non-zero; that is not ours).
-    assert any(line.startswith("[skyspot] rank ") and "refusing" in line and planted in line for line in log.splitlines()), log
-    assert any(line.startswith("[skyspot.supervise] trainer exit 3 (no valid checkpoint: rank ") and planted in line
-               for line in log.splitlines()), log
+    assert any(
+        line.startswith("[skyspot] rank ") and "refusing" in line and planted in line for line in log.splitlines()
+    ), log
+    assert any(
+        line.startswith("[skyspot.supervise] trainer exit 3 (no valid checkpoint: rank ") and planted in line
+        for line in log.splitlines()
+    ), log

@@ -34,7 +34,8 @@ IO_S = 26  # each throttled I/O: longer than the timeout, no longer than that pr
 
 
 def test_slow_base_download_and_checkpoint_fetch_outlast_the_distributed_timeout(
-        real_model, real_reference, s3_server, fake_hub, tmp_path):
+    real_model, real_reference, s3_server, fake_hub, tmp_path
+):
     fake_hub.serve(HUB_ID, real_model["model"])
     weights = sum(p.stat().st_size for p in real_model["model"].glob("*.safetensors"))
     hub = ThrottledProxy(fake_hub.server.server_address[1], rate=weights / IO_S)
@@ -42,14 +43,27 @@ def test_slow_base_download_and_checkpoint_fetch_outlast_the_distributed_timeout
     uri = f"{s3_server.bucket()}/runs"
     recipe = recipe_file(tmp_path / "recipe.yaml", HUB_ID, real_model["alpaca"], store=uri)
     args = ["--run-name", "slow-io"]
-    env = dict(SKYSPOT_DIST_TIMEOUT_SECONDS=str(DIST_TIMEOUT_S), HF_ENDPOINT=hub.url, AWS_ENDPOINT_URL=store.url,
-               HF_HUB_DOWNLOAD_TIMEOUT="60", HF_HUB_ETAG_TIMEOUT="60",
-               SKYSPOT_STORE_RETRY_MAX_SECONDS="1", SKYSPOT_EVENTS_SYNC_SECONDS="1")
+    env = dict(
+        SKYSPOT_DIST_TIMEOUT_SECONDS=str(DIST_TIMEOUT_S),
+        HF_ENDPOINT=hub.url,
+        AWS_ENDPOINT_URL=store.url,
+        HF_HUB_DOWNLOAD_TIMEOUT="60",
+        HF_HUB_ETAG_TIMEOUT="60",
+        SKYSPOT_STORE_RETRY_MAX_SECONDS="1",
+        SKYSPOT_EVENTS_SYNC_SECONDS="1",
+    )
     try:
         # A: the weights come from the slow hub; SIGTERM while rank 0 holds at the end of step 6.
         first, faults = tmp_path / "node-a" / "run", tmp_path / "faults"
-        proc = start(first, args, recipe=str(recipe), HF_HOME=str(tmp_path / "node-a" / "hf"),
-                     SKYSPOT_FAULT="step_end@6/0:pause=3", SKYSPOT_FAULT_DIR=str(faults), **env)
+        proc = start(
+            first,
+            args,
+            recipe=str(recipe),
+            HF_HOME=str(tmp_path / "node-a" / "hf"),
+            SKYSPOT_FAULT="step_end@6/0:pause=3",
+            SKYSPOT_FAULT_DIR=str(faults),
+            **env,
+        )
         wait_for_file(faults / "step_end@6.rank0", proc, timeout=240)
         os.killpg(proc.pid, signal.SIGTERM)  # the supervisor forwards it to torchrun's group
         assert finish(proc) == PREEMPTED, log_text(first)
@@ -61,8 +75,9 @@ def test_slow_base_download_and_checkpoint_fetch_outlast_the_distributed_timeout
         part = sum(len(remote.get_bytes(key) or b"") for key in remote.list("slow-io/checkpoints/step_6/"))
         store.rate = part / IO_S
         second = tmp_path / "node-b" / "run"
-        code = finish(start(second, args, recipe=str(recipe), HF_HOME=str(tmp_path / "node-b" / "hf"), **env),
-                      timeout=300)
+        code = finish(
+            start(second, args, recipe=str(recipe), HF_HOME=str(tmp_path / "node-b" / "hf"), **env), timeout=300
+        )
         assert code == 0, log_text(second)
     finally:
         hub.stop()

@@ -92,10 +92,16 @@ def preempt_by_notice(run_dir: Path, overrides: list[str], cloud: str, node: str
     """Start a node, hold it at step 6, announce a preemption due in 30 s, let it go: its exit code.
     It saves at once (no training through the window, which tests/executors/local/test_notice_window.py covers)."""
     with MetadataServer() as metadata:
-        proc = start(run_dir, overrides + ["checkpoint.train_through_notice=false"], SKYPILOT_CLUSTER_INFO=node,
-                     SKYSPOT_NOTICE_POLL_SECONDS="0.2",
-                     SKYSPOT_FAULT="step_end@6/0:hold=120", SKYSPOT_FAULT_DIR=str(faults),
-                     **metadata.env_for(cloud), **FAST_STORE)
+        proc = start(
+            run_dir,
+            overrides + ["checkpoint.train_through_notice=false"],
+            SKYPILOT_CLUSTER_INFO=node,
+            SKYSPOT_NOTICE_POLL_SECONDS="0.2",
+            SKYSPOT_FAULT="step_end@6/0:hold=120",
+            SKYSPOT_FAULT_DIR=str(faults),
+            **metadata.env_for(cloud),
+            **FAST_STORE,
+        )
         wait_for_file(faults / "step_end@6.rank0", proc)
         endpoint = {"gcp": "gcp.preempted", "azure": "azure.scheduled_events"}[cloud]
         served = metadata.count(endpoint)
@@ -111,7 +117,10 @@ def release(faults: Path, fired: str) -> None:
 
 
 def assert_equals_reference(run_dir: Path, reference: Path) -> None:
-    ours, theirs = load_file(run_dir / "final" / "model.safetensors"), load_file(reference / "final" / "model.safetensors")
+    ours, theirs = (
+        load_file(run_dir / "final" / "model.safetensors"),
+        load_file(reference / "final" / "model.safetensors"),
+    )
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
@@ -137,8 +146,13 @@ def s3(s3_server, tmp_path_factory):
     runs["durable_after_A"] = durable_steps(store, "s3run")
 
     b = root / "B"
-    proc = start(b, ["train.steps=16", "checkpoint.every_steps=2", "checkpoint.keep=1", "train.log_every=4"] + args,
-                 SKYSPOT_FAULT="step_end@9/0:hold=120", SKYSPOT_FAULT_DIR=str(faults), **FAST_STORE)
+    proc = start(
+        b,
+        ["train.steps=16", "checkpoint.every_steps=2", "checkpoint.keep=1", "train.log_every=4"] + args,
+        SKYSPOT_FAULT="step_end@9/0:hold=120",
+        SKYSPOT_FAULT_DIR=str(faults),
+        **FAST_STORE,
+    )
     try:
         wait_for_file(faults / "step_end@9.rank0", proc)
         wait_until(lambda: 8 in durable_steps(store, "s3run"), "step 8 durable", proc)
@@ -166,7 +180,8 @@ def test_preemption_notice_commits_uploads_before_the_deadline_and_exits_75(s3):
     assert emergency["newest_durable_step"] == 6 and emergency["upload_deadline"] < notice["deadline"]
     assert s3["durable_after_A"] == [4, 6]
     assert [(e["code"], e["step"]) for e in bucket_events(store, "s3run", "exit") if e["attempt"] == 1] == [
-        (PREEMPTED, 6)]
+        (PREEMPTED, 6)
+    ]
 
 
 def test_next_start_on_a_new_machine_resumes_at_the_emergency_step_from_the_bucket_alone(s3):
@@ -231,10 +246,18 @@ def test_two_node_gcs_run_leaves_durable_checkpoints_with_every_nodes_marker_and
     assert gcs["C"] == [0, 0], log_text(c0) + log_text(gcs["root"] / "C1")
     assert gcs["durable_after_C"] == [4, 8]
     step_8 = sorted(k.rsplit("/", 1)[-1] for k in gcs["keys_after_C"] if "/step_8/" in k)
-    assert step_8 == ["COMMITTED.node-0-of-2", "COMMITTED.node-1-of-2", "manifest.node-0.json", "manifest.node-1.json",
-                      "trainer_state_rank_0.pt", "trainer_state_rank_1.pt",
-                      "zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                      "zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert step_8 == [
+        "COMMITTED.node-0-of-2",
+        "COMMITTED.node-1-of-2",
+        "manifest.node-0.json",
+        "manifest.node-1.json",
+        "trainer_state_rank_0.pt",
+        "trainer_state_rank_1.pt",
+        "zero_pp_rank_0_mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_model_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
     names = {k.rsplit("/", 1)[-1] for k in gcs["keys_after_C"] if "/events/" in k}
     assert names == {"attempt-1.node-0.rank-0.jsonl", "attempt-1.node-1.rank-1.jsonl"}
     types = [e["type"] for e in gcs["events_after_C"]]
@@ -257,7 +280,9 @@ def test_corrupted_remote_shard_falls_back_to_the_previous_durable_checkpoint_an
     [resume] = events(d0, "resume")
     assert (resume["step"], resume["source"], resume["attempt"]) == (4, "store", 2)
     [line] = [s for s in resume["skipped"] if "falling back" in s]
-    assert line.startswith("node 1: checkpoint step_8") and "zero_pp_rank_1_mp_rank_00_optim_states.pt' is corrupt" in line
+    assert (
+        line.startswith("node 1: checkpoint step_8") and "zero_pp_rank_1_mp_rank_00_optim_states.pt' is corrupt" in line
+    )
     assert log_text(d0).count("falling back to an earlier checkpoint") == 1
     assert_equals_reference(d0, reference)  # train.steps extended from 8 to 16
 
@@ -296,5 +321,7 @@ def test_azure_run_resumed_from_blob_storage_alone_matches_the_reference(azure, 
     assert (resume["step"], resume["source"], resume["attempt"]) == (6, "store", 2)
     assert_equals_reference(f, reference)
     got = {e["step"]: (e["loss"], e["lr"]) for e in bucket_events(store, "azrun", "step")}
-    assert got == {e["step"]: (e["loss"], e["lr"]) for e in events(reference, "step")}  # both starts, from the container
+    assert got == {
+        e["step"]: (e["loss"], e["lr"]) for e in events(reference, "step")
+    }  # both starts, from the container
     assert "azrun/final/model.safetensors" in store.list("azrun/final/")

@@ -55,11 +55,23 @@ sys.exit(1)
 
 
 def supervise(run_dir: Path, cloud: str, metadata: MetadataServer) -> subprocess.Popen:
-    env = trainer_env(SKYPILOT_CLUSTER_INFO=json.dumps({"cluster_name": "c1", "cloud": CLUSTER[cloud]}),
-                      SKYSPOT_NOTICE_POLL_SECONDS="0.3" if cloud == "azure" else "0.1",
-                      **metadata.env_for(cloud))
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir), "--",
-               sys.executable, "-c", NODE_LEADER, str(run_dir)]
+    env = trainer_env(
+        SKYPILOT_CLUSTER_INFO=json.dumps({"cluster_name": "c1", "cloud": CLUSTER[cloud]}),
+        SKYSPOT_NOTICE_POLL_SECONDS="0.3" if cloud == "azure" else "0.1",
+        **metadata.env_for(cloud),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--",
+        sys.executable,
+        "-c",
+        NODE_LEADER,
+        str(run_dir),
+    ]
     return subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -74,8 +86,23 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 def test_supervisor_watches_and_the_node_leader_gets_the_notice_with_its_deadline(tmp_path, cloud):
     with MetadataServer() as metadata:
-        (tmp_path / NOTICE_FILE_NAME).write_text(json.dumps({"token": "old", "notices": [
-            {"seq": 1, "kind": "emergency", "source": "aws", "action": "terminate", "deadline": 1, "received": 1}]}))
+        (tmp_path / NOTICE_FILE_NAME).write_text(
+            json.dumps(
+                {
+                    "token": "old",
+                    "notices": [
+                        {
+                            "seq": 1,
+                            "kind": "emergency",
+                            "source": "aws",
+                            "action": "terminate",
+                            "deadline": 1,
+                            "received": 1,
+                        }
+                    ],
+                }
+            )
+        )
         proc = supervise(tmp_path, cloud, metadata)
         try:
             wait_for(tmp_path / "ready", proc)
@@ -108,8 +135,12 @@ def test_a_warning_is_an_early_checkpoint_not_an_emergency(tmp_path):
     pending = watch.take()
     assert pending.checkpoint and not pending.emergency
     [warning] = pending.notices
-    assert (warning["source"], warning["action"], warning["deadline"], warning["warning"]) == \
-        ("gcp", "maintenance", 1234.0, True)
+    assert (warning["source"], warning["action"], warning["deadline"], warning["warning"]) == (
+        "gcp",
+        "maintenance",
+        1234.0,
+        True,
+    )
     assert watch.take().notices == [] and not watch.take().checkpoint  # handed out once
     notices.request_emergency(2000.0, "gcp", "maintenance")
     pending = watch.take()
@@ -132,8 +163,10 @@ def test_notice_file_from_another_start_or_half_written_is_ignored(tmp_path):
 def test_notice_file_survives_concurrent_writes_and_reads(tmp_path):
     """The watcher's threads write while the node leader reads: every entry arrives once, whole."""
     writer, reader = NoticeFile(tmp_path / NOTICE_FILE_NAME, "t"), NoticeFile(tmp_path / NOTICE_FILE_NAME, "t")
-    threads = [threading.Thread(target=lambda i=i: [writer.request_checkpoint("aws", f"w{i}-{k}") for k in range(50)])
-               for i in range(3)]
+    threads = [
+        threading.Thread(target=lambda i=i: [writer.request_checkpoint("aws", f"w{i}-{k}") for k in range(50)])
+        for i in range(3)
+    ]
     got = []
     for t in threads:
         t.start()

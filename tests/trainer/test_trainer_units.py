@@ -48,7 +48,11 @@ def test_lr_warms_up_then_decays_by_cosine_to_the_floor():
 
 
 def test_deepspeed_config_from_the_recipe():
-    recipe = load_recipe("tiny", ["train.grad_accum=2", "deepspeed.extra={zero_optimization: {stage3_max_live_parameters: 1000}}"], environ={})
+    recipe = load_recipe(
+        "tiny",
+        ["train.grad_accum=2", "deepspeed.extra={zero_optimization: {stage3_max_live_parameters: 1000}}"],
+        environ={},
+    )
     config = deepspeed_config(recipe)
     assert config["zero_optimization"]["stage"] == 3
     assert config["zero_optimization"]["stage3_max_live_parameters"] == 1000  # extra merged last
@@ -59,15 +63,29 @@ def test_deepspeed_config_from_the_recipe():
 
 
 def test_placement_reads_skypilot_and_torchrun_variables():
-    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "SKYPILOT_NODE_RANK": "2", "SKYPILOT_NUM_NODES": "4",
-           "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2\n", "SKYPILOT_TASK_ID": "sky-1",
-           "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "GCP", "region": "us-central1", "zone": "us-central1-a",
-                                                "use_spot": True})}
+    env = {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "SKYPILOT_NODE_RANK": "2",
+        "SKYPILOT_NUM_NODES": "4",
+        "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2\n",
+        "SKYPILOT_TASK_ID": "sky-1",
+        "SKYPILOT_CLUSTER_INFO": json.dumps(
+            {"cloud": "GCP", "region": "us-central1", "zone": "us-central1-a", "use_spot": True}
+        ),
+    }
     p = cluster.from_environment(env)
     assert (p.rank, p.world_size, p.local_rank, p.node_rank, p.num_nodes, p.local_world_size) == (5, 8, 1, 2, 4, 2)
     assert p.node_ips == ("10.0.0.1", "10.0.0.2") and not p.is_node_leader
-    assert p.where == {"cloud": "gcp", "region": "us-central1", "zone": "us-central1-a",
-                       "instance_type": "unknown", "spot": True, "num_nodes": 4}
+    assert p.where == {
+        "cloud": "gcp",
+        "region": "us-central1",
+        "zone": "us-central1-a",
+        "instance_type": "unknown",
+        "spot": True,
+        "num_nodes": 4,
+    }
     assert cluster.from_environment({}).where["cloud"] == "unknown"
 
 

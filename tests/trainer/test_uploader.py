@@ -30,8 +30,10 @@ def make_checkpoint(run_dir: Path, step: int, files: dict[str, bytes] | None = N
     for rel, data in files.items():
         (directory / rel).parent.mkdir(parents=True, exist_ok=True)
         (directory / rel).write_bytes(data)
-    manifest = {"step": step, "files": {rel: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-                                        for rel, data in files.items()}}
+    manifest = {
+        "step": step,
+        "files": {rel: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for rel, data in files.items()},
+    }
     (directory / "manifest.json").write_text(json.dumps(manifest))
     (directory / "COMMITTED").write_text(json.dumps({"step": step}))
     return directory
@@ -65,7 +67,9 @@ class Wrapped:
 def store_uri(request, tmp_path):
     if request.param == "local":
         return str(tmp_path / "bucket")
-    return request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param]).bucket()
+    return request.getfixturevalue(
+        {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param]
+    ).bucket()
 
 
 @pytest.fixture
@@ -76,8 +80,10 @@ def events(tmp_path):
 
 
 def upload_ends(tmp_path) -> list[dict]:
-    return [{k: e[k] for k in ("step", "bytes", "durable", "error")}
-            for e in read_events_dir(tmp_path / "run" / "events").of_type("upload_end")]
+    return [
+        {k: e[k] for k in ("step", "bytes", "durable", "error")}
+        for e in read_events_dir(tmp_path / "run" / "events").of_type("upload_end")
+    ]
 
 
 def test_checkpoint_roundtrip_is_verified_file_by_file(store_uri, tmp_path, events):
@@ -162,7 +168,8 @@ def test_newer_checkpoint_abandons_the_older_upload_at_a_file_boundary(store_uri
     assert step_keys(store, 1) == []  # never got a marker; retention removed its partial file
     assert upload_ends(tmp_path) == [
         {"step": 1, "bytes": 1000, "durable": False, "error": "superseded by step 2"},
-        {"step": 2, "bytes": 8000, "durable": True, "error": None}]
+        {"step": 2, "bytes": 8000, "durable": True, "error": None},
+    ]
 
 
 def test_retention_keeps_the_newest_durable_checkpoints(store_uri, tmp_path):
@@ -202,8 +209,9 @@ def test_corrupt_or_missing_remote_file_is_named_and_nothing_is_left_locally(sto
     target = tmp_path / "resume" / "step_3"
     with pytest.raises(CheckpointError) as caught:
         download_checkpoint(store, RUN, 3, target)
-    assert str(caught.value) == (f"checkpoint step_3 in {store.uri}: file 'zero/optim_rank0.pt' is corrupt "
-                                 "(sha256 does not match the manifest)")
+    assert str(caught.value) == (
+        f"checkpoint step_3 in {store.uri}: file 'zero/optim_rank0.pt' is corrupt (sha256 does not match the manifest)"
+    )
     assert not target.parent.exists() or list(target.parent.iterdir()) == []
 
     store.delete([key])
@@ -236,8 +244,9 @@ def test_uncommitted_local_checkpoint_is_not_uploaded(tmp_path):
     uploader.submit(4, local)
     assert not uploader.close(timeout=30)
     assert step_keys(store, 4) == []
-    assert warnings == [f"checkpoint step 4 was not uploaded: local checkpoint not uploadable: "
-                        f"{local} has no COMMITTED marker"]
+    assert warnings == [
+        f"checkpoint step 4 was not uploaded: local checkpoint not uploadable: {local} has no COMMITTED marker"
+    ]
 
 
 def test_flush_until_reports_whether_the_newest_checkpoint_became_durable(tmp_path):
@@ -380,8 +389,14 @@ def test_event_files_are_synced_in_the_background_and_at_close(tmp_path, events)
 
 def node_checkpoint(run_dir: Path, step: int, node: int) -> Path:
     """Node `node`'s part of a checkpoint: its ranks' files only (names unique per rank, as DeepSpeed's are)."""
-    return make_checkpoint(run_dir, step, {f"zero_pp_rank_{node}_model_states.pt": os.urandom(2000 + node),
-                                           f"trainer_state_rank_{node}.pt": os.urandom(300)})
+    return make_checkpoint(
+        run_dir,
+        step,
+        {
+            f"zero_pp_rank_{node}_model_states.pt": os.urandom(2000 + node),
+            f"trainer_state_rank_{node}.pt": os.urandom(300),
+        },
+    )
 
 
 def test_durability_needs_every_nodes_marker_and_the_marker_says_how_many_nodes():
@@ -412,9 +427,16 @@ def test_a_checkpoint_written_by_two_nodes_is_durable_only_once_both_uploaded(st
     assert remote_checkpoints(store, RUN) == [6]
     assert nodes[0].refresh_durable() == [6] and nodes[0].is_durable(6)
     names = sorted(k.rsplit("/", 1)[-1] for k in step_keys(store, 6))
-    assert names == ["COMMITTED.node-0-of-2", "COMMITTED.node-1-of-2", "manifest.node-0.json",
-                     "manifest.node-1.json", "trainer_state_rank_0.pt", "trainer_state_rank_1.pt",
-                     "zero_pp_rank_0_model_states.pt", "zero_pp_rank_1_model_states.pt"]
+    assert names == [
+        "COMMITTED.node-0-of-2",
+        "COMMITTED.node-1-of-2",
+        "manifest.node-0.json",
+        "manifest.node-1.json",
+        "trainer_state_rank_0.pt",
+        "trainer_state_rank_1.pt",
+        "zero_pp_rank_0_model_states.pt",
+        "zero_pp_rank_1_model_states.pt",
+    ]
 
     # Each node gets back exactly what it wrote, under the local names.
     for k in (0, 1):
@@ -473,13 +495,16 @@ def test_local_copy_may_go_once_it_or_a_newer_checkpoint_is_durable(tmp_path):
     uploader.close()
 
 
-@pytest.mark.parametrize("left, new, rate, seconds, keep", [
-    (100, 1000, 100.0, 5.0, True),    # the older one finishes in 1 s, the new one needs 10 s: keep it
-    (100, 300, 100.0, 5.0, True),     # both fit, one after the other: keep, then the new one
-    (100, 450, 100.0, 5.0, False),    # only the new one fits, and only if the older one goes
-    (1000, 1000, 100.0, 5.0, False),  # neither fits: newest wins (the estimate may be pessimistic)
-    (100, 1000, None, 5.0, False),    # nothing measured yet: newest wins
-])
+@pytest.mark.parametrize(
+    "left, new, rate, seconds, keep",
+    [
+        (100, 1000, 100.0, 5.0, True),  # the older one finishes in 1 s, the new one needs 10 s: keep it
+        (100, 300, 100.0, 5.0, True),  # both fit, one after the other: keep, then the new one
+        (100, 450, 100.0, 5.0, False),  # only the new one fits, and only if the older one goes
+        (1000, 1000, 100.0, 5.0, False),  # neither fits: newest wins (the estimate may be pessimistic)
+        (100, 1000, None, 5.0, False),  # nothing measured yet: newest wins
+    ],
+)
 def test_an_emergency_upload_abandons_the_one_in_flight_only_when_that_helps(left, new, rate, seconds, keep):
     from skyspot.trainer.uploader import keep_in_flight
 

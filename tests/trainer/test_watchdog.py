@@ -20,7 +20,16 @@ import pytest
 from skyspot.events import EventWriter, read_events_dir
 from skyspot.trainer.supervise import parse_args, watchdog_bounds
 from skyspot.trainer.watchdog import (
-    HANG_JSON, Bounds, Progress, Watchdog, Worker, _faulthandler_dump, dump_one, find_workers, hang_bound, py_spy,
+    HANG_JSON,
+    Bounds,
+    Progress,
+    Watchdog,
+    Worker,
+    _faulthandler_dump,
+    dump_one,
+    find_workers,
+    hang_bound,
+    py_spy,
     top_frame,
 )
 
@@ -28,8 +37,17 @@ BOUNDS = Bounds(factor=10, floor_seconds=5, first_step_seconds=60)
 
 
 def step(ts: float, n: int, seconds: float = 0.1, rank: int = 0, **fields) -> dict:
-    return {"ts": ts, "type": "step", "rank": rank, "node_rank": 0, "attempt": 1, "run_id": "r", "step": n,
-            "step_seconds": seconds, **fields}
+    return {
+        "ts": ts,
+        "type": "step",
+        "rank": rank,
+        "node_rank": 0,
+        "attempt": 1,
+        "run_id": "r",
+        "step": n,
+        "step_seconds": seconds,
+        **fields,
+    }
 
 
 def event(ts: float, type: str, rank: int = 0, **fields) -> dict:
@@ -37,6 +55,7 @@ def event(ts: float, type: str, rank: int = 0, **fields) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- the bound
+
 
 def test_bound_is_factor_times_the_median_step_or_the_floor():
     assert hang_bound([1.0, 1.0, 2.0, 100.0], BOUNDS) == 15.0  # 10 x median 1.5; one slow step moves nothing
@@ -67,8 +86,12 @@ def test_after_a_step_any_event_from_a_rank_counts_as_progress():
 
 
 def test_no_hang_on_the_way_out_or_after_the_last_step():
-    for last in (event(12.0, "signal", signum=15), event(12.0, "preemption_notice"),
-                 event(12.0, "emergency_checkpoint"), event(12.0, "exit", code=1)):
+    for last in (
+        event(12.0, "signal", signum=15),
+        event(12.0, "preemption_notice"),
+        event(12.0, "emergency_checkpoint"),
+        event(12.0, "exit", code=1),
+    ):
         p = Progress(BOUNDS, armed_at=0.0)
         p.feed(step(11.0, 1))
         p.feed(last)
@@ -105,8 +128,9 @@ def test_a_start_event_after_steps_rearms_even_unseen_workers():
 
 
 def test_the_supervisor_flags_carry_the_bounds_and_the_switch():
-    args, command = parse_args(["--run-dir", "d", "--hang-factor", "4", "--hang-floor", "7",
-                                "--first-step-bound", "90", "--", "torchrun"])
+    args, command = parse_args(
+        ["--run-dir", "d", "--hang-factor", "4", "--hang-floor", "7", "--first-step-bound", "90", "--", "torchrun"]
+    )
     assert watchdog_bounds(args) == Bounds(4.0, 7.0, 90.0) and command == ["torchrun"]
     args, _ = parse_args(["--run-dir", "d", "--", "torchrun"])
     assert watchdog_bounds(args) == Bounds(10.0, 300.0, 3600.0)  # the recipe's defaults
@@ -121,8 +145,9 @@ def test_the_run_script_passes_the_recipes_resilience_to_the_supervisor():
     from skyspot.recipe import load_recipe
     from skyspot.task.render import run_script
 
-    recipe = load_recipe("tiny", ["resilience.hang_factor=4", "resilience.hang_floor_seconds=30",
-                                  "resilience.first_step_seconds=900"])
+    recipe = load_recipe(
+        "tiny", ["resilience.hang_factor=4", "resilience.hang_floor_seconds=30", "resilience.first_step_seconds=900"]
+    )
     line = next(s for s in run_script(recipe, "tiny", []).splitlines() if "skyspot.trainer.supervise" in s)
     assert "--hang-factor 4 --hang-floor 30 --first-step-bound 900 --" in line
     off = load_recipe("tiny", ["resilience.watchdog=false"])
@@ -193,8 +218,10 @@ def launcher(tmp_path):
     def start(n: int = 2, **env) -> subprocess.Popen:
         ready = tmp_path / "ready"
         code = RANK_CODE.format(repo=str(Path(__file__).resolve().parents[2]))
-        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER_CODE, code, str(n)],
-                                env=dict(os.environ, READY=str(ready), RUN_DIR=str(tmp_path / "run"), **env))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER_CODE, code, str(n)],
+            env=dict(os.environ, READY=str(ready), RUN_DIR=str(tmp_path / "run"), **env),
+        )
         procs.append(proc)
         deadline = time.monotonic() + 30
         while not all(Path(f"{ready}{r}").exists() for r in range(n)):
@@ -335,8 +362,9 @@ def test_no_hang_where_global_rank_zero_is_not(launcher, tmp_path, monkeypatch):
     """Step events come from global rank 0 alone: a node without it has nothing to measure."""
     proc = launcher(1)
     real = find_workers(proc.pid)
-    monkeypatch.setattr("skyspot.trainer.watchdog.find_workers",
-                        lambda pid, cache=None: [Worker(w.pid, 1, 0, w.process) for w in real])
+    monkeypatch.setattr(
+        "skyspot.trainer.watchdog.find_workers", lambda pid, cache=None: [Worker(w.pid, 1, 0, w.process) for w in real]
+    )
     dog = Watchdog(tmp_path, proc.pid, Bounds(10, 0.1, 0.1), say=lambda line: None)
     time.sleep(0.3)
     assert dog.check() is None and psutil.Process(real[0].pid).is_running()

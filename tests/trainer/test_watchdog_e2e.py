@@ -29,12 +29,25 @@ OVERRIDES = ["train.steps=5000", "checkpoint.every_steps=1000", "train.log_every
 def hung(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("watchdog") / "run"
     run_dir.mkdir()
-    command = [sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir),
-               "--hang-factor", "10", "--hang-floor", str(FLOOR_S), "--first-step-bound", "300", "--",
-               *torchrun_command(run_dir, OVERRIDES)]
+    command = [
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--hang-factor",
+        "10",
+        "--hang-floor",
+        str(FLOOR_S),
+        "--first-step-bound",
+        "300",
+        "--",
+        *torchrun_command(run_dir, OVERRIDES),
+    ]
     log = open(run_dir.parent / "log.txt", "wb")
-    proc = subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=trainer_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         while not [e for e in events(run_dir, "step") if e["step"] >= 5]:
@@ -56,8 +69,13 @@ def hung(tmp_path_factory):
                 w.process.kill()
             except psutil.Error:
                 pass
-    return {"run_dir": run_dir, "workers": workers, "stopped_at": stopped_at, "code": code,
-            "log": (run_dir.parent / "log.txt").read_text(errors="replace")}
+    return {
+        "run_dir": run_dir,
+        "workers": workers,
+        "stopped_at": stopped_at,
+        "code": code,
+        "log": (run_dir.parent / "log.txt").read_text(errors="replace"),
+    }
 
 
 def test_the_hang_is_detected_within_its_bound(hung):
@@ -72,8 +90,10 @@ def test_the_hang_is_detected_within_its_bound(hung):
 
 def test_every_ranks_stacks_are_on_disk_and_the_event_says_where_each_was(hung):
     record = json.loads((hung["run_dir"] / HANG_JSON).read_text())
-    texts = {r: (hung["run_dir"] / "hangs" / os.path.basename(record["stacks"]) / f"rank-{r}.txt").read_text()
-             for r in (0, 1)}
+    texts = {
+        r: (hung["run_dir"] / "hangs" / os.path.basename(record["stacks"]) / f"rank-{r}.txt").read_text()
+        for r in (0, 1)
+    }
     for rank, text in texts.items():
         assert "skyspot/trainer/loop.py" in text and "train" in text, (rank, text)
     (hang,) = events(hung["run_dir"], "hang")

@@ -74,7 +74,10 @@ class Attempt:
 
 
 ENDED_BY: dict[Stage, Optional[AttemptEnd]] = {
-    Stage.RUNNING: None, Stage.NOTICED: AttemptEnd.PREEMPTED, Stage.PREEMPTING: AttemptEnd.PREEMPTED,
-    Stage.CANCELLING: AttemptEnd.CANCELLED, Stage.SWITCHING: AttemptEnd.SWITCHED,
+    Stage.RUNNING: None,
+    Stage.NOTICED: AttemptEnd.PREEMPTED,
+    Stage.PREEMPTING: AttemptEnd.PREEMPTED,
+    Stage.CANCELLING: AttemptEnd.CANCELLED,
+    Stage.SWITCHING: AttemptEnd.SWITCHED,
 }
 """The outcome of an attempt whose nodes exited non-zero in each stage (None: their exit code says)."""

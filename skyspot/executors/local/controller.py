@@ -76,7 +76,6 @@ fresh node or not: how a rehearsal that finds a broken image is tested (tests/ap
 SHM_OP = "deepspeed_shm_comm"
 
 
-
 # How the simulated clouds take a spot VM back, in seconds after the notice (the windows: clouds.py).
 AWS_SHUTDOWN_S = 30.0  # ours: AWS publishes no figure for how long the OS shutdown at the notice's `time` may run
 STOP_GRACE_S = 30.0  # ours: SIGTERM to SIGKILL when the controller stops a node itself (cancel, a deadline's switch)
@@ -216,8 +215,9 @@ class Controller:
         store, and a resumed run continues its count). An attempt whose trainer failed before counting
         (a bad store, say) still takes a number, and the trainer's local counter is moved up to match,
         so its next start logs under the same number as the executor's events."""
-        seen = [e.get("attempt", 0) for e in read_events_dir(self.run_dir / EVENTS_DIR).events
-                if e.get("rank") is not None]
+        seen = [
+            e.get("attempt", 0) for e in read_events_dir(self.run_dir / EVENTS_DIR).events if e.get("rank") is not None
+        ]
         number = max([self.attempt] + seen) + 1
         self._align_trainer_counter(number)
         return number
@@ -243,9 +243,16 @@ class Controller:
 
     def where(self, spot: bool, num_nodes: int) -> dict:
         place = cloud_facts(self.spec.cloud).simulated
-        return {"cloud": self.spec.cloud, "region": place.region, "zone": place.zone,
-                "instance_type": self.spec.instance_type, "spot": spot, "accelerators": self.spec.accelerators,
-                "num_nodes": num_nodes, "simulated": True}
+        return {
+            "cloud": self.spec.cloud,
+            "region": place.region,
+            "zone": place.zone,
+            "instance_type": self.spec.instance_type,
+            "spot": spot,
+            "accelerators": self.spec.accelerators,
+            "num_nodes": num_nodes,
+            "simulated": True,
+        }
 
     def node_dir(self, node_rank: int) -> Path:
         """Each simulated node has its own disk, as on a cloud: node 0 uses the run root (where its
@@ -259,9 +266,16 @@ class Controller:
     def node_env(self, node_rank: int, where: dict, metadata_env: dict, port: int) -> dict[str, str]:
         spec = self.spec
         bin_dir = str(Path(sys.executable).parent)
-        cluster_info = {"cluster_name": f"{spec.name}-local", "cloud": where["cloud"].upper() if where["cloud"] != "azure"
-                        else "Azure", "region": where["region"], "zone": where["zone"], "num_nodes": where["num_nodes"],
-                        "instance_type": where["instance_type"], "use_spot": where["spot"], "simulated": True}
+        cluster_info = {
+            "cluster_name": f"{spec.name}-local",
+            "cloud": where["cloud"].upper() if where["cloud"] != "azure" else "Azure",
+            "region": where["region"],
+            "zone": where["zone"],
+            "num_nodes": where["num_nodes"],
+            "instance_type": where["instance_type"],
+            "use_spot": where["spot"],
+            "simulated": True,
+        }
         # Not the shell's recipe overrides (SKYSPOT_<SECTION>__<KEY>): the launch recorded the ones it
         # applied as the trainer's explicit overrides, and a resume keeps exactly those (issue 31, item 6).
         from skyspot.recipe import is_override_variable
@@ -279,19 +293,21 @@ class Controller:
             env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
             env["SKYSPOT_PYTHON"] = sys.executable  # no setup ran: `run` uses this environment's (task/render.py)
         env.update(metadata_env)
-        env.update({
-            "SKYPILOT_NODE_RANK": str(node_rank),
-            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * where["num_nodes"]),
-            "SKYPILOT_NUM_NODES": str(where["num_nodes"]),
-            "SKYPILOT_NUM_GPUS_PER_NODE": "0",
-            "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
-            "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info),
-            "SKYSPOT_RUN_NAME": spec.name,
-            "SKYSPOT_RUN_DIR": str(self.node_dir(node_rank)),
-            "SKYSPOT_MASTER_PORT": str(port),
-            "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds or self.timeline.poll_seconds),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "SKYPILOT_NODE_RANK": str(node_rank),
+                "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * where["num_nodes"]),
+                "SKYPILOT_NUM_NODES": str(where["num_nodes"]),
+                "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+                "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
+                "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info),
+                "SKYSPOT_RUN_NAME": spec.name,
+                "SKYSPOT_RUN_DIR": str(self.node_dir(node_rank)),
+                "SKYSPOT_MASTER_PORT": str(port),
+                "SKYSPOT_NOTICE_POLL_SECONDS": str(spec.notice_poll_seconds or self.timeline.poll_seconds),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         return env
 
     def _pump(self, stream: IO[bytes], prefix: str) -> None:
@@ -304,8 +320,11 @@ class Controller:
                 if not line.startswith("[skyspot.supervise]") and len(held) < 400:
                     continue
                 if f"trainer exit {RECOVER_EXIT_CODE} " in line:
-                    held = [f"(torchrun's ChildFailedError report omitted: the trainer exited {RECOVER_EXIT_CODE}, "
-                            "preempted after its emergency checkpoint, and asked to be recovered)\n", line]
+                    held = [
+                        f"(torchrun's ChildFailedError report omitted: the trainer exited {RECOVER_EXIT_CODE}, "
+                        "preempted after its emergency checkpoint, and asked to be recovered)\n",
+                        line,
+                    ]
                 lines, held = held, []
             else:
                 lines = [line]
@@ -321,7 +340,8 @@ class Controller:
         """Keep the last line that says why a node stopped, for when no exit record says it."""
         text = line.strip()
         if text.startswith(("[skyspot.supervise]", "[skyspot] exit")) or (
-                _is_exception_line(text) and "ChildFailedError" not in text):
+            _is_exception_line(text) and "ChildFailedError" not in text
+        ):
             self.last_cause = text
 
     def _cause(self, nodes: int, since: float) -> Optional[str]:
@@ -333,14 +353,19 @@ class Controller:
                 record = json.loads((self.node_dir(node_rank) / EXIT_RECORD).read_text())
             except (OSError, ValueError):
                 continue
-            if isinstance(record, dict) and isinstance(record.get("ts"), (int, float)) and record["ts"] >= since \
-                    and record.get("code") not in (0, None) and record.get("reason"):
+            if (
+                isinstance(record, dict)
+                and isinstance(record.get("ts"), (int, float))
+                and record["ts"] >= since
+                and record.get("code") not in (0, None)
+                and record.get("reason")
+            ):
                 reasons.append(str(record["reason"]))
         text = reasons[0] if reasons else self.last_cause
         if not text:
             return None
         text = " ".join(text.split())
-        return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 3] + "..."
+        return text if len(text) <= CAUSE_CHARS else text[: CAUSE_CHARS - 3] + "..."
 
     # ------------------------------------------------------------------ one attempt
     def run_attempt(self, number: int, spot: bool, metadata) -> tuple[int, End, Optional[str]]:
@@ -368,8 +393,9 @@ class Controller:
         attempt = Attempt(number, spot, nodes, where, events, metadata, started=time.time())
         metadata.reset()
         # What the node's own metadata read (trainer/instance.py) finds: the simulated instance.
-        metadata.set_instance(where["instance_type"], spot=bool(where["spot"]), zone=where["zone"] or "",
-                              region=where["region"])
+        metadata.set_instance(
+            where["instance_type"], spot=bool(where["spot"]), zone=where["zone"] or "", region=where["region"]
+        )
         attempt.port = free_port()
         return attempt
 
@@ -402,8 +428,14 @@ class Controller:
 
         self.say(f"setup on the fresh node ({self.fresh.venv})")
         for node_rank in range(attempt.nodes):
-            code = run_setup(self.fresh, self.spec.setup_script, self.node_env(node_rank, attempt.where, {}, attempt.port),
-                             self.log, cwd=self.node_dir(node_rank), tick=self._judging(attempt))
+            code = run_setup(
+                self.fresh,
+                self.spec.setup_script,
+                self.node_env(node_rank, attempt.where, {}, attempt.port),
+                self.log,
+                cwd=self.node_dir(node_rank),
+                tick=self._judging(attempt),
+            )
             if code != 0:
                 cause = f"the task's setup exited {code} on node {node_rank}; `skyspot logs {self.spec.name}` has its output"
                 return Ending(code, End.SETUP_FAILED, [code], cause)
@@ -413,10 +445,15 @@ class Controller:
         spec = self.spec
         me = os.getpid()
         for node_rank in range(attempt.nodes):
-            proc = subprocess.Popen(["bash", "-c", spec.run_script], cwd=self.node_dir(node_rank),
-                                    env=self.node_env(node_rank, attempt.where, attempt.metadata.env_for(), attempt.port),
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=lambda: _die_with_controller(me))
+            proc = subprocess.Popen(
+                ["bash", "-c", spec.run_script],
+                cwd=self.node_dir(node_rank),
+                env=self.node_env(node_rank, attempt.where, attempt.metadata.env_for(), attempt.port),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=lambda: _die_with_controller(me),
+            )
             attempt.procs.append(proc)
             prefix = f"(node-{node_rank}) " if spec.num_nodes > 1 else ""
             pump = threading.Thread(target=self._pump, args=(proc.stdout, prefix), daemon=True)
@@ -424,9 +461,11 @@ class Controller:
             attempt.pumps.append(pump)
         self.ledger.record_attempt(spec.name, attempt.number, attempt.where, controller_pid=me, **self._progress())
         where = attempt.where
-        self.say(f"attempt {attempt.number} running on simulated {where['cloud']} {where['region']} "
-                 f"{where['instance_type']} ({'spot' if attempt.spot else 'on-demand'}), {attempt.nodes} of "
-                 f"{spec.num_nodes} node(s)")
+        self.say(
+            f"attempt {attempt.number} running on simulated {where['cloud']} {where['region']} "
+            f"{where['instance_type']} ({'spot' if attempt.spot else 'on-demand'}), {attempt.nodes} of "
+            f"{spec.num_nodes} node(s)"
+        )
         if self.planner is not None:
             self.planner.started(attempt.spot)
 
@@ -447,7 +486,8 @@ class Controller:
         if any(c not in (None, 0) for c in codes) and attempt.first_failure is None:
             attempt.first_failure = now  # a node died; the others must fail fast on their own
         if attempt.first_failure and now - attempt.first_failure > float(
-                self.spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)):
+            self.spec.task_envs.get("SKYSPOT_DIST_TIMEOUT_SECONDS", 600)
+        ):
             self.say("a node failed and the others did not stop; killing them")
             _signal_all(attempt.procs, signal.SIGKILL)
         for check in ORDER:
@@ -459,8 +499,11 @@ class Controller:
         for pump in attempt.pumps:
             pump.join(timeout=5)
         codes = [p.returncode for p in attempt.procs]
-        code = 0 if all(c == 0 for c in codes) else (RECOVER_EXIT_CODE if RECOVER_EXIT_CODE in codes
-                                                     else next(c for c in codes if c != 0))
+        code = (
+            0
+            if all(c == 0 for c in codes)
+            else (RECOVER_EXIT_CODE if RECOVER_EXIT_CODE in codes else next(c for c in codes if c != 0))
+        )
         if code == 0:
             outcome = End.COMPLETE
         else:
@@ -470,8 +513,13 @@ class Controller:
         return Ending(code, outcome, codes, cause)
 
     def _close(self, attempt: Attempt, ending: Ending) -> tuple[int, End, Optional[str]]:
-        attempt.events.emit("attempt_end", code=ending.code, reason=ending.outcome, node_codes=ending.node_codes,
-                            **({"cause": ending.cause} if ending.cause else {}))
+        attempt.events.emit(
+            "attempt_end",
+            code=ending.code,
+            reason=ending.outcome,
+            node_codes=ending.node_codes,
+            **({"cause": ending.cause} if ending.cause else {}),
+        )
         attempt.events.close()
         return ending.code, ending.outcome, ending.cause
 
@@ -482,11 +530,19 @@ class Controller:
         cancelled meanwhile."""
         if deepspeed_op_cached(env):
             return True
-        self.activity("preparing this machine once: DeepSpeed builds its CPU communication op on first use "
-                      "(about 1-2 minutes on 2 cores; later runs reuse it)")
+        self.activity(
+            "preparing this machine once: DeepSpeed builds its CPU communication op on first use "
+            "(about 1-2 minutes on 2 cores; later runs reuse it)"
+        )
         started = time.time()
-        proc = subprocess.Popen(["bash", "-c", self.spec.prepare_script], cwd=self.run_dir, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", self.spec.prepare_script],
+            cwd=self.run_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         pump = threading.Thread(target=self._pump, args=(proc.stdout, ""), daemon=True)
         pump.start()
         while proc.poll() is None:
@@ -496,8 +552,11 @@ class Controller:
                 proc.wait()
                 return False
         pump.join(timeout=5)
-        self.activity(f"DeepSpeed's op ready after {time.time() - started:.0f}s; starting the trainer"
-                      if proc.returncode == 0 else "the op build failed; the trainer builds it at its start")
+        self.activity(
+            f"DeepSpeed's op ready after {time.time() - started:.0f}s; starting the trainer"
+            if proc.returncode == 0
+            else "the op build failed; the trainer builds it at its start"
+        )
         return True
 
     def activity(self, text: Optional[str]) -> None:
@@ -530,8 +589,10 @@ class Controller:
         self.pending_faults.pop(0)
         self.fault_due = False
         events.emit(rank_faults.EVENT_TYPES[fault["action"]], step=step, at_step=fault["step"], **done)
-        self.say(f"{fault['action']} injected at step {step}: {done['signal']} to node {done['node']} local rank "
-                 f"{done['local_rank']} (pid {done['pid']})")
+        self.say(
+            f"{fault['action']} injected at step {step}: {done['signal']} to node {done['node']} local rank "
+            f"{done['local_rank']} (pid {done['pid']})"
+        )
 
     def _should_preempt(self, step: int, attempt_started: float, now: float) -> bool:
         spec = self.spec
@@ -560,11 +621,15 @@ class Controller:
             from skyspot.executors.local.fresh_node import make
 
             self.fresh = make(self.run_dir / "fresh-node", spec.file_mounts)
-            self.say(f"run '{spec.name}' ({spec.recipe}) on a fresh node: a new virtual environment without "
-                     "skyspot; the task's setup installs it")
+            self.say(
+                f"run '{spec.name}' ({spec.recipe}) on a fresh node: a new virtual environment without "
+                "skyspot; the task's setup installs it"
+            )
         else:
-            self.say(f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
-                     "and its dependencies (what the task's setup installs)")
+            self.say(
+                f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
+                "and its dependencies (what the task's setup installs)"
+            )
         metadata = MetadataServer().start()
         try:
             while True:
@@ -604,11 +669,20 @@ class Controller:
     def _finish(self, status: str, code: int, cause: Optional[str] = None) -> int:
         unused = self.unused_trace_times() if status == "SUCCEEDED" else []
         if unused:
-            self.say(f"spot trace: {len(unused)} preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
-                     f"never came: the run finished {time.time() - self.launched_at:.0f}s after launch")
-        self.ledger.set_finished(self.spec.name, status, exit_code=code, **self._progress(), cause=cause,
-                                 activity=None, unused_trace_times=unused,
-                                 finished_after_seconds=round(time.time() - self.launched_at, 1))
+            self.say(
+                f"spot trace: {len(unused)} preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
+                f"never came: the run finished {time.time() - self.launched_at:.0f}s after launch"
+            )
+        self.ledger.set_finished(
+            self.spec.name,
+            status,
+            exit_code=code,
+            **self._progress(),
+            cause=cause,
+            activity=None,
+            unused_trace_times=unused,
+            finished_after_seconds=round(time.time() - self.launched_at, 1),
+        )
         self.say(f"run {status}" + (f": {cause}" if cause else ""))
         self.log.close()
         return 0 if status == "SUCCEEDED" else (code or 1)
@@ -616,6 +690,7 @@ class Controller:
 
 # ------------------------------------------------------------------ the attempt's transitions
 # Each check looks at the attempt once a poll and returns the stage it moves it to (None: it stays).
+
 
 def _inject_fault(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
     if c.fault_due:
@@ -647,9 +722,14 @@ def _on_preempt(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
     timeline = c.timeline
     a.notice_at = now
     a.metadata.announce_preemption(now + timeline.window)
-    a.events.emit("preempt_notice_sent", deadline=now + timeline.window, step=a.step, cloud=timeline.cloud,
-                  sigterm_at=None if timeline.sigterm_after is None else now + timeline.sigterm_after,
-                  kill_at=now + timeline.kill_after)
+    a.events.emit(
+        "preempt_notice_sent",
+        deadline=now + timeline.window,
+        step=a.step,
+        cloud=timeline.cloud,
+        sigterm_at=None if timeline.sigterm_after is None else now + timeline.sigterm_after,
+        kill_at=now + timeline.kill_after,
+    )
     c.say(f"preemption notice at step {a.step}: {_describe(timeline)}")
     return Stage.NOTICED
 
@@ -692,6 +772,7 @@ WATCH: dict[Stage, frozenset[Check]] = {
 # ------------------------------------------------------------------ after an attempt
 # Each returns the run's exit code when the run ends there, None to start the next attempt.
 
+
 def _succeeded(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
     return c._finish("SUCCEEDED", 0)
 
@@ -726,8 +807,12 @@ def _errored(c: Controller, code: int, cause: Optional[str]) -> Optional[int]:
 
 
 AFTER_ATTEMPT: dict[End, Callable[[Controller, int, Optional[str]], Optional[int]]] = {
-    End.COMPLETE: _succeeded, End.CANCELLED: _cancelled, End.SETUP_FAILED: _setup_failed,
-    End.PREEMPTED: _preempted, End.SWITCHED: _switched, End.ERROR: _errored,
+    End.COMPLETE: _succeeded,
+    End.CANCELLED: _cancelled,
+    End.SETUP_FAILED: _setup_failed,
+    End.PREEMPTED: _preempted,
+    End.SWITCHED: _switched,
+    End.ERROR: _errored,
 }
 """An attempt's outcome -> what the run does next."""
 

@@ -52,7 +52,7 @@ def start_id(pid: int) -> Optional[str]:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except (OSError, ValueError):
         return None
-    fields = stat[stat.rfind(")") + 2:].split()  # the name (field 2) may hold spaces and parentheses
+    fields = stat[stat.rfind(")") + 2 :].split()  # the name (field 2) may hold spaces and parentheses
     return f"{boot}:{fields[19]}" if len(fields) > 19 else None  # field 22, starttime
 
 

@@ -126,16 +126,30 @@ class Planner:
 
     def decide(self, mode: str, spot_available: Optional[bool], *, overhead_left: float = 0.0) -> dl.Decision:
         log = read_events_dir(Path(self.c.run_dir) / EVENTS_DIR)
-        estimates = dl.estimates_for(log.events, self.plan, provision_seconds=self.c.spec.provision_delay,
-                                     restart_prior=self.c.spec.provision_delay + dl.LOCAL_START_PRIOR_SECONDS)
-        if overhead_left and any(e.get("type") == EventType.STEP and (e.get("attempt") or 0) >= self.c.attempt
-                                 for e in log.events):
+        estimates = dl.estimates_for(
+            log.events,
+            self.plan,
+            provision_seconds=self.c.spec.provision_delay,
+            restart_prior=self.c.spec.provision_delay + dl.LOCAL_START_PRIOR_SECONDS,
+        )
+        if overhead_left and any(
+            e.get("type") == EventType.STEP and (e.get("attempt") or 0) >= self.c.attempt for e in log.events
+        ):
             overhead_left = 0.0  # this attempt steps: its changeover is over
         now = time.time()
-        round_ = dl.next_round(self.policy, log.events, estimates, now=now,
-                               plan={**self.plan, "start": self.start}, total_steps=self.c.spec.total_steps,
-                               mode=mode, spot_available=spot_available, committed=self.committed,
-                               margin=self.period, overhead_left=overhead_left)
+        round_ = dl.next_round(
+            self.policy,
+            log.events,
+            estimates,
+            now=now,
+            plan={**self.plan, "start": self.start},
+            total_steps=self.c.spec.total_steps,
+            mode=mode,
+            spot_available=spot_available,
+            committed=self.committed,
+            margin=self.period,
+            overhead_left=overhead_left,
+        )
         self.next_check = self._after(now)
         decision = round_.decision
         self.committed = decision.committed
@@ -147,12 +161,28 @@ class Planner:
         return decision
 
     def emit_switch(self, decision: dl.Decision) -> None:
-        self._emit({"switch": True, "mode": decision.mode, "from_mode": self.held, "reason": decision.reason,
-                    "policy": self.policy, "deadline": self.at, "projected_finish": decision.projected_finish})
+        self._emit(
+            {
+                "switch": True,
+                "mode": decision.mode,
+                "from_mode": self.held,
+                "reason": decision.reason,
+                "policy": self.policy,
+                "deadline": self.at,
+                "projected_finish": decision.projected_finish,
+            }
+        )
 
     def _emit(self, fields: dict[str, Any]) -> None:
-        event = {"ts": time.time(), "run_id": self.c.spec.name, "attempt": max(self.c.attempt, 1), "node_rank": 0,
-                 "rank": None, "type": dl.DECISION_EVENT, **fields}
+        event = {
+            "ts": time.time(),
+            "run_id": self.c.spec.name,
+            "attempt": max(self.c.attempt, 1),
+            "node_rank": 0,
+            "rank": None,
+            "type": dl.DECISION_EVENT,
+            **fields,
+        }
         line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:

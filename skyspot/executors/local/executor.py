@@ -63,10 +63,20 @@ class LocalOptions:
 
 # The launch flags only a local run takes, by their name in a launch request (app/launch.py LaunchRequest's
 # `executor_flags`), with how the command line spells them (for the messages).
-FLAGS = {"preempt_every": "--preempt-every", "preempt_at_steps": "--preempt-at-steps", "spot_trace": "--spot-trace",
-         "fallback_after": "--fallback-after", "spot_nodes": "--spot-nodes", "crash_at_steps": "--crash-at-steps",
-         "hang_at_steps": "--hang-at-steps", "notice": "--notice", "grace": "--grace",
-         "provision_delay": "--provision-delay", "simulate": "--simulate", "fresh_node": "--fresh-node"}
+FLAGS = {
+    "preempt_every": "--preempt-every",
+    "preempt_at_steps": "--preempt-at-steps",
+    "spot_trace": "--spot-trace",
+    "fallback_after": "--fallback-after",
+    "spot_nodes": "--spot-nodes",
+    "crash_at_steps": "--crash-at-steps",
+    "hang_at_steps": "--hang-at-steps",
+    "notice": "--notice",
+    "grace": "--grace",
+    "provision_delay": "--provision-delay",
+    "simulate": "--simulate",
+    "fresh_node": "--fresh-node",
+}
 
 
 def options_from_flags(flags: Mapping[str, Any], recipe) -> LocalOptions:
@@ -77,13 +87,22 @@ def options_from_flags(flags: Mapping[str, Any], recipe) -> LocalOptions:
         raise ValueError(f"not local executor flags: {unknown}")
     given = {key: value for key, value in flags.items() if value is not None}
     options = LocalOptions(
-        preempt_every=given.get("preempt_every"), preempt_at_steps=_steps(given.get("preempt_at_steps")),
-        spot_trace=given.get("spot_trace"), notice=given.get("notice"), grace=given.get("grace"),
+        preempt_every=given.get("preempt_every"),
+        preempt_at_steps=_steps(given.get("preempt_at_steps")),
+        spot_trace=given.get("spot_trace"),
+        notice=given.get("notice"),
+        grace=given.get("grace"),
         provision_delay=given.get("provision_delay", LocalOptions.provision_delay),
-        fallback_after=given.get("fallback_after"), cloud=given.get("simulate", LocalOptions.cloud),
-        spot_nodes=_node_counts(given.get("spot_nodes")), fresh_node=bool(given.get("fresh_node")),
-        rank_faults=sorted(rank_faults.parse(given.get("crash_at_steps"), "crash")
-                           + rank_faults.parse(given.get("hang_at_steps"), "hang"), key=lambda f: f["step"]))
+        fallback_after=given.get("fallback_after"),
+        cloud=given.get("simulate", LocalOptions.cloud),
+        spot_nodes=_node_counts(given.get("spot_nodes")),
+        fresh_node=bool(given.get("fresh_node")),
+        rank_faults=sorted(
+            rank_faults.parse(given.get("crash_at_steps"), "crash")
+            + rank_faults.parse(given.get("hang_at_steps"), "hang"),
+            key=lambda f: f["step"],
+        ),
+    )
     check_options(options, recipe, deadline=bool(recipe.resources.deadline))
     return options
 
@@ -137,8 +156,11 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
         raise UsageError("use one of --preempt-every, --preempt-at-steps and --spot-trace")
     if options.preempt_every is not None and not 0 < options.preempt_every <= MAX_SECONDS:
         raise UsageError(f"--preempt-every takes seconds > 0, at most {MAX_SECONDS:.0f} (a week)")
-    for value, flag in ((options.notice, "--notice"), (options.grace, "--grace"),
-                        (options.provision_delay, "--provision-delay")):
+    for value, flag in (
+        (options.notice, "--notice"),
+        (options.grace, "--grace"),
+        (options.provision_delay, "--provision-delay"),
+    ):
         # `not 0 <= value`: NaN too. The controller waits these out (Event.wait, which an inf or 1e308
         # overflows) and a grace that never ends never kills a trainer that ignores SIGTERM.
         if value is not None and not 0 <= value <= MAX_SECONDS:
@@ -148,8 +170,10 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
 
     check_faults(options.rank_faults, recipe.resources.num_nodes, recipe.resources.cpu_ranks or 1)
     if deadline and options.fallback_after is not None:
-        raise UsageError("--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
-                         "(the deadline's policy switches when the run falls behind)")
+        raise UsageError(
+            "--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
+            "(the deadline's policy switches when the run falls behind)"
+        )
     if options.spot_nodes and trace.nodes:
         raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
     spot_nodes = list(options.spot_nodes or trace.nodes)
@@ -159,12 +183,16 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
         low, high = resources.fewest_nodes, resources.num_nodes
         above = [n for n in spot_nodes if n > high]
         if above:
-            raise UsageError(f"{where}: {', '.join(map(str, above))} node(s) above resources.num_nodes ({high}); "
-                             "a spot grant is at most the recipe's nodes")
+            raise UsageError(
+                f"{where}: {', '.join(map(str, above))} node(s) above resources.num_nodes ({high}); "
+                "a spot grant is at most the recipe's nodes"
+            )
         below = [n for n in spot_nodes if n < low]
         if below:
-            raise UsageError(f"{where}: {', '.join(map(str, below))} node(s) outside {low}..{high} "
-                             "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer")
+            raise UsageError(
+                f"{where}: {', '.join(map(str, below))} node(s) outside {low}..{high} "
+                "(resources.min_nodes..resources.num_nodes); set resources.min_nodes to allow fewer"
+            )
     return trace, spot_nodes
 
 
@@ -178,17 +206,29 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
     if PRICES_ENV in envs:  # the dashboards' cost curve: priced as the simulated placement, as cost-report does
         envs[PRICES_ENV] = _simulated_prices(options.cloud, instance_type)
     return Spec(
-        name=name, recipe=built.recipe.name, run_script=built.task["run"],
+        name=name,
+        recipe=built.recipe.name,
+        run_script=built.task["run"],
         task_envs=envs,
-        num_nodes=built.recipe.resources.num_nodes, total_steps=built.recipe.train.steps,
-        cloud=options.cloud, instance_type=instance_type, accelerators=accelerators,
+        num_nodes=built.recipe.resources.num_nodes,
+        total_steps=built.recipe.train.steps,
+        cloud=options.cloud,
+        instance_type=instance_type,
+        accelerators=accelerators,
         max_restarts_on_errors=int(recovery.get("max_restarts_on_errors", 0)),
-        preempt_every=options.preempt_every, preempt_at_steps=list(options.preempt_at_steps),
-        trace_times=trace.preemptions, capacity_gone_after=trace.capacity_gone_after, spot_nodes=spot_nodes,
-        notice=trace.notice if trace.notice is not None else options.notice, grace=options.grace,
-        provision_delay=options.provision_delay, fallback_after=options.fallback_after,
-        unavailable=[[start, end] for start, end in trace.unavailable], deadline=options.deadline,
-        fresh_node=options.fresh_node, setup_script=built.task.get("setup", "") if options.fresh_node else "",
+        preempt_every=options.preempt_every,
+        preempt_at_steps=list(options.preempt_at_steps),
+        trace_times=trace.preemptions,
+        capacity_gone_after=trace.capacity_gone_after,
+        spot_nodes=spot_nodes,
+        notice=trace.notice if trace.notice is not None else options.notice,
+        grace=options.grace,
+        provision_delay=options.provision_delay,
+        fallback_after=options.fallback_after,
+        unavailable=[[start, end] for start, end in trace.unavailable],
+        deadline=options.deadline,
+        fresh_node=options.fresh_node,
+        setup_script=built.task.get("setup", "") if options.fresh_node else "",
         rank_faults=list(options.rank_faults),
         file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
@@ -205,8 +245,15 @@ def _simulated_prices(cloud: str, instance_type: str) -> str:
             price = hourly_price(cloud, instance_type=instance_type, region=region, spot=spot)
         except UsageError:  # no such price (MissingPrice is one): no cost curve for that capacity
             continue
-        rows.append({"cloud": cloud, "region": region, "instance_type": instance_type, "spot": spot,
-                     "usd_per_hour": price.usd_per_hour})
+        rows.append(
+            {
+                "cloud": cloud,
+                "region": region,
+                "instance_type": instance_type,
+                "spot": spot,
+                "usd_per_hour": price.usd_per_hour,
+            }
+        )
     return json.dumps(rows, separators=(",", ":"))
 
 
@@ -234,10 +281,19 @@ def start(built, *, name: Optional[str], options: LocalOptions) -> str:
     run_dir = runs_dir() / name
     if run_dir.exists():
         raise UsageError(f"a run named '{name}' exists already ({run_dir}); pick another -n/--name")
-    record_launch(name, built, "local", run_dir=str(run_dir),
-                  info={"candidates": [asdict(c) for c in built.candidates], "cloud": options.cloud,
-                        "instance_type": spec.instance_type, "log": str(run_dir / "logs" / "run.log"),
-                        **({"deadline": options.deadline} if options.deadline else {})})
+    record_launch(
+        name,
+        built,
+        "local",
+        run_dir=str(run_dir),
+        info={
+            "candidates": [asdict(c) for c in built.candidates],
+            "cloud": options.cloud,
+            "instance_type": spec.instance_type,
+            "log": str(run_dir / "logs" / "run.log"),
+            **({"deadline": options.deadline} if options.deadline else {}),
+        },
+    )
     with Ledger() as ledger:
         try:
             run_dir.mkdir(mode=0o700)
@@ -270,10 +326,15 @@ def _start_controller(name: str, run_dir: Path, ledger: Ledger, *, resumed: bool
         if resumed:
             ledger.set_resumed(name)
         controller_log = os.open(run_dir / "logs" / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        proc = subprocess.Popen([sys.executable, "-m", "skyspot.executors.local.controller", name],
-                                stdin=subprocess.DEVNULL, stdout=controller_log, stderr=controller_log,
-                                start_new_session=True, pass_fds=(lock,),
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", controller_lock.FD_ENV: str(lock)})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "skyspot.executors.local.controller", name],
+            stdin=subprocess.DEVNULL,
+            stdout=controller_log,
+            stderr=controller_log,
+            start_new_session=True,
+            pass_fds=(lock,),
+            env={**os.environ, "PYTHONUNBUFFERED": "1", controller_lock.FD_ENV: str(lock)},
+        )
         os.close(controller_log)
         controller_lock.record(lock, proc.pid)
     finally:
@@ -287,18 +348,30 @@ def resume_local(run, *, detach: bool) -> int:
     Preemptions injected at launch (--preempt-*, a trace) are not replayed: they belonged to
     that launch's timeline."""
     if not run.terminal and controller_lock.is_held(run.run_dir):
-        raise UsageError(f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
-                         f"`skyspot cancel {run.name}` stops it")
+        raise UsageError(
+            f"run '{run.name}' is still {run.status}; `skyspot logs {run.name} -f` follows it, "
+            f"`skyspot cancel {run.name}` stops it"
+        )
     from skyspot.executors.local.controller import Spec
 
     run_dir = Path(run.run_dir or "")
     try:
         spec = Spec(**json.loads((run_dir / "local.json").read_text()))
     except (OSError, ValueError, TypeError) as error:
-        raise UsageError(f"run '{run.name}' cannot be resumed: its spec {run_dir / 'local.json'} is unreadable "
-                         f"({getattr(error, 'strerror', None) or error})") from None
-    spec = replace(spec, preempt_every=None, preempt_at_steps=[], trace_times=[], capacity_gone_after=None,
-                   spot_nodes=[], fallback_after=None, unavailable=[])
+        raise UsageError(
+            f"run '{run.name}' cannot be resumed: its spec {run_dir / 'local.json'} is unreadable "
+            f"({getattr(error, 'strerror', None) or error})"
+        ) from None
+    spec = replace(
+        spec,
+        preempt_every=None,
+        preempt_at_steps=[],
+        trace_times=[],
+        capacity_gone_after=None,
+        spot_nodes=[],
+        fallback_after=None,
+        unavailable=[],
+    )
     _write_spec(run_dir, spec, exclusive=False)
     with Ledger() as ledger:
         _start_controller(run.name, run_dir, ledger, resumed=True)
@@ -375,7 +448,9 @@ class LocalExecutor:
                 now = ledger.get(run.name)
                 if follow and controller_gone(ledger, now):
                     _copy_new(tail)
-                    err.print(f"run '{run.name}' FAILED_CONTROLLER: {gone_cause(run.name)}", markup=False, highlight=False)
+                    err.print(
+                        f"run '{run.name}' FAILED_CONTROLLER: {gone_cause(run.name)}", markup=False, highlight=False
+                    )
                     return 1
                 if not follow or now.terminal:
                     _copy_new(tail)
@@ -389,13 +464,18 @@ class LocalExecutor:
             time.sleep(0.1)
             held, pid = controller_lock.state(run.run_dir)
         if held and pid is None:
-            raise SkyspotError(f"run '{run.name}': a process holds its controller's lock "
-                               f"{controller_lock.lock_path(run.run_dir)} but is not the controller it names; "
-                               "nothing was signalled")
+            raise SkyspotError(
+                f"run '{run.name}': a process holds its controller's lock "
+                f"{controller_lock.lock_path(run.run_dir)} but is not the controller it names; "
+                "nothing was signalled"
+            )
         if not held:  # never signal a bare PID: it may be a stranger's now (executors/local/controller_lock.py)
             ledger.set_cancelled(run.name)
-            stranger = (f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not "
-                        "signalled)" if run.controller_pid else "")
+            stranger = (
+                f" (pid {run.controller_pid}, recorded for it, is not its controller now and was not signalled)"
+                if run.controller_pid
+                else ""
+            )
             err.print(f"run '{run.name}' had no live controller; marked CANCELLED{stranger}", markup=False)
             return
         ledger.set_cancelling(run.name)
@@ -407,8 +487,9 @@ class LocalExecutor:
         while time.time() < deadline and not ledger.get(run.name).terminal:
             if not controller_lock.is_held(run.run_dir):
                 if ledger.set_cancelled(run.name, unless_ended=True):  # it died without saying so: say it for it
-                    err.print(f"run '{run.name}': its controller ended without recording it; marked CANCELLED",
-                              markup=False)
+                    err.print(
+                        f"run '{run.name}': its controller ended without recording it; marked CANCELLED", markup=False
+                    )
                     return
                 break
             time.sleep(0.2)
@@ -434,10 +515,14 @@ class LocalExecutor:
             raise UsageError("the run's local.json is unreadable") from None
         starts = [e["ts"] for e in events if e.get("type") == T.ATTEMPT_START]
         provision = float(spec.get("provision_delay") or 0.0)
-        return DeadlineInputs(trace=SpotTrace.from_spec(spec), t0=min(starts) if starts else float(plan["start"]),
-                              provision_seconds=provision, restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,
-                              notice_seconds=float(spec.get("notice") or 0.0),
-                              source="replayed from the run's spot trace")
+        return DeadlineInputs(
+            trace=SpotTrace.from_spec(spec),
+            t0=min(starts) if starts else float(plan["start"]),
+            provision_seconds=provision,
+            restart_prior=provision + dl.LOCAL_START_PRIOR_SECONDS,
+            notice_seconds=float(spec.get("notice") or 0.0),
+            source="replayed from the run's spot trace",
+        )
 
 
 def _copy_new(tail: FileTail) -> None:

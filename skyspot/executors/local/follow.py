@@ -54,8 +54,10 @@ class RunView:
             self.where = event.get("where") or {}
             self.attempt_started, self.attempt_stepped = event.get("ts"), False
             w = self.where
-            return (f"attempt {self.attempt}: {w.get('cloud')} {w.get('region')} {w.get('instance_type')} "
-                    f"({'spot' if w.get('spot') else 'on-demand'}, simulated)")
+            return (
+                f"attempt {self.attempt}: {w.get('cloud')} {w.get('region')} {w.get('instance_type')} "
+                f"({'spot' if w.get('spot') else 'on-demand'}, simulated)"
+            )
         if kind == T.STEP and event.get("rank") in (0, None):
             self.step = max(self.step, int(event.get("step", 0)))
             self.attempt_stepped = True
@@ -71,22 +73,28 @@ class RunView:
                 return None
             self.eval_loss, self.eval_step = loss, event.get("step")
             ppl, seconds = _number(event.get("perplexity")), _number(event.get("seconds"))
-            return (f"eval at step {event.get('step')}: loss {self.eval_loss:.4f}"
-                    + ("" if ppl is None else f" (perplexity {ppl:,.2f})")
-                    + ("" if seconds is None else f" in {seconds:.1f}s"))
+            return (
+                f"eval at step {event.get('step')}: loss {self.eval_loss:.4f}"
+                + ("" if ppl is None else f" (perplexity {ppl:,.2f})")
+                + ("" if seconds is None else f" in {seconds:.1f}s")
+            )
         if kind == T.RESTART_IN_PLACE and event.get("rank") in (0, None):
             self.restarts_in_place += 1
             seconds = _number(event.get("seconds_to_next_step"))
-            return (f"restarted in place (#{event.get('restart', self.restarts_in_place)}, {event.get('cause')}) from "
-                    f"step {event.get('step')}: " + ("" if seconds is None else f"{seconds:.1f}s from the failure to "
-                                                     "the next step, ")
-                    + f"{event.get('steps_redone', 0)} step(s) redone")
+            return (
+                f"restarted in place (#{event.get('restart', self.restarts_in_place)}, {event.get('cause')}) from "
+                f"step {event.get('step')}: "
+                + ("" if seconds is None else f"{seconds:.1f}s from the failure to the next step, ")
+                + f"{event.get('steps_redone', 0)} step(s) redone"
+            )
         if kind == T.HANG:
             self.hangs += 1
             quiet, bound = _number(event.get("seconds_without_step")), _number(event.get("bound_seconds"))
-            return (f"hang on node {event.get('node_rank')} at step {event.get('step')}: no step for "
-                    f"{'?' if quiet is None else f'{quiet:.0f}s'} (bound {'?' if bound is None else f'{bound:.0f}s'}); "
-                    f"stacks in {event.get('stacks')}; restarting its ranks")
+            return (
+                f"hang on node {event.get('node_rank')} at step {event.get('step')}: no step for "
+                f"{'?' if quiet is None else f'{quiet:.0f}s'} (bound {'?' if bound is None else f'{bound:.0f}s'}); "
+                f"stacks in {event.get('stacks')}; restarting its ranks"
+            )
         if kind == T.CHECKPOINT_END and event.get("rank") in (0, None):
             self.last_ckpt, self.last_ckpt_ts = event.get("step"), event["ts"]
             if event.get("kind") not in ("interval", "emergency"):  # emergency: its own event says more
@@ -96,8 +104,10 @@ class RunView:
             self.preemptions += 1
             return f"preemption notice (#{self.preemptions}) at step {event.get('step', self.step)}"
         if kind == T.EMERGENCY_CHECKPOINT and event.get("rank") in (0, None):
-            return (f"emergency checkpoint at step {event.get('step')} committed "
-                    f"{event.get('signal_to_commit_seconds', 0):.2f}s after the notice")
+            return (
+                f"emergency checkpoint at step {event.get('step')} committed "
+                f"{event.get('signal_to_commit_seconds', 0):.2f}s after the notice"
+            )
         if kind == T.RESUME and event.get("rank") in (0, None):
             return f"resumed from step {event.get('step')} ({event.get('source', 'local')})"
         if kind == T.DEADLINE_DECISION:
@@ -124,8 +134,13 @@ class RunView:
         if not (isinstance(step, int) and isinstance(total, (int, float))):
             return
         last, self._last_tokens = self._last_tokens, (step, int(total))
-        if last is not None and last[0] == step - 1 and isinstance(seconds, (int, float)) and seconds > 0 \
-                and total >= last[1]:
+        if (
+            last is not None
+            and last[0] == step - 1
+            and isinstance(seconds, (int, float))
+            and seconds > 0
+            and total >= last[1]
+        ):
             self.tokens_per_s = (total - last[1]) / seconds
 
     def quiet_for(self, now: float) -> Optional[float]:
@@ -149,12 +164,17 @@ def deadline_line(decision: dict[str, Any]) -> str:
     finish and how long before the deadline it was found."""
     from skyspot.planning import deadline as dl
 
-    at, finish, ts = _number(decision.get("deadline")), _number(decision.get("projected_finish")), _number(decision.get("ts"))
+    at, finish, ts = (
+        _number(decision.get("deadline")),
+        _number(decision.get("projected_finish")),
+        _number(decision.get("ts")),
+    )
     late = f", {dl.span(finish - at)} late" if finish is not None and at is not None else ""
-    ahead = (f"; found {dl.span(at - ts)} before the deadline" if at is not None and ts is not None and ts < at
-             else "")
-    return (f"deadline UNREACHABLE: the deadline {dl.clock(at)} cannot be met any more; on-demand to the end, "
-            f"projected finish {dl.clock(finish)}{late}{ahead}")
+    ahead = f"; found {dl.span(at - ts)} before the deadline" if at is not None and ts is not None and ts < at else ""
+    return (
+        f"deadline UNREACHABLE: the deadline {dl.clock(at)} cannot be met any more; on-demand to the end, "
+        f"projected finish {dl.clock(finish)}{late}{ahead}"
+    )
 
 
 def losses_text(view: RunView) -> str:
@@ -185,8 +205,10 @@ def follow(name: str) -> int:
             else:
                 run = _follow_plain(ledger, name, view, tail, log_path, err)
         except KeyboardInterrupt:
-            err.print(f"detached; '{name}' keeps running. `skyspot logs {name} -f` follows it, "
-                      f"`skyspot cancel {name}` stops it")
+            err.print(
+                f"detached; '{name}' keeps running. `skyspot logs {name} -f` follows it, "
+                f"`skyspot cancel {name}` stops it"
+            )
             return 130
         for line in ending(run):
             err.print(line, markup=False, highlight=False)
@@ -204,21 +226,28 @@ def ending(run) -> list[str]:
         why = f": {cause}" if cause else ""
         lines.append(f"run '{run.name}' {run.status} (exit {_exit_code(run)}){why}")
         if run.exit_code in NOT_RETRIED:
-            lines.append(f"not restarted: {NOT_RETRIED[run.exit_code]} fails the same way on every restart; "
-                         f"fix it and `skyspot launch` again (`skyspot logs {run.name}` has the full log)")
+            lines.append(
+                f"not restarted: {NOT_RETRIED[run.exit_code]} fails the same way on every restart; "
+                f"fix it and `skyspot launch` again (`skyspot logs {run.name}` has the full log)"
+            )
         elif run.status == "FAILED_CONTROLLER":  # its cause says how to continue it
             lines.append(f"`skyspot logs {run.name}` has the full log")
         elif run.status != "CANCELLED":
-            lines.append(f"`skyspot logs {run.name}` has the full log; `skyspot resume {run.name}` continues it "
-                         "from its newest checkpoint")
+            lines.append(
+                f"`skyspot logs {run.name}` has the full log; `skyspot resume {run.name}` continues it "
+                "from its newest checkpoint"
+            )
     unused = info.get("unused_trace_times") or []
     if unused:
         after = info.get("finished_after_seconds")
-        lines.append(f"note: the spot trace's preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
-                     f"never came: the run finished {after:g}s after launch. Lengthen the run (e.g. train.steps=2000) "
-                     "or move the trace's times earlier (docs/local.md)" if isinstance(after, (int, float)) else
-                     f"note: the spot trace's preemption(s) at {', '.join(f'{t:g}s' for t in unused)} never came: "
-                     "the run finished first")
+        lines.append(
+            f"note: the spot trace's preemption(s) at {', '.join(f'{t:g}s' for t in unused)} after launch "
+            f"never came: the run finished {after:g}s after launch. Lengthen the run (e.g. train.steps=2000) "
+            "or move the trace's times earlier (docs/local.md)"
+            if isinstance(after, (int, float))
+            else f"note: the spot trace's preemption(s) at {', '.join(f'{t:g}s' for t in unused)} never came: "
+            "the run finished first"
+        )
     return lines
 
 
@@ -232,8 +261,11 @@ def _last_log_line(path: Path, limit: int = 8192) -> Optional[str]:
             data = handle.read()
     except OSError:
         return None
-    lines = [line.strip() for line in data.decode("utf-8", errors="replace").splitlines()
-             if line.strip() and not _noise(line)]
+    lines = [
+        line.strip()
+        for line in data.decode("utf-8", errors="replace").splitlines()
+        if line.strip() and not _noise(line)
+    ]
     if not lines:
         return None
     text = lines[-1]
@@ -244,8 +276,11 @@ def _noise(line: str) -> bool:
     """Lines that say nothing about what a start waits on: warnings every start prints (torch's `W1130 ...`,
     DeepSpeed's accelerator notice) and the controller's own lines."""
     text = line.strip()
-    return ("[WARNING]" in text or text.startswith("[skyspot local]")  # the controller's own lines
-            or (len(text) > 5 and text[0] in "WI" and text[1:5].isdigit()))
+    return (
+        "[WARNING]" in text
+        or text.startswith("[skyspot local]")  # the controller's own lines
+        or (len(text) > 5 and text[0] in "WI" and text[1:5].isdigit())
+    )
 
 
 def _activity(run) -> Optional[str]:
@@ -283,8 +318,11 @@ def _follow_plain(ledger, name, view, tail, log_path, err):
         quiet = view.quiet_for(time.time())
         if quiet is not None and quiet >= next_note:
             last = _last_log_line(log_path)
-            doing = ("still preparing this machine (DeepSpeed's op build)" if run.status == "STARTING" and activity
-                     else "no step yet (starting: imports, DeepSpeed set-up, model load)")
+            doing = (
+                "still preparing this machine (DeepSpeed's op build)"
+                if run.status == "STARTING" and activity
+                else "no step yet (starting: imports, DeepSpeed set-up, model load)"
+            )
             say(f"attempt {view.attempt}: {quiet:.0f}s in, {doing}{f'; log: {last}' if last else ''}")
             next_note = quiet + 2 * QUIET_SECONDS
         if run.terminal or _controller_gone(ledger, run):
@@ -300,8 +338,9 @@ def _follow_live(ledger, name, view, tail, log_path):
 
     from skyspot.console import err, printable
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err.console)
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err.console
+    )
     task_id = progress.add_task(printable(name), total=view.total or None)
     lines: list[str] = []
     activity = None
@@ -312,16 +351,22 @@ def _follow_live(ledger, name, view, tail, log_path):
         quiet = view.quiet_for(time.time())
         doing = ""
         if quiet is not None and quiet >= 3:
-            doing = f"\nstarting for {quiet:.0f}s: " + (activity or _last_log_line(log_path) or "imports, DeepSpeed set-up")
-        info = Text(printable(  # a Text is not a string the console escapes: escape here (console.py)
-            f"{view.status}  attempt {view.attempt}  {w.get('cloud', '-')}/{w.get('region', '-')} "
-            f"{w.get('instance_type', '-')} {'spot' if w.get('spot') else 'on-demand'}\n"
-            f"{losses_text(view)}  "
-            f"tokens/s {'-' if view.tokens_per_s is None else f'{view.tokens_per_s:,.0f}'}  "
-            f"last checkpoint {ckpt}  preemptions {view.preemptions}"
-            + (f"  in-place restarts {view.restarts_in_place}" if view.restarts_in_place or view.hangs else "")
-            + (f" ({view.hangs} hang{'s' if view.hangs != 1 else ''})" if view.hangs else "")
-            + doing, keep_newlines=True))
+            doing = f"\nstarting for {quiet:.0f}s: " + (
+                activity or _last_log_line(log_path) or "imports, DeepSpeed set-up"
+            )
+        info = Text(
+            printable(  # a Text is not a string the console escapes: escape here (console.py)
+                f"{view.status}  attempt {view.attempt}  {w.get('cloud', '-')}/{w.get('region', '-')} "
+                f"{w.get('instance_type', '-')} {'spot' if w.get('spot') else 'on-demand'}\n"
+                f"{losses_text(view)}  "
+                f"tokens/s {'-' if view.tokens_per_s is None else f'{view.tokens_per_s:,.0f}'}  "
+                f"last checkpoint {ckpt}  preemptions {view.preemptions}"
+                + (f"  in-place restarts {view.restarts_in_place}" if view.restarts_in_place or view.hangs else "")
+                + (f" ({view.hangs} hang{'s' if view.hangs != 1 else ''})" if view.hangs else "")
+                + doing,
+                keep_newlines=True,
+            )
+        )
         return Group(progress, info, Text(printable("\n".join(lines[-6:]), keep_newlines=True), style="dim"))
 
     with Live(render(), console=err.console, refresh_per_second=4, transient=False) as live:

@@ -57,7 +57,7 @@ class FreshNode:
         """A path under a mount target, pointed at the node's copy (e.g. SKYSPOT_STORE_MOUNT)."""
         for target, copy in self.mounts.items():
             if value == target or value.startswith(target.rstrip("/") + "/"):
-                return copy + value[len(target):]
+                return copy + value[len(target) :]
         return value
 
     def env(self, base: Mapping[str, str], task_envs: Mapping[str, str]) -> dict[str, str]:
@@ -93,8 +93,9 @@ def find_uv() -> str:
     raise SkyspotError("a fresh node needs uv, as SkyPilot puts it on every node: pip install uv")
 
 
-def make(root: Path, file_mounts: Mapping[str, object], *, python: Optional[str] = None,
-         bucket_prefixes: Sequence[str] = ()) -> FreshNode:
+def make(
+    root: Path, file_mounts: Mapping[str, object], *, python: Optional[str] = None, bucket_prefixes: Sequence[str] = ()
+) -> FreshNode:
     """Create (or reuse) the node's venv the way SkyPilot makes it from `python` (default: the base
     interpreter), copy the task's local file mounts into `root`, and materialise `bucket_prefixes`
     (store URIs such as `s3://bucket/runs/r1/wheelhouse/`) under the bucket mounts they fall in."""
@@ -107,12 +108,17 @@ def make(root: Path, file_mounts: Mapping[str, object], *, python: Optional[str]
         link.symlink_to(uv)
     if not (venv / "bin" / "python").exists():
         base = python or getattr(sys, "_base_executable", None) or sys.executable
-        result = subprocess.run([uv, "venv", "--quiet", "--seed", "--relocatable", "--system-site-packages",
-                                 "--python", base, str(venv)], capture_output=True, text=True,
-                                env={**_without_launcher_config(os.environ), "UV_PYTHON_DOWNLOADS": "never"})
+        result = subprocess.run(
+            [uv, "venv", "--quiet", "--seed", "--relocatable", "--system-site-packages", "--python", base, str(venv)],
+            capture_output=True,
+            text=True,
+            env={**_without_launcher_config(os.environ), "UV_PYTHON_DOWNLOADS": "never"},
+        )
         if result.returncode != 0:
-            raise SkyspotError(f"cannot create the fresh node's virtual environment at {venv}: "
-                               f"{(result.stderr or result.stdout).strip().splitlines()[-1:]}")
+            raise SkyspotError(
+                f"cannot create the fresh node's virtual environment at {venv}: "
+                f"{(result.stderr or result.stdout).strip().splitlines()[-1:]}"
+            )
     mounts = {}
     for target, source in file_mounts.items():
         if isinstance(source, dict):
@@ -161,13 +167,26 @@ def _materialise(root: Path, target: str, mount: Mapping[str, object], prefixes:
     return str(copy)
 
 
-def run_setup(node: FreshNode, setup: str, env: Mapping[str, str], log: Optional[IO[str]] = None,
-              cwd: Optional[Path] = None, timeout: Optional[float] = None,
-              tick: Callable[[], None] = lambda: None) -> int:
+def run_setup(
+    node: FreshNode,
+    setup: str,
+    env: Mapping[str, str],
+    log: Optional[IO[str]] = None,
+    cwd: Optional[Path] = None,
+    timeout: Optional[float] = None,
+    tick: Callable[[], None] = lambda: None,
+) -> int:
     """Run the task's `setup` on the node; its output goes to `log` (or is captured and dropped). `tick`
     runs every TICK_SECONDS while it does (the controller judges its deadline there)."""
-    with subprocess.Popen(["bash", "-c", setup], cwd=cwd or node.root, env=dict(env), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    with subprocess.Popen(
+        ["bash", "-c", setup],
+        cwd=cwd or node.root,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
         ends = None if timeout is None else time.monotonic() + timeout
         while True:
             try:  # communicate() may be called again after its timeout, losing no output

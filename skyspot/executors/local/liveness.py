@@ -13,13 +13,19 @@ from skyspot.ledger import Ledger
 
 def gone_cause(name: str) -> str:
     """Why a run whose controller died is FAILED_CONTROLLER (its ledger cause, the followers' last line)."""
-    return ("the local controller ended without recording how the run ended (killed, out of memory or a reboot); "
-            f"`skyspot resume {name}` continues it from its newest checkpoint")
+    return (
+        "the local controller ended without recording how the run ended (killed, out of memory or a reboot); "
+        f"`skyspot resume {name}` continues it from its newest checkpoint"
+    )
 
 
 def controller_lock_unheld(run) -> bool:
-    return bool(not run.terminal and run.run_dir and controller_lock.lock_path(run.run_dir).exists()
-                and not controller_lock.is_held(run.run_dir))
+    return bool(
+        not run.terminal
+        and run.run_dir
+        and controller_lock.lock_path(run.run_dir).exists()
+        and not controller_lock.is_held(run.run_dir)
+    )
 
 
 def controller_gone(ledger: Ledger, run) -> bool:

@@ -84,11 +84,38 @@ DROPPED_HOLD_S = 60.0  # ours: how long a dropped token PUT keeps its connection
 # "Version and region availability"; instance-metadata-service "Supported API versions"). Others: 400.
 AZURE_EVENTS_VERSIONS = ("2017-08-01", "2017-11-01", "2019-01-01", "2019-04-01", "2019-08-01", "2020-07-01")
 AZURE_INSTANCE_VERSIONS = (
-    "2017-04-02", "2017-08-01", "2017-10-01", "2017-12-01", "2018-02-01", "2018-04-02", "2018-10-01",
-    "2019-02-01", "2019-03-11", "2019-04-30", "2019-06-01", "2019-06-04", "2019-08-01", "2019-08-15",
-    "2019-11-01", "2020-06-01", "2020-07-15", "2020-09-01", "2020-10-01", "2020-12-01", "2021-01-01",
-    "2021-02-01", "2021-03-01", "2021-05-01", "2021-10-01", "2021-11-01", "2021-11-15", "2021-12-13",
-    "2023-07-01", "2023-11-15", "2024-03-15")
+    "2017-04-02",
+    "2017-08-01",
+    "2017-10-01",
+    "2017-12-01",
+    "2018-02-01",
+    "2018-04-02",
+    "2018-10-01",
+    "2019-02-01",
+    "2019-03-11",
+    "2019-04-30",
+    "2019-06-01",
+    "2019-06-04",
+    "2019-08-01",
+    "2019-08-15",
+    "2019-11-01",
+    "2020-06-01",
+    "2020-07-15",
+    "2020-09-01",
+    "2020-10-01",
+    "2020-12-01",
+    "2021-01-01",
+    "2021-02-01",
+    "2021-03-01",
+    "2021-05-01",
+    "2021-10-01",
+    "2021-11-01",
+    "2021-11-15",
+    "2021-12-13",
+    "2023-07-01",
+    "2023-11-15",
+    "2024-03-15",
+)
 
 # Endpoint names used by the request counters and by fail().
 ROUTES = {
@@ -129,10 +156,19 @@ class MetadataServer:
     Requests are served thread-per-request, so a GCP hanging GET never blocks the others.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, vm_name: str = "skyspot-local-vm", *,
-                 aws_tokens: str = "required", drop_token_puts: bool = False, gcp_etags: bool = True,
-                 azure_first_call_delay: float = 0.0, azure_events_after: float = 0.0,
-                 azure_rate_limit: Optional[int] = AZURE_RATE_LIMIT):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        vm_name: str = "skyspot-local-vm",
+        *,
+        aws_tokens: str = "required",
+        drop_token_puts: bool = False,
+        gcp_etags: bool = True,
+        azure_first_call_delay: float = 0.0,
+        azure_events_after: float = 0.0,
+        azure_rate_limit: Optional[int] = AZURE_RATE_LIMIT,
+    ):
         if aws_tokens not in ("required", "optional"):
             raise ValueError(f"aws_tokens must be 'required' or 'optional', got {aws_tokens!r}")
         self._host = host
@@ -171,8 +207,9 @@ class MetadataServer:
         httpd.metadata = self
         self._httpd = httpd
         self._closing = False
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="skyspot-metadata-server", daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="skyspot-metadata-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -222,8 +259,9 @@ class MetadataServer:
 
     # -- controls -----------------------------------------------------------------------------
 
-    def announce_preemption(self, deadline_ts: float, action: str = "terminate",
-                            resources: list[str] | None = None) -> None:
+    def announce_preemption(
+        self, deadline_ts: float, action: str = "terminate", resources: list[str] | None = None
+    ) -> None:
         """Make all three clouds announce that this VM goes at deadline_ts (unix time).
 
         AWS: instance-action appears with `action`. GCP: preempted turns TRUE, waking hanging GETs.
@@ -235,9 +273,14 @@ class MetadataServer:
             self._set_gcp("preempted", "TRUE")
             self._add_azure(_azure_event("Preempt", deadline_ts, resources or [self.vm_name]))
 
-    def announce_maintenance(self, deadline_ts: float, azure_type: str = "Reboot", aws_code: str = "system-reboot",
-                             gcp_value: str = "TERMINATE_ON_HOST_MAINTENANCE",
-                             resources: list[str] | None = None) -> None:
+    def announce_maintenance(
+        self,
+        deadline_ts: float,
+        azure_type: str = "Reboot",
+        aws_code: str = "system-reboot",
+        gcp_value: str = "TERMINATE_ON_HOST_MAINTENANCE",
+        resources: list[str] | None = None,
+    ) -> None:
         """Make all three clouds announce planned maintenance that stops this VM at deadline_ts.
 
         GCP: maintenance-event turns gcp_value (what a GPU VM sees an hour ahead) and
@@ -246,14 +289,25 @@ class MetadataServer:
         """
         with self._cond:
             self._set_gcp("maintenance-event", gcp_value)
-            self._upcoming = {"can_reschedule": False, "latest_window_start_time": _iso_z(deadline_ts),
-                              "maintenance_status": "PENDING", "type": "SCHEDULED",
-                              "window_end_time": _iso_z(deadline_ts + 3600), "window_start_time": _iso_z(deadline_ts)}
+            self._upcoming = {
+                "can_reschedule": False,
+                "latest_window_start_time": _iso_z(deadline_ts),
+                "maintenance_status": "PENDING",
+                "type": "SCHEDULED",
+                "window_end_time": _iso_z(deadline_ts + 3600),
+                "window_start_time": _iso_z(deadline_ts),
+            }
             self._add_azure(_azure_event(azure_type, deadline_ts, resources or [self.vm_name]))
-            self._aws_events.append({
-                "NotBefore": _aws_date(deadline_ts), "Code": aws_code, "Description": "scheduled maintenance",
-                "EventId": f"instance-event-{secrets.token_hex(8)}", "NotAfter": _aws_date(deadline_ts + 3600),
-                "State": "active"})
+            self._aws_events.append(
+                {
+                    "NotBefore": _aws_date(deadline_ts),
+                    "Code": aws_code,
+                    "Description": "scheduled maintenance",
+                    "EventId": f"instance-event-{secrets.token_hex(8)}",
+                    "NotAfter": _aws_date(deadline_ts + 3600),
+                    "State": "active",
+                }
+            )
 
     def cancel_maintenance(self) -> None:
         """Azure and the others call the maintenance off: GCP back to NONE, Azure's event removed, AWS's canceled."""
@@ -268,23 +322,43 @@ class MetadataServer:
                 event["State"] = "canceled"
             self._cond.notify_all()
 
-    def add_azure_event(self, event_type: str, not_before_ts: float, resources: list[str] | None = None,
-                        status: str = "Scheduled", source: str = "Platform") -> str:
+    def add_azure_event(
+        self,
+        event_type: str,
+        not_before_ts: float,
+        resources: list[str] | None = None,
+        status: str = "Scheduled",
+        source: str = "Platform",
+    ) -> str:
         """One Azure Scheduled Event as Azure writes it; returns its EventId."""
         event = _azure_event(event_type, not_before_ts, resources or [self.vm_name], status, source)
         with self._cond:
             self._add_azure(event)
         return event["EventId"]
 
-    def set_instance(self, instance_type: str, *, spot: bool, zone: str, region: str,
-                     zone_id: str | None = None, image: str | None = None) -> None:
+    def set_instance(
+        self,
+        instance_type: str,
+        *,
+        spot: bool,
+        zone: str,
+        region: str,
+        zone_id: str | None = None,
+        image: str | None = None,
+    ) -> None:
         """Say what the VM is, for the identity paths of all three clouds (each in its own spelling:
         AWS life cycle `spot`/`on-demand`, GCP preemptible `TRUE`/`FALSE`, Azure priority `Spot`/`Regular`).
         `image`: the image id (AWS ami-id; GCP instance/image as projects/0/global/images/IMAGE; Azure
         storageProfile.imageReference.id); None: those paths answer 404 (Azure: no storageProfile)."""
         with self._cond:
-            self._instance = {"instance_type": instance_type, "spot": spot, "zone": zone, "region": region,
-                              "zone_id": zone_id, "image": image}
+            self._instance = {
+                "instance_type": instance_type,
+                "spot": spot,
+                "zone": zone,
+                "region": region,
+                "zone_id": zone_id,
+                "image": image,
+            }
 
     def recommend_rebalance(self, notice_ts: float | None = None) -> None:
         """AWS only: a rebalance recommendation appears (the other clouds have no equivalent)."""
@@ -327,8 +401,9 @@ class MetadataServer:
         A request left unanswered (a dropped token PUT) counts with status 0.
         """
         with self._cond:
-            return sum(1 for e, s in self._requests
-                       if (endpoint is None or e == endpoint) and (status is None or s == status))
+            return sum(
+                1 for e, s in self._requests if (endpoint is None or e == endpoint) and (status is None or s == status)
+            )
 
     @property
     def counts(self) -> Counter[str]:
@@ -366,8 +441,7 @@ class MetadataServer:
 
     def _azure_document(self, now: float) -> dict:
         """The document as Azure would answer now: events turn Started once approved or due."""
-        visible = (self._azure_first_call is not None
-                   and now >= self._azure_first_call + self.azure_events_after)
+        visible = self._azure_first_call is not None and now >= self._azure_first_call + self.azure_events_after
         events = []
         for event in self._azure_events if visible else []:
             if event["EventStatus"] == "Scheduled" and now >= event["_not_before"]:
@@ -417,8 +491,9 @@ class MetadataServer:
             self._requests.append((endpoint, status))
 
 
-def _azure_event(event_type: str, not_before_ts: float, resources: list[str], status: str = "Scheduled",
-                 source: str = "Platform") -> dict:
+def _azure_event(
+    event_type: str, not_before_ts: float, resources: list[str], status: str = "Scheduled", source: str = "Platform"
+) -> dict:
     return {
         "EventId": str(uuid.uuid4()).upper(),
         "EventType": event_type,
@@ -486,8 +561,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    def _send(self, endpoint: str, status: int, body: bytes, content_type: str,
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, endpoint: str, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.md._record(endpoint, status)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -517,8 +593,7 @@ class _Handler(BaseHTTPRequestHandler):
         token = secrets.token_urlsafe(32)
         with md._cond:
             md._tokens[token] = time.monotonic() + ttl
-        self._send(endpoint, 200, token.encode(), "text/plain",
-                   {"X-aws-ec2-metadata-token-ttl-seconds": str(ttl)})
+        self._send(endpoint, 200, token.encode(), "text/plain", {"X-aws-ec2-metadata-token-ttl-seconds": str(ttl)})
 
     def _aws_authorised(self, endpoint: str) -> bool:
         token = self.headers.get("X-aws-ec2-metadata-token")
@@ -560,10 +635,14 @@ class _Handler(BaseHTTPRequestHandler):
         instance = self.md._instance
         value = None
         if instance is not None:
-            value = {"aws.instance_type": instance["instance_type"],
-                     "aws.instance_life_cycle": "spot" if instance["spot"] else "on-demand",
-                     "aws.availability_zone": instance["zone"], "aws.availability_zone_id": instance["zone_id"],
-                     "aws.region": instance["region"], "aws.ami_id": instance.get("image")}[endpoint]
+            value = {
+                "aws.instance_type": instance["instance_type"],
+                "aws.instance_life_cycle": "spot" if instance["spot"] else "on-demand",
+                "aws.availability_zone": instance["zone"],
+                "aws.availability_zone_id": instance["zone_id"],
+                "aws.region": instance["region"],
+                "aws.ami_id": instance.get("image"),
+            }[endpoint]
         self._aws_document(endpoint, value)
 
     _aws_instance_type = _aws_identity
@@ -585,10 +664,12 @@ class _Handler(BaseHTTPRequestHandler):
         if endpoint == "gcp.image" and not instance.get("image"):
             self._send(endpoint, 404, b"Not Found", "text/html", {"Metadata-Flavor": "Google"})
             return
-        value = {"gcp.image": f"projects/0/global/images/{instance.get('image')}",
-                 "gcp.machine_type": f"projects/0/machineTypes/{instance['instance_type']}",
-                 "gcp.preemptible": "TRUE" if instance["spot"] else "FALSE",
-                 "gcp.zone": f"projects/0/zones/{instance['zone']}"}[endpoint]
+        value = {
+            "gcp.image": f"projects/0/global/images/{instance.get('image')}",
+            "gcp.machine_type": f"projects/0/machineTypes/{instance['instance_type']}",
+            "gcp.preemptible": "TRUE" if instance["spot"] else "FALSE",
+            "gcp.zone": f"projects/0/zones/{instance['zone']}",
+        }[endpoint]
         self._send(endpoint, 200, value.encode(), "application/text", {"Metadata-Flavor": "Google"})
 
     _gcp_machine_type = _gcp_identity
@@ -647,9 +728,12 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         versions = AZURE_INSTANCE_VERSIONS if endpoint in ("azure.vm_name", "azure.compute") else AZURE_EVENTS_VERSIONS
         if query.get("api-version") not in versions:
-            self._azure_error(endpoint, "Bad request. api-version is invalid or was not specified in the request. "
-                                        "For more information refer to aka.ms/azureimds",
-                              {"newest-versions": list(reversed(versions[-3:]))})
+            self._azure_error(
+                endpoint,
+                "Bad request. api-version is invalid or was not specified in the request. "
+                "For more information refer to aka.ms/azureimds",
+                {"newest-versions": list(reversed(versions[-3:]))},
+            )
             return False
         failure = self.md._failure(endpoint)
         if failure is not None:
@@ -694,16 +778,21 @@ class _Handler(BaseHTTPRequestHandler):
         if instance is None:
             self._azure_error(endpoint, "Not found")
             return
-        document = {"name": self.md.vm_name, "vmSize": instance["instance_type"],
-                    "priority": "Spot" if instance["spot"] else "Regular", "zone": instance["zone"] or "",
-                    "location": instance["region"]}
+        document = {
+            "name": self.md.vm_name,
+            "vmSize": instance["instance_type"],
+            "priority": "Spot" if instance["spot"] else "Regular",
+            "zone": instance["zone"] or "",
+            "location": instance["region"],
+        }
         if instance.get("image"):
             document["storageProfile"] = {"imageReference": {"id": instance["image"]}}
         self._send(endpoint, 200, json.dumps(document).encode(), "application/json; charset=utf-8")
 
     def _azure_error(self, endpoint: str, message: str, extra: dict | None = None) -> None:
-        self._send(endpoint, 400, json.dumps({"error": message, **(extra or {})}).encode(),
-                   "application/json; charset=utf-8")
+        self._send(
+            endpoint, 400, json.dumps({"error": message, **(extra or {})}).encode(), "application/json; charset=utf-8"
+        )
 
 
 def _iso_z(ts: float) -> str:

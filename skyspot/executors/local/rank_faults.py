@@ -32,8 +32,12 @@ def parse(value: Optional[str], action: str) -> list[dict]:
         step, _, where = item.partition(":")
         node, _, local_rank = where.partition(".")
         try:
-            fault = {"action": action, "step": int(step), "node": int(node) if node else None,
-                     "local_rank": int(local_rank) if local_rank else None}
+            fault = {
+                "action": action,
+                "step": int(step),
+                "node": int(node) if node else None,
+                "local_rank": int(local_rank) if local_rank else None,
+            }
         except ValueError:
             raise UsageError(f"{flag} '{item}' must be STEP[:NODE[.LOCAL_RANK]], e.g. 12, 12:1 or 12:0.1") from None
         if fault["step"] < 1 or any(fault[k] is not None and fault[k] < 0 for k in ("node", "local_rank")):
@@ -48,8 +52,9 @@ def check(faults: list[dict], num_nodes: int, ranks_per_node: int) -> None:
         if fault["node"] is not None and fault["node"] >= num_nodes:
             raise UsageError(f"{FLAGS[fault['action']]}: node {fault['node']} of a run on {num_nodes} node(s)")
         if fault["local_rank"] is not None and fault["local_rank"] >= ranks_per_node:
-            raise UsageError(f"{FLAGS[fault['action']]}: local rank {fault['local_rank']} of {ranks_per_node} "
-                             "rank(s) per node")
+            raise UsageError(
+                f"{FLAGS[fault['action']]}: local rank {fault['local_rank']} of {ranks_per_node} rank(s) per node"
+            )
 
 
 def workers(run_name: str, node: int) -> dict[int, "object"]:
@@ -60,9 +65,13 @@ def workers(run_name: str, node: int) -> dict[int, "object"]:
     for proc in psutil.process_iter():
         try:
             env = proc.environ()
-            if (env.get("SKYSPOT_RUN_NAME") != run_name or env.get("SKYPILOT_NODE_RANK") != str(node)
-                    or "TORCHELASTIC_RUN_ID" not in env or "LOCAL_RANK" not in env
-                    or proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED)):
+            if (
+                env.get("SKYSPOT_RUN_NAME") != run_name
+                or env.get("SKYPILOT_NODE_RANK") != str(node)
+                or "TORCHELASTIC_RUN_ID" not in env
+                or "LOCAL_RANK" not in env
+                or proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED)
+            ):
                 continue
             found[int(env["LOCAL_RANK"])] = proc
         except (psutil.Error, OSError, ValueError):

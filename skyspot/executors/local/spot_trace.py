@@ -59,9 +59,11 @@ class SpotTrace:
         """The trace a local run's spec carries (a Spec or its local.json as a dict): the one way the
         controller, its deadline planner and the cost report's comparison rebuild what the run replayed."""
         get = spec.get if isinstance(spec, dict) else lambda key: getattr(spec, key, None)
-        return cls(preemptions=[float(t) for t in get("trace_times") or []],
-                   capacity_gone_after=get("capacity_gone_after"),
-                   unavailable=[(float(a), float(b)) for a, b in get("unavailable") or []])
+        return cls(
+            preemptions=[float(t) for t in get("trace_times") or []],
+            capacity_gone_after=get("capacity_gone_after"),
+            unavailable=[(float(a), float(b)) for a, b in get("unavailable") or []],
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "SpotTrace":
@@ -86,8 +88,10 @@ class SpotTrace:
             raise UsageError(f"{path}: a spot trace is a mapping with a 'preemptions' list (see docs/local.md)")
         unknown = set(data) - {"preemptions", "notice", "capacity_gone_after", "nodes", "unavailable"}
         if unknown:
-            raise UsageError(f"{path}: unknown spot trace key(s) {', '.join(sorted(unknown))} "
-                             "(known: preemptions, notice, capacity_gone_after, nodes, unavailable)")
+            raise UsageError(
+                f"{path}: unknown spot trace key(s) {', '.join(sorted(unknown))} "
+                "(known: preemptions, notice, capacity_gone_after, nodes, unavailable)"
+            )
         times = data.get("preemptions") or []
         if not isinstance(times, list) or not all(_seconds(t) for t in times):
             raise UsageError(f"{path}: 'preemptions' must be a list of finite seconds >= 0")
@@ -98,11 +102,17 @@ class SpotTrace:
         if gone is not None and (not isinstance(gone, int) or gone < 0):
             raise UsageError(f"{path}: 'capacity_gone_after' must be a whole number >= 0")
         nodes = data.get("nodes") or []
-        if not isinstance(nodes, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                                                  for n in nodes):
+        if not isinstance(nodes, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in nodes
+        ):
             raise UsageError(f"{path}: 'nodes' must be a list of node counts >= 1 (one per spot attempt)")
-        return cls(sorted(float(t) for t in times), None if notice is None else float(notice), gone, nodes,
-                   _windows(path, data.get("unavailable") or []))
+        return cls(
+            sorted(float(t) for t in times),
+            None if notice is None else float(notice),
+            gone,
+            nodes,
+            _windows(path, data.get("unavailable") or []),
+        )
 
 
 MAX_TRACE_BYTES = 1 << 20
@@ -117,10 +127,10 @@ def _seconds(v) -> bool:
 def _windows(path: Path, raw) -> list[tuple[float, float]]:
     number = _seconds
 
-    if not isinstance(raw, list) or not all(isinstance(w, list) and len(w) == 2 and all(map(number, w))
-                                            and w[0] < w[1] for w in raw):
-        raise UsageError(f"{path}: 'unavailable' must be a list of [start, end] pairs of seconds, "
-                         "0 <= start < end")
+    if not isinstance(raw, list) or not all(
+        isinstance(w, list) and len(w) == 2 and all(map(number, w)) and w[0] < w[1] for w in raw
+    ):
+        raise UsageError(f"{path}: 'unavailable' must be a list of [start, end] pairs of seconds, 0 <= start < end")
     windows = sorted((float(a), float(b)) for a, b in raw)
     for (_, end), (start, _) in zip(windows, windows[1:]):
         if start < end:

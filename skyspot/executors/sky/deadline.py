@@ -76,11 +76,13 @@ def check_api_server() -> None:
 
     endpoint = server_common.get_server_url()
     if server_common.is_api_server_local(endpoint):
-        raise UsageError(f"a deadline on a cloud needs a SkyPilot API server that managed jobs can reach: the "
-                         f"controller that switches between spot and on-demand runs as a managed job and launches "
-                         f"the training through it, and this API server is local ({endpoint}). Deploy a remote "
-                         "API server (docs.skypilot.co, 'API server deployment') and `sky api login`, or launch "
-                         "without --deadline")
+        raise UsageError(
+            f"a deadline on a cloud needs a SkyPilot API server that managed jobs can reach: the "
+            f"controller that switches between spot and on-demand runs as a managed job and launches "
+            f"the training through it, and this API server is local ({endpoint}). Deploy a remote "
+            "API server (docs.skypilot.co, 'API server deployment') and `sky api login`, or launch "
+            "without --deadline"
+        )
 
 
 def stage_task(task: dict[str, Any], *, spot: bool) -> dict[str, Any]:
@@ -110,22 +112,27 @@ def controller_task(task: dict[str, Any], plan: dict[str, Any], *, clouds: list[
     `plan` is written to `<plan_dir>/plan.json` by `write_plan`, mounted at CONTROLLER_MOUNT."""
     from skyspot.task.package import PACKAGE_MOUNT
 
-    mounts = {target: source for target, source in (task.get("file_mounts") or {}).items()
-              if isinstance(source, str) and "://" not in source}
+    mounts = {
+        target: source
+        for target, source in (task.get("file_mounts") or {}).items()
+        if isinstance(source, str) and "://" not in source
+    }
     mounts[CONTROLLER_MOUNT] = plan["plan_dir"]
-    envs = {k: v for k, v in (task.get("envs") or {}).items()
-            if k in ("SKYSPOT_RUN_NAME", "SKYSPOT_PACKAGE_DIR")}
+    envs = {k: v for k, v in (task.get("envs") or {}).items() if k in ("SKYSPOT_RUN_NAME", "SKYSPOT_PACKAGE_DIR")}
     envs.setdefault("SKYSPOT_PACKAGE_DIR", PACKAGE_MOUNT)
     return {
         "name": plan["run"],
-        "resources": {**CONTROLLER_RESOURCES, "any_of": [{"cloud": c} for c in clouds],
-                      "job_recovery": {"max_restarts_on_errors": 3}},
+        "resources": {
+            **CONTROLLER_RESOURCES,
+            "any_of": [{"cloud": c} for c in clouds],
+            "job_recovery": {"max_restarts_on_errors": 3},
+        },
         "envs": envs,
         **({"secrets": dict(task["secrets"])} if task.get("secrets") else {}),
         "file_mounts": mounts,
         "setup": "set -e\n"
-                 'python -m pip install --quiet --no-deps "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl\n'
-                 f"python -m pip install --quiet {' '.join(_quoted(controller_requirements(package)))}\n",
+        'python -m pip install --quiet --no-deps "$SKYSPOT_PACKAGE_DIR"/skyspot-*.whl\n'
+        f"python -m pip install --quiet {' '.join(_quoted(controller_requirements(package)))}\n",
         "run": f"exec python -m skyspot.executors.sky.deadline {CONTROLLER_MOUNT}/{PLAN_FILE}\n",
     }
 
@@ -136,8 +143,11 @@ def controller_requirements(package) -> list[str]:
     from importlib import metadata
 
     wanted = {re.sub(r"[-_.]+", "-", n).lower() for n in CONTROLLER_PACKAGES}
-    pins = [r for r in (package.requirements if package else ())
-            if re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]).lower() in wanted]
+    pins = [
+        r
+        for r in (package.requirements if package else ())
+        if re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]).lower() in wanted
+    ]
     try:
         pins.append(f"skypilot=={metadata.version('skypilot')}")
     except metadata.PackageNotFoundError:
@@ -166,8 +176,9 @@ def write_plan(home_dir, plan: dict[str, Any]) -> str:
     return str(folder)
 
 
-def plan_for(task: dict[str, Any], *, run: str, store: str, deadline: dict[str, Any], total_steps: int,
-             recipe: str) -> dict[str, Any]:
+def plan_for(
+    task: dict[str, Any], *, run: str, store: str, deadline: dict[str, Any], total_steps: int, recipe: str
+) -> dict[str, Any]:
     """What the controller needs: the run, its store and deadline, and the stages' task, whose local
     mounts point at the controller's copies (the same paths)."""
     stage = copy.deepcopy(task)
@@ -175,8 +186,14 @@ def plan_for(task: dict[str, Any], *, run: str, store: str, deadline: dict[str, 
     for target, source in list(mounts.items()):
         if isinstance(source, str) and "://" not in source:
             mounts[target] = target  # mounted on the controller at the same path
-    return {"run": run, "store": store, "deadline": dict(deadline), "total_steps": total_steps, "recipe": recipe,
-            "task": stage}
+    return {
+        "run": run,
+        "store": store,
+        "deadline": dict(deadline),
+        "total_steps": total_steps,
+        "recipe": recipe,
+        "task": stage,
+    }
 
 
 # --------------------------------------------------------------------------- the controller
@@ -195,9 +212,16 @@ class CloudController:
     """The deadline's control loop on SkyPilot (see the module docstring). `clock` and `sleep` are
     injectable for tests; SkyPilot is reached through executors/sky/sdk.py only."""
 
-    def __init__(self, plan: dict[str, Any], *, store=None, environ=os.environ,
-                 clock: Callable[[], float] = time.time, sleep: Optional[Callable[[float], bool]] = None,
-                 say: Callable[[str], None] = lambda line: print(line, flush=True)):
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        *,
+        store=None,
+        environ=os.environ,
+        clock: Callable[[], float] = time.time,
+        sleep: Optional[Callable[[float], bool]] = None,
+        say: Callable[[str], None] = lambda line: print(line, flush=True),
+    ):
         from skyspot.storage import open_store
 
         self.plan = plan
@@ -236,17 +260,36 @@ class CloudController:
                 continue
             stage = event.get("stage")
             if isinstance(stage, dict) and isinstance(stage.get("job_id"), int):
-                self.stage = Stage(stage["job_id"], stage["mode"], float(stage.get("launched_at") or event["ts"]),
-                                   stage.get("waiting_since"))
+                self.stage = Stage(
+                    stage["job_id"],
+                    stage["mode"],
+                    float(stage.get("launched_at") or event["ts"]),
+                    stage.get("waiting_since"),
+                )
                 self.committed = bool(event.get("committed"))
                 break
 
     def _emit(self, **fields: Any) -> None:
-        stage = None if self.stage is None else {"job_id": self.stage.job_id, "mode": self.stage.mode,
-                                                 "launched_at": self.stage.launched_at,
-                                                 "waiting_since": self.stage.waiting_since}
-        event = {"ts": self.clock(), "run_id": self.run, "attempt": 0, "node_rank": 0, "rank": None,
-                 "type": dl.DECISION_EVENT, "stage": stage, **fields}
+        stage = (
+            None
+            if self.stage is None
+            else {
+                "job_id": self.stage.job_id,
+                "mode": self.stage.mode,
+                "launched_at": self.stage.launched_at,
+                "waiting_since": self.stage.waiting_since,
+            }
+        )
+        event = {
+            "ts": self.clock(),
+            "run_id": self.run,
+            "attempt": 0,
+            "node_rank": 0,
+            "rank": None,
+            "type": dl.DECISION_EVENT,
+            "stage": stage,
+            **fields,
+        }
         self.lines.append(json.dumps(event, separators=(",", ":"), default=str))
         self.store.put_bytes(self._key(), ("\n".join(self.lines) + "\n").encode("utf-8"))
 
@@ -265,8 +308,12 @@ class CloudController:
                 self.say(f"run finished {'before' if now <= self.at else 'AFTER'} its deadline {dl.when(self.at)}")
                 return 0
             if has_ended(status):
-                self._emit(mode=dl.IDLE, reason="stage-ended", why=f"stage {self.stage.job_id} ended {status}",
-                           deadline=self.at)
+                self._emit(
+                    mode=dl.IDLE,
+                    reason="stage-ended",
+                    why=f"stage {self.stage.job_id} ended {status}",
+                    deadline=self.at,
+                )
                 self.say(f"stage {self.stage.job_id} ({self.stage.mode}) ended {status}; the run stops here")
                 return 1
             if status == "RUNNING":
@@ -274,13 +321,26 @@ class CloudController:
             elif self.stage.waiting_since is None:
                 self.stage.waiting_since = now  # preempted: SkyPilot is recovering it
         log = read_events_store(self.store, self.run)
-        estimates = dl.estimates_for(log.events, self.plan["deadline"], provision_seconds=CLOUD_PROVISION_SECONDS,
-                                     restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS)
+        estimates = dl.estimates_for(
+            log.events,
+            self.plan["deadline"],
+            provision_seconds=CLOUD_PROVISION_SECONDS,
+            restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS,
+        )
         mode, spot_available = self._mode(status, now, estimates.restart_seconds)
-        round_ = dl.next_round(self.policy, log.events, estimates, now=now, plan=self.plan["deadline"],
-                               total_steps=int(self.plan["total_steps"]), mode=mode, spot_available=spot_available,
-                               committed=self.committed, margin=self.period,
-                               overhead_left=self._changeover_left(status, now, estimates.restart_seconds))
+        round_ = dl.next_round(
+            self.policy,
+            log.events,
+            estimates,
+            now=now,
+            plan=self.plan["deadline"],
+            total_steps=int(self.plan["total_steps"]),
+            mode=mode,
+            spot_available=spot_available,
+            committed=self.committed,
+            margin=self.period,
+            overhead_left=self._changeover_left(status, now, estimates.restart_seconds),
+        )
         decision = round_.decision
         self.committed = decision.committed
         line = dl.news(self.last, decision, self.at)
@@ -328,8 +388,10 @@ class CloudController:
             self.say(f"deadline: leaving {self.stage.mode} for {want}: {decision.why}")
             self._cancel(self.stage)
         self.stage = self._launch(want)
-        self.say(f"deadline: stage {self.stage.job_id} on {want} ({decision.reason}); projected finish "
-                 f"{dl.when(decision.projected_finish)}, deadline {dl.when(self.at)}")
+        self.say(
+            f"deadline: stage {self.stage.job_id} on {want} ({decision.reason}); projected finish "
+            f"{dl.when(decision.projected_finish)}, deadline {dl.when(self.at)}"
+        )
 
     def _launch(self, mode: str) -> Stage:
         task = stage_task(self.plan["task"], spot=mode == dl.SPOT)

@@ -29,8 +29,9 @@ class SkyExecutor:
 
     def check(self, rendered) -> None:
         recipe = rendered.recipe
-        sdk.check_launchable(rendered.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds),
-                         store=recipe.storage.store)
+        sdk.check_launchable(
+            rendered.task, recipe_name=recipe.name, clouds=list(recipe.resources.clouds), store=recipe.storage.store
+        )
 
     def submit(self, rendered, *, detach: bool, deadline=None) -> int:
         from skyspot.executors.sky.submit import submit_cloud
@@ -76,16 +77,27 @@ class SkyExecutor:
         from skyspot.executors.sky.deadline import CLOUD_PROVISION_SECONDS
 
         t0 = float(plan["start"])
-        return DeadlineInputs(trace=dl.observed_trace(events, t0), t0=t0, provision_seconds=CLOUD_PROVISION_SECONDS,
-                              restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS, notice_seconds=0.0,
-                              source="as the controller observed it")
+        return DeadlineInputs(
+            trace=dl.observed_trace(events, t0),
+            t0=t0,
+            provision_seconds=CLOUD_PROVISION_SECONDS,
+            restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS,
+            notice_seconds=0.0,
+            source="as the controller observed it",
+        )
 
 
 # The launch flags that only shape a local run (executors/local/executor.py FLAGS), as the command line
 # spells them: a cloud launch given one is refused, so a fault meant for a rehearsal never rides along.
-_LOCAL_FAULTS = {"preempt_every": "--preempt-every", "preempt_at_steps": "--preempt-at-steps",
-                 "spot_trace": "--spot-trace", "fallback_after": "--fallback-after", "spot_nodes": "--spot-nodes",
-                 "crash_at_steps": "--crash-at-steps", "hang_at_steps": "--hang-at-steps"}
+_LOCAL_FAULTS = {
+    "preempt_every": "--preempt-every",
+    "preempt_at_steps": "--preempt-at-steps",
+    "spot_trace": "--spot-trace",
+    "fallback_after": "--fallback-after",
+    "spot_nodes": "--spot-nodes",
+    "crash_at_steps": "--crash-at-steps",
+    "hang_at_steps": "--hang-at-steps",
+}
 
 
 def executor(flags: Mapping[str, Any], recipe) -> SkyExecutor:
@@ -96,8 +108,9 @@ def executor(flags: Mapping[str, Any], recipe) -> SkyExecutor:
         raise UsageError("--fresh-node is for local runs: add --local (a cloud node is always fresh)")
     given = [flag for key, flag in _LOCAL_FAULTS.items() if flags.get(key) is not None]
     if given:
-        raise UsageError(f"{', '.join(given)} inject(s) faults into a local run: add --local, "
-                         "or leave it out for a cloud run")
+        raise UsageError(
+            f"{', '.join(given)} inject(s) faults into a local run: add --local, or leave it out for a cloud run"
+        )
     return EXECUTOR
 
 

@@ -44,8 +44,12 @@ def enabled_clouds() -> list[str]:
 
     starting = not api_server_healthy()
     if starting:
-        print("starting SkyPilot's local API server to ask which clouds are enabled (about 30 s, once; "
-              "`sky api stop` stops it)", file=sys.stderr, flush=True)
+        print(
+            "starting SkyPilot's local API server to ask which clouds are enabled (about 30 s, once; "
+            "`sky api stop` stops it)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         with sky_logging.silent(starting):
             clouds = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
@@ -72,9 +76,11 @@ def stop_api_server_we_started() -> bool:
     return True
 
 
-_SECRET_REASONS = {"HF_TOKEN": "the model is gated",
-                   "AZURE_STORAGE_KEY": "the az:// store's account key, for the nodes to write checkpoints",
-                   "WANDB_API_KEY": "metrics.backends has wandb (or drop wandb from it)"}
+_SECRET_REASONS = {
+    "HF_TOKEN": "the model is gated",
+    "AZURE_STORAGE_KEY": "the az:// store's account key, for the nodes to write checkpoints",
+    "WANDB_API_KEY": "metrics.backends has wandb (or drop wandb from it)",
+}
 # Declared by the task, sent only when set here: an MLflow server without authentication takes no token.
 OPTIONAL_SECRETS = ("MLFLOW_TRACKING_TOKEN",)
 
@@ -93,8 +99,9 @@ def secrets_for(task: dict[str, Any], recipe_name: str, environ=os.environ) -> d
             continue
         if not value:
             why = _SECRET_REASONS.get(name, "the task declares it")
-            raise UsageError(f"recipe '{recipe_name}' needs the secret {name} ({why}): "
-                             f"export {name}=... and launch again")
+            raise UsageError(
+                f"recipe '{recipe_name}' needs the secret {name} ({why}): export {name}=... and launch again"
+            )
         values[name] = value
     return values
 
@@ -121,19 +128,24 @@ def to_sky_task(task: dict[str, Any], secrets: Optional[dict[str, str]] = None):
     return sky.Task.from_yaml_config(task, secrets_overrides=overrides)
 
 
-def check_launchable(task: dict[str, Any], *, recipe_name: str, clouds: list[str], store: Optional[str],
-                     environ=os.environ) -> dict[str, str]:
+def check_launchable(
+    task: dict[str, Any], *, recipe_name: str, clouds: list[str], store: Optional[str], environ=os.environ
+) -> dict[str, str]:
     """Everything that can be refused before a run is recorded; returns the secrets to send."""
     if not store:
-        raise UsageError("a cloud run needs a store for its checkpoints: pass --store s3://bucket/prefix "
-                         "(or gs://…, az://…) or set storage.store in the recipe")
+        raise UsageError(
+            "a cloud run needs a store for its checkpoints: pass --store s3://bucket/prefix "
+            "(or gs://…, az://…) or set storage.store in the recipe"
+        )
     secrets = secrets_for(task, recipe_name, environ)
     wanted = set(clouds)
     usable = [c for c in enabled_clouds() if c in wanted]
     if not usable:
         stopped = stop_api_server_we_started()  # nothing left running for a launch that was refused
-        raise NoCloudError(f"SkyPilot has no enabled cloud among {', '.join(sorted(wanted))}: {SKY_CHECK_HINT}"
-                           + (" (the SkyPilot API server started for this check is stopped again)" if stopped else ""))
+        raise NoCloudError(
+            f"SkyPilot has no enabled cloud among {', '.join(sorted(wanted))}: {SKY_CHECK_HINT}"
+            + (" (the SkyPilot API server started for this check is stopped again)" if stopped else "")
+        )
     return secrets
 
 
@@ -152,8 +164,19 @@ def submit(task: dict[str, Any], *, name: str, detach: bool, secrets: dict[str, 
 
 
 # Fields `status` and `cost-report` read from SkyPilot's managed-job queue (queue_v2 `fields`).
-QUEUE_FIELDS = ["job_id", "job_name", "status", "recovery_count", "job_duration", "submitted_at", "end_at",
-                "cloud", "region", "cluster_resources", "resources"]
+QUEUE_FIELDS = [
+    "job_id",
+    "job_name",
+    "status",
+    "recovery_count",
+    "job_duration",
+    "submitted_at",
+    "end_at",
+    "cloud",
+    "region",
+    "cluster_resources",
+    "resources",
+]
 
 
 def api_server_healthy() -> bool:
@@ -218,6 +241,7 @@ def where_from_queue(record: Any) -> dict[str, Any]:
     `cluster_resources(_full)` reads like "2x[spot](gpus=H100:8, p5.48xlarge, ...)"
     (sky.utils.resources_utils.format_resource); the short form truncates long type names.
     """
+
     def get(key: str) -> Any:
         return record.get(key) if isinstance(record, Mapping) else getattr(record, key, None)
 
@@ -232,7 +256,7 @@ def where_from_queue(record: Any) -> dict[str, Any]:
         where["spot"] = bool(match.group(2))
         for part in (p.strip() for p in match.group(3).split(",")):
             if part.startswith("gpus="):
-                where["accelerators"] = part[len("gpus="):]
+                where["accelerators"] = part[len("gpus=") :]
             elif part and "=" not in part and part != "..." and "..." not in part:
                 where.setdefault("instance_type", part)
     return where
@@ -243,17 +267,22 @@ def record_status(runs, records: dict[int, dict]) -> None:
     (status, cost-report, resume) sees one status, also when SkyPilot is not reachable later."""
     from skyspot.ledger import STATUSES, Ledger
 
-    changed = [(run, records[run.job_id]["status"]) for run in runs
-               if run.job_id in records and records[run.job_id].get("status") in STATUSES
-               and records[run.job_id]["status"] != run.status]
+    changed = [
+        (run, records[run.job_id]["status"])
+        for run in runs
+        if run.job_id in records
+        and records[run.job_id].get("status") in STATUSES
+        and records[run.job_id]["status"] != run.status
+    ]
     if not changed:
         return
     with Ledger() as ledger:
         try:
             for run, status in changed:
                 end = records[run.job_id].get("end_at")
-                ledger.set_status(run.name, status,
-                                  ended_at=float(end) if isinstance(end, (int, float)) and end > 0 else None)
+                ledger.set_status(
+                    run.name, status, ended_at=float(end) if isinstance(end, (int, float)) and end > 0 else None
+                )
                 run.status = status
         except Exception:  # a read-only or busy ledger: the next command tries again
             pass

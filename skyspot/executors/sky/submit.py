@@ -19,8 +19,13 @@ from skyspot.task.package import PACKAGE_MOUNT, Package
 from skyspot.task.render import RenderedTask
 
 
-def submit_cloud(built: RenderedTask, *, detach: bool, environ: Optional[Mapping[str, str]] = None,
-                 deadline: Optional[dict[str, Any]] = None) -> Optional[int]:
+def submit_cloud(
+    built: RenderedTask,
+    *,
+    detach: bool,
+    environ: Optional[Mapping[str, str]] = None,
+    deadline: Optional[dict[str, Any]] = None,
+) -> Optional[int]:
     """Submit a built task as a SkyPilot managed job named `built.run_name`; returns the job id.
 
     What can be refused (no store, a missing secret, no enabled cloud) was refused before
@@ -38,22 +43,38 @@ def submit_cloud(built: RenderedTask, *, detach: bool, environ: Optional[Mapping
         from skyspot.executors.sky.deadline import check_api_server
 
         check_api_server()
-    record_launch(built.run_name, built, "sky", info={"task": built.task, **({"deadline": deadline} if deadline else {})})
+    record_launch(
+        built.run_name, built, "sky", info={"task": built.task, **({"deadline": deadline} if deadline else {})}
+    )
     task = built.task
     if deadline:
-        task = _deadline_controller(built.run_name, built.task, recipe=recipe.name, store=recipe.storage.store,
-                                    total_steps=recipe.train.steps, deadline=deadline, package=built.package)
+        task = _deadline_controller(
+            built.run_name,
+            built.task,
+            recipe=recipe.name,
+            store=recipe.storage.store,
+            total_steps=recipe.train.steps,
+            deadline=deadline,
+            package=built.package,
+        )
     return _submit_recorded(built.run_name, task, detach=detach, secrets=secrets)
 
 
-def _deadline_controller(name: str, task: dict[str, Any], *, recipe: str, store: str, total_steps: int,
-                         deadline: dict[str, Any], package: Optional[Package]) -> dict[str, Any]:
+def _deadline_controller(
+    name: str,
+    task: dict[str, Any],
+    *,
+    recipe: str,
+    store: str,
+    total_steps: int,
+    deadline: dict[str, Any],
+    package: Optional[Package],
+) -> dict[str, Any]:
     """The managed-job task of a deadline's controller, its plan written where the task mounts it from."""
     from skyspot.executors.sky import deadline as sky_deadline
     from skyspot.ledger import skyspot_home
 
-    plan = sky_deadline.plan_for(task, run=name, store=store, deadline=deadline, total_steps=total_steps,
-                                 recipe=recipe)
+    plan = sky_deadline.plan_for(task, run=name, store=store, deadline=deadline, total_steps=total_steps, recipe=recipe)
     plan["plan_dir"] = sky_deadline.write_plan(skyspot_home(), plan)
     ordered = (task.get("resources") or {}).get("ordered") or (task.get("resources") or {}).get("any_of") or []
     clouds = list(dict.fromkeys(str(c["cloud"]) for c in ordered if c.get("cloud"))) or ["aws", "gcp", "azure"]
@@ -91,19 +112,24 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
     if run.job_id is not None and not run.terminal:
         status = (sky_executor.queue([run.job_id]).get(run.job_id) or {}).get("status")
         if not has_ended(status):
-            raise UsageError(f"run '{run.name}' is {status or 'unknown to SkyPilot'}: SkyPilot recovers a live "
-                             f"managed job itself; `skyspot cancel {run.name}` first to restart it")
+            raise UsageError(
+                f"run '{run.name}' is {status or 'unknown to SkyPilot'}: SkyPilot recovers a live "
+                f"managed job itself; `skyspot cancel {run.name}` first to restart it"
+            )
     task = run.info.get("task")
     if not isinstance(task, dict):
-        raise SkyspotError(f"run '{run.name}' was recorded without its task (launched by an older skyspot), "
-                           "so it cannot be resubmitted; launch the recipe again")
+        raise SkyspotError(
+            f"run '{run.name}' was recorded without its task (launched by an older skyspot), "
+            "so it cannot be resubmitted; launch the recipe again"
+        )
     task = copy.deepcopy(task)
     mounts = task.setdefault("file_mounts", {})
     mounts[PACKAGE_MOUNT] = str(packaging.build().folder)
     for target, source in mounts.items():
         if isinstance(source, str) and "://" not in source and not Path(source).exists():
-            raise UsageError(f"run '{run.name}' mounts {source} at {target}, and that file is gone; "
-                             "put it back to resume")
+            raise UsageError(
+                f"run '{run.name}' mounts {source} at {target}, and that file is gone; put it back to resume"
+            )
     secrets = sky_executor.secrets_for(task, run.recipe, os.environ if environ is None else environ)
     deadline = run.info.get("deadline")
     if isinstance(deadline, dict):
@@ -113,6 +139,13 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
     with Ledger() as ledger:
         ledger.set_resumed(run.name, previous_job_id=run.job_id or None, task=task)
     if isinstance(deadline, dict):  # the same deadline as at launch: its controller starts again
-        task = _deadline_controller(run.name, task, recipe=run.recipe, store=run.store, total_steps=run.total_steps,
-                                    deadline=deadline, package=packaging.build())
+        task = _deadline_controller(
+            run.name,
+            task,
+            recipe=run.recipe,
+            store=run.store,
+            total_steps=run.total_steps,
+            deadline=deadline,
+            package=packaging.build(),
+        )
     return _submit_recorded(run.name, task, detach=detach, secrets=secrets)

@@ -68,8 +68,10 @@ def run_relative(uri: str) -> Optional[str]:
     if not parts:
         raise HostError(f"metrics.mlflow_tracking_uri '{uri}' names no directory: name one inside the run, or a server")
     if ".." in parts:
-        raise HostError(f"metrics.mlflow_tracking_uri '{uri}' leaves the run's directory: a relative file store "
-                        "is kept inside the run; name a path without '..'")
+        raise HostError(
+            f"metrics.mlflow_tracking_uri '{uri}' leaves the run's directory: a relative file store "
+            "is kept inside the run; name a path without '..'"
+        )
     return "/".join(parts)
 
 
@@ -88,8 +90,10 @@ def check(recipe_uri: Optional[str], backends, environ: Mapping[str, str]) -> No
     if "wandb" in backends and environ.get(WANDB_KEY):
         host = environ.get(WANDB_HOST) or WANDB_DEFAULT_HOST
         if _plain_http(host):
-            raise HostError(f"{WANDB_HOST}={host} is plain http to another machine: {WANDB_KEY} would cross the "
-                            "network readable; use https (plain http only to a loopback address)")
+            raise HostError(
+                f"{WANDB_HOST}={host} is plain http to another machine: {WANDB_KEY} would cross the "
+                "network readable; use https (plain http only to a loopback address)"
+            )
     if "mlflow" not in backends:
         return
     if recipe_uri:
@@ -101,12 +105,16 @@ def check(recipe_uri: Optional[str], backends, environ: Mapping[str, str]) -> No
     target = recipe_uri or user
     if recipe_uri and not is_file_store(recipe_uri) and origin(recipe_uri) != origin(user):
         named = f"your {MLFLOW_HOST} names {user}" if user else f"your environment names no {MLFLOW_HOST}"
-        raise HostError(f"the recipe's metrics.mlflow_tracking_uri names {recipe_uri}, but {named}: "
-                        f"{credentials[0]} goes only to the server your environment names; set "
-                        f"{MLFLOW_HOST}={recipe_uri} if you mean it, or unset {credentials[0]}")
+        raise HostError(
+            f"the recipe's metrics.mlflow_tracking_uri names {recipe_uri}, but {named}: "
+            f"{credentials[0]} goes only to the server your environment names; set "
+            f"{MLFLOW_HOST}={recipe_uri} if you mean it, or unset {credentials[0]}"
+        )
     if target and _plain_http(target):
-        raise HostError(f"MLflow server {target} is plain http to another machine: {credentials[0]} would cross "
-                        "the network readable; use https (plain http only to a loopback address)")
+        raise HostError(
+            f"MLflow server {target} is plain http to another machine: {credentials[0]} would cross "
+            "the network readable; use https (plain http only to a loopback address)"
+        )
 
 
 def node_envs(backends, environ: Mapping[str, str]) -> dict[str, str]:

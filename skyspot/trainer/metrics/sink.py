@@ -125,7 +125,9 @@ class MetricsSink:
             pass
         self._thread.join(CLOSE_SECONDS[kind])
         if self._thread.is_alive():
-            self.say(f"metrics: the dashboards did not finish within {CLOSE_SECONDS[kind]:g} s; the last points may be missing there")
+            self.say(
+                f"metrics: the dashboards did not finish within {CLOSE_SECONDS[kind]:g} s; the last points may be missing there"
+            )
             if "wandb" in self.recipe.metrics.backends and "wandb" in sys.modules:
                 from skyspot.trainer.metrics.to_wandb import abandon
 
@@ -178,8 +180,12 @@ class MetricsSink:
         keeps every point the backend still holds out, so this only fills holes."""
         points: dict[tuple[int, int], dict] = {}
         for e in earlier:
-            if e.get("rank") == 0 and e.get("type") in (T.STEP, T.EVAL) and isinstance(e.get("step"), int) \
-                    and 0 < e["step"] <= self._resumed_from:
+            if (
+                e.get("rank") == 0
+                and e.get("type") in (T.STEP, T.EVAL)
+                and isinstance(e.get("step"), int)
+                and 0 < e["step"] <= self._resumed_from
+            ):
                 points[(e["step"], 0 if e["type"] == T.STEP else 1)] = e  # a redone step: the same values
         for key in sorted(points):
             self._point(points[key], live=False)
@@ -191,7 +197,11 @@ class MetricsSink:
         total = (self._start or {}).get("total_steps")
         if step % every and step != total:
             return {}
-        scalars = {"train/loss": event.get("loss"), "train/lr": event.get("lr"), "train/grad_norm": event.get("grad_norm")}
+        scalars = {
+            "train/loss": event.get("loss"),
+            "train/lr": event.get("lr"),
+            "train/grad_norm": event.get("grad_norm"),
+        }
         seconds = event.get("step_seconds")
         if previous and previous[0] == step - 1 and isinstance(tokens, int) and seconds:
             scalars["train/tokens_per_second"] = (tokens - previous[1]) / seconds
@@ -208,8 +218,10 @@ class MetricsSink:
             except Exception as err:  # noqa: BLE001 - down, unauthorised, full: one line, later points still tried
                 if not b.warned:
                     b.warned = True
-                    self.say(f"metrics: {b.impl.name} could not take step {step} ({_one_line(err)}); "
-                             "later points are still tried, without further warnings")
+                    self.say(
+                        f"metrics: {b.impl.name} could not take step {step} ({_one_line(err)}); "
+                        "later points are still tried, without further warnings"
+                    )
 
     def _open(self) -> None:
         from skyspot.trainer.metrics.spot import story, where_text
@@ -221,9 +233,20 @@ class MetricsSink:
             earlier = self.earlier_events()
             self._story = story(start, earlier, self.prices)
         except Exception as err:  # noqa: BLE001 - the story is advice; the curves go on without it
-            self.say(f"metrics: the run's earlier attempts are unreadable ({_one_line(err)}); no cost or preemption curve")
-        ctx = Context(run_id=self.run_id, attempt=self.attempt, run_dir=self.run_dir, resumed_from=self._resumed_from,
-                      settings=self.recipe.metrics, recipe=self.recipe, remember=self._remember, recall=self._recall, say=self.say)
+            self.say(
+                f"metrics: the run's earlier attempts are unreadable ({_one_line(err)}); no cost or preemption curve"
+            )
+        ctx = Context(
+            run_id=self.run_id,
+            attempt=self.attempt,
+            run_dir=self.run_dir,
+            resumed_from=self._resumed_from,
+            settings=self.recipe.metrics,
+            recipe=self.recipe,
+            remember=self._remember,
+            recall=self._recall,
+            say=self.say,
+        )
         where = where_text(start.get("where") or {})
         for name in self.recipe.metrics.backends:
             try:
@@ -236,8 +259,10 @@ class MetricsSink:
                     self.uploader.sync_also(kept, impl.store_key)
                 impl.where(self._resumed_from, where, start.get("where") or {})
             except ImportError as err:
-                self.say(f"metrics: {name} is not installed on this node ({_one_line(err)}; pip install "
-                         f"'skyspot[{name}]'); training goes on without it")
+                self.say(
+                    f"metrics: {name} is not installed on this node ({_one_line(err)}; pip install "
+                    f"'skyspot[{name}]'); training goes on without it"
+                )
                 continue
             except Exception as err:  # noqa: BLE001 - down, unauthorised, misconfigured: one line
                 self.say(f"metrics: {name} is unavailable ({_one_line(err)}); training goes on without it")
@@ -255,7 +280,7 @@ class MetricsSink:
 
         prefix = join_key(self.run_id, key) + "/"
         for remote in self.store.list(prefix):
-            target = local / remote[len(prefix):]
+            target = local / remote[len(prefix) :]
             if not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.store.get_file(remote, target)
@@ -307,15 +332,26 @@ def attach(run, say: Callable[[str], None], environ=os.environ) -> MetricsSink:
         events = [e for e in read_events_dir(run.run_dir / "events").events if e.get("attempt") != run.attempt]
         if run.tier is not None:  # a fresh node has only the store's; a node that was SIGKILLed, fresher local ones
             here = {e.get("attempt") for e in events}
-            events += [e for e in run.tier.read_events() if e.get("attempt") not in here and e.get("attempt") != run.attempt]
+            events += [
+                e for e in run.tier.read_events() if e.get("attempt") not in here and e.get("attempt") != run.attempt
+            ]
         return events
 
     uploader = run.uploader
-    sink = MetricsSink(run_id=run.run_id, attempt=run.attempt, run_dir=Path(run.run_dir), recipe=run.recipe, say=say,
-                       earlier_events=earlier, prices=price_table(environ),
-                       store=run.tier.store if run.tier is not None else None, uploader=uploader,
-                       run_json=(lambda: uploader.sync_small(Path(run.run_dir) / "run.json", "run.json"))
-                       if uploader is not None else (lambda: None))
+    sink = MetricsSink(
+        run_id=run.run_id,
+        attempt=run.attempt,
+        run_dir=Path(run.run_dir),
+        recipe=run.recipe,
+        say=say,
+        earlier_events=earlier,
+        prices=price_table(environ),
+        store=run.tier.store if run.tier is not None else None,
+        uploader=uploader,
+        run_json=(lambda: uploader.sync_small(Path(run.run_dir) / "run.json", "run.json"))
+        if uploader is not None
+        else (lambda: None),
+    )
     writer = run.events
     emit = writer.emit
 

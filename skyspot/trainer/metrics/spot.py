@@ -28,8 +28,11 @@ def price_table(environ: Mapping[str, str] = os.environ) -> list[dict[str, Any]]
         table = json.loads(environ.get(PRICES_ENV) or "[]")
     except ValueError:
         return []
-    return [row for row in table if isinstance(row, dict) and isinstance(row.get("usd_per_hour"), (int, float))] \
-        if isinstance(table, list) else []
+    return (
+        [row for row in table if isinstance(row, dict) and isinstance(row.get("usd_per_hour"), (int, float))]
+        if isinstance(table, list)
+        else []
+    )
 
 
 def hourly_price(table: Iterable[Mapping[str, Any]], where: Mapping[str, Any]) -> Optional[float]:
@@ -43,8 +46,13 @@ def hourly_price(table: Iterable[Mapping[str, Any]], where: Mapping[str, Any]) -
         known = where.get(key)
         return row.get(key) in (None, "") or known in (None, "", UNKNOWN) or row[key] == known
 
-    rows = [float(r["usd_per_hour"]) for r in table if str(r.get("cloud") or "").lower() == cloud
-            and bool(r.get("spot")) == spot and all(agrees(r, k) for k in ("instance_type", "region", "accelerators"))]
+    rows = [
+        float(r["usd_per_hour"])
+        for r in table
+        if str(r.get("cloud") or "").lower() == cloud
+        and bool(r.get("spot")) == spot
+        and all(agrees(r, k) for k in ("instance_type", "region", "accelerators"))
+    ]
     return min(rows) if rows else None
 
 
@@ -103,9 +111,14 @@ def story(start: Mapping[str, Any], earlier_events: list[dict], table: list[dict
             earlier_usd = None  # one unpriced attempt: no honest total
             break
         earlier_usd += (a.end - a.start) / 3600 * hourly * _nodes(a.where)
-    return SpotStory(attempt=attempt, started_at=float(start.get("ts") or 0.0), nodes=nodes,
-                     usd_per_hour=None if price is None else price * nodes, earlier_usd=earlier_usd,
-                     preemptions=sum(1 for a in earlier if a.preempted))
+    return SpotStory(
+        attempt=attempt,
+        started_at=float(start.get("ts") or 0.0),
+        nodes=nodes,
+        usd_per_hour=None if price is None else price * nodes,
+        earlier_usd=earlier_usd,
+        preemptions=sum(1 for a in earlier if a.preempted),
+    )
 
 
 def _nodes(where: Mapping[str, Any]) -> int:

@@ -51,7 +51,9 @@ class MLflow:
         self.run_dir = Path(run_dir)
         self.uri = tracking_uri(settings, self.run_dir)
         named = settings.mlflow_tracking_uri
-        self._inside = hosts.run_relative(named) if named else DIR if self.uri == (self.run_dir / DIR).resolve().as_uri() else None
+        self._inside = (
+            hosts.run_relative(named) if named else DIR if self.uri == (self.run_dir / DIR).resolve().as_uri() else None
+        )
         self.client = None
         self.run_id: Optional[str] = None
         self.attempt: Optional[int] = None
@@ -75,19 +77,30 @@ class MLflow:
             (root / ".trash").mkdir(parents=True, exist_ok=True)
         dropped = hosts.drop_stray_credentials(self.uri, os.environ)
         if dropped:
-            ctx.say(f"metrics: mlflow: {', '.join(dropped)} not sent to {self.uri}: it goes only to the server "
-                    f"{hosts.MLFLOW_HOST} names, over https or loopback")
+            ctx.say(
+                f"metrics: mlflow: {', '.join(dropped)} not sent to {self.uri}: it goes only to the server "
+                f"{hosts.MLFLOW_HOST} names, over https or loopback"
+            )
         for key, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(key, value)
         from mlflow import MlflowClient
 
         self.client = client = MlflowClient(tracking_uri=self.uri)
         experiment = client.get_experiment_by_name(ctx.settings.mlflow_experiment)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(ctx.settings.mlflow_experiment)
+        experiment_id = (
+            experiment.experiment_id if experiment else client.create_experiment(ctx.settings.mlflow_experiment)
+        )
         self.run_id = self._find(ctx, experiment_id)
         if self.run_id is None:
-            self.run_id = client.create_run(experiment_id, run_name=ctx.run_id, tags={
-                TAG: ctx.run_id, "skyspot.recipe": ctx.recipe.name, "skyspot.fingerprint": ctx.recipe.fingerprint()}).info.run_id
+            self.run_id = client.create_run(
+                experiment_id,
+                run_name=ctx.run_id,
+                tags={
+                    TAG: ctx.run_id,
+                    "skyspot.recipe": ctx.recipe.name,
+                    "skyspot.fingerprint": ctx.recipe.fingerprint(),
+                },
+            ).info.run_id
             self._describe_run(ctx)
         else:
             client.update_run(self.run_id, status="RUNNING")
@@ -100,9 +113,16 @@ class MLflow:
         from mlflow.entities import Param
 
         train = ctx.recipe.train
-        params = {"recipe": ctx.recipe.name, "model": ctx.recipe.model.hub_id or "config", "steps": train.steps,
-                  "lr": train.lr, "seq_len": train.seq_len, "micro_batch_size": train.micro_batch_size,
-                  "grad_accum": train.grad_accum, "seed": train.seed}
+        params = {
+            "recipe": ctx.recipe.name,
+            "model": ctx.recipe.model.hub_id or "config",
+            "steps": train.steps,
+            "lr": train.lr,
+            "seq_len": train.seq_len,
+            "micro_batch_size": train.micro_batch_size,
+            "grad_accum": train.grad_accum,
+            "seed": train.seed,
+        }
         self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
         self.client.log_dict(self.run_id, ctx.recipe.model_dump(mode="json"), "skyspot/recipe.json")
 
@@ -113,8 +133,12 @@ class MLflow:
                 return self.client.get_run(kept).info.run_id
             except Exception:  # noqa: BLE001 - another tracking server, or the run was deleted there
                 pass
-        found = self.client.search_runs([experiment_id], filter_string=f"tags.`{TAG}` = '{_quote(ctx.run_id)}'",
-                                        max_results=1, order_by=["attributes.start_time ASC"])
+        found = self.client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{TAG}` = '{_quote(ctx.run_id)}'",
+            max_results=1,
+            order_by=["attributes.start_time ASC"],
+        )
         return found[0].info.run_id if found else None
 
     def describe(self) -> str:

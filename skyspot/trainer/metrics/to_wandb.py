@@ -57,14 +57,23 @@ class WandB:
         # service lives on holding this run's id ("run ID ... is in use"), refusing every later attempt.
         os.environ.pop("WANDB_SERVICE", None)
         self.run = wandb.init(
-            id=run_id, name=ctx.run_id, resume="allow", project=cfg.wandb_project, entity=cfg.wandb_entity,
-            dir=str(self.root), config={"skyspot": {"recipe": ctx.recipe.name, "fingerprint": ctx.recipe.fingerprint()}},
-            settings=wandb.Settings(console="off", silent=True, save_code=False, disable_git=True,
-                                    disable_job_creation=True))
+            id=run_id,
+            name=ctx.run_id,
+            resume="allow",
+            project=cfg.wandb_project,
+            entity=cfg.wandb_entity,
+            dir=str(self.root),
+            config={"skyspot": {"recipe": ctx.recipe.name, "fingerprint": ctx.recipe.fingerprint()}},
+            settings=wandb.Settings(
+                console="off", silent=True, save_code=False, disable_git=True, disable_job_creation=True
+            ),
+        )
         self.last = max(0, int(self.run.starting_step or 0) - 1)
         if offline():
-            self.last = max([self.last] + [int(r["_step"]) for r in read_history(self.root / DIR, run_id)
-                                           if isinstance(r.get("_step"), int)])
+            self.last = max(
+                [self.last]
+                + [int(r["_step"]) for r in read_history(self.root / DIR, run_id) if isinstance(r.get("_step"), int)]
+            )
 
     def describe(self) -> str:
         return f"wandb ({'offline, ' if offline() else ''}run {self.run.id})"
@@ -144,8 +153,12 @@ def read_history(directory: Path, run_id: str) -> list[dict[str, Any]]:
                 record = wandb_internal_pb2.Record()
                 record.ParseFromString(data)
                 if record.WhichOneof("record_type") == "history":
-                    rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                 for item in record.history.item})
+                    rows.append(
+                        {
+                            item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item
+                        }
+                    )
         except Exception:  # noqa: BLE001 - a torn (SIGKILL mid-write) or foreign file: its rows so far
             continue
     return rows

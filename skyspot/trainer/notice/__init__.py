@@ -57,6 +57,13 @@ from __future__ import annotations
 # What callers outside the package use; a cloud's own protocol (aws.py, gcp.py, azure.py) is imported by
 # the watcher through the module its class in skyspot/clouds/ names, and tests that tune a protocol's
 # timing patch that module.
-from skyspot.trainer.notice.watcher import Notice, Watcher, fallback_target, start_notice_watcher, watch_for, watch_target
+from skyspot.trainer.notice.watcher import (
+    Notice,
+    Watcher,
+    fallback_target,
+    start_notice_watcher,
+    watch_for,
+    watch_target,
+)
 
 __all__ = ["Notice", "Watcher", "fallback_target", "start_notice_watcher", "watch_for", "watch_target"]

@@ -14,10 +14,28 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
-from skyspot.clouds.aws import (AWS_INSTANCE_ACTION_PATH, AWS_INSTANCE_PATHS, AWS_MAINTENANCE_PATH, AWS_NOTICE_WINDOW_S,
-                                AWS_POLL_S, AWS_REBALANCE_PATH, AWS_SHUTDOWN_CODES, AWS_TOKEN_PATH, AWS_WARNING_CODES)
-from skyspot.trainer.notice.watcher import (Binding, MetadataHttp, Notice, Watcher, _Path, _Stopped, _Unexpected,
-                                            _http_date, _true)
+from skyspot.clouds.aws import (
+    AWS_INSTANCE_ACTION_PATH,
+    AWS_INSTANCE_PATHS,
+    AWS_MAINTENANCE_PATH,
+    AWS_NOTICE_WINDOW_S,
+    AWS_POLL_S,
+    AWS_REBALANCE_PATH,
+    AWS_SHUTDOWN_CODES,
+    AWS_TOKEN_PATH,
+    AWS_WARNING_CODES,
+)
+from skyspot.trainer.notice.watcher import (
+    Binding,
+    MetadataHttp,
+    Notice,
+    Watcher,
+    _Path,
+    _Stopped,
+    _Unexpected,
+    _http_date,
+    _true,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +49,7 @@ AWS_TIMEOUT_S = 2.0  # ours: IMDS is on the host, it answers in milliseconds or 
 
 
 # -- AWS: IMDS, three paths polled ----------------------------------------------------------------
+
 
 class AwsSession:
     """IMDSv2 tokens shared by the AWS paths, falling back to IMDSv1 as botocore does.
@@ -60,8 +79,11 @@ class AwsSession:
                 return {}
             try:
                 status, _, body = self.w._http.request(
-                    "PUT", AWS_TOKEN_PATH, {"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)},
-                    AWS_TOKEN_TIMEOUT_S)
+                    "PUT",
+                    AWS_TOKEN_PATH,
+                    {"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)},
+                    AWS_TOKEN_TIMEOUT_S,
+                )
             except _Stopped:
                 raise
             except (OSError, http.client.HTTPException) as error:  # timed out, refused, reset: no answer
@@ -111,8 +133,9 @@ def bind(w: Watcher) -> Binding:
             rebalances_seen.add(body)
             received = time.time()
             # No deadline comes with it; the soonest a reclaim can land is a full notice away.
-            w._warn(f"rebalance:{body!r}", Notice("aws", received + AWS_NOTICE_WINDOW_S, "rebalance", received,
-                                                  "warning"))
+            w._warn(
+                f"rebalance:{body!r}", Notice("aws", received + AWS_NOTICE_WINDOW_S, "rebalance", received, "warning")
+            )
         elif status not in (200, 404):
             raise _Unexpected(f"rebalance answered {status}")
 
@@ -162,6 +185,7 @@ def _aws_notice(body: bytes, received: float) -> Notice:
 
 # -- what the node is (trainer/instance.py) ---------------------------------------------------------
 
+
 def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable[[], float]) -> dict[str, Any]:
     """Instance type, lifecycle (spot | on-demand | scheduled), zone, zone ID, region, AMI, through the
     notice watcher's IMDSv2 session (token, IMDSv1 fallback as botocore does), used once. `left()` raises
@@ -176,6 +200,12 @@ def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable
         elif key in ("instance_type", "lifecycle"):
             raise ValueError(f"{path} answered {status}")
     lifecycle = values.get("lifecycle", "")
-    return {"instance_type": values.get("instance_type"), "capacity": lifecycle, "spot": lifecycle == "spot",
-            "zone": values.get("zone"), "zone_id": values.get("zone_id"), "region": values.get("region"),
-            "image": values.get("image")}
+    return {
+        "instance_type": values.get("instance_type"),
+        "capacity": lifecycle,
+        "spot": lifecycle == "spot",
+        "zone": values.get("zone"),
+        "zone_id": values.get("zone_id"),
+        "region": values.get("region"),
+        "image": values.get("image"),
+    }

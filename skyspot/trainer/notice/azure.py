@@ -13,11 +13,27 @@ import time
 from typing import Any, Callable, Mapping
 from urllib.parse import urlencode
 
-from skyspot.clouds.azure import (AZURE_API_VERSION, AZURE_COMPUTE_PATH, AZURE_EVENTS_PATH, AZURE_INSTANCE_API_VERSION,
-                                  AZURE_NAME_PATH, AZURE_NOTICE_WINDOW_S, AZURE_POLL_S, AZURE_SHUTDOWN_TYPES,
-                                  AZURE_WARNING_TYPES)
-from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, Notice, Watcher, MetadataHttp, _Path, _Unexpected,
-                                            _http_date)
+from skyspot.clouds.azure import (
+    AZURE_API_VERSION,
+    AZURE_COMPUTE_PATH,
+    AZURE_EVENTS_PATH,
+    AZURE_INSTANCE_API_VERSION,
+    AZURE_NAME_PATH,
+    AZURE_NOTICE_WINDOW_S,
+    AZURE_POLL_S,
+    AZURE_SHUTDOWN_TYPES,
+    AZURE_WARNING_TYPES,
+)
+from skyspot.trainer.notice.watcher import (
+    SHORT_TIMEOUT_S,
+    Binding,
+    Notice,
+    Watcher,
+    MetadataHttp,
+    _Path,
+    _Unexpected,
+    _http_date,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +43,7 @@ AZURE_ACK_TIMEOUT_S = 2.0  # ours: approving events on the way out must not hold
 
 
 # -- Azure: Scheduled Events, polled ---------------------------------------------------------------
+
 
 def bind(w: Watcher) -> Binding:
     """Poll Scheduled Events for events naming this VM in Resources.
@@ -50,12 +67,18 @@ def bind(w: Watcher) -> Binding:
                     state["vm_name"] = body.decode().strip().strip('"')
                     log.debug("Azure VM name: %s", state["vm_name"])
                 elif state["name_tries"] == 1:
-                    log.warning("Azure instance metadata did not give this VM's name (%s); every scheduled "
-                                "event counts as ours until it does", status)
+                    log.warning(
+                        "Azure instance metadata did not give this VM's name (%s); every scheduled "
+                        "event counts as ours until it does",
+                        status,
+                    )
             except (OSError, http.client.HTTPException) as error:
                 if state["name_tries"] == 1:
-                    log.warning("Azure instance metadata did not give this VM's name (%s); every scheduled "
-                                "event counts as ours until it does", error)
+                    log.warning(
+                        "Azure instance metadata did not give this VM's name (%s); every scheduled "
+                        "event counts as ours until it does",
+                        error,
+                    )
         return state["vm_name"]
 
     def step() -> None:
@@ -83,22 +106,42 @@ def bind(w: Watcher) -> Binding:
             if etype == "Preempt" or (etype in AZURE_SHUTDOWN_TYPES and started):
                 # Imminent (a started Reboot came without notice, e.g. a host failure). NotBefore is
                 # blank once an event has started: then a Preempt's minimum notice from now.
-                w._deliver(Notice("azure", not_before or received + AZURE_NOTICE_WINDOW_S, etype.lower(),
-                                  received, "preemption" if etype == "Preempt" else "shutdown", event_id or None))
+                w._deliver(
+                    Notice(
+                        "azure",
+                        not_before or received + AZURE_NOTICE_WINDOW_S,
+                        etype.lower(),
+                        received,
+                        "preemption" if etype == "Preempt" else "shutdown",
+                        event_id or None,
+                    )
+                )
                 return
             if etype in AZURE_SHUTDOWN_TYPES:
                 current.add(key)
-                w._plan(key, Notice("azure", not_before or received + AZURE_NOTICE_WINDOW_S, etype.lower(),
-                                    received, "shutdown", event_id or None))
+                w._plan(
+                    key,
+                    Notice(
+                        "azure",
+                        not_before or received + AZURE_NOTICE_WINDOW_S,
+                        etype.lower(),
+                        received,
+                        "shutdown",
+                        event_id or None,
+                    ),
+                )
             elif etype in AZURE_WARNING_TYPES and not started:
-                w._warn(key, Notice("azure", not_before or received, etype.lower(), received, "warning",
-                                    event_id or None))
+                w._warn(
+                    key, Notice("azure", not_before or received, etype.lower(), received, "warning", event_id or None)
+                )
         for key in w._planned_keys("azure:") - current:
             w._cancel(key)
 
-    return Binding([_Path(w, "azure-scheduled-events", w._period(AZURE_POLL_S), step)],
-                   on_final=lambda notice: _azure_acted(acked, seen.get(notice.event_id or ""), state["vm_name"]),
-                   on_stop=lambda: _approve(w.endpoint, acked))
+    return Binding(
+        [_Path(w, "azure-scheduled-events", w._period(AZURE_POLL_S), step)],
+        on_final=lambda notice: _azure_acted(acked, seen.get(notice.event_id or ""), state["vm_name"]),
+        on_stop=lambda: _approve(w.endpoint, acked),
+    )
 
 
 def _names_us(event: dict, name: str | None) -> bool:
@@ -115,8 +158,14 @@ def _azure_acted(acked: list[dict], event: dict | None, name: str | None) -> Non
     event that also names other VMs is left to them and to NotBefore.
     """
     resources = event.get("Resources") if event else None
-    if (name is not None and isinstance(resources, list) and len(resources) == 1
-            and str(resources[0]).strip().lower() == name.lower() and event and event.get("EventId")):
+    if (
+        name is not None
+        and isinstance(resources, list)
+        and len(resources) == 1
+        and str(resources[0]).strip().lower() == name.lower()
+        and event
+        and event.get("EventId")
+    ):
         acked.append(event)
 
 
@@ -133,8 +182,12 @@ def _approve(endpoint: str, acked: list[dict]) -> None:
     while True:
         try:
             status, _, _ = MetadataHttp(endpoint).request(
-                "POST", path, {"Metadata": "true", "Content-Type": "application/json"},
-                max(0.1, end - time.monotonic()), body)
+                "POST",
+                path,
+                {"Metadata": "true", "Content-Type": "application/json"},
+                max(0.1, end - time.monotonic()),
+                body,
+            )
         except Exception as error:  # the exit goes on; the event starts at NotBefore anyway
             status = repr(error)
         if status == 200:
@@ -147,6 +200,7 @@ def _approve(endpoint: str, acked: list[dict]) -> None:
 
 
 # -- what the node is (trainer/instance.py) ---------------------------------------------------------
+
 
 def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable[[], float]) -> dict[str, Any]:
     """The IMDS compute document's vmSize, priority (Spot | Low | Regular), zone, location and image
@@ -163,8 +217,16 @@ def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable
     profile = compute.get("storageProfile")
     reference = profile.get("imageReference") if isinstance(profile, dict) else None
     if isinstance(reference, dict):  # optional: an odd one costs nothing of the rest
-        image = reference.get("id") or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version")
-                                                if reference.get(k)) or None
-    return {"instance_type": compute.get("vmSize"), "capacity": priority,
-            "spot": priority.lower() in ("spot", "low"), "zone": compute.get("zone") or None,
-            "region": compute.get("location") or None, "image": image}
+        image = (
+            reference.get("id")
+            or ":".join(str(reference[k]) for k in ("publisher", "offer", "sku", "version") if reference.get(k))
+            or None
+        )
+    return {
+        "instance_type": compute.get("vmSize"),
+        "capacity": priority,
+        "spot": priority.lower() in ("spot", "low"),
+        "zone": compute.get("zone") or None,
+        "region": compute.get("location") or None,
+        "image": image,
+    }

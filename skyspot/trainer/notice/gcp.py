@@ -12,11 +12,30 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 from urllib.parse import urlencode
 
-from skyspot.clouds.gcp import (GCP_IMAGE_PATH, GCP_INSTANCE_PATHS, GCP_MAINTENANCE_NOTICE_S, GCP_MAINTENANCE_PATH,
-                                GCP_NOTICE_WINDOW_S, GCP_PREEMPTED_PATH, GCP_RETRY_S, GCP_SHUTDOWN_EVENTS,
-                                GCP_UPCOMING_PATH, GCP_WARNING_EVENTS, maintenance_notice_s)
-from skyspot.trainer.notice.watcher import (SHORT_TIMEOUT_S, Binding, MetadataHttp, Notice, Watcher, _Path, _RETRYABLE,
-                                            _Stopped, _Unexpected)
+from skyspot.clouds.gcp import (
+    GCP_IMAGE_PATH,
+    GCP_INSTANCE_PATHS,
+    GCP_MAINTENANCE_NOTICE_S,
+    GCP_MAINTENANCE_PATH,
+    GCP_NOTICE_WINDOW_S,
+    GCP_PREEMPTED_PATH,
+    GCP_RETRY_S,
+    GCP_SHUTDOWN_EVENTS,
+    GCP_UPCOMING_PATH,
+    GCP_WARNING_EVENTS,
+    maintenance_notice_s,
+)
+from skyspot.trainer.notice.watcher import (
+    SHORT_TIMEOUT_S,
+    Binding,
+    MetadataHttp,
+    Notice,
+    Watcher,
+    _Path,
+    _RETRYABLE,
+    _Stopped,
+    _Unexpected,
+)
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +43,7 @@ GCP_WAIT_TIMEOUT_S = 60  # timeout_sec of each hanging GET; reconnect with last_
 
 
 # -- GCP: hanging GETs on instance/preempted and instance/maintenance-event -----------------------
+
 
 def bind(w: Watcher) -> Binding:
     maintenance_notice = maintenance_notice_s(w._env)
@@ -46,21 +66,28 @@ def bind(w: Watcher) -> Binding:
             deadline = _gcp_window_start(w) or received + maintenance_notice
             w._plan(f"gcp:maintenance:{planned[0]}", Notice("gcp", deadline, "maintenance", received, "shutdown"))
         elif value in GCP_WARNING_EVENTS:
-            w._warn(f"gcp:migrate:{received}", Notice("gcp", received + GCP_MAINTENANCE_NOTICE_S, "migrate", received,
-                                                      "warning"))
+            w._warn(
+                f"gcp:migrate:{received}",
+                Notice("gcp", received + GCP_MAINTENANCE_NOTICE_S, "migrate", received, "warning"),
+            )
         elif value == "NONE":
             for key in w._planned_keys("gcp:"):
                 w._cancel(key)
         else:
             log.warning("unknown GCP maintenance-event %r; treating it as a planned shutdown", value)
             planned[0] += 1
-            w._plan(f"gcp:maintenance:{planned[0]}", Notice("gcp", received + maintenance_notice, "maintenance",
-                                                            received, "shutdown"))
+            w._plan(
+                f"gcp:maintenance:{planned[0]}",
+                Notice("gcp", received + maintenance_notice, "maintenance", received, "shutdown"),
+            )
 
     interval = w._period(GCP_RETRY_S)
-    return Binding([_Path(w, "gcp-preempted", interval, _gcp_hanging(w, GCP_PREEMPTED_PATH, preempted, interval)),
-                    _Path(w, "gcp-maintenance-event", interval,
-                          _gcp_hanging(w, GCP_MAINTENANCE_PATH, maintenance, interval))])
+    return Binding(
+        [
+            _Path(w, "gcp-preempted", interval, _gcp_hanging(w, GCP_PREEMPTED_PATH, preempted, interval)),
+            _Path(w, "gcp-maintenance-event", interval, _gcp_hanging(w, GCP_MAINTENANCE_PATH, maintenance, interval)),
+        ]
+    )
 
 
 def _gcp_hanging(w: Watcher, path: str, on_value: Callable[[str], None], interval: float) -> Callable[[], float]:
@@ -77,8 +104,9 @@ def _gcp_hanging(w: Watcher, path: str, on_value: Callable[[str], None], interva
         sent = state["etag"]
         query = urlencode({"wait_for_change": "true", "last_etag": sent, "timeout_sec": GCP_WAIT_TIMEOUT_S})
         asked = time.monotonic()
-        status, headers, body = w._http.request("GET", f"{path}?{query}", {"Metadata-Flavor": "Google"},
-                                                GCP_WAIT_TIMEOUT_S + 10)
+        status, headers, body = w._http.request(
+            "GET", f"{path}?{query}", {"Metadata-Flavor": "Google"}, GCP_WAIT_TIMEOUT_S + 10
+        )
         if status != 200:  # 503 during host maintenance is documented; retry it like a network error
             raise _Unexpected(f"{path.rsplit('/', 1)[-1]} answered {status}")
         on_value(body.decode(errors="replace").strip())
@@ -86,8 +114,9 @@ def _gcp_hanging(w: Watcher, path: str, on_value: Callable[[str], None], interva
         if not etag:
             if not state["complained"]:
                 state["complained"] = True
-                log.warning("GCP metadata answered %s without an ETag; asking every %.1f s instead of hanging",
-                            path, interval)
+                log.warning(
+                    "GCP metadata answered %s without an ETag; asking every %.1f s instead of hanging", path, interval
+                )
             state["etag"] = "0"
             return interval
         state["etag"] = etag
@@ -116,6 +145,7 @@ def _gcp_window_start(w: Watcher) -> float | None:
 
 # -- what the node is (trainer/instance.py) ---------------------------------------------------------
 
+
 def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable[[], float]) -> dict[str, Any]:
     """Machine type, scheduling/preemptible (TRUE for Spot and preemptible VMs alike), zone, and the
     image where the server says it. `left()` gives each request's timeout and raises once the reading's
@@ -136,5 +166,11 @@ def read_instance(http: MetadataHttp, environ: Mapping[str, str], left: Callable
         pass
     zone = values["zone"].rsplit("/", 1)[-1]  # projects/123/zones/us-central1-a
     preemptible = values["preemptible"].upper()
-    return {"instance_type": values["machine_type"].rsplit("/", 1)[-1], "capacity": preemptible,
-            "spot": preemptible == "TRUE", "zone": zone, "region": zone.rsplit("-", 1)[0], "image": image}
+    return {
+        "instance_type": values["machine_type"].rsplit("/", 1)[-1],
+        "capacity": preemptible,
+        "spot": preemptible == "TRUE",
+        "zone": zone,
+        "region": zone.rsplit("-", 1)[0],
+        "image": image,
+    }

@@ -60,6 +60,7 @@ class Notice:
 
 # -- where to ask ---------------------------------------------------------------------------------
 
+
 def cloud_from_env(env: Mapping[str, str] = os.environ) -> str | None:
     """The cloud SKYPILOT_CLUSTER_INFO names: "aws", "gcp" or "azure"; None if unset, malformed or another cloud."""
     raw = env.get("SKYPILOT_CLUSTER_INFO")
@@ -118,11 +119,13 @@ def poll_from_env(env: Mapping[str, str] = os.environ) -> float | None:
     return poll if poll is not None and poll > 0 else None
 
 
-def start_notice_watcher(on_notice: Callable[[Notice], None],
-                         on_warning: Callable[[Notice], None] | None = None,
-                         env: Mapping[str, str] = os.environ,
-                         poll_interval: float | None = None,
-                         lead: float | None = None) -> Watcher | None:
+def start_notice_watcher(
+    on_notice: Callable[[Notice], None],
+    on_warning: Callable[[Notice], None] | None = None,
+    env: Mapping[str, str] = os.environ,
+    poll_interval: float | None = None,
+    lead: float | None = None,
+) -> Watcher | None:
     """Watch this VM's cloud for shutdown warnings on daemon threads; None when there is no cloud to watch.
 
     on_notice is called once, from a watcher thread, with the first preemption (or a planned
@@ -161,12 +164,16 @@ def watch_for(target, env: Mapping[str, str] = os.environ) -> Watcher | None:
     recommendation carries no deadline of its own). Polls at POLL_ENV's period when set."""
     return start_notice_watcher(
         on_notice=lambda n: target.request_emergency(n.deadline, n.source, n.action),
-        on_warning=lambda n: target.request_checkpoint(n.source, n.action,
-                                                       None if n.action == "rebalance" else n.deadline),
-        env=env, poll_interval=poll_from_env(env))
+        on_warning=lambda n: target.request_checkpoint(
+            n.source, n.action, None if n.action == "rebalance" else n.deadline
+        ),
+        env=env,
+        poll_interval=poll_from_env(env),
+    )
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
+
 
 class _Unexpected(Exception):
     """The endpoint answered, but not with anything the protocol allows; retried like a network error."""
@@ -201,8 +208,15 @@ class MetadataHttp:
             raise ValueError(f"metadata endpoint must be http://host[:port], got {url!r}")
         return parts.hostname, parts.port or 80, parts.path.rstrip("/")
 
-    def request(self, method: str, path: str, headers: dict[str, str], timeout: float,
-                body: bytes | None = None, max_bytes: int | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        timeout: float,
+        body: bytes | None = None,
+        max_bytes: int | None = None,
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
         """One request; `max_bytes`: a longer answer is a ValueError, never read whole."""
         try:
             return self._request(self.base, method, path, headers, timeout, body, max_bytes)
@@ -213,9 +227,16 @@ class MetadataHttp:
             self.base = self.fallback
             return self._request(self.base, method, path, headers, timeout, body, max_bytes)
 
-    def _request(self, base: tuple[str, int, str], method: str, path: str, headers: dict[str, str],
-                 timeout: float, body: bytes | None,
-                 max_bytes: int | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
+    def _request(
+        self,
+        base: tuple[str, int, str],
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        timeout: float,
+        body: bytes | None,
+        max_bytes: int | None = None,
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
         host, port, prefix = base
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
         with self._lock:
@@ -252,6 +273,7 @@ class MetadataHttp:
 
 
 # -- the watcher ---------------------------------------------------------------------------------
+
 
 class _Path:
     """One endpoint watched on its own thread: its own schedule, failures and backoff."""
@@ -298,8 +320,14 @@ class _Path:
         with w._lock:
             first, w._warned = not w._warned, True
         if first:
-            log.warning("cannot reach %s metadata endpoint %s (%s: %s); retrying quietly, SIGTERM still triggers "
-                        "an emergency checkpoint", w.cloud, w.endpoint, self.name, error or type(error).__name__)
+            log.warning(
+                "cannot reach %s metadata endpoint %s (%s: %s); retrying quietly, SIGTERM still triggers "
+                "an emergency checkpoint",
+                w.cloud,
+                w.endpoint,
+                self.name,
+                error or type(error).__name__,
+            )
         else:
             log.debug("%s metadata endpoint (%s): try %d failed: %r", w.cloud, self.name, self.failures, error)
         return min(self.interval * 2 ** (self.failures - 1), self.max_backoff)
@@ -320,9 +348,16 @@ class Binding:
 class Watcher:
     """A running watcher: daemon threads watching one cloud's metadata endpoints. Call stop() when done."""
 
-    def __init__(self, cloud: str, endpoint: str, on_notice: Callable[[Notice], None],
-                 on_warning: Callable[[Notice], None] | None, poll_interval: float | None,
-                 lead: float | None = None, env: Mapping[str, str] = os.environ):
+    def __init__(
+        self,
+        cloud: str,
+        endpoint: str,
+        on_notice: Callable[[Notice], None],
+        on_warning: Callable[[Notice], None] | None,
+        poll_interval: float | None,
+        lead: float | None = None,
+        env: Mapping[str, str] = os.environ,
+    ):
         self.cloud = cloud
         self.endpoint = endpoint
         self.notice: Notice | None = None
@@ -397,11 +432,19 @@ class Watcher:
         if self._binding.on_final is not None:
             self._binding.on_final(notice)
         if notice.kind == "preemption":
-            log.warning("preemption notice from %s: %s, deadline in %.0f s", notice.source, notice.action,
-                        notice.deadline - time.time())
+            log.warning(
+                "preemption notice from %s: %s, deadline in %.0f s",
+                notice.source,
+                notice.action,
+                notice.deadline - time.time(),
+            )
         else:
-            log.warning("planned shutdown from %s (%s) is %.0f s away: emergency checkpoint, then exit for recovery",
-                        notice.source, notice.action, notice.deadline - time.time())
+            log.warning(
+                "planned shutdown from %s (%s) is %.0f s away: emergency checkpoint, then exit for recovery",
+                notice.source,
+                notice.action,
+                notice.deadline - time.time(),
+            )
         try:
             self._on_notice(notice)
         except Exception:
@@ -414,9 +457,15 @@ class Watcher:
                 return
             self._warned_keys.add(key)
             self.warnings.append(notice)
-        log.warning("%s warning from %s: %s %s", notice.kind, notice.source, notice.action,
-                    f"at {datetime.fromtimestamp(notice.deadline).isoformat(timespec='seconds')}"
-                    if notice.kind == "shutdown" else "(no shutdown expected)")
+        log.warning(
+            "%s warning from %s: %s %s",
+            notice.kind,
+            notice.source,
+            notice.action,
+            f"at {datetime.fromtimestamp(notice.deadline).isoformat(timespec='seconds')}"
+            if notice.kind == "shutdown"
+            else "(no shutdown expected)",
+        )
         if self._on_warning is None:
             return
         try:
@@ -430,8 +479,13 @@ class Watcher:
         with self._cond:
             known = self._plans.get(key)
             if known is None or known.deadline != notice.deadline:
-                self._plans[key] = notice if known is None else Notice(
-                    notice.source, notice.deadline, notice.action, known.received, notice.kind, notice.event_id)
+                self._plans[key] = (
+                    notice
+                    if known is None
+                    else Notice(
+                        notice.source, notice.deadline, notice.action, known.received, notice.kind, notice.event_id
+                    )
+                )
                 self._cond.notify_all()
 
     def _cancel(self, key: str) -> None:
@@ -469,4 +523,3 @@ def _http_date(value: object) -> float | None:
         return email.utils.parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError):
         return None
-

@@ -70,7 +70,7 @@ def test_a_window_longer_than_the_clouds_keeps_the_clouds_period_and_grace_repla
 
 # A node that runs the real watcher the way the trainer starts it (its period from the environment the
 # controller sets), writes what reached it, and ignores SIGTERM, so only the cloud's hard off ends it.
-STAND_IN = '''
+STAND_IN = """
 import json, os, signal, time
 from skyspot.trainer.notice import start_notice_watcher
 
@@ -87,7 +87,7 @@ watcher = start_notice_watcher(on_notice=lambda n: note(kind="notice", source=n.
                                poll_interval=poll)
 while True:
     time.sleep(0.05)
-'''
+"""
 
 
 @pytest.mark.parametrize("cloud", CLOUDS)
@@ -103,8 +103,11 @@ def test_a_preemption_follows_the_simulated_clouds_timeline(cloud, nodes, tmp_pa
 
     # What the controller did, in order, and when it planned each step (all from one clock reading).
     kinds = [e["type"] for e in events if e["type"].startswith("preempt_")]
-    assert kinds == (["preempt_notice_sent", "preempt_sigkill"] if cloud == "azure"
-                     else ["preempt_notice_sent", "preempt_sigterm", "preempt_sigkill"])
+    assert kinds == (
+        ["preempt_notice_sent", "preempt_sigkill"]
+        if cloud == "azure"
+        else ["preempt_notice_sent", "preempt_sigterm", "preempt_sigkill"]
+    )
     sent = next(e for e in events if e["type"] == "preempt_notice_sent")
     assert sent["cloud"] == cloud
     assert sent["kill_at"] - sent["deadline"] == pytest.approx(timeline.kill_after - timeline.window)
@@ -136,6 +139,7 @@ def test_a_preemption_follows_the_simulated_clouds_timeline(cloud, nodes, tmp_pa
 
 # --------------------------------------------------------------------------- the real trainer, one run per cloud
 
+
 @pytest.mark.slow
 # AWS's timeline with the real trainer is every other local e2e test's (test_local_executor.py and the
 # rest run on the default simulated cloud, aws); its shape is checked above. GCP and Azure only here.
@@ -147,8 +151,19 @@ def test_a_preempted_run_on_each_cloud_loses_no_step_on_its_timeline(cloud, refe
     name = f"timeline-{cloud}"
     # A 20 s window: GCP's 30 s and Azure's, two thirds of the time, AWS's 120 s a sixth; enough for an
     # emergency checkpoint on a loaded 2-core machine, which is what the shape is tested with.
-    result = launch_tiny("-n", name, "--simulate", cloud, "--preempt-at-steps", "6", "--notice", "20",
-                         "--provision-delay", "0.5", *OVERRIDES)
+    result = launch_tiny(
+        "-n",
+        name,
+        "--simulate",
+        cloud,
+        "--preempt-at-steps",
+        "6",
+        "--notice",
+        "20",
+        "--provision-delay",
+        "0.5",
+        *OVERRIDES,
+    )
     assert result.exit_code == 0, result.output
     check_preempted_run(name, reference, [6])  # emergency checkpoint at the notice's step, exact resume
     run_dir = Path(Ledger().get(name).run_dir)

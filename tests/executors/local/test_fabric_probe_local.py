@@ -53,8 +53,9 @@ def test_a_two_node_run_records_the_probe_and_status_and_cost_report_show_it():
 
 
 def test_require_best_refuses_a_start_on_gloo_in_one_line_with_exit_2():
-    result = runner.invoke(app, ["launch", "tiny", "--local", "-n", "refused", *TWO_NODES, "fabric.require=best"],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["launch", "tiny", "--local", "-n", "refused", *TWO_NODES, "fabric.require=best"], catch_exceptions=False
+    )
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if "fabric.require=best: the fabric between 2 nodes" in line]
     assert lines and all("plain TCP (gloo): measured " in line and "GB/s bus bandwidth" in line for line in lines)

@@ -49,18 +49,33 @@ SETUP_TIMEOUT = 1500  # a cold first start here: ~3 GB from PyPI, DeepSpeed buil
 
 def skypilot_node_env(name: str) -> dict[str, str]:
     """What SkyPilot sets for the `setup` and `run` of node 0 of a 1-node managed job (docs: 'Environment variables')."""
-    return {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_SETUP_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1",
-            "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NUM_GPUS_PER_NODE": "0",
-            "SKYPILOT_TASK_ID": f"sky-managed-2026-11-30-12-00-00-000000_{name}_1-0",
-            "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": f"{name}-1", "cloud": "AWS", "region": "us-east-2",
-                                                 "zone": "us-east-2a", "num_nodes": 1, "instance_type": "m6i.large",
-                                                 "use_spot": True}),
-            "SKYSPOT_MASTER_PORT": str(free_port())}
+    return {
+        "SKYPILOT_NODE_RANK": "0",
+        "SKYPILOT_SETUP_NODE_RANK": "0",
+        "SKYPILOT_NODE_IPS": "127.0.0.1",
+        "SKYPILOT_NUM_NODES": "1",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "0",
+        "SKYPILOT_TASK_ID": f"sky-managed-2026-11-30-12-00-00-000000_{name}_1-0",
+        "SKYPILOT_CLUSTER_INFO": json.dumps(
+            {
+                "cluster_name": f"{name}-1",
+                "cloud": "AWS",
+                "region": "us-east-2",
+                "zone": "us-east-2a",
+                "num_nodes": 1,
+                "instance_type": "m6i.large",
+                "use_spot": True,
+            }
+        ),
+        "SKYSPOT_MASTER_PORT": str(free_port()),
+    }
 
 
 def _can_cut_the_network() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "--net", "true"], capture_output=True).returncode == 0
+    return (
+        shutil.which("unshare") is not None
+        and subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode == 0
+    )
 
 
 class Run:
@@ -73,16 +88,24 @@ class Run:
 
     def node(self, label: str):
         # sky.Task keeps bucket mounts apart from file mounts; the fresh node takes them as the task's YAML has them.
-        mounts = {**self.task.file_mounts, **{target: {"source": storage.source, "mode": storage.mode.value}
-                                              for target, storage in self.task.storage_mounts.items()}}
-        node = fresh_node.make(self.root / label, mounts, python=NODE_PYTHON,
-                               bucket_prefixes=[f"{self.store}/{self.name}/wheelhouse/"])
+        mounts = {
+            **self.task.file_mounts,
+            **{
+                target: {"source": storage.source, "mode": storage.mode.value}
+                for target, storage in self.task.storage_mounts.items()
+            },
+        }
+        node = fresh_node.make(
+            self.root / label, mounts, python=NODE_PYTHON, bucket_prefixes=[f"{self.store}/{self.name}/wheelhouse/"]
+        )
         self.made.append(node.root)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SKYSPOT_", "SKYPILOT_"))}
-        env = {**node.env({**base, "HOME": str(self.root / label / "home")}, self.task.envs),
-               **skypilot_node_env(self.name),
-               # SkyPilot puts the task's secrets in the node's environment: the run's wheelhouse key among them.
-               **{k: v.get_secret_value() for k, v in self.task.secrets.items()}}
+        env = {
+            **node.env({**base, "HOME": str(self.root / label / "home")}, self.task.envs),
+            **skypilot_node_env(self.name),
+            # SkyPilot puts the task's secrets in the node's environment: the run's wheelhouse key among them.
+            **{k: v.get_secret_value() for k, v in self.task.secrets.items()},
+        }
         return node, env
 
     def setup(self, label: str, node, env, *, network: bool = True) -> str:
@@ -92,22 +115,31 @@ class Run:
             if network:
                 code = fresh_node.run_setup(node, self.task.setup, env, handle, timeout=SETUP_TIMEOUT)
             else:
-                code = subprocess.run(["unshare", "--net", "bash", "-c", self.task.setup], cwd=node.root, env=env,
-                                      stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT,
-                                      timeout=SETUP_TIMEOUT).returncode
+                code = subprocess.run(
+                    ["unshare", "--net", "bash", "-c", self.task.setup],
+                    cwd=node.root,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    timeout=SETUP_TIMEOUT,
+                ).returncode
         self.setup_seconds[label] = time.monotonic() - started
         # uv's cache on the node (its downloads, ~3 GB on a first start) is not needed once setup is done:
         # a cloud VM's disk goes with it, this machine's stays, and CI once ran out of it here.
         shutil.rmtree(Path(env["HOME"]) / ".cache", ignore_errors=True)
         text = log.read_text()
         assert code == 0, text[-4000:]
-        print(f"\n{label}: setup took {self.setup_seconds[label]:.0f} s\n" +
-              "\n".join(line for line in text.splitlines() if line.startswith("skyspot ")))
+        print(
+            f"\n{label}: setup took {self.setup_seconds[label]:.0f} s\n"
+            + "\n".join(line for line in text.splitlines() if line.startswith("skyspot "))
+        )
         return text
 
     def train(self, node, env) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "-c", self.task.run], env=env, cwd=node.root, capture_output=True, text=True,
-                              timeout=900)
+        return subprocess.run(
+            ["bash", "-c", self.task.run], env=env, cwd=node.root, capture_output=True, text=True, timeout=900
+        )
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +151,25 @@ def run(tmp_path_factory, s3_server):
         mp.setenv("SKYSPOT_HOME", str(root / "skyspot-home"))
         fake = FakeSkyJobs(mp)
         store = s3_server.bucket() + "/runs"
-        result = runner.invoke(app, ["launch", "tiny", "--cloud", "-y", "-d", "-n", "fresh-run", "--store", store,
-                                     "train.steps=8", "checkpoint.every_steps=4", "train.log_every=4"])
+        result = runner.invoke(
+            app,
+            [
+                "launch",
+                "tiny",
+                "--cloud",
+                "-y",
+                "-d",
+                "-n",
+                "fresh-run",
+                "--store",
+                store,
+                "train.steps=8",
+                "checkpoint.every_steps=4",
+                "train.log_every=4",
+            ],
+        )
         assert result.exit_code == 0, result.output
-        (task, name), = launched(fake)
+        ((task, name),) = launched(fake)
         assert name == "fresh-run"
         started = Run(root, task, name, store, root / "skyspot-home", fake)
         node, env = started.node("node-1")
@@ -151,8 +198,12 @@ def _each_tests_nodes_removed_after_it(run):
 
 
 def _imports(python: Path, module: str) -> bool:
-    return subprocess.run([str(python), "-c", f"import {module}"], capture_output=True,
-                          env={"PATH": "/usr/bin:/bin"}, cwd="/").returncode == 0
+    return (
+        subprocess.run(
+            [str(python), "-c", f"import {module}"], capture_output=True, env={"PATH": "/usr/bin:/bin"}, cwd="/"
+        ).returncode
+        == 0
+    )
 
 
 def _a_system_library() -> str:
@@ -172,11 +223,19 @@ def _events(run) -> list[dict]:
 def test_a_cloud_launch_sets_up_on_a_python_310_node_trains_into_the_bucket_and_is_reported(run, monkeypatch):
     monkeypatch.setenv("SKYSPOT_HOME", str(run.home))  # the module's launch, not this test's empty home
     node, env = run.first
-    where = subprocess.run([str(node.skyspot_venv / "bin" / "python"), "-c",
-                            "import sys, skyspot, numpy, torch, importlib.metadata as m; "
-                            "print(sys.version_info[:2] == (3, 10), skyspot.__file__, m.version('skyspot'), "
-                            "numpy.__version__, torch.__version__)"],
-                           env=env, cwd=node.root, capture_output=True, text=True)
+    where = subprocess.run(
+        [
+            str(node.skyspot_venv / "bin" / "python"),
+            "-c",
+            "import sys, skyspot, numpy, torch, importlib.metadata as m; "
+            "print(sys.version_info[:2] == (3, 10), skyspot.__file__, m.version('skyspot'), "
+            "numpy.__version__, torch.__version__)",
+        ],
+        env=env,
+        cwd=node.root,
+        capture_output=True,
+        text=True,
+    )
     is_310, path, version, numpy_version, torch_version = where.stdout.split()
     assert is_310 == "True", where.stdout + where.stderr
     # skyspot's own venv, on the image's 3.10, not SkyPilot's (which setup leaves as it found it)
@@ -192,18 +251,19 @@ def test_a_cloud_launch_sets_up_on_a_python_310_node_trains_into_the_bucket_and_
     markers = [k for k in open_store(run.store).list(f"{run.name}/wheelhouse/") if k.endswith("/WHEELHOUSE.json")]
     assert len(markers) == 1 and "/cp310-" in markers[0]
 
-    run.fake.records[:] = [{"job_id": 42, "status": "SUCCEEDED", "recovery_count": 0, "cloud": "AWS",
-                            "region": "us-east-2"}]
+    run.fake.records[:] = [
+        {"job_id": 42, "status": "SUCCEEDED", "recovery_count": 0, "cloud": "AWS", "region": "us-east-2"}
+    ]
     status = runner.invoke(app, ["status", "--json", "-a"])
-    row, = json.loads(status.stdout)
+    (row,) = json.loads(status.stdout)
     assert (row["name"], row["status"], row["step"], row["total_steps"]) == ("fresh-run", "SUCCEEDED", 8, 8)
     assert row["last_checkpoint"] == 8 and row["last_checkpoint_durable"] is True
     report = runner.invoke(app, ["cost-report", "fresh-run", "--json"])
     assert report.exit_code == 0, report.output
-    entry, = json.loads(report.stdout)
+    (entry,) = json.loads(report.stdout)
     assert entry["name"] == "fresh-run" and entry["status"] == "SUCCEEDED"
     # What it ran on, from the node event: skyspot's venv on 3.10, PyPI's torch, torch's own NCCL.
-    kind, = row["node_kinds"]
+    (kind,) = row["node_kinds"]
     assert entry["node_kinds"] == row["node_kinds"]
     facts = kind["facts"]
     assert facts["python"]["venv"] == "skyspot" and facts["python"]["version"].startswith("3.10.")
@@ -223,13 +283,29 @@ def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreach
     assert Path(node.path_on_node(env["SKYSPOT_STORE_MOUNT"]), run.name, "wheelhouse").is_dir()  # the emulated mount
     log = run.setup("node-2", node, env, network=not _can_cut_the_network())
     assert "installed from the run's wheelhouse" in log and "refused" not in log and "kept" not in log
-    versions = subprocess.run([str(node.skyspot_venv / "bin" / "python"), "-c",
-                               "import torch, deepspeed, numpy, skyspot.trainer.loop; "
-                               "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],
-                              env=env, cwd=node.root, capture_output=True, text=True)
-    first = subprocess.run([str(run.first[0].skyspot_venv / "bin" / "python"), "-c", "import torch, deepspeed, numpy; "
-                            "print(torch.__version__, deepspeed.__version__, numpy.__version__)"],
-                           env=run.first[1], cwd=run.first[0].root, capture_output=True, text=True)
+    versions = subprocess.run(
+        [
+            str(node.skyspot_venv / "bin" / "python"),
+            "-c",
+            "import torch, deepspeed, numpy, skyspot.trainer.loop; "
+            "print(torch.__version__, deepspeed.__version__, numpy.__version__)",
+        ],
+        env=env,
+        cwd=node.root,
+        capture_output=True,
+        text=True,
+    )
+    first = subprocess.run(
+        [
+            str(run.first[0].skyspot_venv / "bin" / "python"),
+            "-c",
+            "import torch, deepspeed, numpy; print(torch.__version__, deepspeed.__version__, numpy.__version__)",
+        ],
+        env=run.first[1],
+        cwd=run.first[0].root,
+        capture_output=True,
+        text=True,
+    )
     assert versions.returncode == 0, versions.stderr[-2000:]
     # the recovery trains with exactly the first start's stack (the last line: DeepSpeed logs above it)
     assert versions.stdout.splitlines()[-1] == first.stdout.splitlines()[-1]
@@ -244,8 +320,10 @@ def test_a_second_start_installs_from_the_runs_wheelhouse_with_the_index_unreach
     node_event = [e for e in _events(run) if e["type"] == "node"][-1]
     assert node_event["nccl"]["library"].startswith(str(node.skyspot_venv)), node_event["nccl"]
     assert str(decoy) not in json.dumps(node_event) and node_event["setup"]["source"] == "wheelhouse"
-    print(f"\nsetup seconds: first start {run.setup_seconds['node-1']:.0f}, "
-          f"recovery from the wheelhouse {run.setup_seconds['node-2']:.0f}")
+    print(
+        f"\nsetup seconds: first start {run.setup_seconds['node-1']:.0f}, "
+        f"recovery from the wheelhouse {run.setup_seconds['node-2']:.0f}"
+    )
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -280,8 +358,14 @@ def test_a_conda_like_base_is_left_as_it_was_and_skyspot_trains_from_its_own_ven
     (base / "conda-meta" / "history").write_text("==> 2025-08-01 00:00:00 <==\n# cmd: conda create\n")
     before = _tree(base)
     env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
-    env.update({"CONDA_PREFIX": str(base), "CONDA_DEFAULT_ENV": "base", "CONDA_SHLVL": "1",
-                "PATH": os.pathsep.join([str(base / "bin"), str(node.bin), env["PATH"].split(os.pathsep, 1)[1]])})
+    env.update(
+        {
+            "CONDA_PREFIX": str(base),
+            "CONDA_DEFAULT_ENV": "base",
+            "CONDA_SHLVL": "1",
+            "PATH": os.pathsep.join([str(base / "bin"), str(node.bin), env["PATH"].split(os.pathsep, 1)[1]]),
+        }
+    )
     closed = f"http://127.0.0.1:{free_port()}/simple"
     env.update({"UV_INDEX_URL": closed, "PIP_INDEX_URL": closed, "UV_OFFLINE": "1"})
     log = run.setup("node-3", node, env, network=not _can_cut_the_network())
@@ -290,7 +374,7 @@ def test_a_conda_like_base_is_left_as_it_was_and_skyspot_trains_from_its_own_ven
     events = _train_as(run, node, env, "fresh-run-conda")
     _delete_run(run, "fresh-run-conda")
     assert max(e["step"] for e in events if e["type"] == "step") == 8
-    node_event, = [e for e in events if e["type"] == "node"]
+    (node_event,) = [e for e in events if e["type"] == "node"]
     assert node_event["python"]["venv"] == "skyspot" and node_event["python"]["prefix"] == str(node.skyspot_venv)
     assert node_event["python"]["version"].startswith("3.10.")
 
@@ -316,16 +400,37 @@ def _managed_python_mirror(root: Path):
     root.mkdir(parents=True, exist_ok=True)
     archive = root / "cpython-3.12.1+test-x86_64-unknown-linux-gnu-install_only.tar.gz"
     with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
-        tar.add(source, arcname="python", filter=lambda info: None if "/site-packages/" in info.name
-                or info.name.endswith("/test") or "/test/" in info.name else info)
+        tar.add(
+            source,
+            arcname="python",
+            filter=lambda info: (
+                None if "/site-packages/" in info.name or info.name.endswith("/test") or "/test/" in info.name else info
+            ),
+        )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    (root / "downloads.json").write_text(json.dumps({"cpython-3.12.1-linux-x86_64-gnu": {
-        "name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux", "libc": "gnu",
-        "major": 3, "minor": 12, "patch": 1, "prerelease": "", "url": f"{url}/{archive.name}", "sha256": digest,
-        "variant": None, "build": "test"}}))
+    (root / "downloads.json").write_text(
+        json.dumps(
+            {
+                "cpython-3.12.1-linux-x86_64-gnu": {
+                    "name": "cpython",
+                    "arch": {"family": "x86_64", "variant": None},
+                    "os": "linux",
+                    "libc": "gnu",
+                    "major": 3,
+                    "minor": 12,
+                    "patch": 1,
+                    "prerelease": "",
+                    "url": f"{url}/{archive.name}",
+                    "sha256": digest,
+                    "variant": None,
+                    "build": "test",
+                }
+            }
+        )
+    )
     return server, f"{url}/downloads.json"
 
 
@@ -339,8 +444,10 @@ def test_an_image_whose_python_is_38_gets_uvs_managed_python_and_trains(run):
     image_bin.mkdir()
     for folder in ("/usr/local/bin", "/usr/bin"):
         for tool in Path(folder).iterdir():
-            if not tool.name.startswith(("python", "pydoc", "pip", "2to3", "idle")) and \
-                    not (image_bin / tool.name).exists():
+            if (
+                not tool.name.startswith(("python", "pydoc", "pip", "2to3", "idle"))
+                and not (image_bin / tool.name).exists()
+            ):
                 (image_bin / tool.name).symlink_to(tool)
     old = "/root/.pyenv/versions/3.8.18/bin/python3.8"
     if not os.access(old, os.X_OK):
@@ -350,8 +457,9 @@ def test_an_image_whose_python_is_38_gets_uvs_managed_python_and_trains(run):
     server, downloads = _managed_python_mirror(run.root / "python-mirror")
     try:
         env = {k: v for k, v in env.items() if k != "VIRTUAL_ENV"}
-        env.update({"PATH": os.pathsep.join([str(node.bin), str(image_bin)]),
-                    "UV_PYTHON_DOWNLOADS_JSON_URL": downloads})
+        env.update(
+            {"PATH": os.pathsep.join([str(node.bin), str(image_bin)]), "UV_PYTHON_DOWNLOADS_JSON_URL": downloads}
+        )
         log = run.setup("node-4", node, env)
     finally:
         server.shutdown()
@@ -363,6 +471,6 @@ def test_an_image_whose_python_is_38_gets_uvs_managed_python_and_trains(run):
     bucket = open_store(run.store)  # the 3.12 wheelhouse this start kept beside the run's 3.10 one
     bucket.delete([k for k in bucket.list(f"{run.name}/wheelhouse/") if "/cp312-" in k])
     assert max(e["step"] for e in events if e["type"] == "step") == 8
-    node_event, = [e for e in events if e["type"] == "node"]
+    (node_event,) = [e for e in events if e["type"] == "node"]
     assert node_event["python"]["version"] == "3.12.1" and node_event["python"]["origin"] == "uv-managed"
     assert node_event["python"]["venv"] == "skyspot" and node_event["setup"]["source"] == "index"

@@ -26,26 +26,32 @@ from skyspot.ledger import Ledger
 
 runner = CliRunner()
 
-REASON = ("store s3://my-bucket/x/run: cannot list s3://my-bucket/x/run/checkpoints: no AWS credentials found; "
-          "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role")
+REASON = (
+    "store s3://my-bucket/x/run: cannot list s3://my-bucket/x/run/checkpoints: no AWS credentials found; "
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role"
+)
 
 
 def exits_with(code: int, reason: str, *, report: bool = True) -> str:
     """A node that stops the way the trainer does: its exit record, torchrun's report, the supervisor's line."""
     record = json.dumps({"code": code, "reason": reason})
-    lines = [f"echo '[skyspot] {reason}'",
-             f"{sys.executable} -c 'import json, os, sys, time; r = json.loads(sys.argv[1]); r[\"ts\"] = time.time(); "
-             f"json.dump(r, open(os.path.join(os.environ[\"SKYSPOT_RUN_DIR\"], \"exit.json\"), \"w\"))' '{record}'"]
+    lines = [
+        f"echo '[skyspot] {reason}'",
+        f'{sys.executable} -c \'import json, os, sys, time; r = json.loads(sys.argv[1]); r["ts"] = time.time(); '
+        f'json.dump(r, open(os.path.join(os.environ["SKYSPOT_RUN_DIR"], "exit.json"), "w"))\' \'{record}\'',
+    ]
     if report:
-        lines += [f"echo 'E1130 19:00:11.698000 22302 torch/distributed/elastic/multiprocessing/api.py:1002] "
-                  f"failed (exitcode: {code}) local_rank: 0 (pid: 22315) of binary: python'",
-                  "echo 'Traceback (most recent call last):'",
-                  "echo '  File \"torchrun\", line 8, in <module>'",
-                  "echo 'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: '",
-                  "echo '============================================================'",
-                  "echo 'skyspot.trainer FAILED'",
-                  "echo '============================================================'",
-                  f"echo '[skyspot.supervise] trainer exit {code} (...: {reason}); torchrun exited 1'"]
+        lines += [
+            f"echo 'E1130 19:00:11.698000 22302 torch/distributed/elastic/multiprocessing/api.py:1002] "
+            f"failed (exitcode: {code}) local_rank: 0 (pid: 22315) of binary: python'",
+            "echo 'Traceback (most recent call last):'",
+            "echo '  File \"torchrun\", line 8, in <module>'",
+            "echo 'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: '",
+            "echo '============================================================'",
+            "echo 'skyspot.trainer FAILED'",
+            "echo '============================================================'",
+            f"echo '[skyspot.supervise] trainer exit {code} (...: {reason}); torchrun exited 1'",
+        ]
     return "\n".join(lines + [f"exit {code}"])
 
 
@@ -61,7 +67,7 @@ def nodes(monkeypatch, tmp_path):
         counter = tmp_path / "attempts-started"
         # Attempt k runs script k (the last repeats): a counter file picks it, since each attempt is a new shell.
         script = f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}"
-        bodies = [f"if [ \"$n\" = {i} ]; then\n{body}\nfi" for i, body in enumerate(runs[:-1])]
+        bodies = [f'if [ "$n" = {i} ]; then\n{body}\nfi' for i, body in enumerate(runs[:-1])]
         script = "\n".join([script, *bodies, runs[-1]])
         changes = {"run_script": script}
         if scripts["prepare"] is not None:
@@ -72,14 +78,17 @@ def nodes(monkeypatch, tmp_path):
     built_ops = tmp_path / "torch-extensions"
     (built_ops / "deepspeed_shm_comm").mkdir(parents=True)
     (built_ops / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").write_bytes(b"")
-    (built_ops / "deepspeed_shm_comm" / "build.ninja").write_text(f"build shm.o: compile {_deepspeed_dir()}/ops/csrc/cpu/comm/shm.cpp\n")
+    (built_ops / "deepspeed_shm_comm" / "build.ninja").write_text(
+        f"build shm.o: compile {_deepspeed_dir()}/ops/csrc/cpu/comm/shm.cpp\n"
+    )
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(built_ops))  # built already, unless a test says not
     return scripts
 
 
 def launch(*args: str):
-    result = runner.invoke(app, ["launch", "tiny", "--local", "-n", "run-1", "--provision-delay", "0", *args],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["launch", "tiny", "--local", "-n", "run-1", "--provision-delay", "0", *args], catch_exceptions=False
+    )
     return result
 
 
@@ -176,10 +185,12 @@ def test_an_op_built_from_another_deepspeed_install_is_built_again(nodes, tmp_pa
 
 def test_a_slow_start_is_reported_with_the_logs_last_line(nodes, monkeypatch):
     monkeypatch.setattr(follow_module, "QUIET_SECONDS", 0.5)
-    nodes["run"] = ["echo 'Emitting ninja build file /tmp/x/build.ninja...'\n"
-                    "echo 'W1130 19:00:11.698000 22302 torch/distributed/run.py:874] *****'\n"
-                    "echo '[2026-11-30 19:24:57,521] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "
-                    "accelerator to CPU.'\nsleep 2.5; exit 0"]
+    nodes["run"] = [
+        "echo 'Emitting ninja build file /tmp/x/build.ninja...'\n"
+        "echo 'W1130 19:00:11.698000 22302 torch/distributed/run.py:874] *****'\n"
+        "echo '[2026-11-30 19:24:57,521] [WARNING] [real_accelerator.py:213:get_accelerator] Setting "
+        "accelerator to CPU.'\nsleep 2.5; exit 0"
+    ]
     result = launch()
     assert result.exit_code == 0
     assert "attempt 1: " in result.stderr and "no step yet" in result.stderr
@@ -208,8 +219,15 @@ def test_a_trace_whose_capacity_ran_out_is_not_reported_as_unused(nodes, tmp_pat
 
 
 def _step(step: int, tokens: int, seconds: float) -> dict:
-    return {"type": "step", "rank": 0, "step": step, "tokens": tokens, "step_seconds": seconds, "loss": 2.0,
-            "ts": 1.0 + step}
+    return {
+        "type": "step",
+        "rank": 0,
+        "step": step,
+        "tokens": tokens,
+        "step_seconds": seconds,
+        "loss": 2.0,
+        "ts": 1.0 + step,
+    }
 
 
 def test_tokens_per_second_is_one_steps_tokens_over_its_time():
@@ -241,8 +259,9 @@ def test_the_live_view_follows_a_run_to_its_end(tmp_path):
     ledger.add("live", "tiny", "local", run_dir=str(run_dir), total_steps=4, num_nodes=1)
     ledger.set_status("live", "SUCCEEDED")
     view = RunView(4)
-    run = follow_module._follow_live(ledger, "live", view, EventTail(run_dir / EVENTS_DIR),
-                                     run_dir / "logs" / "run.log")
+    run = follow_module._follow_live(
+        ledger, "live", view, EventTail(run_dir / EVENTS_DIR), run_dir / "logs" / "run.log"
+    )
     assert run.status == "SUCCEEDED" and view.step == 4 and (view.eval_loss, view.eval_step) == (1.5, 4)
     assert view.tokens_per_s == pytest.approx(1000 / 0.1)
 
@@ -254,12 +273,17 @@ def test_the_live_view_shows_the_latest_train_and_eval_loss_and_each_in_place_re
     assert view.apply(event(1, "step", 0, step=10, loss=1.5, step_seconds=0.1)) == "step 10/20 loss 1.5000"
     line = view.apply(eval_event(2, 0, step=10, loss=1.25, seconds=0.5))
     assert line == "eval at step 10: loss 1.2500 (perplexity 3.49) in 0.5s"
-    assert view.apply(event(3, "step", 0, step=20, loss=1.0, step_seconds=0.1)) == \
-        "step 20/20 loss 1.0000  eval loss 1.2500 (step 10)"
+    assert (
+        view.apply(event(3, "step", 0, step=20, loss=1.0, step_seconds=0.1))
+        == "step 20/20 loss 1.0000  eval loss 1.2500 (step 10)"
+    )
     assert "hang on node 1 at step 20: no step for 30s (bound 20s); stacks in stacks/hang-1" in view.apply(
-        hang_event(40, 0, node_rank=1, step=20, seconds_without_step=30, bound_seconds=20))
-    assert view.apply(restart_event(50, 0, failed_at=41, step=20, steps_redone=0, cause="hang")) == \
-        "restarted in place (#1, hang) from step 20: 9.0s from the failure to the next step, 0 step(s) redone"
+        hang_event(40, 0, node_rank=1, step=20, seconds_without_step=30, bound_seconds=20)
+    )
+    assert (
+        view.apply(restart_event(50, 0, failed_at=41, step=20, steps_redone=0, cause="hang"))
+        == "restarted in place (#1, hang) from step 20: 9.0s from the failure to the next step, 0 step(s) redone"
+    )
     assert (view.restarts_in_place, view.hangs, view.eval_loss, view.loss) == (1, 1, 1.25, 1.0)
     # A damaged figure never breaks the view: the last good loss stays.
     assert view.apply({**eval_event(60, 0, step=20, loss=1.0), "loss": "low"}) is None
@@ -287,8 +311,14 @@ def test_a_resumed_local_run_trains_with_its_recorded_settings_not_the_shells(tm
     spec = make_spec(launched, "lr-run", LocalOptions())
     with Ledger() as ledger:
         controller = Controller(tmp_path / "run", spec, ledger)
-        where = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "num_nodes": 1,
-                 "instance_type": "m6i.large", "spot": True}
+        where = {
+            "cloud": "aws",
+            "region": "us-east-1",
+            "zone": "us-east-1a",
+            "num_nodes": 1,
+            "instance_type": "m6i.large",
+            "spot": True,
+        }
         env = controller.node_env(0, where, {}, 29500)
     assert "SKYSPOT_TRAIN__LR" not in env and env["SKYSPOT_HOME_UNRELATED"] == "kept"
     with Ledger() as ledger:
@@ -296,8 +326,10 @@ def test_a_resumed_local_run_trains_with_its_recorded_settings_not_the_shells(tm
         ledger.set_status("lr-run", "CANCELLED")
     said = CliRunner().invoke(app, ["resume", "lr-run", "-y", "-d"])
     assert said.exit_code != 0  # its run dir is gone: it cannot start, but it said what it ignored first
-    assert "note: ignoring SKYSPOT_TRAIN__LR from this shell: a resumed run keeps the settings it was launched " \
-           "with" in said.stderr
+    assert (
+        "note: ignoring SKYSPOT_TRAIN__LR from this shell: a resumed run keeps the settings it was launched "
+        "with" in said.stderr
+    )
 
 
 # A deadline the prior's arithmetic loses within seconds of the launch: all on-demand needs start-up 30s
@@ -312,13 +344,16 @@ def _unreachable_decisions(name: str = "run-1") -> list[dict]:
     return [e for e in read_events_dir(run_dir / "events").of_type("deadline_decision") if e["reason"] == "unreachable"]
 
 
-def test_a_deadline_lost_while_the_machine_is_prepared_is_said_on_the_terminal_before_it_passes(nodes, tmp_path,
-                                                                                                 monkeypatch):
+def test_a_deadline_lost_while_the_machine_is_prepared_is_said_on_the_terminal_before_it_passes(
+    nodes, tmp_path, monkeypatch
+):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "nothing-built"))
     # The op build lasts until the controller has recorded the deadline unreachable (at most 30 s, then it
     # fails): what the test waits on is that event, not a clock.
-    nodes["prepare"] = ("for i in $(seq 300); do grep -qs '\"reason\":\"unreachable\"' events/deadline.jsonl && exit 0; "
-                        "sleep 0.1; done; exit 1")
+    nodes["prepare"] = (
+        'for i in $(seq 300); do grep -qs \'"reason":"unreachable"\' events/deadline.jsonl && exit 0; '
+        "sleep 0.1; done; exit 1"
+    )
     started = tmp_path / "node-started"
     nodes["run"] = [f"{sys.executable} -c 'import time; print(time.time())' > {started}; exit 0"]
     result = launch(*TIGHT_DEADLINE)

@@ -28,10 +28,29 @@ def test_spot_gone_for_longer_than_the_slack_switches_to_on_demand_and_meets_the
     monkeypatch.setenv("SKYSPOT_FAULT", "step_end/0:pause=0.25")
     trace = tmp_path / "outage.yaml"
     trace.write_text("unavailable: [[10, 100000]]\nnotice: 2\n")
-    result = runner.invoke(app, ["launch", "tiny", "--local", "-n", "due", "--spot-trace", str(trace),
-                                 "--deadline", "110s", "--grace", "60", "--provision-delay", "1",
-                                 "train.steps=60", "checkpoint.every_steps=20", "train.log_every=20",
-                                 "resources.step_seconds_hint=0.3"], catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        [
+            "launch",
+            "tiny",
+            "--local",
+            "-n",
+            "due",
+            "--spot-trace",
+            str(trace),
+            "--deadline",
+            "110s",
+            "--grace",
+            "60",
+            "--provision-delay",
+            "1",
+            "train.steps=60",
+            "checkpoint.every_steps=20",
+            "train.log_every=20",
+            "resources.step_seconds_hint=0.3",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     run = Ledger().get("due")
     log = read_events_dir(Path(run.run_dir) / "events")

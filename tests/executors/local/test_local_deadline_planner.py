@@ -19,10 +19,15 @@ class FakeController:
         now = time.time()
         self.run_dir = run_dir
         self.launched_at = now
-        self.spec = SimpleNamespace(name="r", total_steps=total_steps, provision_delay=1.0, trace_times=[],
-                                    capacity_gone_after=None, unavailable=[list(w) for w in unavailable],
-                                    deadline={"at": now + at, "start": now, "policy": policy,
-                                              "step_seconds_hint": 1.0, "period": 0.01})
+        self.spec = SimpleNamespace(
+            name="r",
+            total_steps=total_steps,
+            provision_delay=1.0,
+            trace_times=[],
+            capacity_gone_after=None,
+            unavailable=[list(w) for w in unavailable],
+            deadline={"at": now + at, "start": now, "policy": policy, "step_seconds_hint": 1.0, "period": 0.01},
+        )
         self.cancel = threading.Event()
         self.attempt, self.preemptions, self.pending_trace = 0, 0, []
         self.ledger = Ledger(run_dir / "ledger.db")
@@ -40,17 +45,37 @@ def _steps(run_dir, n: int, *, spot: bool):
     events = run_dir / "events"
     events.mkdir(exist_ok=True)
     now = time.time()
-    lines = [{"ts": now - n - 5, "run_id": "r", "attempt": 1, "node_rank": 0, "rank": None, "type": "attempt_start",
-              "where": {"spot": spot}}]
-    lines += [{"ts": now - n + i, "run_id": "r", "attempt": 1, "node_rank": 0, "rank": 0, "type": "step", "step": i,
-               "step_seconds": 1.0} for i in range(1, n + 1)]
+    lines = [
+        {
+            "ts": now - n - 5,
+            "run_id": "r",
+            "attempt": 1,
+            "node_rank": 0,
+            "rank": None,
+            "type": "attempt_start",
+            "where": {"spot": spot},
+        }
+    ]
+    lines += [
+        {
+            "ts": now - n + i,
+            "run_id": "r",
+            "attempt": 1,
+            "node_rank": 0,
+            "rank": 0,
+            "type": "step",
+            "step": i,
+            "step_seconds": 1.0,
+        }
+        for i in range(1, n + 1)
+    ]
     (events / "attempt-1.node-0.rank-0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
 
 
 def test_the_first_attempt_is_spot_when_the_trace_has_capacity(tmp_path):
     controller = FakeController(tmp_path, at=1000)
     assert Planner(controller).choose() is True
-    decision, = read_events_dir(tmp_path / "events").of_type(DECISION_EVENT)
+    (decision,) = read_events_dir(tmp_path / "events").of_type(DECISION_EVENT)
     assert (decision["mode"], decision["reason"], decision["policy"]) == (SPOT, "start", "uniform-progress")
 
 

@@ -29,8 +29,12 @@ STEPS = REFERENCE_STEPS  # compared with the shared uninterrupted run (tests/con
 # Small, fast and exact: interval checkpoints every 10 steps, so an emergency checkpoint is what saves the work.
 # Saving at the notice's step (not training through the window, tests/executors/local/test_notice_window.py
 # covers that) makes each chosen preemption step cost exactly one resume, whatever the machine's load.
-OVERRIDES = [f"train.steps={STEPS}", "checkpoint.every_steps=10", "train.log_every=4",
-             "checkpoint.train_through_notice=false"]
+OVERRIDES = [
+    f"train.steps={STEPS}",
+    "checkpoint.every_steps=10",
+    "train.log_every=4",
+    "checkpoint.train_through_notice=false",
+]
 FAST = ["--notice", "4", "--grace", "60", "--provision-delay", "0.5"]
 PREEMPT_AT = [6, 15]
 
@@ -91,8 +95,9 @@ def check_preempted_run(name: str, reference_dir: Path, preempt_steps: list[int]
         steps_before = [e["step"] for e in events if e["type"] == "step" and e["ts"] <= notice["ts"]]
         emergency = next(e for e in events if e["type"] == "emergency_checkpoint" and e.get("rank") == 0)
         assert emergency["step"] - max(steps_before) in (0, 1)
-        resumed = next(e for e in log.events if e.get("attempt") == attempt + 1 and e["type"] == "resume"
-                       and e.get("rank") == 0)
+        resumed = next(
+            e for e in log.events if e.get("attempt") == attempt + 1 and e["type"] == "resume" and e.get("rank") == 0
+        )
         assert resumed["step"] == emergency["step"]
     assert_same_params(final_params(run_dir), final_params(reference_dir))
     # The cost report counts exactly the injected preemptions.
@@ -149,17 +154,34 @@ def test_detached_concurrent_runs_logs_follow_and_cancel():
     assert log.of_type("emergency_checkpoint"), "cancel stops with an emergency checkpoint"
 
 
-def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(reference, tmp_path,
-                                                                             notices_read_in_time):
+def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(reference, tmp_path, notices_read_in_time):
     """2 nodes, then only 1 granted (resources.min_nodes=1), then 2 again: each change of world size
     resumes through a universal checkpoint (node 1's part read from the store when node 0 is alone),
     the global batch is kept, and the run ends where the uninterrupted one does."""
     store = tmp_path / "store"
     # A notice long enough for each emergency checkpoint to become durable on a loaded machine: the
     # next, differently sized attempt reads the other nodes' parts from the store.
-    result = launch("-n", "elastic", "--preempt-at-steps", ",".join(map(str, PREEMPT_AT)), "--spot-nodes", "2,1,2", "--store", str(store),
-                    "--notice", "15", "--grace", "60", "--provision-delay", "0.5", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1", "resources.min_nodes=1",
-                    "checkpoint.train_through_notice=false")  # saves at the notice step, as checked below
+    result = launch(
+        "-n",
+        "elastic",
+        "--preempt-at-steps",
+        ",".join(map(str, PREEMPT_AT)),
+        "--spot-nodes",
+        "2,1,2",
+        "--store",
+        str(store),
+        "--notice",
+        "15",
+        "--grace",
+        "60",
+        "--provision-delay",
+        "0.5",
+        *OVERRIDES,
+        "resources.num_nodes=2",
+        "resources.cpu_ranks=1",
+        "resources.min_nodes=1",
+        "checkpoint.train_through_notice=false",
+    )  # saves at the notice step, as checked below
     assert result.exit_code == 0, result.output
     run_dir = Path(Ledger().get("elastic").run_dir)
     assert "(node-1)" in (run_dir / "logs" / "run.log").read_text()
@@ -177,8 +199,16 @@ def test_spot_capacity_shrinks_to_one_node_and_grows_back_to_the_same_result(ref
 def test_spot_nodes_below_min_nodes_or_without_a_store_are_refused():
     result = launch("-n", "tight", "--spot-nodes", "2,1", *OVERRIDES, "resources.num_nodes=2", "resources.cpu_ranks=1")
     assert result.exit_code != 0 and "outside 2..2" in result.output and "min_nodes" in result.output
-    result = launch("-n", "storeless", "--spot-nodes", "2,1", *OVERRIDES, "resources.num_nodes=2",
-                    "resources.cpu_ranks=1", "resources.min_nodes=1")
+    result = launch(
+        "-n",
+        "storeless",
+        "--spot-nodes",
+        "2,1",
+        *OVERRIDES,
+        "resources.num_nodes=2",
+        "resources.cpu_ranks=1",
+        "resources.min_nodes=1",
+    )
     assert result.exit_code != 0 and "needs storage.store" in result.output
     assert "tight" not in status_rows() and "storeless" not in status_rows()
 
@@ -233,8 +263,13 @@ def test_a_killed_controller_ends_its_trainer_and_every_follower(tmp_path):
     controller = psutil.Process(pid)
     trainers = [p for p in controller.children(recursive=True) if "skyspot.trainer" in " ".join(p.cmdline())]
     assert trainers, "the run has trainer processes"
-    follower = subprocess.Popen([sys.executable, "-m", "skyspot.cli.main", "logs", "orphan", "-f"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "skyspot.cli.main", "logs", "orphan", "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     time.sleep(2)
     os.kill(pid, signal.SIGKILL)
     out, err = follower.communicate(timeout=60)  # it ends: it asks the lock, not only the ledger

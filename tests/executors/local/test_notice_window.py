@@ -27,10 +27,30 @@ runner = CliRunner()
 
 def test_a_30s_notice_is_trained_through_and_saved_before_sigterm(reference, tmp_path, monkeypatch):
     monkeypatch.setenv("SKYSPOT_FAULT", "step_end:pause=1.5")
-    result = runner.invoke(app, [
-        "launch", "tiny", "--local", "-n", "window", "--preempt-at-steps", "4", "--notice", "30", "--grace", "60",
-        "--provision-delay", "0.5", "--store", str(tmp_path / "store"), f"train.steps={REFERENCE_STEPS}",
-        "checkpoint.every_steps=2", "train.log_every=4"], catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        [
+            "launch",
+            "tiny",
+            "--local",
+            "-n",
+            "window",
+            "--preempt-at-steps",
+            "4",
+            "--notice",
+            "30",
+            "--grace",
+            "60",
+            "--provision-delay",
+            "0.5",
+            "--store",
+            str(tmp_path / "store"),
+            f"train.steps={REFERENCE_STEPS}",
+            "checkpoint.every_steps=2",
+            "train.log_every=4",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     run_dir = Path(Ledger().get("window").run_dir)
     log = read_events_dir(run_dir / "events")

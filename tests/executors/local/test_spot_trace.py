@@ -17,11 +17,15 @@ def _trace(tmp_path, text: str) -> str:
 
 
 def test_a_trace_is_read_with_every_key(tmp_path):
-    trace = SpotTrace.load(_trace(tmp_path, "preemptions: [100, 40]\nnotice: 10\ncapacity_gone_after: 2\n"
-                                             "nodes: [4, 2, 3]\n"))
-    assert (trace.preemptions, trace.notice, trace.capacity_gone_after, trace.nodes) == ([40.0, 100.0], 10.0, 2,
-                                                                                         [4, 2, 3])
-
+    trace = SpotTrace.load(
+        _trace(tmp_path, "preemptions: [100, 40]\nnotice: 10\ncapacity_gone_after: 2\nnodes: [4, 2, 3]\n")
+    )
+    assert (trace.preemptions, trace.notice, trace.capacity_gone_after, trace.nodes) == (
+        [40.0, 100.0],
+        10.0,
+        2,
+        [4, 2, 3],
+    )
 
 
 def test_a_trace_reads_numbers_as_recipes_do(tmp_path):
@@ -31,20 +35,24 @@ def test_a_trace_reads_numbers_as_recipes_do(tmp_path):
     with pytest.raises(UsageError, match="preemptions"):
         SpotTrace.load(_trace(tmp_path, "preemptions: [1:30]\n"))  # a string, not 90 seconds
 
-@pytest.mark.parametrize("text, message", [
-    ("preemptions: [10]\nwhen: 3\n", "unknown spot trace key(s) when"),
-    ("preemptions: [-1]\n", "'preemptions' must be a list of finite seconds >= 0"),
-    ("preemptions: [.inf]\n", "'preemptions' must be a list of finite seconds >= 0"),  # issue 31, item 9
-    ("preemptions: [.nan]\n", "'preemptions' must be a list of finite seconds >= 0"),
-    ("preemptions: [true]\n", "'preemptions' must be a list of finite seconds >= 0"),
-    ("preemptions: [1]\nnotice: .inf\n", "'notice' must be finite seconds >= 0"),
-    ("preemptions: [1]\nunavailable: [[0, .inf]]\n", "'unavailable' must be a list of"),
-    ("preemptions: [1]\nnodes: [2, 0]\n", "'nodes' must be a list of node counts >= 1"),
-    ("preemptions: [1]\nnodes: [true]\n", "'nodes' must be a list of node counts >= 1"),
-    ("preemptions: [1]\nnodes: 2\n", "'nodes' must be a list"),
-    ("- 1\n- 2\n", "a spot trace is a mapping"),
-    ("preemptions: [1\n", "malformed spot trace YAML"),
-])
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("preemptions: [10]\nwhen: 3\n", "unknown spot trace key(s) when"),
+        ("preemptions: [-1]\n", "'preemptions' must be a list of finite seconds >= 0"),
+        ("preemptions: [.inf]\n", "'preemptions' must be a list of finite seconds >= 0"),  # issue 31, item 9
+        ("preemptions: [.nan]\n", "'preemptions' must be a list of finite seconds >= 0"),
+        ("preemptions: [true]\n", "'preemptions' must be a list of finite seconds >= 0"),
+        ("preemptions: [1]\nnotice: .inf\n", "'notice' must be finite seconds >= 0"),
+        ("preemptions: [1]\nunavailable: [[0, .inf]]\n", "'unavailable' must be a list of"),
+        ("preemptions: [1]\nnodes: [2, 0]\n", "'nodes' must be a list of node counts >= 1"),
+        ("preemptions: [1]\nnodes: [true]\n", "'nodes' must be a list of node counts >= 1"),
+        ("preemptions: [1]\nnodes: 2\n", "'nodes' must be a list"),
+        ("- 1\n- 2\n", "a spot trace is a mapping"),
+        ("preemptions: [1\n", "malformed spot trace YAML"),
+    ],
+)
 def test_a_bad_trace_is_one_clear_line(tmp_path, text, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
         SpotTrace.load(_trace(tmp_path, text))
@@ -77,11 +85,14 @@ def test_outages_are_read_sorted_and_mean_no_spot_until_they_end(tmp_path):
     assert not SpotTrace(capacity_gone_after=1).available(0, preemptions=1)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("unavailable: [[20, 10]]\n", "pairs of seconds, 0 <= start < end"),
-    ("unavailable: [[1, 2, 3]]\n", "pairs of seconds"),
-    ("unavailable: [[0, 30], [20, 40]]\n", "windows overlap at 20s"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("unavailable: [[20, 10]]\n", "pairs of seconds, 0 <= start < end"),
+        ("unavailable: [[1, 2, 3]]\n", "pairs of seconds"),
+        ("unavailable: [[0, 30], [20, 40]]\n", "windows overlap at 20s"),
+    ],
+)
 def test_a_bad_outage_is_one_clear_line(tmp_path, text, message):
     with pytest.raises(UsageError, match=message):
         SpotTrace.load(_trace(tmp_path, text))
@@ -103,9 +114,13 @@ def test_a_trace_that_is_not_a_small_regular_file_is_one_line_and_never_hangs(tm
     os.mkfifo(fifo)
     big = tmp_path / "big.yaml"
     big.write_text("preemptions: [1]\n" + "#" * (2 << 20) + "\n")
-    for path, said in ((fifo, "not a readable regular file"), ("/dev/zero", "not a readable regular file"),
-                       (big, "is larger than 1024 KiB"), (tmp_path / "gone.yaml", "No such file or directory"),
-                       (tmp_path, "not a readable regular file")):
+    for path, said in (
+        (fifo, "not a readable regular file"),
+        ("/dev/zero", "not a readable regular file"),
+        (big, "is larger than 1024 KiB"),
+        (tmp_path / "gone.yaml", "No such file or directory"),
+        (tmp_path, "not a readable regular file"),
+    ):
         with pytest.raises(UsageError, match=said) as err:
             SpotTrace.load(str(path))
         assert "\n" not in str(err.value)

@@ -75,11 +75,25 @@ def test_launch_with_a_deadline_submits_its_controller_as_a_managed_job(monkeypa
     fake = FakeSkyPilot(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_canary_value")
     before = time.time()
-    result = runner.invoke(app, ["launch", "llama8b", "-y", "-d", "-n", "due-friday", "--store", "s3://ckpts/runs",
-                                 "--deadline", "30h", "resources.step_seconds_hint=20"])
+    result = runner.invoke(
+        app,
+        [
+            "launch",
+            "llama8b",
+            "-y",
+            "-d",
+            "-n",
+            "due-friday",
+            "--store",
+            "s3://ckpts/runs",
+            "--deadline",
+            "30h",
+            "resources.step_seconds_hint=20",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "all on-demand needs start-up 15m00s + 1,000 steps x 20s" in result.stderr
-    (job_id, task, name), = fake.launched
+    ((job_id, task, name),) = fake.launched
     assert name == "due-friday" and task.name == "due-friday"
     # One cheap on-demand CPU node that restarts on errors; it installs skyspot without the training stack.
     resources = list(task.resources)
@@ -103,19 +117,36 @@ def test_launch_with_a_deadline_submits_its_controller_as_a_managed_job(monkeypa
 def test_a_deadline_even_on_demand_cannot_make_is_refused_before_anything_is_recorded(monkeypatch, remote_api_server):
     fake = FakeSkyPilot(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_x")
-    result = runner.invoke(app, ["launch", "llama8b", "-y", "-n", "too-soon", "--store", "s3://ckpts/runs",
-                                 "--deadline", "5h", "resources.step_seconds_hint=20"])
+    result = runner.invoke(
+        app,
+        [
+            "launch",
+            "llama8b",
+            "-y",
+            "-n",
+            "too-soon",
+            "--store",
+            "s3://ckpts/runs",
+            "--deadline",
+            "5h",
+            "resources.step_seconds_hint=20",
+        ],
+    )
     assert result.exit_code == 2
-    assert ("even all on-demand cannot make the deadline" in result.stderr
-            and "start-up 15m00s + 1,000 steps x 20s = 5h48m" in result.stderr and "only 5h00m" in result.stderr)
+    assert (
+        "even all on-demand cannot make the deadline" in result.stderr
+        and "start-up 15m00s + 1,000 steps x 20s = 5h48m" in result.stderr
+        and "only 5h00m" in result.stderr
+    )
     assert not fake.launched and "too-soon" not in {r.name for r in Ledger().runs(include_finished=True)}
 
 
 def test_a_deadline_on_a_local_api_server_says_what_it_needs(monkeypatch):
     fake = FakeSkyPilot(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_x")
-    result = runner.invoke(app, ["launch", "llama8b", "-y", "-n", "local-api", "--store", "s3://ckpts/runs",
-                                 "--deadline", "48h"])
+    result = runner.invoke(
+        app, ["launch", "llama8b", "-y", "-n", "local-api", "--store", "s3://ckpts/runs", "--deadline", "48h"]
+    )
     assert result.exit_code == 2
     assert "needs a SkyPilot API server that managed jobs can reach" in result.stderr
     assert not fake.launched and "local-api" not in {r.name for r in Ledger().runs(include_finished=True)}
@@ -140,21 +171,30 @@ def _plan(tmp_path, *, hours: float, steps: int = 100):
 
     built = build("llama8b", [f"train.steps={steps}"], run_name="due", flags={"storage.store": str(tmp_path / "s")})
     start = 1_000_000.0
-    deadline = {"at": start + hours * 3600, "start": start, "policy": "uniform-progress", "step_seconds_hint": 300.0,
-                "period": 60.0}
-    return sky_deadline.plan_for(built.task, run="due", store=str(tmp_path / "s"), deadline=deadline,
-                                 total_steps=steps, recipe="llama8b"), start
+    deadline = {
+        "at": start + hours * 3600,
+        "start": start,
+        "policy": "uniform-progress",
+        "step_seconds_hint": 300.0,
+        "period": 60.0,
+    }
+    return sky_deadline.plan_for(
+        built.task, run="due", store=str(tmp_path / "s"), deadline=deadline, total_steps=steps, recipe="llama8b"
+    ), start
 
 
 def _trainer_events(store, attempt: int, spot: bool, steps: range, t0: float, done: bool = False):
     base = {"run_id": "due", "attempt": attempt, "node_rank": 0, "rank": 0}
     lines = [{**base, "ts": t0, "type": "start", "where": {"cloud": "aws", "spot": spot}}]
-    lines += [{**base, "ts": t0 + 300 * (i + 1), "type": "step", "step": s, "step_seconds": 300.0}
-              for i, s in enumerate(steps)]
+    lines += [
+        {**base, "ts": t0 + 300 * (i + 1), "type": "step", "step": s, "step_seconds": 300.0}
+        for i, s in enumerate(steps)
+    ]
     if done:
         lines.append({**base, "ts": lines[-1]["ts"] + 1, "type": "exit", "reason": "training complete", "code": 0})
-    store.put_bytes(f"due/events/attempt-{attempt}.node-0.rank-0.jsonl",
-                    "".join(json.dumps(e) + "\n" for e in lines).encode())
+    store.put_bytes(
+        f"due/events/attempt-{attempt}.node-0.rank-0.jsonl", "".join(json.dumps(e) + "\n" for e in lines).encode()
+    )
 
 
 def test_the_controller_waits_for_spot_then_switches_to_on_demand_under_the_same_name(monkeypatch, tmp_path):
@@ -166,7 +206,7 @@ def test_the_controller_waits_for_spot_then_switches_to_on_demand_under_the_same
     controller = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lambda _: None)
 
     assert controller.step() is None  # the start: a spot stage
-    (spot_id, spot_task, name), = fake.launched
+    ((spot_id, spot_task, name),) = fake.launched
     assert name == "due" and spot_task.envs["SKYSPOT_RUN_NAME"] == "due"
     assert {r.use_spot for r in spot_task.resources} == {True}
 
@@ -232,7 +272,7 @@ def test_a_stage_still_starting_counts_its_changeover_and_a_round_falls_at_the_d
     store = open_store(plan["store"])
     controller = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append)
     controller.step()  # too little slack for spot: an on-demand stage, STARTING
-    (stage_id, _, _), = fake.launched
+    ((stage_id, _, _),) = fake.launched
     clock.now += 600
     controller.step()
     decision = read_events_store(store, "due").of_type(dl.DECISION_EVENT)[-1]
@@ -257,8 +297,9 @@ def test_a_cancelled_controller_cancels_its_stage(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     plan, start = _plan(tmp_path, hours=20)
     clock = Clock(start)
-    controller = sky_deadline.CloudController(plan, store=open_store(plan["store"]), clock=clock,
-                                              sleep=clock.sleep, say=lambda _: None)
+    controller = sky_deadline.CloudController(
+        plan, store=open_store(plan["store"]), clock=clock, sleep=clock.sleep, say=lambda _: None
+    )
     controller.step()
     controller.stop_requested.set()
     assert controller.loop() == 130

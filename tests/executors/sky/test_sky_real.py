@@ -33,7 +33,8 @@ from tests.sky_catalog import SKY_CLOUD_NAMES, offline_skypilot
 
 STORES = ("s3://my-ckpts/runs", "gs://my-ckpts/runs")
 RENDERS = [(name, None) for name in sorted(REGISTRY)] + [
-    (name, store) for name in ("llama70b", "llama8b") for store in STORES]
+    (name, store) for name in ("llama70b", "llama8b") for store in STORES
+]
 
 
 def _render_id(render) -> str:
@@ -53,14 +54,18 @@ PLAIN_GPU_RENDERS = [r for r in GPU_RENDERS if r[1] is None]
 # --- known disagreements, each pinned to its exact case ----------------------------------
 
 # Azure's SKU API reports GPUs=12 for this SKU (Azure/azure-cli#31176); SkyPilot's fetch_azure copies it.
-AZURE_H100_COUNT = ("catalog row Standard_ND96isr_H100_v5 says 12 H100 (skyspot.pricing.prices corrects it to 8): "
-                    "SkyPilot places no Azure H100:8 and suggests H100:12")
+AZURE_H100_COUNT = (
+    "catalog row Standard_ND96isr_H100_v5 says 12 H100 (skyspot.pricing.prices corrects it to 8): "
+    "SkyPilot places no Azure H100:8 and suggests H100:12"
+)
 
 
 # The catalog's "spot" price of this SKU equals its on-demand price in every region (as for the ND H100 v5);
 # skyspot reads that as no spot price (pricing/prices.py), SkyPilot prices the candidate at it.
-AZURE_H100_SPOT = ("catalog row Standard_NC40ads_H100_v5 has SpotPrice == Price, which skyspot.pricing.prices reads as "
-                   "no spot price: the plan leaves it unpriced, SkyPilot prices it at the on-demand figure")
+AZURE_H100_SPOT = (
+    "catalog row Standard_NC40ads_H100_v5 has SpotPrice == Price, which skyspot.pricing.prices reads as "
+    "no spot price: the plan leaves it unpriced, SkyPilot prices it at the on-demand figure"
+)
 
 
 def _defect(candidate, *, pricing_only: bool = False) -> Optional[str]:
@@ -86,9 +91,14 @@ def _candidate_params():
     for render in PLAIN_GPU_RENDERS:
         for index, candidate in enumerate(_build(*render).candidates):
             kind = "spot" if candidate.spot else "od"
-            params.append(pytest.param(render, index, marks=_marks(candidate),
-                                       id=f"{_render_id(render)}-{index + 1}-{candidate.cloud}-"
-                                          f"{candidate.accelerators}-{kind}"))
+            params.append(
+                pytest.param(
+                    render,
+                    index,
+                    marks=_marks(candidate),
+                    id=f"{_render_id(render)}-{index + 1}-{candidate.cloud}-{candidate.accelerators}-{kind}",
+                )
+            )
     return params
 
 
@@ -151,8 +161,9 @@ class Plans:
 
     def _entries(self, render):
         built = self.built(render)
-        return self._once(("entries", render),
-                          lambda: list(self._sky.Task.from_yaml_config(copy.deepcopy(built.task)).resources))
+        return self._once(
+            ("entries", render), lambda: list(self._sky.Task.from_yaml_config(copy.deepcopy(built.task)).resources)
+        )
 
     def ordered(self, render):
         return self._once(("ordered", render), lambda: self._optimize(self.built(render)))
@@ -173,18 +184,22 @@ def plans(sky, skypilot):
 
 def _matches(resources, candidate) -> bool:
     name, _, count = candidate.accelerators.partition(":")
-    return (str(resources.cloud) == SKY_CLOUD_NAMES[candidate.cloud]
-            and resources.use_spot == candidate.spot
-            and resources.accelerators == {name: int(count)}
-            and (candidate.region is None or resources.region == candidate.region))
+    return (
+        str(resources.cloud) == SKY_CLOUD_NAMES[candidate.cloud]
+        and resources.use_spot == candidate.spot
+        and resources.accelerators == {name: int(count)}
+        and (candidate.region is None or resources.region == candidate.region)
+    )
 
 
 def _describe(resources) -> str:
     if isinstance(resources, Exception):
         return f"none ({str(resources).splitlines()[0]})"
     kind = "spot" if resources.use_spot else "on-demand"
-    return (f"{resources.cloud} {resources.instance_type} {kind} in {resources.region}"
-            f"{f' ({resources.zone})' if resources.zone else ''} at ${resources.get_cost(3600):.4f}/h per node")
+    return (
+        f"{resources.cloud} {resources.instance_type} {kind} in {resources.region}"
+        f"{f' ({resources.zone})' if resources.zone else ''} at ${resources.get_cost(3600):.4f}/h per node"
+    )
 
 
 # --- 1. schema, parser, DAG ----------------------------------------------------------------
@@ -237,7 +252,8 @@ def test_skypilot_launches_candidate_one_first(plans, render):
     chosen = plans.ordered(render)
     assert _matches(chosen, first), (
         f"{_render_id(render)}: SkyPilot chose {_describe(chosen)}; "
-        f"skyspot ordered first {first.cloud} {first.accelerators} spot={first.spot} at ${first.usd_per_hour}/h")
+        f"skyspot ordered first {first.cloud} {first.accelerators} spot={first.spot} at ${first.usd_per_hour}/h"
+    )
 
 
 @pytest.mark.parametrize("render", _render_params(PLAIN_GPU_RENDERS))
@@ -250,7 +266,8 @@ def test_skypilot_left_to_choose_picks_candidate_one(plans, render):
     chosen = plans.free(render)
     assert _matches(chosen, first), (
         f"{_render_id(render)}: SkyPilot chose {_describe(chosen)}; "
-        f"skyspot ordered first {first.cloud} {first.accelerators} spot={first.spot} at ${first.usd_per_hour}/h")
+        f"skyspot ordered first {first.cloud} {first.accelerators} spot={first.spot} at ${first.usd_per_hour}/h"
+    )
 
 
 def _placement(candidate):
@@ -277,8 +294,11 @@ def _priced_params():
     for param in CANDIDATES:
         render, index = param.values
         reason = _defect(_build(*render).candidates[index], pricing_only=True)
-        params.append(pytest.param(render, index, id=param.id, marks=[pytest.mark.xfail(strict=True, reason=reason)]
-                                   if reason else []))
+        params.append(
+            pytest.param(
+                render, index, id=param.id, marks=[pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            )
+        )
     return params
 
 
@@ -290,7 +310,8 @@ def test_skypilot_prices_every_candidate_as_the_plan_does(plans, render, index):
     assert candidate.usd_per_hour is not None, f"candidate {index + 1} has no price in the plan"
     assert chosen.get_cost(3600) == pytest.approx(candidate.usd_per_hour, rel=1e-6), (
         f"candidate {index + 1}: SkyPilot {_describe(chosen)}; plan {candidate.instance_type} "
-        f"at ${candidate.usd_per_hour}/h per node")
+        f"at ${candidate.usd_per_hour}/h per node"
+    )
 
 
 # --- 2b. what each cloud offers, and the fast fabric ----------------------------------------
@@ -306,8 +327,7 @@ def test_no_recipe_offers_an_accelerator_its_cloud_lacks(skypilot, name):
     for c in built.candidates:
         if _defect(c):
             continue  # the catalog's own miscount (AZURE_H100_COUNT), pinned by the placement tests
-        types, _ = catalog.get_instance_type_for_accelerator(c.accelerator_name, c.accelerator_count,
-                                                             clouds=c.cloud)
+        types, _ = catalog.get_instance_type_for_accelerator(c.accelerator_name, c.accelerator_count, clouds=c.cloud)
         assert types, f"{name}: {c.cloud} offers no {c.accelerators} in SkyPilot's catalog"
     for cloud, accelerators, why in dropped(built.recipe):
         acc, _, count = accelerators.partition(":")
@@ -328,7 +348,9 @@ def test_network_tier_best_keeps_every_placement_skypilot_made_without_it(plans,
     with_fabric = plans.built(render)
     plain = _without_fabric(render)
     assert [e.get("network_tier") for e in plain.task["resources"]["ordered"]] == [None] * 12
-    assert sum(e.get("network_tier") == "best" for e in with_fabric.task["resources"]["ordered"]) == 6  # AWS x4, GCP H100
+    assert (
+        sum(e.get("network_tier") == "best" for e in with_fabric.task["resources"]["ordered"]) == 6
+    )  # AWS x4, GCP H100
     for index, entry in enumerate(sky.Task.from_yaml_config(copy.deepcopy(plain.task)).resources):
         before = plans._optimize(plain, entry)
         after = plans.alone(render, index)
@@ -337,7 +359,10 @@ def test_network_tier_best_keeps_every_placement_skypilot_made_without_it(plans,
             continue
         assert not isinstance(after, Exception), f"candidate {index + 1}: dropped with network_tier: {after}"
         assert (after.instance_type, after.region, after.get_cost(3600)) == (
-            before.instance_type, before.region, before.get_cost(3600))
+            before.instance_type,
+            before.region,
+            before.get_cost(3600),
+        )
 
 
 def test_skypilot_drops_an_azure_candidate_that_asks_for_network_tier(plans, sky):
@@ -345,8 +370,11 @@ def test_skypilot_drops_an_azure_candidate_that_asks_for_network_tier(plans, sky
     from skyspot.clouds import fast_fabric
 
     built = plans.built(("llama70b", None))
-    entry = next(e for e in built.task["resources"]["ordered"] if e["cloud"] == "azure"
-                 and e["accelerators"] == "A100-80GB:8" and e["use_spot"])
+    entry = next(
+        e
+        for e in built.task["resources"]["ordered"]
+        if e["cloud"] == "azure" and e["accelerators"] == "A100-80GB:8" and e["use_spot"]
+    )
     assert "network_tier" not in entry and fast_fabric("azure", "A100-80GB:8")[0] is None
     # With the HPC image it would not even validate: SkyPilot takes only a docker image beside network_tier: best.
     with pytest.raises(ValueError, match="image_id must be a docker image"):
@@ -366,8 +394,11 @@ def test_the_image_each_cloud_boots_with_the_fabric_is_the_one_docs_name(plans, 
     built = plans.built(("llama70b", None))
     docs = (REPO / "docs" / "clouds.md").read_text()
     for accelerators in ("H100:8", "A100-80GB:8"):
-        entry = next(e for e in built.task["resources"]["ordered"] if e["cloud"] == "gcp"
-                     and e["accelerators"] == accelerators and e["use_spot"])
+        entry = next(
+            e
+            for e in built.task["resources"]["ordered"]
+            if e["cloud"] == "gcp" and e["accelerators"] == accelerators and e["use_spot"]
+        )
         placed = plans._optimize(built, sky.Resources.from_yaml_config({**entry, "network_tier": "best"}))
         assert placed.image_id == {placed.region: gcp_constants.GCP_GPU_DIRECT_IMAGE_ID}
     assert gcp_constants.GCP_GPU_DIRECT_IMAGE_ID.removeprefix("docker:") in docs
@@ -388,19 +419,29 @@ def test_azure_nd_candidates_boot_microsofts_hpc_image_by_skypilots_own_tag(plan
     monkeypatch.setattr(sky_azure.azure, "get_client", _no_azure)
     assert AZURE_HPC_IMAGE == sky_azure._FALLBACK_IMAGE_ID
     built = plans.built(("llama70b", None))
-    entry = next(e for e in built.task["resources"]["ordered"] if e["cloud"] == "azure"
-                 and e["accelerators"] == "A100-80GB:8" and e["use_spot"])
+    entry = next(
+        e
+        for e in built.task["resources"]["ordered"]
+        if e["cloud"] == "azure" and e["accelerators"] == "A100-80GB:8" and e["use_spot"]
+    )
     assert entry["image_id"] == AZURE_HPC_IMAGE and "network_tier" not in entry
     placed = plans._optimize(built, sky.Resources.from_yaml_config(entry))
     plain = plans._optimize(built, sky.Resources.from_yaml_config({k: v for k, v in entry.items() if k != "image_id"}))
     assert placed.image_id == {placed.region: AZURE_HPC_IMAGE}
     assert (placed.instance_type, placed.region, placed.get_cost(3600)) == (
-        plain.instance_type, plain.region, plain.get_cost(3600)) and placed.instance_type == "Standard_ND96amsr_A100_v4"
-    assert sky_azure.Azure.get_image_size(AZURE_HPC_IMAGE, placed.region) == sky_azure._DEFAULT_AZURE_UBUNTU_HPC_IMAGE_GB
+        plain.instance_type,
+        plain.region,
+        plain.get_cost(3600),
+    ) and placed.instance_type == "Standard_ND96amsr_A100_v4"
+    assert (
+        sky_azure.Azure.get_image_size(AZURE_HPC_IMAGE, placed.region) == sky_azure._DEFAULT_AZURE_UBUNTU_HPC_IMAGE_GB
+    )
     # What provisioning boots (sky/clouds/azure.py:404-419 `make_deploy_resources_variables`, whose marketplace
     # branch needs the Azure SDK this machine lacks): the tag through the same catalog call, a marketplace URN.
     urn = catalog.get_image_id_from_tag(AZURE_HPC_IMAGE, clouds="azure")
-    assert urn == "microsoft-dsvm:ubuntu-hpc:2204:22.04.2023080201" and not urn.startswith(sky_azure._COMMUNITY_IMAGE_PREFIX)
+    assert urn == "microsoft-dsvm:ubuntu-hpc:2204:22.04.2023080201" and not urn.startswith(
+        sky_azure._COMMUNITY_IMAGE_PREFIX
+    )
     docs = (REPO / "docs" / "clouds.md").read_text()
     assert AZURE_HPC_IMAGE in docs and urn in docs
 
@@ -417,10 +458,12 @@ def _launch_llama70b(monkeypatch):
     fake = FakeSkyJobs(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", HF_VALUE)
     # AWS's EFA image is resolved by owner at launch, which needs AWS credentials (none here): GCP and Azure only.
-    result = runner.invoke(app, ["launch", "llama70b", "-y", "-n", "big-run", "--store", "s3://my-ckpts/runs",
-                                 "resources.clouds=gcp,azure"])
+    result = runner.invoke(
+        app,
+        ["launch", "llama70b", "-y", "-n", "big-run", "--store", "s3://my-ckpts/runs", "resources.clouds=gcp,azure"],
+    )
     assert result.exit_code == 0, result.output
-    (_, task, name), = [c for c in fake.calls if c[0] == "launch"]
+    ((_, task, name),) = [c for c in fake.calls if c[0] == "launch"]
     return task, name, result
 
 

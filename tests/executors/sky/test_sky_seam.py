@@ -68,7 +68,7 @@ def test_launch_submits_the_rendered_task_with_the_secret_and_records_the_job(mo
     monkeypatch.setenv("HF_TOKEN", "hf_canary_value")
     result = runner.invoke(app, ["launch", "llama70b", "-y", "-n", "big-run", "--store", "s3://my-ckpts/runs"])
     assert result.exit_code == 0, result.output
-    (kind, task, name), = [c for c in fake.calls if c[0] == "launch"]
+    ((kind, task, name),) = [c for c in fake.calls if c[0] == "launch"]
     assert name == "big-run"
     assert task.num_nodes == 4 and len(list(task.resources)) == 12
     assert "storage.store=s3://my-ckpts/runs" in task.run
@@ -88,12 +88,14 @@ def test_the_dashboards_keys_go_as_secrets_and_a_missing_mlflow_token_leaves_no_
     monkeypatch.setenv("WANDB_API_KEY", "wandb_canary_value")
     result = runner.invoke(app, [*args, "-n", "dash-run"])
     assert result.exit_code == 0, result.output
-    (_, task, _), = [c for c in fake.calls if c[0] == "launch"]
+    ((_, task, _),) = [c for c in fake.calls if c[0] == "launch"]
     # An MLflow server without authentication: no token, and no null left behind (an unresolvable reference).
     assert set(task.secrets) == {"WANDB_API_KEY", "SKYSPOT_WHEELHOUSE_KEY"}  # the run's own key (wheelhouse.py)
     assert task.secrets["WANDB_API_KEY"].get_secret_value() == "wandb_canary_value"
     assert "--extras wandb,mlflow" in task.setup and "SKYSPOT_PRICES" in task.envs
-    assert "wandb_canary_value" not in result.output and "wandb_canary_value" not in json.dumps(Ledger().get("dash-run").info)
+    assert "wandb_canary_value" not in result.output and "wandb_canary_value" not in json.dumps(
+        Ledger().get("dash-run").info
+    )
 
 
 def _sky_run(store, name="cloud-run", job_id=7):
@@ -111,25 +113,36 @@ def _put_events(bucket_uri, name, events):
 def test_status_merges_skypilot_queue_with_bucket_events(monkeypatch, s3_server):
     bucket = s3_server.bucket()
     now = time.time()
-    where = {"cloud": "aws", "region": "us-east-2", "zone": "us-east-2a", "instance_type": "p4de.24xlarge",
-             "spot": True}
+    where = {
+        "cloud": "aws",
+        "region": "us-east-2",
+        "zone": "us-east-2a",
+        "instance_type": "p4de.24xlarge",
+        "spot": True,
+    }
     base = {"run_id": "cloud-run", "attempt": 1, "node_rank": 0, "rank": 0}
-    _put_events(bucket, "cloud-run", [
-        {**base, "ts": now - 600, "type": "start", "where": where, "world_size": 8, "total_steps": 100},
-        {**base, "ts": now - 500, "type": "step", "step": 37, "loss": 2.0, "step_seconds": 1.0},
-        {**base, "ts": now - 400, "type": "checkpoint_end", "step": 30, "kind": "interval", "blocked_seconds": 0.1},
-        {**base, "ts": now - 300, "type": "upload_end", "step": 30, "durable": True, "bytes": 10, "seconds": 1},
-    ])
+    _put_events(
+        bucket,
+        "cloud-run",
+        [
+            {**base, "ts": now - 600, "type": "start", "where": where, "world_size": 8, "total_steps": 100},
+            {**base, "ts": now - 500, "type": "step", "step": 37, "loss": 2.0, "step_seconds": 1.0},
+            {**base, "ts": now - 400, "type": "checkpoint_end", "step": 30, "kind": "interval", "blocked_seconds": 0.1},
+            {**base, "ts": now - 300, "type": "upload_end", "step": 30, "durable": True, "bytes": 10, "seconds": 1},
+        ],
+    )
     _sky_run(bucket)
-    fake = FakeSkyJobs(monkeypatch, records=[{"job_id": 7, "status": "RECOVERING", "recovery_count": 2,
-                                              "cloud": "AWS", "region": "us-east-2"}])
+    fake = FakeSkyJobs(
+        monkeypatch,
+        records=[{"job_id": 7, "status": "RECOVERING", "recovery_count": 2, "cloud": "AWS", "region": "us-east-2"}],
+    )
     result = runner.invoke(app, ["status", "--json"])
     assert result.exit_code == 0, result.output
-    row, = json.loads(result.stdout)
+    (row,) = json.loads(result.stdout)
     assert (row["name"], row["executor"], row["status"], row["recoveries"]) == ("cloud-run", "sky", "RECOVERING", 2)
     assert (row["step"], row["total_steps"], row["last_checkpoint"]) == (37, 100, 30)
     assert row["cloud"] == "aws" and row["spot"] is True
-    (_, kwargs), = [c for c in fake.calls if c[0] == "queue_v2"]
+    ((_, kwargs),) = [c for c in fake.calls if c[0] == "queue_v2"]
     assert kwargs["job_ids"] == [7] and kwargs["refresh"] is False
     assert {"recovery_count", "job_duration", "cluster_resources", "cloud", "region"} <= set(kwargs["fields"])
 
@@ -222,7 +235,10 @@ def test_nothing_is_recorded_when_the_launch_is_refused_before_submission(monkey
 def test_resume_resubmits_a_cancelled_cloud_run_under_its_own_name(monkeypatch):
     fake = FakeSkyJobs(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", "hf_canary_value")
-    assert runner.invoke(app, ["launch", "llama70b", "-y", "-d", "-n", "long-run", "--store", "s3://bkt-one/x"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["launch", "llama70b", "-y", "-d", "-n", "long-run", "--store", "s3://bkt-one/x"]).exit_code
+        == 0
+    )
     assert runner.invoke(app, ["cancel", "long-run", "-y"]).exit_code == 0
     result = runner.invoke(app, ["resume", "long-run", "-y", "-d"])
     assert result.exit_code == 0, result.output
