@@ -203,3 +203,20 @@ def test_the_node_side_rules_come_from_the_cloud(monkeypatch):
     assert fallback_target({"SKYPILOT_CLUSTER_INFO": info % "GCP"}) == "http://169.254.169.254"
     assert fallback_target({"SKYPILOT_CLUSTER_INFO": info % "Azure"}) is None
     assert watch_target({"SKYPILOT_CLUSTER_INFO": info % "Oracle"}) is None  # a cloud we do not know: no watcher
+
+
+def test_no_module_outside_clouds_branches_on_a_clouds_name():
+    """One cloud, one module: a comparison with a cloud's name literal belongs in skyspot/clouds/ (the
+    class's `name` is what others compare with, when they must)."""
+    import pathlib
+
+    pattern = re.compile(r"""[!=]=\s*["'](aws|gcp|azure)["']|["'](aws|gcp|azure)["']\s*[!=]=|\bcloud\s*==""")
+    root = pathlib.Path(clouds.__file__).resolve().parents[1]
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        if "clouds" not in path.relative_to(root).parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []

@@ -80,18 +80,18 @@ def _resolved_text(recipe: Recipe, key: str, typed: str) -> str:
 def efa_regions(planned: Sequence[Any]) -> list[str]:
     """The regions an AWS candidate that gets EFA (SkyPilot's rule, clouds/aws.py) may land in: its own, or
     every region of the price snapshot offering its instance type (no opt-in zones); [] without one."""
-    from skyspot.clouds.aws import is_efa_instance_type
+    from skyspot.clouds.aws import AWS, gets_efa
     from skyspot.pricing import prices as pricing
 
     regions: set[str] = set()
     for c in planned:
-        if c.cloud == "aws" and c.network_tier == "best" and is_efa_instance_type(c.instance_type):
+        if gets_efa(c):
             if c.region:
                 regions.add(c.region)
             else:
                 regions.update(
                     r["region"]
-                    for r in pricing.snapshot_rows("aws")
+                    for r in pricing.snapshot_rows(AWS.name)
                     if r["instance_type"] == c.instance_type and not r["opt_in_zone"]
                 )
     return sorted(regions)
@@ -136,13 +136,13 @@ def aws_use_internal_ips(environ: Optional[Mapping[str, str]] = None) -> bool:
 
 def efa_notes(built: RenderedTask, environ: Optional[Mapping[str, str]] = None) -> list[str]:
     """One line per AWS candidate that gets EFA: how many interfaces SkyPilot 0.14.1 attaches and what gives all."""
-    from skyspot.clouds.aws import efa_interfaces, is_efa_instance_type
+    from skyspot.clouds.aws import efa_interfaces, gets_efa
 
     internal = aws_use_internal_ips(environ)
     lines = []
     seen = set()
     for c in built.candidates:
-        if c.cloud != "aws" or c.network_tier != "best" or not is_efa_instance_type(c.instance_type):
+        if not gets_efa(c):
             continue
         if c.instance_type in seen:
             continue

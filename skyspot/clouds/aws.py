@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 from skyspot.clouds.base import Cloud, SimulatedPlace, register
 
@@ -97,6 +97,16 @@ _EFA_RDMA_PREFIXES = ("p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-b200.", "p6-b
 def is_efa_instance_type(instance_type: Optional[str]) -> bool:
     """SkyPilot's rule, sky/clouds/aws.py:162-166."""
     return bool(instance_type) and str(instance_type).startswith(EFA_INSTANCE_TYPE_PREFIXES)
+
+
+def gets_efa(candidate: Any) -> bool:
+    """Whether a planned candidate boots SkyPilot's EFA image with EFA attached: an AWS candidate asking for
+    `network_tier: best` on an instance type of SkyPilot's EFA list (the rule above)."""
+    return (
+        getattr(candidate, "cloud", None) == AWS.name
+        and getattr(candidate, "network_tier", None) == "best"
+        and is_efa_instance_type(getattr(candidate, "instance_type", None))
+    )
 
 
 def efa_interfaces(instance_type: Optional[str], use_internal_ips: bool) -> tuple[int, Optional[int]]:

@@ -62,10 +62,10 @@ def exports(environ: Mapping[str, str], instance: Optional[Mapping[str, object]]
 def image_problem(environ: Mapping[str, str], instance: Optional[Mapping[str, object]]) -> Optional[str]:
     """Why this node's AMI is not the one launch resolved for its region (one line), or None."""
     images = _table(environ, IMAGES_ENV)
-    if not images or not instance or instance.get("cloud") != "aws":
-        return None
-    from skyspot.clouds.aws import is_efa_instance_type
+    from skyspot.clouds.aws import AWS, is_efa_instance_type
 
+    if not images or not instance or instance.get("cloud") != AWS.name:
+        return None
     if not is_efa_instance_type(str(instance.get("instance_type") or "")):
         return None
     region, booted = instance.get("region"), instance.get("image")

@@ -268,7 +268,7 @@ class Controller:
         bin_dir = str(Path(sys.executable).parent)
         cluster_info = {
             "cluster_name": f"{spec.name}-local",
-            "cloud": where["cloud"].upper() if where["cloud"] != "azure" else "Azure",
+            "cloud": cloud_facts(where["cloud"]).label,  # SkyPilot's spelling: AWS, GCP, Azure
             "region": where["region"],
             "zone": where["zone"],
             "num_nodes": where["num_nodes"],
