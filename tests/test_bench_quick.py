@@ -134,6 +134,7 @@ def test_the_deadline_benchmark_hands_its_section_over_instead_of_writing_the_do
     assert "local table" in section.block and "--only deadline --quick" in section.block
 
 
+@pytest.mark.slow  # a real benchmark run (about 15 s)
 def test_a_real_quick_cli_run_with_no_write_changes_no_doc(tmp_path):
     docs = sorted((REPO / "docs").glob("*.md"))
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in docs}

@@ -188,6 +188,7 @@ def test_bad_input_is_one_line_and_a_rehearsals_dry_run_starts_nothing():
     assert Ledger().runs() == [] and not rehearsal_record.path().exists()  # asked before anything is paid for
 
 
+@pytest.mark.slow  # three local launches end to end (about 35 s): the slow set, as the fresh-node rehearsal
 def test_a_local_rehearsal_whose_setup_fails_excludes_that_candidate_and_force_brings_it_back(monkeypatch):
     monkeypatch.setattr(rehearse, "FRESH_NODE_LOCAL", False)
     monkeypatch.setenv("SKYSPOT_TEST_FAIL_SETUP", "aws")
