@@ -1,1 +1,1 @@
-"""skyspot's benchmark suite: `python -m bench` (everything) or `python -m bench --quick` (five of the ten, shortened; docs/benchmarks.md, Quick mode)."""
+"""skyspot's benchmark suite: `python -m bench` (everything) or `python -m bench --quick` (five of the eleven, shortened; docs/benchmarks.md, Quick mode)."""

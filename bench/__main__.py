@@ -1,8 +1,8 @@
 """Run the benchmark suite and write docs/benchmarks.md.
 
 python -m bench            # everything (the full run is unchanged by --quick's cuts)
-python -m bench --quick    # five of the ten, shorter runs, fewer repeats, smaller states: 6.6 min measured on
-                           # 2 cores at load 7-9, meant for under 5 on idle ones (docs/benchmarks.md, Quick mode)
+python -m bench --quick    # five of the eleven, shorter runs, fewer repeats, smaller states: 2 min 44 s on 2
+                           # idle cores, 6.6 min at load 7-9 (docs/benchmarks.md, Quick mode)
 python -m bench --only deadline --quick   # a benchmark --quick leaves out, in its quick form
 python -m bench --only cli,upload
 python -m bench --gpu [--out DIR]   # the GPU check (bench/gpu.py; scripts/gpu_check.sh installs first)
@@ -55,7 +55,7 @@ QUICK_LEFT_OUT: dict[str, str] = {
     "overhead": "two trainers of 60 steps side by side: 1.5 min, and one pair's ratio moves by 15 % under load",
     "bounds": "writes a run of thousands of attempts and reads it through the CLI: 1-2 min under load",
 }
-QUICK_MINUTES = "6.6 min measured on 2 cores at load 7-9 (meant: under 5 on idle ones)"
+QUICK_MINUTES = "2 min 44 s measured on 2 idle cores, 6.6 min at load 7-9"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 RESULTS_START = "<!-- results: written by `python -m bench`; edit the text above, not below -->"
 
