@@ -126,7 +126,9 @@ def read_history(*, now: Optional[float] = None) -> History:
     with Ledger() as ledger:
         runs = ledger.runs()
     for run in runs:
-        if not run.run_dir or not Path(run.run_dir, EVENTS_DIR).is_dir():
+        # The local executor's places are all simulated (attempts.is_simulated drops them): not read at all,
+        # so a machine full of local runs does not slow every launch and render down.
+        if run.executor == "local" or not run.run_dir or not Path(run.run_dir, EVENTS_DIR).is_dir():
             continue
         log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
         for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
