@@ -10,6 +10,7 @@ PACKAGE_MOUNT is where the nodes find the wheel (task/package.py), for the CLI's
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -470,7 +471,8 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
         run_name = request.name
     else:
         run_name = check_new_run_name(request.name) if request.name is not None else new_run_name(recipe.name)
-    built = build(
+    build_plan = functools.partial(
+        build,
         request.recipe,
         request.overrides,
         flags=request.flags,
@@ -480,19 +482,10 @@ def prepare(request: LaunchRequest, *, environ: Optional[Mapping[str, str]] = No
         package=package,
         loaded=recipe,
     )
+    built = build_plan()
     rehearsed = failed_rehearsals(built)
     if rehearsed and not request.force:  # the candidates a rehearsal proved broken are not paid for again
-        built = build(
-            request.recipe,
-            request.overrides,
-            flags=request.flags,
-            run_name=run_name,
-            environ=environ,
-            local=executor.runs_here,
-            package=package,
-            loaded=recipe,
-            exclude=[candidate for candidate, _ in rehearsed],
-        )
+        built = build_plan(exclude=[candidate for candidate, _ in rehearsed])
         executor = _simulating_a_kept_candidate(
             executor, request, recipe, built, skipped={candidate.cloud for candidate, _ in rehearsed}
         )
