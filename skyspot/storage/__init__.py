@@ -36,7 +36,14 @@ from skyspot.storage.gcs import GCSStore
 from skyspot.storage.local import LocalStore
 from skyspot.storage.s3 import S3Store
 from skyspot.storage.s3 import _crt_transfer_manager as _crt_transfer_manager  # re-exported for bench/emergency.py
-from skyspot.storage.store import DEFAULT_WORKERS, Store, TransientStoreError, backoff_delay, with_retries
+from skyspot.storage.store import (
+    DEFAULT_WORKERS,
+    PreconditionFailed,
+    Store,
+    TransientStoreError,
+    backoff_delay,
+    with_retries,
+)
 from skyspot.storage.stream import STREAM_CONCURRENCY, STREAM_PART_BYTES, StreamAborted, StreamUpload
 from skyspot.storage.uri import (
     EXPECTED_FORMS,
@@ -56,6 +63,7 @@ __all__ = [
     "FORMS",
     "GCSStore",
     "LocalStore",
+    "PreconditionFailed",
     "S3Store",
     "STREAM_CONCURRENCY",
     "STREAM_PART_BYTES",

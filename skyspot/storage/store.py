@@ -3,6 +3,11 @@
 Keys are `/`-separated names relative to the store's root. `TransientStoreError` marks the
 failures worth retrying (unreachable endpoint, throttling, 5xx), which `with_retries` does
 with backoff and jitter.
+
+Conditional writes (`get_versioned` / `put_if`) are a compare-and-swap on one object, checked by
+the server itself (S3 If-Match / If-None-Match, GCS ifGenerationMatch, Azure If-Match /
+If-None-Match, a lock file for a local directory); `PreconditionFailed` says another writer got
+there first. The version token is opaque: compare it for equality, never parse it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class TransientStoreError(StoreError):
     """The store could not be reached or asked us to slow down; the same call may work later."""
 
 
+class PreconditionFailed(StoreError):
+    """A conditional write found the object not as the caller last saw it (created, changed or deleted since)."""
+
+
 @runtime_checkable
 class Store(Protocol):
     """What the trainer and the ledger need from a store. Keys are relative to `uri`."""
@@ -43,6 +52,13 @@ class Store(Protocol):
     def get_bytes(self, key: str, limit: int | None = None) -> bytes | None:
         """The object's bytes, or None when it does not exist. With `limit`: at most its first `limit` + 1
         bytes, by a ranged read (a caller with a cap sees it passed without downloading the rest)."""
+
+    def get_versioned(self, key: str) -> tuple[bytes | None, str | None]:
+        """The object's bytes and an opaque version token (None, None when it does not exist)."""
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Write `data` only if the object is still at `version` (None: only if it does not exist yet);
+        returns the new version token; raises PreconditionFailed otherwise. Atomic on the server."""
 
     def exists(self, key: str) -> bool: ...
 
