@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from skyspot.errors import StoreError
-from skyspot.storage.store import DEFAULT_WORKERS, TransientStoreError
+from skyspot.storage.store import DEFAULT_WORKERS, PreconditionFailed, TransientStoreError
 from skyspot.storage.stream import STREAM_CONCURRENCY, Pipe, StreamAborted, StreamUpload, read_full
 from skyspot.storage.transfer import get_each, put_each, replace_into, run_parallel
 from skyspot.storage.uri import StoreURI, check_key, join_key
@@ -189,6 +189,44 @@ class AzureStore:
             if ranged and _az_code(error) == "InvalidRange":  # a range of an empty blob
                 return b""
             raise self._error(error, "read", key) from None
+
+    def get_versioned(self, key):
+        blob = self._blob(key)
+        try:
+            # The SDK asks for any later chunk If-Match the first one's ETag, so bytes and ETag agree.
+            stream = blob.download_blob(max_concurrency=_AZ_CHUNK_CONCURRENCY)
+            return stream.readall(), str(stream.properties.etag)
+        except Exception as error:
+            if _az_blob_missing(error):
+                return None, None
+            raise self._error(error, "read", key) from None
+
+    def put_if(self, key, data, version):
+        """Put Blob with If-Match: ETag, or If-None-Match: * for create only (overwrite=False), which
+        the service checks itself: 412 ConditionNotMet, or 409 BlobAlreadyExists for a create
+        (https://learn.microsoft.com/en-us/rest/api/storageservices/specifying-conditional-headers-for-blob-service-operations).
+        Every write gets a new ETag, so the same bytes again are a new version."""
+        from azure.core import MatchConditions
+
+        blob = self._blob(key)
+        condition = (
+            {"overwrite": False}
+            if version is None
+            else {"overwrite": True, "etag": version, "match_condition": MatchConditions.IfNotModified}
+        )
+        try:
+            return str(blob.upload_blob(data, **condition)["etag"])
+        except Exception as error:
+            code = _az_code(error)
+            if (
+                code in ("ConditionNotMet", "BlobAlreadyExists")
+                or getattr(error, "status_code", None) == 412
+                or (version is not None and _az_blob_missing(error))
+            ):
+                raise PreconditionFailed(
+                    f"cannot write {self.uri}/{key}: Azure answered {code or 'HTTP 412'}"
+                ) from None
+            raise self._error(error, "write", key) from None
 
     def exists(self, key):
         blob = self._blob(key)

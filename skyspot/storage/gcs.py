@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from skyspot.errors import StoreError
-from skyspot.storage.store import DEFAULT_WORKERS, TransientStoreError
+from skyspot.storage.store import DEFAULT_WORKERS, PreconditionFailed, TransientStoreError
 from skyspot.storage.stream import STREAM_CONCURRENCY, STREAM_PART_BYTES, Pipe, StreamAborted, StreamUpload, read_full
 from skyspot.storage.transfer import replace_into, run_parallel, temp_sibling
 from skyspot.storage.uri import check_key, join_key
@@ -115,6 +115,43 @@ class GCSStore:
             if limit is not None and getattr(getattr(error, "response", None), "status_code", None) == 416:
                 return b""  # a range of an empty object
             raise self._error(error, "read", key) from None
+
+    def get_versioned(self, key):
+        """The generation first, then the bytes of that generation only (ifGenerationMatch on the
+        download), so a write in between cannot pair new bytes with the old generation: then read again."""
+        bucket = self._gcs()
+        name = join_key(self.prefix, check_key(key))
+        for _ in range(_GCS_READ_ATTEMPTS):
+            try:
+                blob = bucket.get_blob(name, retry=self._retry, timeout=self._timeout)
+                if blob is None:
+                    return None, None
+                data = blob.download_as_bytes(
+                    if_generation_match=blob.generation, retry=self._retry, timeout=self._timeout
+                )
+                return data, str(blob.generation)
+            except Exception as error:
+                if _is_not_found(error) or _is_precondition_failed(error):
+                    continue  # replaced or deleted between the two requests
+                raise self._error(error, "read", key) from None
+        raise TransientStoreError(f"cannot read {self.uri}/{key}: it changed on every read")
+
+    def put_if(self, key, data, version):
+        """An upload with ifGenerationMatch (0: only if no live object exists), which GCS checks
+        itself and answers 412 when it fails (https://cloud.google.com/storage/docs/request-preconditions).
+        The generation is a new number on every write, so the same bytes again are a new version."""
+        blob = self._blob(key)
+        try:
+            generation = 0 if version is None else int(version)
+        except ValueError:
+            raise PreconditionFailed(f"cannot write {self.uri}/{key}: {version!r} is not a GCS generation") from None
+        try:
+            blob.upload_from_string(data, if_generation_match=generation, retry=self._retry, timeout=self._timeout)
+        except Exception as error:
+            if _is_precondition_failed(error):
+                raise PreconditionFailed(f"cannot write {self.uri}/{key}: GCS answered HTTP 412") from None
+            raise self._error(error, "write", key) from None
+        return str(blob.generation)
 
     def exists(self, key):
         blob = self._blob(key)
@@ -268,6 +305,19 @@ def _delete_quietly(blobs: list, retry, timeout) -> None:
             blob.delete(retry=retry, timeout=timeout)
         except Exception:
             pass
+
+
+# A read whose object keeps changing between its generation and its bytes gives up after this many tries.
+_GCS_READ_ATTEMPTS = 5
+
+
+def _is_precondition_failed(error: BaseException) -> bool:
+    from google.api_core.exceptions import PreconditionFailed as GooglePreconditionFailed
+
+    return (
+        isinstance(error, GooglePreconditionFailed)
+        or getattr(getattr(error, "response", None), "status_code", None) == 412
+    )
 
 
 def _is_not_found(error: BaseException) -> bool:

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from skyspot.errors import StoreError
-from skyspot.storage.store import DEFAULT_WORKERS, TransientStoreError
+from skyspot.storage.store import DEFAULT_WORKERS, PreconditionFailed, TransientStoreError
 from skyspot.storage.stream import STREAM_CONCURRENCY, STREAM_PART_BYTES, Pipe, StreamAborted, StreamUpload
 from skyspot.storage.transfer import get_each, put_each
 from skyspot.storage.uri import check_key, join_key
@@ -31,6 +31,10 @@ _S3_TRANSIENT_CODES = {
     "503",
     "500",
 }
+
+
+# What a conditional PutObject answers when its condition fails (conditional-writes.html above put_if).
+_S3_PRECONDITION_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 
 
 class S3Store:
@@ -128,6 +132,30 @@ class S3Store:
             if ranged and _s3_code(error) in ("416", "InvalidRange"):  # a range of an empty object
                 return b""
             raise self._error(error, "read", key) from None
+
+    def get_versioned(self, key):
+        client = self._s3()
+        try:
+            response = client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return response["Body"].read(), response["ETag"]
+        except Exception as error:
+            if _s3_code(error) in ("404", "NoSuchKey"):
+                return None, None
+            raise self._error(error, "read", key) from None
+
+    def put_if(self, key, data, version):
+        """PutObject with If-None-Match: * (create only) or If-Match: ETag, which S3 checks itself:
+        412 when the object is not as given, 409 when a concurrent conditional write to the same key
+        won, 404 when If-Match names a deleted object
+        (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)."""
+        client = self._s3()
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            return client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)["ETag"]
+        except Exception as error:
+            if _s3_precondition_failed(error, version):
+                raise PreconditionFailed(f"cannot write {self.uri}/{key}: S3 answered {_s3_code(error)}") from None
+            raise self._error(error, "write", key) from None
 
     def exists(self, key):
         client = self._s3()
@@ -268,6 +296,13 @@ def _s3_code(error: BaseException) -> str | None:
         if isinstance(candidate, ClientError):
             return str(candidate.response.get("Error", {}).get("Code"))
     return None
+
+
+def _s3_precondition_failed(error: BaseException, version: str | None) -> bool:
+    """A conditional PutObject's answer that the object was not as given: 412, a concurrent conditional
+    write's 409, or (with If-Match) the object gone."""
+    code = _s3_code(error)
+    return code in _S3_PRECONDITION_CODES or (version is not None and code in ("404", "NoSuchKey"))
 
 
 def _s3_error(error: BaseException, what: str, client) -> StoreError:

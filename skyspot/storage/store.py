@@ -7,7 +7,10 @@ with backoff and jitter.
 Conditional writes (`get_versioned` / `put_if`) are a compare-and-swap on one object, checked by
 the server itself (S3 If-Match / If-None-Match, GCS ifGenerationMatch, Azure If-Match /
 If-None-Match, a lock file for a local directory); `PreconditionFailed` says another writer got
-there first. The version token is opaque: compare it for equality, never parse it.
+there first. The version token is opaque: compare it for equality, never parse it. On S3 it is the
+ETag, the MD5 of the bytes, so writing the same bytes again keeps the token (GCS, Azure and the
+local store give every write a new one): a protocol that must tell such rewrites apart keeps a
+counter in the bytes.
 """
 
 from __future__ import annotations
