@@ -10,7 +10,8 @@ If-None-Match, a lock file for a local directory); `PreconditionFailed` says ano
 there first. The version token is opaque: compare it for equality, never parse it. On S3 it is the
 ETag, the MD5 of the bytes, so writing the same bytes again keeps the token (GCS, Azure and the
 local store give every write a new one): a protocol that must tell such rewrites apart keeps a
-counter in the bytes.
+counter in the bytes. The SDKs retry a write whose answer was lost, so `PreconditionFailed` can
+follow our own write having landed: a caller that must know reads the object back and compares.
 """
 
 from __future__ import annotations
