@@ -79,6 +79,7 @@ CAUSES: dict[str, tuple[str, str]] = {
     "sigterm": ("SIGTERM without notice", "SIGTERMs without notice"),  # a SIGTERM no notice explains
     "signal": ("other signal", "other signals"),  # SIGUSR1 (a scheduler's warning)
     "node-lost": ("lost node", "lost nodes"),  # no notice, no signal, no exit: gone
+    "stale": ("stale attempt", "stale attempts"),  # a newer attempt held the run's store (trainer/fence.py)
     "cancelled": ("cancellation", "cancellations"),
     "setup-failed": ("setup failure", "setup failures"),
     "error": ("error", "errors"),
@@ -265,6 +266,8 @@ def cause_of(
     said = _word(recorded.get("reason")) if recorded is not None else ""
     if said in _RECORDED_CAUSES:
         return _RECORDED_CAUSES[said], None
+    if any(e.get("type") == T.STALE_ATTEMPT for e in events):
+        return "stale", None  # it stopped itself: whatever else it saw, a newer attempt had the run
     notice = next((e for e in events if e.get("type") == T.PREEMPTION_NOTICE), None)
     if notice is not None:
         source, action = _word(notice.get("source")), _word(notice.get("action"))

@@ -58,6 +58,7 @@ class EventType(StrEnum):
     EXIT = "exit"
     EVAL = "eval"
     RESTART_IN_PLACE = "restart_in_place"
+    STALE_ATTEMPT = "stale_attempt"
     # node supervisor (trainer/supervise.py): the watchdog
     HANG = "hang"
     # executor (local executor; SkyPilot's controller keeps its own record)
@@ -108,6 +109,8 @@ EVENT_TYPES: dict[EventType, tuple[str, ...]] = {
     EventType.EXIT: ("code", "reason", "step"),
     EventType.EVAL: ("step", "loss", "perplexity", "tokens", "batches", "seconds"),
     EventType.RESTART_IN_PLACE: ("cause", "failed_at", "seconds_to_next_step", "steps_redone", "restart", "step"),
+    # a newer attempt holds the run's store (trainer/fence.py); also read from the store's stale/ records
+    EventType.STALE_ATTEMPT: ("epoch", "newer", "node"),
     # node supervisor (trainer/supervise.py): the watchdog
     EventType.HANG: ("step", "seconds_without_step", "bound_seconds", "ranks", "stacks"),
     # executor (local executor; SkyPilot's controller keeps its own record)
@@ -137,6 +140,9 @@ class CheckpointKind(StrEnum):
 
 
 EVENTS_DIR = "events"
+STALE_DIR = "stale"
+"""`<store>/<run>/stale/`: one `stale_attempt` line per node of an attempt that found a newer one holding the
+store (trainer/fence.py), written create-only when its own event files may no longer be synced."""
 MAX_EVENTS_FILE_BYTES = 128 << 20
 """One process's events file is far below this (a rank's 100,000 steps are about 30 MB); a bigger one is
 skipped and counted as malformed, so a 1 GB file makes `status` and `cost-report` say so, not die."""
@@ -399,7 +405,8 @@ def read_events_store(store: Store, run_prefix: str) -> EventLog:
     from skyspot.storage import join_key
 
     log = EventLog()
-    for key in sorted(store.list(join_key(run_prefix, EVENTS_DIR) + "/")):
+    keys = store.list(join_key(run_prefix, EVENTS_DIR) + "/") + store.list(join_key(run_prefix, STALE_DIR) + "/")
+    for key in sorted(keys):
         if key.endswith(".jsonl"):
             data = store.get_bytes(key, limit=MAX_EVENTS_FILE_BYTES) or b""
             if len(data) > MAX_EVENTS_FILE_BYTES:

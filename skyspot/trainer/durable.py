@@ -87,6 +87,9 @@ class Probe:
     """Durable checkpoints in the store; None when unknown (unreachable)."""
     run_json: Optional[bytes] = None
     """The store's run.json, when it has one."""
+    epoch: Optional[int] = None
+    """The epoch this attempt took in the run's fence (fence.py); None for a restart in place (it keeps its
+    attempt's) or when the store did not answer (the first commit joins the fence's)."""
     warning: Optional[str] = None
     usage_error: Optional[str] = None
 
@@ -104,13 +107,16 @@ class StoreTier:
         self.placement = placement
         self.warn = warn
         self.remote_steps: Optional[list[int]] = None
+        self.epoch: Optional[int] = None
+        """This attempt's epoch in the run's fence (fence.py), once known."""
 
     # ------------------------------------------------------------------ start (global rank 0)
     def probe(self, *, fresh: bool = False, retries: Optional[dict] = None, count: bool = True) -> Probe:
         """Ask the store what a start needs: is the run there, which checkpoints are durable, which attempt this is
         (`count`: False for a restart in place, which continues its attempt: restart.py)."""
         from skyspot.trainer.rundir import RUN_JSON, next_attempt_in_store
-        from skyspot.trainer.remote import remote_checkpoints
+        from skyspot.trainer.fence import Fence
+        from skyspot.trainer.remote import is_durable_listing, listing, remote_checkpoints
 
         retries = START_RETRIES if retries is None else retries
         where = f"{self.uri}/{self.run_id}"
@@ -126,6 +132,15 @@ class StoreTier:
                 )
             run_json = with_retries(lambda: self.store.get_bytes(join_key(self.run_id, RUN_JSON)), **retries)
             attempt = next_attempt_in_store(self.store, self.run_id, **retries) if count else None
+            epoch = None
+            if count:  # a new attempt fences off every older one, then lists what it resumes from (fence.py)
+
+                def legacy() -> dict[int, set[str]]:
+                    keys_by_step = listing(self.store, self.run_id, fenced=False)
+                    return {s: k for s, k in keys_by_step.items() if is_durable_listing(k)}
+
+                epoch = Fence(self.store, self.run_id).take(legacy)
+                steps = with_retries(lambda: remote_checkpoints(self.store, self.run_id), **retries)
         except TransientStoreError as err:
             return Probe(
                 warning=(
@@ -135,11 +150,12 @@ class StoreTier:
             )
         except StoreError as err:
             return Probe(usage_error=f"store {where}: {err}")
-        return Probe(attempt=attempt, remote_steps=steps, run_json=run_json)
+        return Probe(attempt=attempt, remote_steps=steps, run_json=run_json, epoch=epoch)
 
     def adopt(self, probe: Probe) -> None:
         """Every rank: take rank 0's view of the store."""
         self.remote_steps = None if probe.remote_steps is None else list(probe.remote_steps)
+        self.epoch = probe.epoch if probe.epoch is not None else self.epoch
 
     # ------------------------------------------------------------------ resume source
     def steps(self) -> Optional[list[int]]:
@@ -173,7 +189,7 @@ class StoreTier:
         SKYSPOT_STREAM_UPLOADS=0 (then the node's uploader sends committed files after the commit)."""
         if environ.get("SKYSPOT_STREAM_UPLOADS", "").strip().lower() in ("0", "false", "no", "off"):
             return None
-        return StreamTarget(self.store, self.run_id, self.remote_steps or [])
+        return StreamTarget(self.store, self.run_id, self.remote_steps or [], self.epoch)
 
     def read_events(self) -> list[dict]:
         """Every event the store holds for this run (earlier attempts', synced by node leaders)."""
@@ -182,13 +198,16 @@ class StoreTier:
         return read_events_store(self.store, self.run_id).events
 
     # ------------------------------------------------------------------ uploads (node leaders)
-    def uploader(self, events, run_dir: Path, keep: int, environ: Mapping[str, str] = os.environ):
+    def uploader(
+        self, events, run_dir: Path, keep: int, epoch: Optional[int] = None, environ: Mapping[str, str] = os.environ
+    ):
         """The node's uploader: committed checkpoints, this node's event files, retention.
 
         SKYSPOT_STORE_RETRY_MAX_SECONDS caps the backoff between tries during an outage (60 s);
         SKYSPOT_EVENTS_SYNC_SECONDS is how often event files are synced (30 s).
         """
         from skyspot.events import EVENTS_DIR
+        from skyspot.trainer.fence import Fence
         from skyspot.trainer.uploader import Uploader
 
         uploader = Uploader(
@@ -202,6 +221,7 @@ class StoreTier:
             retry_max_delay=_env_seconds("SKYSPOT_STORE_RETRY_MAX_SECONDS", 60.0, environ),
             events_dir=Path(run_dir) / EVENTS_DIR,
             events_every=_env_seconds("SKYSPOT_EVENTS_SYNC_SECONDS", 30.0, environ),
+            fence=Fence(self.store, self.run_id, epoch if epoch is not None else self.epoch),
         )
         uploader.note_durable(self.remote_steps or [])
         return uploader
@@ -214,13 +234,25 @@ class StreamTarget:
     vouch for files being replaced); the uploader's path handles those, marker first.
     """
 
-    def __init__(self, store: Store, run_id: str, durable_at_start: list[int]):
+    def __init__(self, store: Store, run_id: str, durable_at_start: list[int], epoch: Optional[int] = None):
         self.store = store
         self.run_id = run_id
+        self.epoch = epoch
         self._skip = set(durable_at_start)
 
     def enabled(self, step: int) -> bool:
-        return step not in self._skip and hasattr(self.store, "open_stream")
+        """Stream this step's files: not one durable at start, nor one the fence already records (a newer
+        attempt's), nor any once a newer attempt holds the store (one read of the fence per checkpoint;
+        an unreachable store: the streams fail on their own and the uploader takes over)."""
+        if step in self._skip or not hasattr(self.store, "open_stream"):
+            return False
+        from skyspot.trainer import fence
+
+        try:
+            doc = fence.read(self.store, self.run_id, retry=False)
+        except StoreError:
+            return True
+        return doc is None or (str(step) not in doc["commits"] and (self.epoch is None or doc["epoch"] <= self.epoch))
 
     def open(self, step: int, rel: str, source: Path):
         from skyspot.trainer.remote import checkpoint_prefix

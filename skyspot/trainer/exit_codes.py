@@ -8,6 +8,9 @@
     75   PREEMPTED            stopped on a preemption signal (SIGTERM, SIGUSR1 or a cloud notice)
                               after the ranks wrote an emergency checkpoint together: recover me.
                               EX_TEMPFAIL from sysexits.h, "try again later". Never 137.
+    76   STALE                a newer attempt of the run holds its store (fence.py): this one stopped
+                              without writing more, and the run goes on there. No failure of the run,
+                              and nothing to recover: not in the task's recover_on_exit_codes.
     130  INTERRUPTED          SIGINT (Ctrl-C): stopped without a checkpoint
 
 Final endings (FINAL: complete, usage, no valid checkpoint, preempted, interrupted; and an error past
@@ -39,6 +42,7 @@ ERROR = 1
 USAGE = 2
 NO_VALID_CHECKPOINT = 3
 PREEMPTED = 75
+STALE = 76
 INTERRUPTED = 130
 
 MEANING = {
@@ -47,10 +51,11 @@ MEANING = {
     USAGE: "usage error",
     NO_VALID_CHECKPOINT: "no valid checkpoint",
     PREEMPTED: "preempted: emergency checkpoint committed, recover me",
+    STALE: "stale attempt: a newer attempt of the run holds its store",
     INTERRUPTED: "interrupted",
 }
 
-FINAL = frozenset({COMPLETE, USAGE, NO_VALID_CHECKPOINT, PREEMPTED, INTERRUPTED})
+FINAL = frozenset({COMPLETE, USAGE, NO_VALID_CHECKPOINT, PREEMPTED, STALE, INTERRUPTED})
 """Endings a restart in place cannot help: done, the same error again, or new machines needed."""
 
 EXIT_RECORD = "exit.json"
@@ -65,10 +70,20 @@ class Preempted(Exception):
         super().__init__(reason)
 
 
+class Superseded(Exception):
+    """Raised by the loop when a newer attempt holds the run's store: unwinds to main(), which exits STALE."""
+
+    def __init__(self, step: int, newer: int):
+        self.step, self.newer = step, newer
+        super().__init__(f"stale attempt at step {step}: a newer attempt (epoch {newer}) holds the run's store")
+
+
 def code_for(error: BaseException) -> int:
     """The exit code for an exception that ended training."""
     if isinstance(error, Preempted):
         return PREEMPTED
+    if isinstance(error, Superseded):
+        return STALE
     if isinstance(error, CheckpointError):
         return NO_VALID_CHECKPOINT
     if isinstance(error, UsageError):

@@ -42,7 +42,7 @@ from skyspot.errors import SkyspotError, StoreError, UsageError
 from skyspot.events import CheckpointKind as Kind, EventWriter
 from skyspot.recipe import Recipe, load_recipe
 from skyspot.start_bounds import start_bounds
-from skyspot.trainer import cluster, fabric, process_env, restart
+from skyspot.trainer import cluster, fabric, fence, process_env, restart
 from skyspot.trainer import instance as node_instance
 from skyspot.trainer.base import BaseModel
 from skyspot.trainer.checkpoint import CheckpointManager, TrainState, resharding
@@ -56,6 +56,7 @@ from skyspot.trainer.exit_codes import (
     NO_VALID_CHECKPOINT,
     PREEMPTED,
     Preempted,
+    Superseded,
     code_for,
     describe,
     process_code,
@@ -203,6 +204,10 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         if probe.warning and placement.is_global_zero:
             say(probe.warning)
         tier.adopt(probe)
+        # The attempt's epoch in the run's fence (fence.py): taken by this start's probe, else kept by the
+        # workers of a restart in place, else (the store unreachable at the start) joined at the first commit.
+        if probe.epoch is None and generation.in_place:
+            tier.epoch = fence.remembered(args.run_dir)
 
     if fresh and placement.is_node_leader:
         moved = move_aside(args.run_dir)
@@ -241,6 +246,8 @@ def setup(args: argparse.Namespace, watch: PreemptionWatch) -> Run:
         if warning and placement.is_global_zero:
             say(warning)
         if tier is not None:
+            if probe is not None and probe.epoch is not None:
+                fence.remember(args.run_dir, probe.epoch)  # for the workers of a restart in place
             uploader = tier.uploader(events, args.run_dir, recipe.checkpoint.keep)
             if placement.is_global_zero and probe.attempt is not None and (fresh or probe.run_json is None):
                 uploader.sync_small(args.run_dir / "run.json", "run.json")
@@ -503,6 +510,7 @@ def train(run: Run) -> int:
     progress.step = state.step
 
     vote = boundary(run)  # a signal during setup still gets its (trivial) emergency exit
+    _stop_if_stale(state.step, vote)
     if vote.emergency and not train_through(run, state, vote):
         _emergency(run, state, vote)
     if state.step < total:
@@ -528,6 +536,7 @@ def train(run: Run) -> int:
         progress.step = state.step
         fault_point("step_end", state.step)
         vote = boundary(run, sum(losses) / len(losses), tokens, step_seconds)
+        _stop_if_stale(state.step, vote)
         state.tokens += vote.tokens
         state.data = order.state(state.samples)
         step_seconds = time.perf_counter() - start
@@ -570,6 +579,13 @@ def train(run: Run) -> int:
     # ------------------------------------------------------------------ save (complete)
     _finish(run, state)
     return state.step
+
+
+def _stop_if_stale(step: int, vote: Vote) -> None:
+    """Every rank, on the same vote: a newer attempt holds the store, so nothing this one writes counts
+    (fence.py); stop at once, no checkpoint (it would be refused), and exit STALE."""
+    if vote.stale:
+        raise Superseded(step, vote.stale)  # said once, by global rank 0, as every ending is (main)
 
 
 def _emergency(run: Run, state: TrainState, vote: Vote) -> None:
@@ -730,7 +746,7 @@ def _main(argv: Optional[list[str]]) -> tuple[int, bool]:
         failed_at = time.time()
         code = code_for(err)
         final = code in FINAL or isinstance(err, restart.RestartBudgetSpent)
-        step = err.step if isinstance(err, Preempted) else (run.step if run else None)
+        step = err.step if isinstance(err, (Preempted, Superseded)) else (run.step if run else None)
         known = isinstance(err, SkyspotError)  # one line that says what to do; a bug gets its traceback
         reason = str(err) if code != ERROR or known else f"{type(err).__name__}: {err}"
         if code == ERROR and not known:

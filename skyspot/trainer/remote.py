@@ -27,6 +27,7 @@ from pathlib import Path
 
 from skyspot.errors import CheckpointError
 from skyspot.storage import Store, join_key, with_retries
+from skyspot.trainer import fence
 from skyspot.trainer import manifest as mf
 from skyspot.trainer.rundir import CHECKPOINTS
 
@@ -52,15 +53,18 @@ def is_durable_listing(keys) -> bool:
     return any(all((k, n) in markers for k in range(n)) for n in {n for _, n in markers})
 
 
-def listing(store: Store, run_prefix: str) -> dict[int, set[str]]:
-    """Every key under the run's checkpoints/, by step."""
+def listing(store: Store, run_prefix: str, *, fenced: bool = True) -> dict[int, set[str]]:
+    """Every key under the run's checkpoints/, by step, without the node markers the run's fence does
+    not record (a stale attempt's: fence.py); `fenced=False`: every marker, as before fencing."""
     root = join_key(run_prefix, CHECKPOINTS) + "/"
     steps: dict[int, set[str]] = {}
     for key in store.list(root):
         match = mf.STEP_DIR.match(key[len(root) :].split("/", 1)[0])
         if match:
             steps.setdefault(int(match.group(1)), set()).add(key)
-    return steps
+    # The fence after the listing: a marker listed whose commit has not landed yet is left out, and
+    # every commit the fence records had its marker in the store first.
+    return fence.visible(fence.read(store, run_prefix), steps) if fenced else steps
 
 
 def durable_steps(keys_by_step: dict[int, set[str]]) -> list[int]:
@@ -96,6 +100,7 @@ def plan_part(store: Store, run_prefix: str, step: int, *, node_rank: int = 0, a
     prefix = checkpoint_prefix(run_prefix, step)
     where = f"checkpoint step_{step} in {store.uri}"
     keys = _get(lambda: store.list(prefix + "/"))
+    keys = fence.visible(_get(lambda: fence.read(store, run_prefix)), {step: set(keys)})[step]
     if not is_durable_listing(keys):
         have = sorted(f"node {k} of {n}" for k, n in _markers(keys))
         raise CheckpointError(

@@ -60,6 +60,7 @@ from skyspot.errors import StoreError
 from skyspot.events import EVENTS_DIR, EventWriter
 from skyspot.storage import Store, TransientStoreError, join_key, with_retries
 from skyspot.trainer import manifest as mf
+from skyspot.trainer.fence import Fence, Stale
 from skyspot.trainer.remote import checkpoint_prefix, durable_steps, listing
 
 log = logging.getLogger(__name__)
@@ -129,10 +130,12 @@ class Uploader:
         retry_max_delay: float = 60.0,
         events_dir: str | os.PathLike | None = None,
         events_every: float = 30.0,
+        fence: Fence | None = None,
     ):
         """`keep=None` keeps every durable checkpoint. With `events_dir`, the node's event files
         are synced every `events_every` seconds (and at close), so the bucket alone tells the
-        run's story; with several nodes that loop also refreshes which checkpoints are durable."""
+        run's story; with several nodes that loop also refreshes which checkpoints are durable.
+        `fence`: this attempt's hold on the store (fence.py); without one, the first commit takes an epoch."""
         if keep is not None and keep < 1:
             raise ValueError("keep must be at least 1 (or None to keep every checkpoint)")
         if not 0 <= node_rank < num_nodes:
@@ -147,6 +150,8 @@ class Uploader:
         self.max_workers = max_workers
         self.retry_base_delay = retry_base_delay
         self.retry_max_delay = retry_max_delay
+        self.fence = fence if fence is not None else Fence(store, self.run_prefix)
+        self._stale_told = False
 
         self._cv = threading.Condition()
         self._pending: _Job | None = None
@@ -245,6 +250,11 @@ class Uploader:
         with self._cv:
             return step in self._durable
 
+    @property
+    def stale(self) -> Stale | None:
+        """Set once a newer attempt holds the run's store: nothing of this attempt's is written any more."""
+        return self.fence.stale
+
     def is_uploaded(self, step: int) -> bool:
         """Whether this node's part of the checkpoint is in the store, marker included."""
         with self._cv:
@@ -322,6 +332,8 @@ class Uploader:
         warned about and reported as False, so training goes on.
         """
         data = Path(local_path).read_bytes()
+        if not self._still_held(key):
+            return False
         return self._blocking(lambda: self.store.put_bytes(join_key(self.run_prefix, key), data), attempts=3)
 
     def put_tree(self, local_dir: str | os.PathLike, key_prefix: str, timeout: float | None = None) -> bool:
@@ -335,6 +347,8 @@ class Uploader:
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
         def upload() -> bool:
+            if not self._still_held(f"{key_prefix}/"):
+                return False
             return self._blocking(
                 lambda: self.store.upload_dir(root, join_key(self.run_prefix, key_prefix), files, self.max_workers),
                 attempts=5,
@@ -350,6 +364,18 @@ class Uploader:
             self.warn(f"{key_prefix}/ is not in the store after {timeout:g} s; it is in {root}")
             return False
         return done[0]
+
+    def _still_held(self, what: str) -> bool:
+        """Whether this attempt still holds the store (one read of the fence; an unreachable store counts as
+        held: the write that follows fails on its own). A stale attempt writes nothing more."""
+        try:
+            self.fence.check(what)
+        except Stale as stale:
+            self._on_stale(stale)
+            return False
+        except StoreError:
+            pass
+        return True
 
     def _blocking(self, fn: Callable[[], object], attempts: int) -> bool:
         """One blocking store call with a few retries; a StoreError is warned about and reported as False."""
@@ -368,6 +394,8 @@ class Uploader:
         torn last line is skipped by readers). Returns how many files were uploaded.
         """
         uploaded = 0
+        if not self._still_held("the events sync"):
+            return 0
         with self._sync_lock:
             files = [(path, join_key(EVENTS_DIR, path.name)) for path in sorted(Path(local_events_dir).glob("*.jsonl"))]
             files += [
@@ -487,15 +515,23 @@ class Uploader:
                 # vouch for half-replaced files, so it goes first.
                 remote = self._retry(job, lambda: self.store.get_bytes(manifest_key))
                 if marker_key in mine and remote == (job.local_dir / mf.MANIFEST).read_bytes():
+                    self._commit(job)
                     self._succeed(job, start, 0)
                     return
+                self._retry(job, lambda: self.fence.check(f"replacing step {job.step}'s part"))
                 self._retry(job, lambda: self.store.delete(mine))
+            self._retry(job, lambda: self.fence.check(f"the upload of step {job.step}"))
             self._put_all(job, prefix, [rel for rel in files if rel not in streamed], uploaded)
             # Two small files from done: finished even if a newer checkpoint just arrived.
             for name, key in ((mf.MANIFEST, manifest_key), (mf.MARKER, marker_key)):
                 self._put_one(
                     job, job.local_dir / name, key, os.path.getsize(job.local_dir / name), uploaded, check=False
                 )
+            self._commit(job)
+        except Stale as stale:  # a newer attempt holds the store: its marker (if written) never counts
+            self._on_stale(stale)
+            self._fail(job, str(stale), start, warn=False)
+            return
         except _Abandoned as stop:
             # No cleanup here: the partial files carry no marker, so they never count, and the
             # retention pass after the next durable upload deletes them. That keeps the path of
@@ -512,6 +548,25 @@ class Uploader:
             return
 
         self._succeed(job, start, job.total_bytes)
+
+    def _commit(self, job: _Job) -> None:
+        """The node's marker is in the store: the fence records the part, and from then on it counts."""
+        self._retry(job, lambda: self.fence.commit(job.step, self.node_rank, self.num_nodes))
+
+    def _on_stale(self, stale: Stale) -> None:
+        """Once: say it (an event, a warning) and leave the create-only record the status reads."""
+        with self._cv:
+            told, self._stale_told = self._stale_told, True
+            self._cv.notify_all()
+        if told:
+            return
+        self.warn(f"{stale}; this attempt stops (a newer one carries the run on)")
+        fields = {"epoch": stale.epoch, "newer": stale.newer, "what": stale.what, "node": self.node_rank}
+        if self.events is not None:
+            event = self.events.emit("stale_attempt", **fields)
+        else:
+            event = {"ts": time.time(), "run_id": self.run_prefix, "type": "stale_attempt", **fields}
+        self.fence.leave_record(self.node_rank, event)
 
     def _succeed(self, job: _Job, start: float, nbytes: int) -> None:
         seconds = time.monotonic() - start
@@ -743,6 +798,7 @@ class Uploader:
             doomed = durable[: -self.keep] if self.keep is not None and self.node_rank == 0 else []
             with self._cv:
                 self._durable = set(durable)
+            self.fence.forget(doomed)  # out of the fence first: from then on no reader counts them
             for step in doomed:
                 with self._cv:
                     self._durable.discard(step)
@@ -753,6 +809,8 @@ class Uploader:
                 for step, keys in keys_by_step.items():
                     if step < durable[-1] and step not in durable:
                         self.store.delete(sorted(keys))
+        except Stale as stale:
+            self._on_stale(stale)
         except StoreError as error:
             log.warning("checkpoint retention skipped, will retry after the next upload: %s", error)
 

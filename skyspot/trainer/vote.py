@@ -34,9 +34,11 @@ class Ballot:
     need_s: float
     clock: float
     """This rank's time.time() at the vote."""
+    stale: float = 0.0
+    """The newer epoch that holds the run's store, as this node leader's uploader learnt it (fence.py); 0: none."""
 
     @classmethod
-    def of(cls, loss: float, tokens: int, pending: Pending, time_due: bool, need_s: float) -> Ballot:
+    def of(cls, loss: float, tokens: int, pending: Pending, time_due: bool, need_s: float, stale: int = 0) -> Ballot:
         return cls(
             loss=loss,
             tokens=float(tokens),
@@ -48,6 +50,7 @@ class Ballot:
             signaled=float(pending.signaled),
             need_s=need_s,
             clock=time.time(),
+            stale=float(stale),
         )
 
     def encode(self) -> list[float]:
@@ -80,6 +83,8 @@ class Vote:
     leader sent -1 (nothing measured yet, or checkpoint.train_through_notice off)."""
     now: float = 0.0
     """Global rank 0's clock at the vote: every rank decides on the same number."""
+    stale: int = 0
+    """A newer attempt's epoch holds the run's store (some node's uploader was refused): stop, exit STALE."""
 
 
 def tally(ballots: list[Ballot], seconds: float) -> Vote:
@@ -98,6 +103,7 @@ def tally(ballots: list[Ballot], seconds: float) -> Vote:
         signaled=any(b.signaled > 0 for b in ballots),
         now=ballots[0].clock,
         need_s=0.0 if any(b.need_s < 0 for b in ballots) else max(b.need_s for b in ballots),
+        stale=int(max(b.stale for b in ballots)),
     )
 
 
@@ -139,7 +145,9 @@ def boundary(run: Run, loss: float = 0.0, tokens: int = 0, step_s: float = 0.0) 
     pending = run.started.watch.take()
     report_local(run, pending)
     time_due = run.placement.is_global_zero and run.trained.ckpt.interval_elapsed()
-    return cast(run, Ballot.of(loss, tokens, pending, time_due, need_seconds(run, step_s)))
+    uploader = run.started.uploader
+    stale = uploader.stale.newer if uploader is not None and uploader.stale is not None else 0
+    return cast(run, Ballot.of(loss, tokens, pending, time_due, need_seconds(run, step_s), stale))
 
 
 def need_seconds(run: Run, step_s: float) -> float:
