@@ -54,12 +54,18 @@ class AttemptEnd(StrEnum):
     """The local executor's deadline moved the run to the other capacity (attempt_end's reason)."""
     SETUP_FAILED = "setup_failed"
     """The local executor's setup failed (attempt_end's reason)."""
+    STALE = "stale"
+    """A newer attempt of the run held its store, so this one stopped itself (trainer/fence.py)."""
     RUNNING = "running"
     """No end yet: the open last attempt, billed up to `now`."""
     UNKNOWN = "unknown"
 
 
 END_REASONS = tuple(AttemptEnd)
+
+# A trainer's exit codes (trainer/exit_codes.py, a contract the CLI side may not import here: a leaf) and the
+# end each means, for an attempt whose only record is the trainer's `exit` event (a cloud run's).
+_EXIT_CODE_ENDS = {0: AttemptEnd.COMPLETE, 75: AttemptEnd.PREEMPTED, 76: AttemptEnd.STALE, 130: AttemptEnd.CANCELLED}
 
 # Events that mean "this attempt is being taken away": the first one starts the recovery clock.
 NOTICE_TYPES = (T.PREEMPTION_NOTICE, T.PREEMPT_NOTICE_SENT, T.SIGNAL, T.PREEMPT_SIGTERM)
@@ -197,8 +203,13 @@ def _attempt(number: int, events: list[Mapping[str, Any]], *, later: bool, now: 
     record = next((e for e in reversed(events) if e.get("type") == T.ATTEMPT_END), None) or next(
         (e for e in reversed(events) if e.get("type") == T.EXIT and (newest is None or e["ts"] >= newest)), None
     )
+    stale = next((e for e in events if e.get("type") == T.STALE_ATTEMPT), None)
     if record is not None:
         end, reason = record["ts"], end_reason(record.get("reason"))
+        if record.get("type") == T.EXIT and reason == AttemptEnd.UNKNOWN:  # a trainer's own words: its code says
+            reason = _EXIT_CODE_ENDS.get(record.get("code"), AttemptEnd.UNKNOWN)
+    elif stale is not None:  # its own event files stopped at the takeover; its stale/ record says the rest
+        end, reason = max(e["ts"] for e in events), AttemptEnd.STALE
     elif later:
         end, reason = events[-1]["ts"], AttemptEnd.PREEMPTED  # no record, and a later attempt: killed with its node
     elif now is not None:

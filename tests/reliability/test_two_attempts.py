@@ -84,12 +84,13 @@ def test_the_older_of_two_live_attempts_is_refused_and_exits_stale(backend, requ
     stale = [e for e in store.list("run/stale/")]
     assert stale == ["run/stale/epoch-1.node-0.jsonl"]
 
-    # What status and the cost report say of it: read from the store, as for a cloud run.
+    # What status and the cost report say of it: read from the store, as for a cloud run (no job id: SkyPilot
+    # is not asked).
     home = tmp_path / "home"
     monkeypatch.setenv("SKYSPOT_HOME", str(home))
     home.mkdir(mode=0o700)
     with Ledger(home / "ledger.db") as ledger:
-        ledger.add("run", "tiny", "local", store=uri, total_steps=STEPS, num_nodes=1, info={"cloud": "aws"})
+        ledger.add("run", "tiny", "sky", store=uri, total_steps=STEPS, num_nodes=1, info={"cloud": "aws"})
         ledger.set_status("run", "SUCCEEDED")
     status = runner.invoke(app, ["status", "-a", "--json"])
     assert status.exit_code == 0, status.output
@@ -98,5 +99,5 @@ def test_the_older_of_two_live_attempts_is_refused_and_exits_stale(backend, requ
     report = runner.invoke(app, ["cost-report", "run", "--json"])
     assert report.exit_code == 0, report.output
     data = json.loads(report.stdout)[0]
-    causes = [d.get("cause") for d in data["recovery_details"]]
-    assert "stale" in causes, data["recovery_details"]
+    assert data["interruptions_by_cause"] == {"stale": 1} and data["preemptions"] == 0, data
+    assert [a["end_reason"] for a in data["attempts"]] == ["stale", "complete"]
