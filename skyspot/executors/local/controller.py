@@ -62,12 +62,18 @@ from skyspot.ledger import Ledger
 from skyspot.executors.local.spot_trace import SpotTrace
 from skyspot.ports import free_port
 from skyspot.trainer.parent_death import set_parent_death_signal
-from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, USAGE
+from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, STALE, USAGE
 from skyspot.trainer.exit_codes import PREEMPTED as RECOVER_EXIT_CODE
 
 POLL_SECONDS = 0.2
 # Endings a restart cannot fix (trainer/exit_codes.py): the next attempt meets the same recipe, store and checkpoints.
-NOT_RETRIED = {USAGE: "a configuration error", NO_VALID_CHECKPOINT: "no usable checkpoint"}
+NOT_RETRIED = {
+    USAGE: "a configuration error",
+    NO_VALID_CHECKPOINT: "no usable checkpoint",
+    # Another attempt (another controller, on another machine) took the run's store: a restart here would
+    # take it back and fence that one off in turn (trainer/fence.py); this controller leaves the run to it.
+    STALE: "a newer attempt holding the run's store",
+}
 CAUSE_CHARS = 400
 FAIL_SETUP_ENV = "SKYSPOT_TEST_FAIL_SETUP"
 """Tests only: a comma-separated list of simulated clouds (aws, gcp, azure) whose setup fails at once, on a
