@@ -68,6 +68,7 @@ class EventType(StrEnum):
     PREEMPT_SIGKILL = "preempt_sigkill"
     RANK_CRASH_INJECTED = "rank_crash_injected"
     RANK_HANG_INJECTED = "rank_hang_injected"
+    LINK_CUT_INJECTED = "link_cut_injected"
     ATTEMPT_END = "attempt_end"
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     DEADLINE_DECISION = "deadline_decision"
@@ -120,6 +121,7 @@ EVENT_TYPES: dict[EventType, tuple[str, ...]] = {
     EventType.PREEMPT_SIGKILL: (),
     EventType.RANK_CRASH_INJECTED: ("step", "at_step", "node", "local_rank", "pid", "signal"),
     EventType.RANK_HANG_INJECTED: ("step", "at_step", "node", "local_rank", "pid", "signal"),
+    EventType.LINK_CUT_INJECTED: ("step", "at_step", "node", "address"),
     EventType.ATTEMPT_END: ("code", "reason"),
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     EventType.DEADLINE_DECISION: ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),

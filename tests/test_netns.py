@@ -1,4 +1,4 @@
-"""The netns harness (tests/netns.py) does what multi-node fault tests rely on: a cut link is silent.
+"""The netns harness (skyspot/executors/local/netns.py) does what multi-node fault tests rely on: a cut link is silent.
 
 Two hosts, an echo server on host 1, a client on host 0 that keeps one TCP connection and answers
 commands on stdin with one JSON line each. After cut(1) an echo on that connection must time out (no
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.netns import Hosts, NetemUnavailable, clean_leftovers, unavailable_reason
+from skyspot.executors.local.netns import Hosts, NetemUnavailable, clean_leftovers, unavailable_reason
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"netns harness unavailable: {REASON}")
@@ -178,3 +178,23 @@ def test_teardown_removes_every_namespace_and_the_bridge():
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert not any(n in listed for n in names) and h.bridge not in links
     assert clean_leftovers() == []  # nothing of a dead creator was left behind either
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--local", "--cut-link-at-steps", "5"], "--cut-link-at-steps needs --netns"),
+        (["--local", "--netns", "--cut-link-at-steps", "5:1.0"], "must be STEP[:NODE]: a link is a node's"),
+        (["--local", "--netns", "--cut-link-at-steps", "5:3"], "--cut-link-at-steps: node 3 of a run on 2 node(s)"),
+        (["--cloud", "--netns"], "--netns inject(s) faults into a local run: add --local"),
+    ],
+)
+def test_a_cut_link_needs_the_local_executors_namespaces_and_a_node_it_has(args, said):
+    """One line and exit 2, before anything starts (a dry run checks the same)."""
+    from typer.testing import CliRunner
+
+    from skyspot.cli.main import app
+
+    result = CliRunner().invoke(app, ["launch", "tiny", "--dry-run", *args, "resources.num_nodes=2"])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "Traceback" not in result.output

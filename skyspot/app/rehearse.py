@@ -58,6 +58,8 @@ _NOT_REHEARSED = (
     "preempt_at_steps",
     "crash_at_steps",
     "hang_at_steps",
+    "cut_link_at_steps",
+    "netns",
     "spot_trace",
     "fallback_after",
     "spot_nodes",

@@ -63,6 +63,16 @@ def launch_command(
         "--hang-at-steps",
         help="Local: SIGSTOP one rank mid-step (a hang), STEP[:NODE[.LOCAL_RANK]] as --crash-at-steps.",
     ),
+    cut_link_at_steps: Optional[str] = typer.Option(
+        None,
+        "--cut-link-at-steps",
+        help="Local, with --netns: drop every packet of one node's link mid-step (no reset, as a VM that vanished), STEP[:NODE] (default the last node); new machines at the recovery.",
+    ),
+    netns: bool = typer.Option(
+        False,
+        "--netns",
+        help="Local: run each node in a network namespace of its own, with its own address (root; docs/local.md).",
+    ),
     spot_trace: Optional[str] = typer.Option(
         None, "--spot-trace", help="Local: replay a spot trace file (docs/local.md)."
     ),
@@ -133,6 +143,8 @@ def launch_command(
             "preempt_at_steps": preempt_at_steps,
             "crash_at_steps": crash_at_steps,
             "hang_at_steps": hang_at_steps,
+            "cut_link_at_steps": cut_link_at_steps,
+            "netns": netns or None,
             "spot_trace": spot_trace,
             "notice": notice,
             "grace": grace,

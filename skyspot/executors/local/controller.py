@@ -169,7 +169,10 @@ class Spec:
     deadline: Optional[dict] = None
     """launch --deadline: {at, start, policy, step_seconds_hint, period} (executors/local/deadline.py)."""
     rank_faults: list[dict] = field(default_factory=list)
-    """--crash-at-steps / --hang-at-steps: {action, step, node, local_rank} in step order (rank_faults.py)."""
+    """--crash-at-steps / --hang-at-steps / --cut-link-at-steps: {action, step, node, local_rank} in step
+    order (rank_faults.py)."""
+    netns: bool = False
+    """--netns: each node runs in a network namespace of its own, with its own address (netns.py)."""
 
 
 class Controller:
@@ -198,6 +201,7 @@ class Controller:
         self.prepared = spec.fresh_node  # a fresh node's setup prepares it
         self.last_cause: Optional[str] = None  # the last line a node printed that says why it stopped
         self.planner = None  # the deadline's policy (executors/local/deadline.py) when spec.deadline
+        self.hosts = None  # with spec.netns: the nodes' network namespaces (netns.Hosts), for the whole run
         self.timeline = timeline_for(spec.cloud, spec.notice, spec.grace)
         self.stop_grace = STOP_GRACE_S if spec.grace is None else spec.grace
         if spec.deadline:
@@ -299,10 +303,16 @@ class Controller:
             env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
             env["SKYSPOT_PYTHON"] = sys.executable  # no setup ran: `run` uses this environment's (task/render.py)
         env.update(metadata_env)
+        if self.hosts is not None:  # gloo finds its interface by the hostname, which every namespace shares
+            from skyspot.executors.local.netns import IFNAME
+
+            env["GLOO_SOCKET_IFNAME"] = IFNAME
         env.update(
             {
                 "SKYPILOT_NODE_RANK": str(node_rank),
-                "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * where["num_nodes"]),
+                "SKYPILOT_NODE_IPS": "\n".join(
+                    self.hosts.addrs[: where["num_nodes"]] if self.hosts else ["127.0.0.1"] * where["num_nodes"]
+                ),
                 "SKYPILOT_NUM_NODES": str(where["num_nodes"]),
                 "SKYPILOT_NUM_GPUS_PER_NODE": "0",
                 "SKYPILOT_TASK_ID": f"sky-managed-local_{spec.name}_1-0",
@@ -450,9 +460,13 @@ class Controller:
     def _start_nodes(self, attempt: Attempt) -> None:
         spec = self.spec
         me = os.getpid()
+        if self.hosts is not None:
+            for node_rank in range(self.hosts.n):
+                self.hosts.heal(node_rank)  # new machines: whatever cut the last attempt's links is gone
         for node_rank in range(attempt.nodes):
+            on_host = self.hosts.exec_prefix(node_rank) if self.hosts is not None else []
             proc = subprocess.Popen(
-                ["bash", "-c", spec.run_script],
+                [*on_host, "bash", "-c", spec.run_script],
                 cwd=self.node_dir(node_rank),
                 env=self.node_env(node_rank, attempt.where, attempt.metadata.env_for(), attempt.port),
                 stdout=subprocess.PIPE,
@@ -589,12 +603,15 @@ class Controller:
         from skyspot.executors.local import rank_faults
 
         fault = self.pending_faults[0]
-        done = rank_faults.inject(fault, self.spec.name, nodes)
+        done = rank_faults.inject(fault, self.spec.name, nodes, self.hosts)
         if done is None:
             return  # no live worker there now (restarting): the next poll tries again
         self.pending_faults.pop(0)
         self.fault_due = False
         events.emit(rank_faults.EVENT_TYPES[fault["action"]], step=step, at_step=fault["step"], **done)
+        if fault["action"] == "cut":
+            self.say(f"link cut at step {step}: node {done['node']} ({done['address']}) drops every packet")
+            return
         self.say(
             f"{fault['action']} injected at step {step}: {done['signal']} to node {done['node']} local rank "
             f"{done['local_rank']} (pid {done['pid']})"
@@ -636,7 +653,19 @@ class Controller:
                 f"run '{spec.name}' ({spec.recipe}); setup skipped: this environment already has skyspot "
                 "and its dependencies (what the task's setup installs)"
             )
-        metadata = MetadataServer().start()
+        if spec.netns:
+            from skyspot.executors.local.netns import Hosts
+
+            self.hosts = Hosts(spec.num_nodes).__enter__()
+            self.say(f"nodes on hosts of their own: {', '.join(self.hosts.addrs)} (network namespaces)")
+        try:
+            # A namespace cannot reach the root namespace's loopback: with --netns the metadata server
+            # listens on the bridge's address.
+            metadata = MetadataServer(host=self.hosts.bridge_addr if self.hosts else "127.0.0.1").start()
+        except BaseException:
+            if self.hosts is not None:
+                self.hosts.close()
+            raise
         try:
             while True:
                 first = self.attempt == 0
@@ -651,6 +680,8 @@ class Controller:
                     return ended
         finally:
             metadata.stop()
+            if self.hosts is not None:
+                self.hosts.close()
 
     def _provision(self, first: bool) -> Optional[bool]:
         """The next attempt's capacity (True: spot), after the replacement's provisioning delay; None when

@@ -58,7 +58,9 @@ class LocalOptions:
     deadline: Optional[dict] = None
     """launch --deadline: {at, start, policy, step_seconds_hint} (skyspot/app/launch.py plan_deadline)."""
     rank_faults: list[dict] = field(default_factory=list)
-    """--crash-at-steps / --hang-at-steps (executors/local/rank_faults.py parse)."""
+    """--crash-at-steps / --hang-at-steps / --cut-link-at-steps (executors/local/rank_faults.py parse)."""
+    netns: bool = False
+    """--netns: each node a host of its own, in a network namespace (executors/local/netns.py)."""
 
 
 # The launch flags only a local run takes, by their name in a launch request (app/launch.py LaunchRequest's
@@ -71,6 +73,8 @@ FLAGS = {
     "spot_nodes": "--spot-nodes",
     "crash_at_steps": "--crash-at-steps",
     "hang_at_steps": "--hang-at-steps",
+    "cut_link_at_steps": "--cut-link-at-steps",
+    "netns": "--netns",
     "notice": "--notice",
     "grace": "--grace",
     "provision_delay": "--provision-delay",
@@ -99,9 +103,11 @@ def options_from_flags(flags: Mapping[str, Any], recipe) -> LocalOptions:
         fresh_node=bool(given.get("fresh_node")),
         rank_faults=sorted(
             rank_faults.parse(given.get("crash_at_steps"), "crash")
-            + rank_faults.parse(given.get("hang_at_steps"), "hang"),
+            + rank_faults.parse(given.get("hang_at_steps"), "hang")
+            + rank_faults.parse(given.get("cut_link_at_steps"), "cut"),
             key=lambda f: f["step"],
         ),
+        netns=bool(given.get("netns")),
     )
     check_options(options, recipe, deadline=bool(recipe.resources.deadline))
     return options
@@ -169,6 +175,14 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
     from skyspot.executors.local.rank_faults import check as check_faults
 
     check_faults(options.rank_faults, recipe.resources.num_nodes, recipe.resources.cpu_ranks or 1)
+    if any(f["action"] == "cut" for f in options.rank_faults) and not options.netns:
+        raise UsageError("--cut-link-at-steps needs --netns: a link to cut is a namespace's (executors/local/netns.py)")
+    if options.netns:
+        from skyspot.executors.local.netns import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise UsageError(f"--netns: {reason}")
     if deadline and options.fallback_after is not None:
         raise UsageError(
             "--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
@@ -230,6 +244,7 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         fresh_node=options.fresh_node,
         setup_script=built.task.get("setup", "") if options.fresh_node else "",
         rank_faults=list(options.rank_faults),
+        netns=options.netns,
         file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
 

@@ -1,6 +1,7 @@
 """Rank faults the local executor injects: one rank SIGKILLed (`--crash-at-steps`) or SIGSTOPped
 (`--hang-at-steps`) in the middle of a step, what an in-place restart (trainer/restart.py) and the
-hang watchdog recover from without new machines (docs/local.md).
+hang watchdog recover from without new machines (docs/local.md); and with `--netns`, a node's link
+cut (`--cut-link-at-steps STEP[:NODE]`): every packet dropped, nothing reset, as a VM that vanished.
 
     STEP[:NODE[.LOCAL_RANK]]    e.g. 12 (the last rank of the last node), 12:1, 12:0.1
 
@@ -18,8 +19,8 @@ from skyspot.errors import UsageError
 from skyspot.events import EventType as T
 
 ACTIONS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
-FLAGS = {"crash": "--crash-at-steps", "hang": "--hang-at-steps"}
-EVENT_TYPES = {"crash": T.RANK_CRASH_INJECTED, "hang": T.RANK_HANG_INJECTED}
+FLAGS = {"crash": "--crash-at-steps", "hang": "--hang-at-steps", "cut": "--cut-link-at-steps"}
+EVENT_TYPES = {"crash": T.RANK_CRASH_INJECTED, "hang": T.RANK_HANG_INJECTED, "cut": T.LINK_CUT_INJECTED}
 
 
 def parse(value: Optional[str], action: str) -> list[dict]:
@@ -40,6 +41,8 @@ def parse(value: Optional[str], action: str) -> list[dict]:
             }
         except ValueError:
             raise UsageError(f"{flag} '{item}' must be STEP[:NODE[.LOCAL_RANK]], e.g. 12, 12:1 or 12:0.1") from None
+        if action == "cut" and fault["local_rank"] is not None:
+            raise UsageError(f"{flag} '{item}' must be STEP[:NODE]: a link is a node's, not a rank's")
         if fault["step"] < 1 or any(fault[k] is not None and fault[k] < 0 for k in ("node", "local_rank")):
             raise UsageError(f"{flag} '{item}': steps start at 1, nodes and local ranks at 0")
         faults.append(fault)
@@ -79,12 +82,16 @@ def workers(run_name: str, node: int) -> dict[int, "object"]:
     return found
 
 
-def inject(fault: dict, run_name: str, num_nodes: int) -> Optional[dict]:
-    """Signal the fault's rank; its event fields, or None when that rank has no live worker now (the
-    workers are restarting, say): the caller tries again at its next poll."""
+def inject(fault: dict, run_name: str, num_nodes: int, hosts=None) -> Optional[dict]:
+    """Signal the fault's rank (or cut its node's link on `hosts`, netns.Hosts); its event fields, or None
+    when that rank has no live worker now (the workers are restarting, say): the caller tries again at
+    its next poll."""
     import psutil
 
     node = num_nodes - 1 if fault["node"] is None else fault["node"]
+    if fault["action"] == "cut":
+        hosts.cut(node)
+        return {"node": node, "address": hosts.addr(node), "signal": "link cut"}
     ranks = workers(run_name, node)
     local_rank = max(ranks) if fault["local_rank"] is None and ranks else fault["local_rank"]
     proc = ranks.get(local_rank)

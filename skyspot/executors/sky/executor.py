@@ -97,6 +97,8 @@ _LOCAL_FAULTS = {
     "spot_nodes": "--spot-nodes",
     "crash_at_steps": "--crash-at-steps",
     "hang_at_steps": "--hang-at-steps",
+    "cut_link_at_steps": "--cut-link-at-steps",
+    "netns": "--netns",
 }
 
 
