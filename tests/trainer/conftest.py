@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from skyspot.events import EventWriter
+
 from tests.trainer.launch import TINY, finish, log_text, start
 
 
@@ -47,3 +49,21 @@ def real_reference(real_model, tmp_path_factory):
 def lora_reference(real_model, tmp_path_factory):
     """The same with LoRA (merged export on), uninterrupted."""
     return _trained(tmp_path_factory.mktemp("real") / "lora-reference", real_model["lora_recipe"], [])
+
+
+# A store on each backend's own server (a directory, moto's S3, fake-gcs-server, Azurite), and a trainer's
+# event writer: for the uploader's and the fence's tests.
+@pytest.fixture(params=["local", "s3", "gs", "az"])
+def store_uri(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "bucket")
+    return request.getfixturevalue(
+        {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param]
+    ).bucket()
+
+
+@pytest.fixture
+def events(tmp_path):
+    writer = EventWriter(tmp_path / "run", "run-1", attempt=1, node_rank=0, rank=0)
+    yield writer
+    writer.close()

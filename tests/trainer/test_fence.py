@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from skyspot.errors import StoreError
-from skyspot.events import EventWriter, read_events_dir, read_events_store
+from skyspot.events import read_events_dir, read_events_store
 from skyspot.storage import open_store
 from skyspot.trainer import fence
 from skyspot.trainer.durable import Probe, StoreTier
@@ -18,22 +18,6 @@ from skyspot.trainer.fence import Fence, Stale
 from skyspot.trainer.remote import is_durable_listing, listing, plan_part, remote_checkpoints
 from skyspot.trainer.uploader import Uploader
 from tests.trainer.test_uploader import FAST, RUN, Warnings, Wrapped, make_checkpoint, node_checkpoint
-
-
-@pytest.fixture(params=["local", "s3", "gs", "az"])
-def store_uri(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "bucket")
-    return request.getfixturevalue(
-        {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param]
-    ).bucket()
-
-
-@pytest.fixture
-def events(tmp_path):
-    writer = EventWriter(tmp_path / "run", RUN, attempt=1, node_rank=0, rank=0)
-    yield writer
-    writer.close()
 
 
 def legacy(store):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skyspot.errors import CheckpointError, StoreError
-from skyspot.events import EventWriter, read_events_dir
+from skyspot.events import read_events_dir
 from skyspot.storage import GCSStore, S3Store, open_store, parse_store_uri
 from skyspot.trainer.rundir import next_attempt_in_store
 from skyspot.trainer.remote import download_checkpoint, remote_checkpoints
@@ -61,22 +61,6 @@ class Wrapped:
     def put_file(self, local_path, key):
         self._before_put(key)
         self._store.put_file(local_path, key)
-
-
-@pytest.fixture(params=["local", "s3", "gs", "az"])
-def store_uri(request, tmp_path):
-    if request.param == "local":
-        return str(tmp_path / "bucket")
-    return request.getfixturevalue(
-        {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}[request.param]
-    ).bucket()
-
-
-@pytest.fixture
-def events(tmp_path):
-    writer = EventWriter(tmp_path / "run", RUN, attempt=1, node_rank=0, rank=0)
-    yield writer
-    writer.close()
 
 
 def upload_ends(tmp_path) -> list[dict]:
