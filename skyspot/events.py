@@ -374,10 +374,10 @@ def parse_event(raw: Any) -> Optional[Event]:
 
 
 _intern = sys.intern
-_TYPES: dict[str, EventType] = dict(EventType._value2member_map_)  # type: ignore[arg-type]
+_TYPES: dict[str, EventType] = dict(EventType._value2member_map_)
 # json.loads without its wrappers (the decoder's decode and raw_decode): the same C scanner, called on a line
 # already stripped, so neither leading nor trailing JSON whitespace is left for them to skip (issue 31).
-_scan_json = json.JSONDecoder().scan_once
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def parse_lines(lines: Iterable[str | bytes], source: str, log: EventLog) -> None:
