@@ -66,6 +66,13 @@ def cost_reports(run_name: Optional[str] = None) -> Reports:
 
 def run_report(run: Run, queue_record: Optional[Mapping[str, Any]] = None) -> RunReport:
     """One run's figures from its events, its plan's candidates (the baseline) and the executor's record."""
+    from skyspot.events import gc_paused
+
+    with gc_paused():  # millions of objects, no cycles (events.gc_paused)
+        return _run_report(run, queue_record)
+
+
+def _run_report(run: Run, queue_record: Optional[Mapping[str, Any]]) -> RunReport:
     from skyspot.app.status import run_events
     from skyspot.node_kinds import node_kinds
     from skyspot.pricing.cost import run_cost
@@ -158,7 +165,10 @@ def plot(run_report: RunReport, path: Union[str, Path]) -> bytes:
     """One run's timeline image (pricing/cost_plot.py) in the format PATH's suffix names."""
     from skyspot.pricing.cost_plot import plot_format, plot_run
 
-    return plot_run(run_report.cost, run_report.log, plot_format(path))
+    from skyspot.events import gc_paused
+
+    with gc_paused():  # a figure of 20,000 attempts: many objects, no cycles worth a collection's walk
+        return plot_run(run_report.cost, run_report.log, plot_format(path))
 
 
 def node_lines(data: Mapping[str, Any]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from skyspot.app.status import events_signature, latest_losses, run_events, setup_failure, summarize
 from skyspot.errors import SkyspotError, UsageError
-from skyspot.events import EventLog, oversized_note
+from skyspot.events import EventLog, gc_paused, oversized_note
 from skyspot.executors import Executor, executor_for, refresh
 from skyspot.ledger import Ledger, Run
 from skyspot.statuses import RunStatus
@@ -76,11 +76,12 @@ def _row(ledger: Ledger, run: Run, record: Optional[dict[str, Any]]) -> tuple[di
     cached = run.info.get("summary") if cacheable else None
     if isinstance(cached, dict) and cached.get("status") == run.status and run.info.get("summary_of") == signature:
         return cached, int(cached.get("malformed_event_lines") or 0)
-    try:
-        log = run_events(run, store_ok=not executor.local_events)
-    except Exception:  # an unreachable store: still list the run, from the ledger alone
-        log = EventLog()
-    row = summarize(run, log, record)
+    with gc_paused():  # a run's events: millions of objects, no cycles (events.gc_paused)
+        try:
+            log = run_events(run, store_ok=not executor.local_events)
+        except Exception:  # an unreachable store: still list the run, from the ledger alone
+            log = EventLog()
+        row = summarize(run, log, record)
     if row["status"] == "FAILED_SETUP" and not row.get("cause") and not executor.local_events:
         try:  # what setup said about the node it could not mend (node_env.record_failure)
             row["cause"] = setup_failure(run)

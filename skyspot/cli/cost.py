@@ -171,6 +171,21 @@ def _csv_value(value):
     return printable(value) if isinstance(value, str) else value
 
 
+TABLE_ROWS = 50
+"""Rows of a per-attempt table printed in full; a longer one shows its first and last TABLE_ROWS // 2 and a
+line for the rest (issue 31: 20,000 attempts were 20,000 lines and seconds of layout; --json and --csv have all)."""
+
+
+def _shown(rows: list, what: str) -> tuple[list, Optional[str]]:
+    """The rows a table prints, and the line that says what it left out (None when nothing)."""
+    if len(rows) <= TABLE_ROWS:
+        return rows, None
+    half = TABLE_ROWS // 2
+    return rows[:half] + rows[-half:], (
+        f"… {len(rows) - 2 * half:,} more {what} between these (the first and last {half} shown); --json or --csv for all"
+    )
+
+
 def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force: bool) -> None:
     data = run_report.data
     if plot is not None:
@@ -216,19 +231,23 @@ def _one(run_report, *, as_json: bool, as_csv: bool, plot: Optional[Path], force
         )
         return
     _format(data, places=None)
+    attempts, more_attempts = _shown(data["attempts"], "attempts")
     display(
-        [_attempt_row(a) for a in data["attempts"]],
+        [_attempt_row(a) for a in attempts],
         ATTEMPT_COLUMNS,
         as_json=False,
         title=f"{data['name']}: attempts",
         empty=f"run '{data['name']}' has no events yet",
+        caption=more_attempts,
     )
     if data["recovery_details"]:
+        recoveries, more_recoveries = _shown(data["recovery_details"], "recoveries")
         display(
-            [_recovery_row(r) for r in data["recovery_details"]],
+            [_recovery_row(r) for r in recoveries],
             RECOVERY_COLUMNS,
             as_json=False,
             title="recoveries onto new machines (re-provisioned)",
+            caption=more_recoveries,
         )
     if data.get("in_place_details"):
         display(

@@ -647,6 +647,7 @@ def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[E
     """Every evaluation, oldest first (one per step and set of processes, the lowest rank's when several
     ranks record it); `redone` when the same step was evaluated again later."""
     events = sorted(log.events, key=lambda e: e["ts"])
+    attempts = split(events) if attempts is None else attempts  # once, for the generations and the spans below
     generation = _generations(events, attempts)
     # One rank's evaluations per step and set of processes (if every rank records them), each once (a line read
     # from two copies of a file is one); the same step evaluated twice by one set (periodic, then final) is two.
@@ -659,7 +660,7 @@ def eval_runs(log: EventLog, attempts: Optional[list[Attempt]] = None) -> list[E
         rank = min((e.get("rank") if e.get("rank") is not None else -1) for e in group)
         chosen += {e["ts"]: e for e in group if (e.get("rank") if e.get("rank") is not None else -1) == rank}.values()
     chosen.sort(key=lambda e: e["ts"])
-    spans = {a.number: a.end - a.start for a in (attempts if attempts is not None else split(events))}
+    spans = {a.number: a.end - a.start for a in attempts}
     seen: set = set()
     runs: list[EvalRun] = []
     for e in reversed(chosen):

@@ -20,7 +20,8 @@ import io
 from pathlib import Path
 from typing import Union
 
-from skyspot.pricing.cost import RunCost, StepRun, baseline_evals, eval_runs, step_runs
+from skyspot.attempts import split
+from skyspot.pricing.cost import EvalRun, RunCost, StepRun, baseline_evals, eval_runs, step_runs
 from skyspot.errors import UsageError
 from skyspot.events import EventLog
 from skyspot.events import EventType as T
@@ -77,8 +78,11 @@ def figure(run_cost: RunCost, log: EventLog):
     def x(ts: float) -> float:
         return (ts - t0) / scale
 
-    runs = step_runs(log)
-    losses = loss_series(log, runs)
+    # The log's split once, for every reader below: each split it again (six splits of 20,000 attempts, issue 31).
+    split_attempts = split(log.events)
+    runs = step_runs(log, split_attempts)
+    evals = eval_runs(log, split_attempts)
+    losses = loss_series(log, runs, evals)
     has_loss = bool(losses["train"] or losses["eval"])
     fig = Figure(figsize=(11, 8.2 if has_loss else 6.6), layout="constrained")
     heights = (max(1.4, 0.55 * min(len(attempts), LABELLED_ATTEMPTS) + 0.8),) + ((2.0,) if has_loss else ()) + (2.2,)
@@ -274,7 +278,7 @@ def figure(run_cost: RunCost, log: EventLog):
     money.plot([], [], color=SPOT_COLOUR, lw=2.4, label=f"estimated cost  {_usd(total)}")
 
     if run_cost.baseline_usd_per_hour is not None:
-        points = baseline_curve(run_cost, runs, t0, eval_runs(log))
+        points = baseline_curve(run_cost, runs, t0, evals)
         # A plain line through the curve's points: it accrues over each interval, never in a jump.
         money.plot(
             [x(ts) for ts, _ in points],
@@ -337,10 +341,13 @@ def _segments(axis, segments: list[list[tuple[float, float]]], **style) -> None:
         axis.plot(xs, ys, **style)
 
 
-def loss_series(log: EventLog, runs: list[StepRun] | None = None) -> dict[str, list]:
+def loss_series(
+    log: EventLog, runs: list[StepRun] | None = None, evals: list[EvalRun] | None = None
+) -> dict[str, list]:
     """What the loss panel draws. `train`: one segment per set of processes that trained (an attempt, or its
     processes after an in-place restart) and per stretch of steps that were later run again or not, each a
-    list of (ts, step, loss, recomputed), oldest first; `eval`: (ts, step, loss) of every evaluation."""
+    list of (ts, step, loss, recomputed), oldest first; `eval`: (ts, step, loss) of every evaluation. `runs` and
+    `evals`: the log's step_runs and eval_runs, when the caller has them."""
     runs = step_runs(log) if runs is None else runs
     segments: list[list[tuple]] = []
     key = None
@@ -350,7 +357,7 @@ def loss_series(log: EventLog, runs: list[StepRun] | None = None) -> dict[str, l
             segments.append([])
             key = here
         segments[-1].append((r.ts, r.step, r.loss, r.recomputed))
-    evals = [(e.ts, e.step, e.loss) for e in eval_runs(log) if e.loss is not None]
+    evals = [(e.ts, e.step, e.loss) for e in (eval_runs(log) if evals is None else evals) if e.loss is not None]
     return {"train": segments, "eval": evals}
 
 

@@ -84,3 +84,16 @@ def test_a_one_gib_events_file_is_one_line_and_the_rest_reported(home, tmp_path,
         "attempt-9.node-0.rank-0.jsonl"
     ]
     assert "goodput" in done.stdout  # the run's own events are still reported
+
+
+def test_a_long_attempt_table_prints_its_ends_and_a_line_for_the_rest(tmp_path):
+    """Past TABLE_ROWS attempts the human table shows the first and last 25 and says how many it left out;
+    --json still carries every attempt (20,000 printed rows were seconds of layout, issue 31)."""
+    home = tmp_path / "home"
+    write_big_run(home, "mid", 60)
+    text = cli(home, "cost-report", "mid").stdout
+    assert "… 10 more attempts between these (the first and last 25 shown); --json or --csv for all" in text
+    assert "… 9 more recoveries between these (the first and last 25 shown); --json or --csv for all" in text
+    assert "interrupted by: 59 spot preemptions" in text
+    data = json.loads(cli(home, "cost-report", "mid", "--json").stdout)[0]
+    assert len(data["attempts"]) == 60 and len(data["recovery_details"]) == 59
