@@ -155,6 +155,10 @@ class Recovery:
         return _flat_dict(self)
 
 
+_WORKINGS = {"workings": True}
+"""A RunCost field that holds what its figures were counted from, not a figure (to_dict leaves it out)."""
+
+
 @dataclass
 class RunCost:
     """Per-run cost, baseline, savings and recovery figures. Always an estimate."""
@@ -251,6 +255,11 @@ class RunCost:
     """The newest step's loss was NaN or inf (final_train_loss is then None: JSON has no NaN)."""
     goodput_breakdown: dict[str, float] = field(default_factory=dict)
     """billed_seconds, line by line (GOODPUT_LINES): they add up to billed_seconds; `useful` over it is goodput."""
+    step_runs: list["StepRun"] = field(default_factory=list, repr=False, compare=False, metadata=_WORKINGS)
+    """Every step's runs and every evaluation the figures above were counted from: the plot draws these
+    rather than reckon the run again (a second split of 20,000 attempts cost the plot 2 s, issue 31).
+    Workings, not figures: left out of to_dict."""
+    eval_runs: list["EvalRun"] = field(default_factory=list, repr=False, compare=False, metadata=_WORKINGS)
 
     def to_dict(self) -> dict[str, Any]:
         # Not asdict(self): that converts every attempt twice (once here, once below) and deep-copies as it
@@ -261,6 +270,7 @@ class RunCost:
             if f.name in records
             else copy.deepcopy(getattr(self, f.name))
             for f in fields(self)
+            if not f.metadata.get("workings")
         }
 
 
@@ -473,6 +483,8 @@ def run_cost(
         goodput_breakdown=_goodput_breakdown(
             attempts, split_attempts, runs, runs_of, evals, checkpoints, in_place, billed_seconds, startup
         ),
+        step_runs=runs,
+        eval_runs=evals,
     )
 
 
