@@ -313,6 +313,7 @@ class _QuietHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow  # 10-17 s of real installs: the ten-minute set keeps the tamper test (tests/test_wheelhouse.py)
 def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_stack, tmp_path):
     root, index, wheel = small_stack
     store = tmp_path / "store"
@@ -338,6 +339,7 @@ def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_
     assert (marker.parent / "WHEELHOUSE.json").is_file()
 
 
+@pytest.mark.slow  # 10-17 s of real installs: the ten-minute set keeps the tamper test (tests/test_wheelhouse.py)
 def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_says_so(small_stack, tmp_path):
     root, index, wheel = small_stack
     store = tmp_path / "store"
