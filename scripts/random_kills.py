@@ -12,14 +12,16 @@ ranks in place from the local tier; then a notice ends the start), stale (an old
 its own, held at step_end before its first commit while this start takes the store's fence: released,
 it must exit 76 and commit nothing), emergency (a notice at a held step_end, then a SIGKILL while that
 step's writer is held at a random point), resume (a SIGKILL after the resume event, before the first
-step). Not covered: store outages (the local-directory store's errors are not transient; they need an
-emulated store) and link cuts / partitions (network namespaces). A table per kind (count, resumes from
-the local tier and the store, steps redone, recovery seconds: the first step after the fault minus the
-fault) is printed before the one-line summary.
+step), outage (moto's S3 server on loopback is the store whenever `outage` is among the kinds: it is
+stopped for 2 to 8 s mid-run, as in tests/trainer/test_store_e2e.py; training must go on meanwhile and the
+uploads catch up once it is back; then a notice ends the start). Not covered: link cuts and partitions
+(network namespaces; tests/reliability/test_silent_node_loss.py covers them one at a time). A table per
+kind (count, resumes from the local tier and from the store, steps redone, recovery seconds: the first
+step after the fault minus the fault; for an outage, the store's return to the uploads caught up) is
+printed before the one-line summary.
 
-    python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # the long form (16 min here)
-    python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # medium (5 min)
-    python scripts/random_kills.py --seed 7 --kills 4 --steps 24 --store          # about what CI runs
+    python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # kills only, long (16 min here)
+    python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # kills only, medium (5 min)
 
 The seed is printed first; the figures come last, as one line (and as JSON with --json FILE).
 Exit 0 when every invariant held, 1 otherwise. tests/reliability/test_random_kills.py runs a
@@ -89,12 +91,17 @@ from tests.trainer.launch import free_port, trainer_env  # noqa: E402  the tests
 BIN = Path(sys.executable).parent
 KINDS = ("startup", "step", "write", "worker")
 """The kill kinds (the default set, as before the fault soak)."""
-NEW_KINDS = ("notice", "wipe", "crash", "hang", "stale", "emergency", "resume")
+NEW_KINDS = ("notice", "wipe", "crash", "hang", "outage", "stale", "emergency", "resume")
 ALL_KINDS = KINDS + NEW_KINDS
-STEP_KINDS = ("step", "worker", "wipe", "notice", "crash", "hang", "stale", "emergency")
+STEP_KINDS = ("step", "worker", "wipe", "notice", "crash", "hang", "outage", "stale", "emergency")
 """Kinds placed at a step: they need a step left to train after the newest checkpoint."""
 IN_PLACE = ("crash", "hang")
-STORE_KINDS = ("wipe", "stale")
+STORE_KINDS = ("wipe", "stale", "outage")
+ROOMY = ("crash", "hang", "outage", "stale")
+"""Kinds that train on after the fault (then a notice ends the start): they need ROOM steps left."""
+ROOM = 5
+EXTRA_ENV: dict[str, str] = {}
+"""Set for every start (with an S3 store: quick retries, so uploads catch up soon after an outage)."""
 CLOUDS = ("aws", "gcp", "azure")
 HANG_FLOOR_S = 4.0  # the watchdog's bound for hang starts (a tiny step is well under it)
 WRITE_POINTS = ("write_begin", "mid_file", "before_manifest", "before_marker", "after_marker")
@@ -224,7 +231,7 @@ def launch(
     overrides: list[str],
     log: Path,
     *,
-    store: Optional[Path] = None,
+    store: Optional[str] = None,
     grace: float = GRACE_S,
     in_place: bool = False,
     **env: str,
@@ -264,6 +271,7 @@ def launch(
         *overrides,
         *(["resilience.restart_backoff_seconds=1"] if in_place else []),
     ]
+    env = {**EXTRA_ENV, **env}
     if in_place:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as the rendered task sets it
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -348,37 +356,49 @@ def incomplete_dirs(run_dir: Path) -> set[str]:
     return {v.path.name for v in mf.scan(run_dir / "checkpoints", verify_checksums=False) if v.state == "incomplete"}
 
 
-def durable_steps(store: Optional[Path], run_name: str) -> list[int]:
-    """Steps the store holds durable (a single node: its marker is the last upload)."""
+_STORES: dict[str, object] = {}
+
+
+def _store(uri: str):
+    from skyspot.storage import open_store
+
+    if uri not in _STORES:
+        _STORES[uri] = open_store(uri)
+    return _STORES[uri]
+
+
+def durable_steps(store: Optional[str], run_name: str) -> list[int]:
+    """Steps the store holds durable (every node's marker there), newest first."""
     if store is None:
         return []
-    root = store / run_name / "checkpoints"
-    return sorted((int(p.parent.name.split("_")[1]) for p in root.glob("step_*/COMMITTED.node-0-of-1")), reverse=True)
+    from skyspot.trainer.remote import remote_checkpoints
+
+    return sorted(remote_checkpoints(_store(store), run_name), reverse=True)  # type: ignore[arg-type]
 
 
-def verify_durable(store: Path, run_name: str) -> tuple[int, list[str]]:
+def verify_durable(store: str, run_name: str) -> tuple[int, list[str]]:
     """Check every durable checkpoint's files in the store against its manifest: (checked, problems)."""
     import hashlib
 
+    bucket = _store(store)
     problems, checked = [], 0
     for step in durable_steps(store, run_name):
-        directory = store / run_name / "checkpoints" / f"step_{step}"
+        prefix = f"{run_name}/checkpoints/step_{step}"
         checked += 1
+        raw = bucket.get_bytes(f"{prefix}/manifest.node-0.json")  # type: ignore[attr-defined]
         try:
-            manifest = json.loads((directory / "manifest.node-0.json").read_text())
-            marker = json.loads((directory / "COMMITTED.node-0-of-1").read_text())
-        except (OSError, ValueError) as err:
+            manifest = json.loads(raw)
+            marker = json.loads(bucket.get_bytes(f"{prefix}/COMMITTED.node-0-of-1"))  # type: ignore[attr-defined]
+        except (TypeError, ValueError) as err:
             problems.append(f"durable step_{step}: manifest or marker unreadable ({err})")
             continue
-        if hashlib.sha256((directory / "manifest.node-0.json").read_bytes()).hexdigest() != marker.get(
-            "manifest_sha256"
-        ):
+        if hashlib.sha256(raw).hexdigest() != marker.get("manifest_sha256"):
             problems.append(f"durable step_{step}: the manifest does not match its marker")
         for rel, meta in manifest.get("files", {}).items():
-            path = directory / rel
-            if not path.is_file():
+            data = bucket.get_bytes(f"{prefix}/{rel}")  # type: ignore[attr-defined]
+            if data is None:
                 problems.append(f"durable step_{step}: {rel} is missing")
-            elif path.stat().st_size != meta["size"] or hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
+            elif len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
                 problems.append(f"durable step_{step}: {rel} is corrupt")
     return checked, problems
 
@@ -432,7 +452,12 @@ class Harness:
         self.steps, self.every, self.keep = steps, every, keep
         self.work = work
         self.run_dir = work / "kills"
-        self.store = work / "store" if store else None
+        self.s3 = None
+        if "outage" in kinds:  # an outage needs a store whose errors are transient: moto's S3 on loopback
+            self.s3 = _s3_server()
+            self.store: Optional[str] = self.s3.bucket("soak")
+        else:
+            self.store = str(work / "store") if store else None
         self.reference = reference
         self.overrides = overrides_for(steps, every, keep)
         self.startup_estimates: list[float] = []
@@ -444,7 +469,9 @@ class Harness:
             block = list(kinds)
             self.rng.shuffle(block)
             order += block
-        self.order = order[:kills]
+        order = order[:kills]
+        tail = order[-len(kinds) :]  # the last block: the kinds that need steps left go first
+        self.order = order[: -len(tail)] + [k for k in tail if k in ROOMY] + [k for k in tail if k not in ROOMY]
 
     # ------------------------------------------------------------------ planning a kill
     def _target_step(self, newest: int, remaining: int, last: int) -> int:
@@ -459,6 +486,10 @@ class Harness:
             kind = "step"  # the older attempt resumes from the store: it needs a durable checkpoint
         if kind == "resume" and not newest:
             kind = "startup"  # nothing to resume from yet
+        if kind in ROOMY and newest >= n - ROOM - 1:
+            kind = "step"  # too near the end to train on after the fault
+        if kind == "notice" and newest >= n - 2:
+            kind = "write" if newest < n else "startup"
         if kind in STEP_KINDS and newest >= n - 1:
             kind = "write" if newest < n else "startup"
         if kind == "write" and newest >= n:
@@ -467,8 +498,9 @@ class Harness:
             return kind, {"target": self.rng.choice(("tree", "group"))}
         if kind == "stale":
             return kind, {"step": newest + 1, "target": "tree"}  # the older attempt holds before it commits
-        if kind in ("notice", "crash", "hang", "emergency"):
-            plan = {"step": self._target_step(newest, remaining, n - 1), "cloud": self.rng.choice(CLOUDS)}
+        if kind in ("notice", "crash", "hang", "emergency", "outage"):
+            last = n - ROOM if kind in ROOMY else n - 2 if kind == "notice" else n - 1  # notice: a step to recover
+            plan = {"step": self._target_step(newest, remaining, last), "cloud": self.rng.choice(CLOUDS)}
             if kind in IN_PLACE:
                 plan["target"] = f"rank-{self.rng.randint(0, 1)}"
             if kind == "emergency":
@@ -780,7 +812,7 @@ class Harness:
                 r.kills.append(kill)
                 self.say(
                     f"kill {len(r.kills)}/{len(self.order)}: {kill.kind:7} {kill.target:6} {kill.planned}; "
-                    f"landed: {kill.phase}, {kill.seconds:.1f} s after launch; started from "
+                    f"landed: {kill.phase}{f', {kill.seconds:.1f} s after launch' if kill.seconds else ''}; started from "
                     f"{newest or 'scratch'}; valid now {valid_after[:3]}"
                 )
             elif retry:
@@ -801,6 +833,8 @@ class Harness:
         for a restart in place, and for `stale`, whose recovery is the newer attempt's)."""
         events = [e for e in read_events(self.run_dir) if e.get("rank") == 0 and e["type"] in ("resume", "step")]
         for kill in self.result.kills:
+            if kill.kind == "outage":
+                continue  # no restart: its recovery is the uploads' catch-up, measured as it happened
             same_ok = kill.kind in ("crash", "hang", "stale")
             after = [e for e in events if e["ts"] > kill.at and (same_ok or e.get("attempt") != kill.attempt)]
             resume = next((e for e in after if e["type"] == "resume"), None)
@@ -983,7 +1017,7 @@ def fault_stale(h: Harness, number: int, plan: dict):
     from skyspot.trainer.exit_codes import STALE
 
     assert h.store is not None
-    store = open_store(str(h.store))
+    store = open_store(h.store)
     hold = durable_steps(h.store, h.run_dir.name)[0] + 1
     side = h.work / f"stale-{number}" / h.run_dir.name
     faults = h.work / "faults" / f"stale-{number}"
@@ -1064,7 +1098,66 @@ def fault_emergency(h: Harness, number: int, plan: dict):
     return proc.returncode, kill, _new_attempt(h, before)
 
 
+def fault_outage(h: Harness, number: int, plan: dict):
+    """The store unreachable for a few seconds mid-run (moto's server stopped: connections refused): training
+    goes on, and once the store is back the uploads catch up (recovery: from its return to the newest local
+    checkpoint durable); then the node gets a notice."""
+    assert h.s3 is not None
+    before = attempts_seen(h.run_dir)
+    proc = h._launch(number)
+    kill = Kill(number, "outage", "store", None, None, f"store down after step {plan['step']}")
+    if _until(h, f"outage {number}", lambda: _reached(h, before) >= plan["step"], proc):
+        down_s = h.rng.uniform(2.0, 8.0)
+        h.s3.stop()
+        kill.at, stopped_at = time.time(), _reached(h, before)
+        try:
+            time.sleep(down_s)
+        finally:
+            h.s3.start()
+        back = time.time()
+        kill.phase = f"down {down_s:.1f} s from step {stopped_at}"
+        trained = _reached(h, before)
+        if trained <= stopped_at and proc.poll() is None:
+            h.result.violations.append(f"outage {number}: no step during the {down_s:.1f} s outage")
+        target = min(h.steps - 1, trained + 1)
+        if _until(h, f"outage {number}: trains on", lambda: _reached(h, before) >= target, proc):
+            local = max(valid_steps(h.run_dir, h.result, f"outage {number}")[:1] or [0])
+
+            def caught_up() -> bool:
+                return max(durable_steps(h.store, h.run_dir.name)[:1] or [0]) >= local
+
+            if _until(h, f"outage {number}: uploads catch up to step {local}", caught_up, proc, timeout=120):
+                kill.recovery_seconds = round(time.time() - back, 2)
+            kill.phase += f", {trained - stopped_at} step(s) trained meanwhile"
+            kill.code = _end_by_notice(h, proc, GRACE_S + 30, f"outage {number}")
+    kill.reached = _reached(h, before)
+    h._stop(proc)
+    return proc.returncode, kill, _new_attempt(h, before)
+
+
+def _s3_server():
+    """moto's S3 server in this process (tests/storage_servers.py), reachable by the starts on loopback."""
+    from tests.storage_servers import HOST, S3Server
+
+    server = S3Server()
+    server.start()
+    os.environ.update(
+        AWS_ENDPOINT_URL=server.url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+        NO_PROXY=",".join(filter(None, [os.environ.get("NO_PROXY", ""), HOST, "localhost"])),
+    )
+    os.environ["no_proxy"] = os.environ["NO_PROXY"]
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        os.environ.pop(name, None)
+    EXTRA_ENV.update(SKYSPOT_STORE_RETRY_MAX_SECONDS="1", SKYSPOT_EVENTS_SYNC_SECONDS="1")
+    return server
+
+
 FAULTS = {
+    "outage": fault_outage,
     "notice": fault_notice,
     "crash": fault_in_place,
     "hang": fault_in_place,

@@ -21,7 +21,7 @@ from tests.trainer.launch import REPO
 
 pytestmark = pytest.mark.slow
 
-KILLS = int(os.environ.get("RANDOM_KILLS", "11"))  # one of each kind (random_kills.ALL_KINDS)
+KILLS = int(os.environ.get("RANDOM_KILLS", "12"))  # one of each kind (random_kills.ALL_KINDS)
 SEED = int(os.environ.get("RANDOM_KILLS_SEED", "20261129"))
 
 
@@ -38,7 +38,7 @@ def test_one_fault_of_every_kind_loses_nothing_rolls_nothing_back_and_ends_bitwi
     result = kills.run(
         SEED,
         KILLS,
-        steps=STEPS + 8,
+        steps=STEPS + 16,
         every=1,
         keep=3,
         work=tmp_path,
@@ -57,13 +57,15 @@ def test_one_fault_of_every_kind_loses_nothing_rolls_nothing_back_and_ends_bitwi
     by_kind = {k.kind: k for k in result.kills}
     if "notice" in by_kind:
         assert by_kind["notice"].lost_steps == 0 and by_kind["notice"].code == 75, context  # nothing redone
+    if "outage" in by_kind:
+        assert by_kind["outage"].recovery_seconds is not None, context  # the uploads caught up
     for kind in ("crash", "hang"):
         if kind in by_kind:
             assert by_kind[kind].resume_source == "local" and by_kind[kind].code == 75, context  # in place
     assert result.lost_committed == 0 and result.corrupt_seen == 0 and result.orphans == 0, context
     assert result.resumes >= 1, context
     assert result.final_code == 0 and result.final_equal, context
-    assert result.steps_compared >= STEPS + 8, context
+    assert result.steps_compared >= STEPS + 16, context
 
 
 WIPE_KILLS = int(os.environ.get("RANDOM_KILLS_WIPE", "0"))
