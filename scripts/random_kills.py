@@ -1,9 +1,27 @@
-"""Random SIGKILLs against `tiny`: every resume loads a valid checkpoint, nothing committed is lost,
-and the final parameters equal an uninterrupted run's, bitwise.
+"""Random faults against `tiny` (issue 34's fault soak): every resume loads a valid checkpoint, nothing
+committed is lost or rolled back, and the final parameters equal an uninterrupted run's, bitwise.
 
-    python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # the long form (16 min here)
-    python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # medium (5 min)
-    python scripts/random_kills.py --seed 7 --kills 4 --steps 24 --store          # about what CI runs
+    python scripts/random_kills.py --seed 34 --faults 11 --kinds all --steps 24 --store   # one of each kind
+
+--faults N (alias --kills) faults, each kind chosen by the seed from --kinds (`all` or a comma list;
+default the four kill kinds below). Beyond the kills: notice (SIGTERM to every process of the tree, the
+supervisor's grace set to a seeded cloud's notice window: emergency checkpoint of the last step, exit 75,
+nothing redone), wipe (a step kill that also wipes the local disk), crash / hang (one rank SIGKILLed /
+SIGSTOPped under torchrun --max-restarts and a c10d rendezvous; torchrun or the watchdog restarts the
+ranks in place from the local tier; then a notice ends the start), stale (an older attempt on a disk of
+its own, held at step_end before its first commit while this start takes the store's fence: released,
+it must exit 76 and commit nothing), emergency (a notice at a held step_end, then a SIGKILL while that
+step's writer is held at a random point), resume (a SIGKILL after the resume event, before the first
+step), outage (moto's S3 server on loopback is the store whenever `outage` is among the kinds: it is
+stopped for 2 to 8 s mid-run, as in tests/trainer/test_store_e2e.py; training must go on meanwhile and the
+uploads catch up once it is back; then a notice ends the start). Not covered: link cuts and partitions
+(network namespaces; tests/reliability/test_silent_node_loss.py covers them one at a time). A table per
+kind (count, resumes from the local tier and from the store, steps redone, recovery seconds: the first
+step after the fault minus the fault; for an outage, the store's return to the uploads caught up) is
+printed before the one-line summary.
+
+    python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # kills only, long (16 min here)
+    python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # kills only, medium (5 min)
 
 The seed is printed first; the figures come last, as one line (and as JSON with --json FILE).
 Exit 0 when every invariant held, 1 otherwise. tests/reliability/test_random_kills.py runs a
@@ -66,11 +84,26 @@ if str(REPO) not in sys.path:
 
 import psutil  # noqa: E402
 
+from skyspot.clouds import NOTICE_WINDOWS_S  # noqa: E402
 from skyspot.trainer import manifest as mf  # noqa: E402
 from tests.trainer.launch import free_port, trainer_env  # noqa: E402  the tests' node launcher helpers
 
 BIN = Path(sys.executable).parent
 KINDS = ("startup", "step", "write", "worker")
+"""The kill kinds (the default set, as before the fault soak)."""
+NEW_KINDS = ("notice", "wipe", "crash", "hang", "outage", "stale", "emergency", "resume")
+ALL_KINDS = KINDS + NEW_KINDS
+STEP_KINDS = ("step", "worker", "wipe", "notice", "crash", "hang", "outage", "stale", "emergency")
+"""Kinds placed at a step: they need a step left to train after the newest checkpoint."""
+IN_PLACE = ("crash", "hang")
+STORE_KINDS = ("wipe", "stale", "outage")
+ROOMY = ("crash", "hang", "outage", "stale")
+"""Kinds that train on after the fault (then a notice ends the start): they need ROOM steps left."""
+ROOM = 5
+EXTRA_ENV: dict[str, str] = {}
+"""Set for every start (with an S3 store: quick retries, so uploads catch up soon after an outage)."""
+CLOUDS = ("aws", "gcp", "azure")
+HANG_FLOOR_S = 4.0  # the watchdog's bound for hang starts (a tiny step is well under it)
 WRITE_POINTS = ("write_begin", "mid_file", "before_manifest", "before_marker", "after_marker")
 LEADER_ONLY = {"before_manifest", "before_marker", "after_marker"}  # only the node leader commits
 START_TIMEOUT_S = 600.0
@@ -93,6 +126,13 @@ class Kill:
     """The last step any event shows this start reached."""
     lost_steps: int = 0
     seconds: float = 0.0
+    at: float = 0.0
+    """Wall-clock time of the fault (time.time(), as event timestamps)."""
+    recovery_seconds: Optional[float] = None
+    """The first step after the fault (of the next attempt, or of the restart in place) minus `at`."""
+    resume_source: Optional[str] = None
+    """Where the recovery resumed from: "local" or "store" (None: from scratch)."""
+    code: Optional[int] = None
 
 
 @dataclass
@@ -119,6 +159,11 @@ class Result:
     durable_verified: int = 0
     """Durable checkpoints whose files were checked against their manifests after a kill (with --wipe)."""
     durable_corrupt: int = 0
+    rolled_back: int = 0
+    """Times the newest durable checkpoint in the store went back."""
+    stale_refused: int = 0
+    """Older attempts that exited STALE (76) while a newer one held the store."""
+    kinds: list[str] = field(default_factory=lambda: list(KINDS))
     violations: list[str] = field(default_factory=list)
     steps_compared: int = 0
     final_equal: bool = False
@@ -130,8 +175,36 @@ class Result:
     def ok(self) -> bool:
         return not self.violations and self.final_equal and self.final_code == 0
 
+    def per_kind(self) -> dict[str, dict]:
+        """Per fault kind: count, resumes from the local tier and from the store, steps redone, recovery seconds."""
+        out = {}
+        for kind in ALL_KINDS:
+            faults = [x for x in self.kills if x.kind == kind]
+            if not faults:
+                continue
+            recovered = [x.recovery_seconds for x in faults if x.recovery_seconds is not None]
+            out[kind] = {
+                "count": len(faults),
+                "resumes_local": sum(x.resume_source == "local" for x in faults),
+                "resumes_store": sum(x.resume_source == "store" for x in faults),
+                "steps_redone": sum(x.lost_steps for x in faults),
+                "recovery_s_median": round(sorted(recovered)[len(recovered) // 2], 1) if recovered else None,
+                "recovery_s_max": round(max(recovered), 1) if recovered else None,
+            }
+        return out
+
+    def table(self) -> str:
+        lines = [f"{'kind':10} {'count':>5} {'local':>5} {'store':>5} {'redone':>6} {'recovery s (median/max)':>24}"]
+        for kind, row in self.per_kind().items():
+            rec = f"{row['recovery_s_median']}/{row['recovery_s_max']}"
+            lines.append(
+                f"{kind:10} {row['count']:5} {row['resumes_local']:5} {row['resumes_store']:5} "
+                f"{row['steps_redone']:6} {rec:>24}"
+            )
+        return "\n".join(lines)
+
     def summary(self) -> str:
-        kinds = {k: sum(1 for x in self.kills if x.kind == k) for k in KINDS}
+        kinds = {k: n for k in ALL_KINDS if (n := sum(1 for x in self.kills if x.kind == k))}
         uploads = f"{self.durable_uploads} uploads made durable, " if self.store else ""
         if self.wipe:
             uploads += (
@@ -139,9 +212,10 @@ class Result:
                 f"({self.durable_corrupt} corrupt), "
             )
         return (
-            f"seed {self.seed}: {len(self.kills)} kills ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
+            f"seed {self.seed}: {len(self.kills)} faults ({', '.join(f'{v} {k}' for k, v in kinds.items())}), "
             f"{self.starts} starts, {self.resumes} resumes ({self.resumes_from_store} from the store), "
             f"{self.lost_steps} steps recomputed, {self.lost_committed} committed checkpoints lost, "
+            f"{self.rolled_back} rolled back, {self.stale_refused} stale attempts refused, "
             f"{self.corrupt_seen} corrupt, {self.incomplete_seen} cut writes skipped, {self.orphans} orphans, "
             f"{uploads}{self.steps_compared} step losses compared, final params "
             f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
@@ -153,9 +227,25 @@ class Result:
 
 
 def launch(
-    run_dir: Path, overrides: list[str], log: Path, *, store: Optional[Path] = None, **env: str
+    run_dir: Path,
+    overrides: list[str],
+    log: Path,
+    *,
+    store: Optional[str] = None,
+    grace: float = GRACE_S,
+    in_place: bool = False,
+    **env: str,
 ) -> subprocess.Popen:
-    """One node: `supervise -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny`, in its own session."""
+    """One node: `supervise -- torchrun --nproc_per_node 2 -m skyspot.trainer tiny`, in its own session.
+    `in_place`: as the rendered task runs it (c10d rendezvous, --max-restarts), with a hang bound of
+    HANG_FLOOR_S, so a crashed or hung rank is restarted in place."""
+    port = str(free_port())
+    rendezvous = (
+        ["--max-restarts", "3", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}"]
+        if in_place
+        else ["--master_addr", "127.0.0.1", "--master_port", port]
+    )
+    watchdog = ["--hang-floor", str(HANG_FLOOR_S), "--first-step-bound", "300"] if in_place else []
     command = [
         sys.executable,
         "-m",
@@ -163,15 +253,13 @@ def launch(
         "--run-dir",
         str(run_dir),
         "--grace",
-        str(GRACE_S),
+        str(grace),
+        *watchdog,
         "--",
         str(BIN / "torchrun"),
         "--nproc_per_node",
         "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
+        *rendezvous,
         "-m",
         "skyspot.trainer",
         "tiny",
@@ -181,7 +269,11 @@ def launch(
         run_dir.name,
         *([f"storage.store={store}"] if store else []),
         *overrides,
+        *(["resilience.restart_backoff_seconds=1"] if in_place else []),
     ]
+    env = {**EXTRA_ENV, **env}
+    if in_place:
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # as the rendered task sets it
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
@@ -264,37 +356,49 @@ def incomplete_dirs(run_dir: Path) -> set[str]:
     return {v.path.name for v in mf.scan(run_dir / "checkpoints", verify_checksums=False) if v.state == "incomplete"}
 
 
-def durable_steps(store: Optional[Path], run_name: str) -> list[int]:
-    """Steps the store holds durable (a single node: its marker is the last upload)."""
+_STORES: dict[str, object] = {}
+
+
+def _store(uri: str):
+    from skyspot.storage import open_store
+
+    if uri not in _STORES:
+        _STORES[uri] = open_store(uri)
+    return _STORES[uri]
+
+
+def durable_steps(store: Optional[str], run_name: str) -> list[int]:
+    """Steps the store holds durable (every node's marker there), newest first."""
     if store is None:
         return []
-    root = store / run_name / "checkpoints"
-    return sorted((int(p.parent.name.split("_")[1]) for p in root.glob("step_*/COMMITTED.node-0-of-1")), reverse=True)
+    from skyspot.trainer.remote import remote_checkpoints
+
+    return sorted(remote_checkpoints(_store(store), run_name), reverse=True)  # type: ignore[arg-type]
 
 
-def verify_durable(store: Path, run_name: str) -> tuple[int, list[str]]:
+def verify_durable(store: str, run_name: str) -> tuple[int, list[str]]:
     """Check every durable checkpoint's files in the store against its manifest: (checked, problems)."""
     import hashlib
 
+    bucket = _store(store)
     problems, checked = [], 0
     for step in durable_steps(store, run_name):
-        directory = store / run_name / "checkpoints" / f"step_{step}"
+        prefix = f"{run_name}/checkpoints/step_{step}"
         checked += 1
+        raw = bucket.get_bytes(f"{prefix}/manifest.node-0.json")  # type: ignore[attr-defined]
         try:
-            manifest = json.loads((directory / "manifest.node-0.json").read_text())
-            marker = json.loads((directory / "COMMITTED.node-0-of-1").read_text())
-        except (OSError, ValueError) as err:
+            manifest = json.loads(raw)
+            marker = json.loads(bucket.get_bytes(f"{prefix}/COMMITTED.node-0-of-1"))  # type: ignore[attr-defined]
+        except (TypeError, ValueError) as err:
             problems.append(f"durable step_{step}: manifest or marker unreadable ({err})")
             continue
-        if hashlib.sha256((directory / "manifest.node-0.json").read_bytes()).hexdigest() != marker.get(
-            "manifest_sha256"
-        ):
+        if hashlib.sha256(raw).hexdigest() != marker.get("manifest_sha256"):
             problems.append(f"durable step_{step}: the manifest does not match its marker")
         for rel, meta in manifest.get("files", {}).items():
-            path = directory / rel
-            if not path.is_file():
+            data = bucket.get_bytes(f"{prefix}/{rel}")  # type: ignore[attr-defined]
+            if data is None:
                 problems.append(f"durable step_{step}: {rel} is missing")
-            elif path.stat().st_size != meta["size"] or hashlib.sha256(path.read_bytes()).hexdigest() != meta["sha256"]:
+            elif len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
                 problems.append(f"durable step_{step}: {rel} is corrupt")
     return checked, problems
 
@@ -339,26 +443,35 @@ class Harness:
         store: bool,
         say=None,
         wipe: bool = False,
+        kinds: tuple[str, ...] = KINDS,
     ):
         self.rng = random.Random(seed)
-        store = store or wipe
+        store = store or wipe or any(k in STORE_KINDS for k in kinds)
         self.wipe = wipe
-        self.result = Result(seed, kills, steps, every, keep, store, work=str(work), wipe=wipe)
+        self.result = Result(seed, kills, steps, every, keep, store, work=str(work), wipe=wipe, kinds=list(kinds))
         self.steps, self.every, self.keep = steps, every, keep
         self.work = work
         self.run_dir = work / "kills"
-        self.store = work / "store" if store else None
+        self.s3 = None
+        if "outage" in kinds:  # an outage needs a store whose errors are transient: moto's S3 on loopback
+            self.s3 = _s3_server()
+            self.store: Optional[str] = self.s3.bucket("soak")
+        else:
+            self.store = str(work / "store") if store else None
         self.reference = reference
         self.overrides = overrides_for(steps, every, keep)
         self.startup_estimates: list[float] = []
         self.step_estimate = 0.5
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._wiping = False
         order: list[str] = []
         while len(order) < kills:
-            block = list(KINDS)
+            block = list(kinds)
             self.rng.shuffle(block)
             order += block
-        self.order = order[:kills]
+        order = order[:kills]
+        tail = order[-len(kinds) :]  # the last block: the kinds that need steps left go first
+        self.order = order[: -len(tail)] + [k for k in tail if k in ROOMY] + [k for k in tail if k not in ROOMY]
 
     # ------------------------------------------------------------------ planning a kill
     def _target_step(self, newest: int, remaining: int, last: int) -> int:
@@ -369,16 +482,36 @@ class Harness:
     def _plan(self, kind: str, newest: int, remaining: int) -> tuple[str, dict]:
         """(kind, plan) for a start whose newest valid checkpoint is `newest` (0: none)."""
         n = self.steps
-        if kind in ("step", "worker") and newest >= n - 1:
+        if kind == "stale" and not durable_steps(self.store, self.run_dir.name):
+            kind = "step"  # the older attempt resumes from the store: it needs a durable checkpoint
+        if kind == "resume" and not newest:
+            kind = "startup"  # nothing to resume from yet
+        if kind in ROOMY and newest >= n - ROOM - 1:
+            kind = "step"  # too near the end to train on after the fault
+        if kind == "notice" and newest >= n - 2:
+            kind = "write" if newest < n else "startup"
+        if kind in STEP_KINDS and newest >= n - 1:
             kind = "write" if newest < n else "startup"
         if kind == "write" and newest >= n:
             kind = "startup"
-        if kind == "startup":
+        if kind in ("startup", "resume"):
             return kind, {"target": self.rng.choice(("tree", "group"))}
-        if kind in ("step", "worker"):
+        if kind == "stale":
+            return kind, {"step": newest + 1, "target": "tree"}  # the older attempt holds before it commits
+        if kind in ("notice", "crash", "hang", "emergency", "outage"):
+            last = n - ROOM if kind in ROOMY else n - 2 if kind == "notice" else n - 1  # notice: a step to recover
+            plan = {"step": self._target_step(newest, remaining, last), "cloud": self.rng.choice(CLOUDS)}
+            if kind in IN_PLACE:
+                plan["target"] = f"rank-{self.rng.randint(0, 1)}"
+            if kind == "emergency":
+                plan["point"] = self.rng.choice(WRITE_POINTS)
+                plan["rank"] = 0 if plan["point"] in LEADER_ONLY else self.rng.randint(0, 1)
+                plan["target"] = self.rng.choice(("tree", "group"))
+            return kind, plan
+        if kind in ("step", "worker", "wipe"):
             plan = {
                 "step": self._target_step(newest, remaining, n - 1),
-                "target": self.rng.choice(("tree", "group")) if kind == "step" else f"rank-{self.rng.randint(0, 1)}",
+                "target": f"rank-{self.rng.randint(0, 1)}" if kind == "worker" else self.rng.choice(("tree", "group")),
             }
             return kind, plan
         candidates = [s for s in range(newest + 1, n + 1) if s % self.every == 0 or s == n]
@@ -426,6 +559,8 @@ class Harness:
 
     def _start(self, number: int, kind: Optional[str], plan: dict) -> tuple[Optional[int], Kill | None, int]:
         """Run one start (killed as planned, or to the end). Returns (exit code, kill record, attempt)."""
+        if kind in FAULTS:
+            return FAULTS[kind](self, number, {**plan, "kind": kind})
         before = attempts_seen(self.run_dir)
         env = {}
         faults = self.work / "faults" / f"start-{number}"
@@ -461,10 +596,23 @@ class Harness:
             now = time.monotonic()
             if kind is None:
                 pass
+            elif kind == "resume" and fire_at is None:
+                if reached or any(e["type"] == "resume" for e in self._events(new)):
+                    estimate = (
+                        sorted(self.startup_estimates)[len(self.startup_estimates) // 2]
+                        if self.startup_estimates
+                        else 5.0
+                    )
+                    fire_at = now + self.rng.uniform(0.0, 0.5) * max(0.0, estimate - (now - launched))
+            elif kind == "resume" and (now >= fire_at or reached):
+                phase = f"at step {reached}" if reached else "after the resume scan"
+                kill = Kill(
+                    number, kind, plan["target"], None, None, "after the resume scan, before the first step", phase
+                )
             elif kind == "startup" and (now >= fire_at or reached):
                 phase = f"at step {reached}" if reached else "startup"
                 kill = Kill(number, kind, plan["target"], None, None, "random moment before the first step", phase)
-            elif kind in ("step", "worker") and reached >= plan["step"]:
+            elif kind in ("step", "worker", "wipe") and reached >= plan["step"]:
                 if fire_at is None:
                     fire_at = now + self.rng.uniform(0.0, 1.2) * self.step_estimate
                 elif now >= fire_at:
@@ -503,7 +651,7 @@ class Harness:
                             f"after step {reached}",
                         )
             if kill is not None:
-                kill.seconds = round(now - launched, 3)
+                kill.seconds, kill.at = round(now - launched, 3), time.time()
                 procs = self._kill(proc, plan["target"])
                 self._wait_gone(proc, procs, f"kill {number}", timeout=GRACE_S + 60)
                 break
@@ -519,6 +667,23 @@ class Harness:
             kill.attempt = attempt
             kill.reached = rank0_steps(self.run_dir, new)[0] if new else 0
         return proc.returncode, kill, attempt
+
+    def _launch(self, number: int, **options) -> subprocess.Popen:
+        proc = launch(
+            self.run_dir, self.overrides, self.work / "logs" / f"start-{number:03d}.txt", store=self.store, **options
+        )
+        self.result.starts += 1
+        return proc
+
+    def _stop(self, proc: subprocess.Popen) -> None:
+        """Whatever is left of a fault's start (after a violation): gone before the next."""
+        if proc.poll() is None:
+            procs = tree(proc.pid)
+            os.killpg(proc.pid, signal.SIGKILL)
+            self._wait_gone(proc, procs, "a fault's start", timeout=30)
+
+    def _events(self, attempts: set[int]) -> list[dict]:
+        return [e for e in read_events(self.run_dir) if e.get("attempt") in attempts and e.get("rank") == 0]
 
     # ------------------------------------------------------------------ the checks around a start
     def _check_start(
@@ -570,7 +735,7 @@ class Harness:
     ) -> None:
         r = self.result
         where = f"after start {number}"
-        if self.wipe:  # the local disk goes with every kill by design: only the store's copies count
+        if self.wipe or self._wiping:  # the local disk goes with the kill by design: only the store's copies count
             valid_before, valid_after, committed_events = [], [], []
         if valid_before and (not valid_after or valid_after[0] < valid_before[0]):
             r.lost_committed += 1
@@ -589,6 +754,7 @@ class Harness:
                 )
         if durable_before and (not durable_after or durable_after[0] < durable_before[0]):
             r.lost_committed += 1
+            r.rolled_back += 1
             r.violations.append(
                 f"{where}: the newest durable checkpoint in the store went back from "
                 f"{durable_before[0]} to {durable_after[:1] or None}"
@@ -617,6 +783,7 @@ class Harness:
             plan = {}
             if kind is not None:
                 kind, plan = self._plan(kind, newest, len(self.order) - k)
+            self._wiping = kind == "wipe"
             code, kill, attempt = self._start(number, kind, plan)
             # A start of a finished run can end (0) before a start-up kill lands: try that kill again.
             retry = kind is not None and kill is None and code == 0 and misses < MAX_MISSES
@@ -635,16 +802,17 @@ class Harness:
                 else []
             )
             self._check_nothing_lost(number, valid_before, valid_after, durable_before, durable_after, committed)
-            if kill is not None and self.wipe:
+            if kill is not None and (self.wipe or kill.kind == "wipe"):
                 self._wipe_and_verify(number)
             if kill is not None:
+                kill.attempt = kill.attempt or attempt
                 kill.resumed_from = newest or None
                 # The work this kill cost: what the next start must redo (it resumes at the newest valid).
                 kill.lost_steps = max(0, kill.reached - max(valid_after[:1] + durable_after[:1], default=0))
                 r.kills.append(kill)
                 self.say(
                     f"kill {len(r.kills)}/{len(self.order)}: {kill.kind:7} {kill.target:6} {kill.planned}; "
-                    f"landed: {kill.phase}, {kill.seconds:.1f} s after launch; started from "
+                    f"landed: {kill.phase}{f', {kill.seconds:.1f} s after launch' if kill.seconds else ''}; started from "
                     f"{newest or 'scratch'}; valid now {valid_after[:3]}"
                 )
             elif retry:
@@ -654,10 +822,25 @@ class Harness:
                 r.final_code = code if kind is None else None
                 self.say(f"final start: exit {code}, resumed from {resumed}" if kind is None else "stopping")
                 break
+        self._recoveries()
         r.lost_steps = sum(k.lost_steps for k in r.kills)
         r.durable_uploads = sum(1 for e in read_events(self.run_dir) if e["type"] == "upload_end" and e.get("durable"))
         self._compare(began)
         return self._done(began)
+
+    def _recoveries(self) -> None:
+        """Each fault's recovery: the first resume and step after it (of a later attempt; of the same one
+        for a restart in place, and for `stale`, whose recovery is the newer attempt's)."""
+        events = [e for e in read_events(self.run_dir) if e.get("rank") == 0 and e["type"] in ("resume", "step")]
+        for kill in self.result.kills:
+            if kill.kind == "outage":
+                continue  # no restart: its recovery is the uploads' catch-up, measured as it happened
+            same_ok = kill.kind in ("crash", "hang", "stale")
+            after = [e for e in events if e["ts"] > kill.at and (same_ok or e.get("attempt") != kill.attempt)]
+            resume = next((e for e in after if e["type"] == "resume"), None)
+            step = next((e for e in after if e["type"] == "step"), None)
+            kill.resume_source = resume.get("source") if resume else None
+            kill.recovery_seconds = round(step["ts"] - kill.at, 2) if step else None
 
     def _wipe_and_verify(self, number: int) -> None:
         """The node is gone: its local disk with it (event files kept aside for the checks). Then every
@@ -709,6 +892,280 @@ class Harness:
         return self.result
 
 
+# --------------------------------------------------------------------------- the faults beyond a kill
+# Each runs one start in run_dir (and, for `stale`, an older attempt beside it) and returns what
+# Harness._start returns. The fault is injected as the per-fault tests inject it: a SIGTERM to every
+# process of the node as a cloud's shutdown sends it (tests/trainer/test_exit_and_supervise.py), a SIGKILLed
+# rank restarted in place by torchrun (tests/reliability/test_restart_in_place.py), a SIGSTOPped rank the
+# watchdog finds (tests/trainer/test_watchdog_e2e.py), and an older attempt held at step_end while a newer
+# one takes the store (tests/reliability/test_two_attempts.py).
+
+
+def _sigterm_tree(proc: subprocess.Popen) -> list[psutil.Process]:
+    procs = tree(proc.pid)
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    return procs
+
+
+def _until(h: Harness, what: str, done, proc: subprocess.Popen, timeout: float = 240.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        if proc.poll() is not None:
+            h.result.violations.append(f"{what}: the start ended (code {proc.returncode}) first")
+            return False
+        time.sleep(0.05)
+    h.result.violations.append(f"{what}: not within {timeout:.0f} s")
+    return False
+
+
+def _end_by_notice(h: Harness, proc: subprocess.Popen, window: float, where: str) -> Optional[int]:
+    """SIGTERM the node's tree and give it the notice window: it must commit and exit 75 within it."""
+    from skyspot.trainer.exit_codes import PREEMPTED
+
+    procs = _sigterm_tree(proc)
+    began = time.monotonic()
+    h._wait_gone(proc, procs, where, timeout=window)
+    if proc.returncode != PREEMPTED:
+        h.result.violations.append(f"{where}: exit {proc.returncode} after the notice, not {PREEMPTED}")
+    elif time.monotonic() - began > window:
+        h.result.violations.append(f"{where}: took {time.monotonic() - began:.0f} s, past the {window:.0f} s window")
+    return proc.returncode
+
+
+def _new_attempt(h: Harness, before: set[int]) -> Optional[int]:
+    new = attempts_seen(h.run_dir) - before
+    return max(new) if new else None
+
+
+def _reached(h: Harness, before: set[int]) -> int:
+    new = attempts_seen(h.run_dir) - before
+    return rank0_steps(h.run_dir, new)[0] if new else 0
+
+
+def _rank_pids(proc: subprocess.Popen, rank: int) -> list[psutil.Process]:
+    return [p for p in tree(proc.pid) if environ_rank(p) == rank]
+
+
+def fault_notice(h: Harness, number: int, plan: dict):
+    """A preemption notice at a random step: SIGTERM to the tree, the cloud's window to commit in."""
+    window = NOTICE_WINDOWS_S[plan["cloud"]]
+    before = attempts_seen(h.run_dir)
+    proc = h._launch(number, grace=window)
+    kill = Kill(
+        number, "notice", "tree", None, None, f"SIGTERM after step {plan['step']} ({plan['cloud']}, {window:.0f} s)"
+    )
+    if _until(h, f"notice {number}", lambda: _reached(h, before) >= plan["step"], proc):
+        time.sleep(h.rng.uniform(0.0, 1.0) * h.step_estimate)
+        kill.at, kill.phase = time.time(), f"after step {_reached(h, before)}"
+        kill.code = _end_by_notice(h, proc, window, f"notice {number}")
+    attempt = _new_attempt(h, before)
+    emergency = [e for e in h._events({attempt} if attempt else set()) if e["type"] == "emergency_checkpoint"]
+    kill.reached = _reached(h, before)
+    if not emergency:
+        h.result.violations.append(f"notice {number}: no emergency_checkpoint event")
+    elif emergency[0]["step"] != kill.reached:
+        h.result.violations.append(
+            f"notice {number}: the emergency checkpoint is step {emergency[0]['step']}, the last step {kill.reached}"
+        )
+    h._stop(proc)
+    return proc.returncode, kill, attempt
+
+
+def fault_in_place(h: Harness, number: int, plan: dict):
+    """crash: SIGKILL one rank mid-step; hang: SIGSTOP one (the watchdog must find it). torchrun restarts
+    the ranks in place, in the same attempt, from the local tier; then the node gets a notice."""
+    kind, rank = plan["kind"], int(plan["target"].split("-")[1])
+    before = attempts_seen(h.run_dir)
+    proc = h._launch(number, in_place=True)
+    what = "SIGKILL" if kind == "crash" else "SIGSTOP"
+    kill = Kill(number, kind, plan["target"], None, None, f"{what} rank {rank} after step {plan['step']}")
+    if _until(h, f"{kind} {number}", lambda: _reached(h, before) >= plan["step"], proc):
+        time.sleep(h.rng.uniform(0.0, 1.0) * h.step_estimate)
+        kill.at, kill.phase = time.time(), f"after step {_reached(h, before)}"
+        for p in _rank_pids(proc, rank):
+            p.send_signal(signal.SIGKILL if kind == "crash" else signal.SIGSTOP)
+
+        def restarted() -> list[dict]:
+            events = h._events(attempts_seen(h.run_dir) - before)
+            back = [e for e in events if e["type"] == "restart_in_place" and e["ts"] > kill.at]
+            return [e for e in events if e["type"] == "step" and back and e["ts"] > back[0]["ts"]] and back
+
+        bound = HANG_FLOOR_S * 3 + 120
+        if _until(h, f"{kind} {number}: a restart in place", restarted, proc, timeout=bound):
+            event = restarted()[0]
+            if event["cause"] != kind:
+                h.result.violations.append(f"{kind} {number}: restarted in place for a {event['cause']}")
+            kill.lost_steps = event["steps_redone"]
+            time.sleep(h.rng.uniform(0.0, 1.0) * h.step_estimate)
+            kill.code = _end_by_notice(h, proc, GRACE_S + 30, f"{kind} {number}")
+    kill.reached = _reached(h, before)
+    h._stop(proc)
+    return proc.returncode, kill, _new_attempt(h, before)
+
+
+def fault_stale(h: Harness, number: int, plan: dict):
+    """An older attempt A (on a disk of its own, resumed from the store) is alive when this start B takes
+    the store: A, let go, must exit STALE and commit nothing; B goes on."""
+    from skyspot.storage import open_store
+    from skyspot.trainer import fence
+    from skyspot.trainer.exit_codes import STALE
+
+    assert h.store is not None
+    store = open_store(h.store)
+    hold = durable_steps(h.store, h.run_dir.name)[0] + 1
+    side = h.work / f"stale-{number}" / h.run_dir.name
+    faults = h.work / "faults" / f"stale-{number}"
+    older = launch(
+        side,
+        h.overrides,
+        h.work / "logs" / f"start-{number:03d}.older.txt",
+        store=h.store,
+        grace=GRACE_S,
+        SKYSPOT_FAULT=f"step_end@{hold}:hold=600",
+        SKYSPOT_FAULT_DIR=str(faults),
+    )
+    kill = Kill(number, "stale", "attempt", None, None, f"an older attempt held at step {hold} as this one starts")
+    before = attempts_seen(h.run_dir)
+    proc = None
+    if _until(h, f"stale {number}: A held", lambda: len(list(faults.glob(f"step_end@{hold}.rank*"))) == 2, older):
+        epoch = (fence.read(store, h.run_dir.name) or {}).get("epoch", 0)
+        proc = h._launch(number)
+        kill.at = time.time()
+        if _until(
+            h,
+            f"stale {number}: B takes the store",
+            lambda: (fence.read(store, h.run_dir.name) or {}).get("epoch", 0) > epoch,
+            proc,
+        ):
+            for fired in faults.glob(f"step_end@{hold}.rank*"):
+                (fired.parent / (fired.name + ".release")).touch()
+            try:
+                code = older.wait(120)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != STALE:
+                h.result.violations.append(f"stale {number}: the older attempt exited {code}, not {STALE}")
+            else:
+                h.result.stale_refused += 1
+            commits = (fence.read(store, h.run_dir.name) or {}).get("commits", {})
+            late = {step: by for step, by in commits.items() if int(step) >= hold and epoch in set(by.values())}
+            if late:
+                h.result.violations.append(f"stale {number}: the older attempt committed after B started: {late}")
+            kill.phase = f"older held at step {hold}, exit {code}"
+            target = min(h.steps - 1, _reached(h, before) + 1 + h.rng.randint(0, 2))
+            if _until(h, f"stale {number}: B trains on", lambda: _reached(h, before) >= target, proc):
+                kill.code = _end_by_notice(h, proc, GRACE_S + 30, f"stale {number}")
+    h._stop(older)
+    if proc is None:
+        return older.returncode, kill, None
+    kill.reached = _reached(h, before)
+    h._stop(proc)
+    return proc.returncode, kill, _new_attempt(h, before)
+
+
+def fault_emergency(h: Harness, number: int, plan: dict):
+    """A notice at step S (both ranks held at its end, so the emergency checkpoint is S's), then a SIGKILL
+    while the writer of that checkpoint is held at a random point."""
+    step, point, rank = plan["step"], plan["point"], plan["rank"]
+    faults = h.work / "faults" / f"start-{number}"
+    before = attempts_seen(h.run_dir)
+    proc = h._launch(
+        number,
+        grace=NOTICE_WINDOWS_S[plan["cloud"]],
+        SKYSPOT_FAULT=f"step_end@{step}:hold=600,{point}@{step}/{rank}:hold=600",
+        SKYSPOT_FAULT_DIR=str(faults),
+    )
+    kill = Kill(number, "emergency", plan["target"], None, None, f"notice at step {step}, kill at {point}/{rank}")
+    if _until(h, f"emergency {number}", lambda: len(list(faults.glob(f"step_end@{step}.rank*"))) == 2, proc):
+        _sigterm_tree(proc)
+        time.sleep(0.5)  # the handlers set the flag; the step's vote carries it
+        for fired in faults.glob(f"step_end@{step}.rank*"):
+            (fired.parent / (fired.name + ".release")).touch()
+        held = faults / f"{point}@{step}.rank{rank}"
+        if _until(h, f"emergency {number}: the writer held at {point}", held.exists, proc, timeout=60):
+            time.sleep(h.rng.uniform(0.0, 0.2))
+            kill.at, kill.phase = time.time(), f"emergency writer held at {point}@{step}/{rank}"
+            procs = h._kill(proc, plan["target"])
+            h._wait_gone(proc, procs, f"emergency {number}", timeout=GRACE_S + 60)
+    kill.reached = _reached(h, before)
+    h._stop(proc)
+    return proc.returncode, kill, _new_attempt(h, before)
+
+
+def fault_outage(h: Harness, number: int, plan: dict):
+    """The store unreachable for a few seconds mid-run (moto's server stopped: connections refused): training
+    goes on, and once the store is back the uploads catch up (recovery: from its return to the newest local
+    checkpoint durable); then the node gets a notice."""
+    assert h.s3 is not None
+    before = attempts_seen(h.run_dir)
+    proc = h._launch(number)
+    kill = Kill(number, "outage", "store", None, None, f"store down after step {plan['step']}")
+    if _until(h, f"outage {number}", lambda: _reached(h, before) >= plan["step"], proc):
+        down_s = h.rng.uniform(2.0, 8.0)
+        h.s3.stop()
+        kill.at, stopped_at = time.time(), _reached(h, before)
+        try:
+            time.sleep(down_s)
+        finally:
+            h.s3.start()
+        back = time.time()
+        kill.phase = f"down {down_s:.1f} s from step {stopped_at}"
+        trained = _reached(h, before)
+        if trained <= stopped_at and proc.poll() is None:
+            h.result.violations.append(f"outage {number}: no step during the {down_s:.1f} s outage")
+        target = min(h.steps - 1, trained + 1)
+        if _until(h, f"outage {number}: trains on", lambda: _reached(h, before) >= target, proc):
+            local = max(valid_steps(h.run_dir, h.result, f"outage {number}")[:1] or [0])
+
+            def caught_up() -> bool:
+                return max(durable_steps(h.store, h.run_dir.name)[:1] or [0]) >= local
+
+            if _until(h, f"outage {number}: uploads catch up to step {local}", caught_up, proc, timeout=120):
+                kill.recovery_seconds = round(time.time() - back, 2)
+            kill.phase += f", {trained - stopped_at} step(s) trained meanwhile"
+            kill.code = _end_by_notice(h, proc, GRACE_S + 30, f"outage {number}")
+    kill.reached = _reached(h, before)
+    h._stop(proc)
+    return proc.returncode, kill, _new_attempt(h, before)
+
+
+def _s3_server():
+    """moto's S3 server in this process (tests/storage_servers.py), reachable by the starts on loopback."""
+    from tests.storage_servers import HOST, S3Server
+
+    server = S3Server()
+    server.start()
+    os.environ.update(
+        AWS_ENDPOINT_URL=server.url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+        NO_PROXY=",".join(filter(None, [os.environ.get("NO_PROXY", ""), HOST, "localhost"])),
+    )
+    os.environ["no_proxy"] = os.environ["NO_PROXY"]
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        os.environ.pop(name, None)
+    EXTRA_ENV.update(SKYSPOT_STORE_RETRY_MAX_SECONDS="1", SKYSPOT_EVENTS_SYNC_SECONDS="1")
+    return server
+
+
+FAULTS = {
+    "outage": fault_outage,
+    "notice": fault_notice,
+    "crash": fault_in_place,
+    "hang": fault_in_place,
+    "stale": fault_stale,
+    "emergency": fault_emergency,
+}
+
+
 def run(
     seed: int,
     kills: int,
@@ -720,6 +1177,7 @@ def run(
     store: bool = False,
     say=None,
     wipe: bool = False,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Result:
     """The harness as a function (tests/reliability/test_random_kills.py calls it)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
@@ -734,6 +1192,7 @@ def run(
         store=store,
         say=say,
         wipe=wipe,
+        kinds=kinds,
     ).run()
 
 
@@ -742,7 +1201,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock; printed)")
-    parser.add_argument("--kills", type=int, default=12, help="SIGKILLs before the last, uninterrupted start")
+    parser.add_argument(
+        "--faults", "--kills", dest="kills", type=int, default=12, help="faults before the last, uninterrupted start"
+    )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"'all' or a comma-separated list of {', '.join(ALL_KINDS)} (default: {','.join(KINDS)})",
+    )
     parser.add_argument("--steps", type=int, default=None, help="train.steps (default: max(24, kills + 8))")
     parser.add_argument("--every", type=int, default=1, help="checkpoint.every_steps (default 1)")
     parser.add_argument("--keep", type=int, default=3, help="checkpoint.keep (default 3)")
@@ -761,14 +1227,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
+    kinds = ALL_KINDS if args.kinds == "all" else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown or not kinds:
+        parser.error(f"--kinds: unknown kind(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(ALL_KINDS)}")
+    if args.kills < 0:
+        parser.error("--faults must be 0 or more")
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"seed {seed}", flush=True)
     steps = args.steps or max(24, args.kills + 8)
-    result = run(seed, args.kills, steps, args.every, args.keep, args.work, args.reference, args.store, wipe=args.wipe)
+    result = run(
+        seed,
+        args.kills,
+        steps,
+        args.every,
+        args.keep,
+        args.work,
+        args.reference,
+        args.store,
+        wipe=args.wipe,
+        kinds=kinds,
+    )
     if args.json:
-        args.json.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({**asdict(result), "per_kind": result.per_kind(), "ok": result.ok}, indent=2) + "\n"
+        )
     for line in result.violations:
         print(f"VIOLATION: {line}", flush=True)
+    print(result.table(), flush=True)
     print(result.summary(), flush=True)
     print(f"work dir: {result.work}", flush=True)
     return 0 if result.ok else 1
