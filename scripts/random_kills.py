@@ -1179,21 +1179,37 @@ def run(
     wipe: bool = False,
     kinds: tuple[str, ...] = KINDS,
 ) -> Result:
-    """The harness as a function (tests/reliability/test_random_kills.py calls it)."""
+    """The harness as a function (tests/reliability/test_random_kills.py calls it).
+
+    It leaves the process as it found it: the outage kind's moto server is stopped, and the environment
+    that pointed the SDKs at it is restored. A test process goes on after the soak, and a later test's
+    trainers that inherited AWS_ENDPOINT_URL would reach this server (moto's backend is shared by every
+    server in the process), so stopping their own server would be no outage (CI saw exactly that)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
-    return Harness(
-        seed=seed,
-        kills=kills,
-        steps=steps,
-        every=every,
-        keep=keep,
-        work=work,
-        reference=reference,
-        store=store,
-        say=say,
-        wipe=wipe,
-        kinds=kinds,
-    ).run()
+    environ, extra = dict(os.environ), dict(EXTRA_ENV)
+    harness = None
+    try:
+        harness = Harness(
+            seed=seed,
+            kills=kills,
+            steps=steps,
+            every=every,
+            keep=keep,
+            work=work,
+            reference=reference,
+            store=store,
+            say=say,
+            wipe=wipe,
+            kinds=kinds,
+        )
+        return harness.run()
+    finally:
+        if harness is not None and harness.s3 is not None:
+            harness.s3.stop()
+        os.environ.clear()
+        os.environ.update(environ)
+        EXTRA_ENV.clear()
+        EXTRA_ENV.update(extra)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

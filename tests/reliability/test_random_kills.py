@@ -35,6 +35,7 @@ def harness():
 def test_one_fault_of_every_kind_loses_nothing_rolls_nothing_back_and_ends_bitwise_equal(tmp_path):
     kills = harness()
     print(f"seed {SEED}")
+    environ = dict(os.environ)
     result = kills.run(
         SEED,
         KILLS,
@@ -48,6 +49,9 @@ def test_one_fault_of_every_kind_loses_nothing_rolls_nothing_back_and_ends_bitwi
     )
     print(result.table())
     print(result.summary())
+    # The outage kind's server and the environment that points at it end with the soak: later tests'
+    # trainers must reach their own servers (CI once saw an outage test upload through this one).
+    assert dict(os.environ) == environ
     context = f"seed {SEED}; logs in {tmp_path / 'logs'}"
     assert not result.violations, f"{context}: " + "\n".join(result.violations)
     assert len(result.kills) == KILLS, context

@@ -123,11 +123,13 @@ def test_a_crash_and_a_hang_restart_in_place_and_the_run_ends_bitwise_equal(cras
 def test_a_rank_that_keeps_crashing_spends_the_budget_and_falls_back_to_a_new_attempt(tmp_path):
     # One node of 2 ranks, a budget of 1 per hour, no backoff: crash at 3 is restarted in place, the
     # crash at 5 is past the budget and ends the attempt; the next attempt (new "machines") finishes.
+    # A tiny step is ~40 ms and the executor polls every 0.2 s, so a fault lands a few steps late: 16
+    # steps leave room for the second to land before the end (with 8, CI once saw it land after).
     run_dir = launch(
         "keeps-crashing",
         "--crash-at-steps",
         "3,5",
-        "train.steps=8",
+        "train.steps=16",
         "checkpoint.every_steps=2",
         "train.log_every=4",
         "resources.cpu_ranks=2",

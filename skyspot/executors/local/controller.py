@@ -193,6 +193,10 @@ class Controller:
         self.pending_steps = list(spec.preempt_at_steps)
         self.pending_faults = list(spec.rank_faults)
         self.fault_due = False  # the next rank fault's step was logged; it fires once its rank is found
+        # After a crash or hang, the next fault waits for the workers that replace the struck ones (their
+        # `start` event): the struck generation's last step events, or a kill of a worker torchrun is still
+        # starting, would spend two faults on one failure (the in-place budget would see one).
+        self.fault_armed = True
         # An outage starts with a notice to the spot instance running then, like a preemption.
         self.trace = SpotTrace.from_spec(spec)
         self.pending_trace = self.trace.losses()
@@ -497,12 +501,16 @@ class Controller:
         if attempt.steps_tail is None:
             steps_file = self._trainer_events_file(attempt.number)
             attempt.steps_tail = FileTail(steps_file) if steps_file is not None else None
-        logged: list[int] = []
+        logged: list[tuple[str, int]] = []
         if attempt.steps_tail is not None:
             attempt.step = _latest_step(attempt.steps_tail, attempt.step, logged)
         # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
         # restart in place the ranks redo steps, and the next fault is for a step in progress again.
-        self.fault_due = self.fault_due or any(s >= f["step"] for s in logged for f in self.pending_faults[:1])
+        for kind, step in logged:
+            if kind == "start":
+                self.fault_armed = True
+            elif self.fault_armed and self.pending_faults and step >= self.pending_faults[0]["step"]:
+                self.fault_due = True
         if any(c not in (None, 0) for c in codes) and attempt.first_failure is None:
             attempt.first_failure = now  # a node died; the others must fail fast on their own
         if attempt.first_failure and now - attempt.first_failure > float(
@@ -608,6 +616,7 @@ class Controller:
             return  # no live worker there now (restarting): the next poll tries again
         self.pending_faults.pop(0)
         self.fault_due = False
+        self.fault_armed = fault["action"] == "cut"  # a cut ends the attempt: the next one starts armed
         events.emit(rank_faults.EVENT_TYPES[fault["action"]], step=step, at_step=fault["step"], **done)
         if fault["action"] == "cut":
             self.say(f"link cut at step {step}: node {done['node']} ({done['address']}) drops every packet")
@@ -906,18 +915,23 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _latest_step(tail: FileTail, step: int, logged: Optional[list[int]] = None) -> int:
+def _latest_step(tail: FileTail, step: int, logged: Optional[list[tuple[str, int]]] = None) -> int:
     """The newest step in rank 0's events file, reading only what was appended since the last call;
-    `logged` gets the steps of the step events appended since."""
+    `logged` gets, in order, ("step", STEP) for each step event appended since and ("start", 0) for each
+    start of a generation of workers."""
     for line in tail.read().splitlines():
         try:
             event = json.loads(line)
         except ValueError:
             continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "start" and logged is not None:
+            logged.append(("start", 0))
         if event.get("type") in ("step", "resume") and isinstance(event.get("step"), int):
             step = max(step, event["step"])
             if logged is not None and event["type"] == "step":
-                logged.append(event["step"])
+                logged.append(("step", event["step"]))
     return step
 
 
