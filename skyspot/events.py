@@ -159,6 +159,16 @@ def event_file_name(attempt: int, node_rank: int, rank: int | None, *, superviso
     return f"attempt-{attempt}.node-{node_rank}.rank-{rank}.jsonl"
 
 
+def attempt_numbers(names: Iterable[str]) -> set[int]:
+    """The attempts that events file names (event_file_name's) belong to: a count without reading them."""
+    found = set()
+    for name in names:
+        head = name.rsplit("/", 1)[-1].split(".", 1)[0]
+        if head.startswith("attempt-") and head[8:].isascii() and head[8:].isdigit():
+            found.add(int(head[8:]))
+    return found
+
+
 class EventWriter:
     """Appends events for one process. Each line is flushed at once so a kill loses at most that line."""
 

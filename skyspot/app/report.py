@@ -161,6 +161,30 @@ def check_plot(path: Union[str, Path]) -> str:
     return plot_format(path)
 
 
+MAX_PLOT_ATTEMPTS = 5_000
+"""The most attempts `--plot` draws: the timeline is about 1,000 pixels wide, so past this each attempt is
+narrower than a fifth of a pixel, and reading and drawing them would pass the 10 s a report may take
+(issue 31, item 9: 20,000 attempts took 9-10.5 s here). Such a run is refused in one line, at once."""
+
+
+def check_plot_run(run_name: str) -> None:
+    """Refuse `--plot` for a run of more than MAX_PLOT_ATTEMPTS attempts, counted from its events files'
+    names (a directory listing, before a line is read)."""
+    from skyspot.app.status import event_names
+    from skyspot.errors import UsageError
+    from skyspot.events import attempt_numbers
+    from skyspot.ledger import Ledger
+
+    with Ledger() as ledger:
+        run = ledger.get(run_name)
+    attempts = len(attempt_numbers(event_names(run)))
+    if attempts > MAX_PLOT_ATTEMPTS:
+        raise UsageError(
+            f"run '{run_name}' has {attempts:,} attempts; --plot draws at most {MAX_PLOT_ATTEMPTS:,} (more would "
+            f"each be narrower than a pixel): `skyspot cost-report {run_name} --json` has every one"
+        )
+
+
 def plot(run_report: RunReport, path: Union[str, Path]) -> bytes:
     """One run's timeline image (pricing/cost_plot.py) in the format PATH's suffix names."""
     from skyspot.pricing.cost_plot import plot_format, plot_run

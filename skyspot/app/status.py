@@ -35,6 +35,25 @@ def run_events(run: Run, *, store_ok: bool = True) -> EventLog:
     return read_events_store(open_store(run.store), run.name)
 
 
+def event_names(run: Run) -> list[str]:
+    """The names of a run's events files where run_events would read them (node 0's directory, or the
+    store's keys), without reading one."""
+    from pathlib import Path
+
+    from skyspot.events import EVENTS_DIR
+
+    if run.run_dir and Path(run.run_dir, EVENTS_DIR).is_dir():
+        try:
+            return [entry.name for entry in os.scandir(Path(run.run_dir) / EVENTS_DIR)]
+        except OSError:
+            return []
+    if not run.store:
+        return []
+    from skyspot.storage import join_key, open_store
+
+    return open_store(run.store).list(join_key(run.name, EVENTS_DIR) + "/")
+
+
 SETUP_RECORD_MAX_BYTES = 64 * 1024  # a setup record is a few hundred bytes; a bigger one is not ours
 
 

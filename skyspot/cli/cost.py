@@ -73,11 +73,12 @@ def cost_report_command(
         raise UsageError("pick one of --json and --csv")
     if plot is not None and not run_name:
         raise UsageError("--plot draws one run: name it, e.g. `skyspot cost-report RUN --plot run.png`")
-    from skyspot.app.report import check_plot, cost_reports
+    from skyspot.app.report import check_plot, check_plot_run, cost_reports
 
-    if plot is not None:  # a name that cannot be written is refused before the report is computed
+    if plot is not None:  # a name that cannot be written, or a run too long to draw, before the report
         check_plot(plot)
         check_output(plot, force=force, flag="--plot")
+        check_plot_run(run_name)
 
     reports = cost_reports(run_name)
     for note in reports.notes:

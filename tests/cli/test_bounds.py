@@ -68,11 +68,43 @@ def test_cost_report_of_twenty_thousand_attempts_adds_up(home):
     assert f"interrupted by: {ATTEMPTS - 1} spot preemptions" in text
 
 
+def refused(home, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SKYSPOT_HOME": str(home), "PYTHONPATH": str(REPO), "NO_COLOR": "1", "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "skyspot.cli.main", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done
+
+
+def test_the_plot_of_more_attempts_than_it_can_draw_is_refused_in_one_line_before_a_line_is_read(tmp_path):
+    """Past MAX_PLOT_ATTEMPTS (20,000 took 9-10.5 s to read and draw, issue 31's bound is 10 s), `--plot`
+    refuses at once, counting attempts from the events files' names: here empty files, so a reader that read
+    them would find nothing to refuse. At the bound itself the plot is drawn."""
+    from skyspot.app.report import MAX_PLOT_ATTEMPTS
+
+    home = tmp_path / "home"
+    run_dir = write_big_run(home, "long", 2)
+    for k in range(2, MAX_PLOT_ATTEMPTS):  # attempts 0 and 1 are the written run's
+        (run_dir / "events" / f"attempt-{k}.executor.jsonl").touch()
+    plot = tmp_path / "long.png"
+    drawn = cli(home, "cost-report", "long", "--plot", str(plot))  # MAX_PLOT_ATTEMPTS attempts: drawn
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {plot}" in drawn.stderr
+    (run_dir / "events" / f"attempt-{MAX_PLOT_ATTEMPTS}.node-0.rank-0.jsonl").touch()
+    before = plot.read_bytes()
+    done = refused(home, "cost-report", "long", "--plot", str(plot), "--force")
+    assert done.stderr.strip().splitlines() == [
+        f"error: run 'long' has {MAX_PLOT_ATTEMPTS + 1:,} attempts; --plot draws at most {MAX_PLOT_ATTEMPTS:,} "
+        "(more would each be narrower than a pixel): `skyspot cost-report long --json` has every one"
+    ]
+    assert plot.read_bytes() == before  # nothing already saved is overwritten
+
+
 @pytest.mark.slow  # 10-60 s each on a loaded 2-core machine: with `-m slow`
-def test_the_plot_of_twenty_thousand_attempts_is_drawn(home, tmp_path):
-    done = cli(home, "cost-report", "big", "--plot", str(tmp_path / "big.png"))
-    assert (tmp_path / "big.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"wrote {tmp_path / 'big.png'}" in done.stderr
+def test_the_plot_of_twenty_thousand_attempts_is_refused_in_one_line(home, tmp_path):
+    done = refused(home, "cost-report", "big", "--plot", str(tmp_path / "big.png"))
+    assert "has 20,000 attempts; --plot draws at most" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "big.png").exists()
 
 
 @pytest.mark.parametrize("args", [["cost-report", "huge"], ["cost-report", "huge", "--plot", "PLOT"]])
