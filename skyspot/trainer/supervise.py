@@ -105,33 +105,43 @@ def _watchdog_flags(parser: argparse.ArgumentParser) -> None:
     default = ResilienceSection()
     parser.add_argument(
         "--hang-factor",
-        type=_positive,
+        type=_resilience("hang_factor"),
         default=default.hang_factor,
         help="a hang: no step for longer than this x the median step time (default %(default)s)",
     )
     parser.add_argument(
         "--hang-floor",
-        type=_positive,
+        type=_resilience("hang_floor_seconds"),
         default=default.hang_floor_seconds,
         help="... or than this many seconds, whichever is longer (default %(default)s)",
     )
     parser.add_argument(
         "--first-step-bound",
-        type=_positive,
+        type=_resilience("first_step_seconds"),
         default=default.first_step_seconds,
         help="seconds allowed from a (re)start to its first step (default %(default)s)",
     )
     parser.add_argument("--no-watchdog", action="store_true", help="do not watch for hangs")
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise ValueError(text)
-    return value
+def _resilience(field: str):
+    """An argparse type for the recipe's `resilience.<field>`: the value the recipe would accept and nothing
+    else (issue 31, item 13: the supervisor took --hang-factor 1.5 and --hang-floor 1e300, which the recipe
+    refuses), checked by the recipe's own field, so the two cannot drift apart."""
+    from pydantic import ValidationError
 
+    from skyspot.recipe import ResilienceSection
 
-_positive.__name__ = "positive number"  # argparse's error names the type: "invalid positive number value"
+    def parse(text: str) -> float:
+        value = float(text)
+        try:
+            ResilienceSection.model_validate({field: value})
+        except ValidationError:
+            raise ValueError(text) from None
+        return value
+
+    parse.__name__ = f"resilience.{field}"  # argparse adds " value": "invalid resilience.hang_factor value: '1.5'"
+    return parse
 
 
 def _seconds(text: str) -> float:

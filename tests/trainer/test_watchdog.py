@@ -141,6 +141,37 @@ def test_the_supervisor_flags_carry_the_bounds_and_the_switch():
     assert usage.value.code == 2
 
 
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--hang-factor", "1.5"),  # the recipe wants 2..1e6
+        ("--hang-factor", "2e6"),
+        ("--hang-floor", "1e300"),  # the recipe: at most 1e12
+        ("--hang-floor", "nan"),
+        ("--first-step-bound", "inf"),
+        ("--first-step-bound", "0"),
+    ],
+)
+def test_the_supervisor_refuses_what_the_recipe_refuses(flag, value, capsys):
+    """Issue 31, item 13: the supervisor took bounds the recipe refuses (a hand-written run script, or one
+    rendered by another skyspot version, reached the watchdog unchecked)."""
+    from pydantic import ValidationError
+
+    from skyspot.recipe import ResilienceSection
+
+    field = {
+        "--hang-factor": "hang_factor",
+        "--hang-floor": "hang_floor_seconds",
+        "--first-step-bound": "first_step_seconds",
+    }
+    with pytest.raises(ValidationError):
+        ResilienceSection.model_validate({field[flag]: float(value)})
+    with pytest.raises(SystemExit) as usage:
+        parse_args(["--run-dir", "d", flag, value, "--", "torchrun"])
+    assert usage.value.code == 2
+    assert f"invalid resilience.{field[flag]} value: '{value}'" in capsys.readouterr().err
+
+
 def test_the_run_script_passes_the_recipes_resilience_to_the_supervisor():
     from skyspot.recipe import load_recipe
     from skyspot.task.render import run_script
