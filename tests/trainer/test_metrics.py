@@ -230,6 +230,36 @@ def test_a_fresh_node_pulls_the_run_from_the_store_and_the_store_shows_it_whole(
     assert not [line for line in said if "unavailable" in line or "could not" in line]
 
 
+def test_a_relative_mlflow_path_is_a_store_inside_the_run_kept_in_the_runs_store(dashboards, tmp_path):
+    """Issue 31, item 13: a relative `metrics.mlflow_tracking_uri` resolved against wherever the trainer ran
+    and was not kept. It is a file store inside the run's directory, uploaded under the same path in the run's
+    store, and a fresh node pulls it back and goes on in the same MLflow run."""
+    import shutil
+
+    from skyspot.storage import open_store
+
+    store = open_store(str(tmp_path / "store"))
+    said: list[str] = []
+    relative = ("metrics.mlflow_tracking_uri=./tracking/mine",)
+    first, events = start(dashboards, 1, "mlflow", said=said, store=store, extra=relative)
+    train(events, range(1, 11), evals=(5, 10))
+    first.close(75)
+    first.uploader.close(timeout=10)
+    assert (dashboards / "tracking" / "mine").is_dir() and not (dashboards / "mlruns").exists()
+    shutil.rmtree(dashboards)  # another machine: only the store has the run
+    dashboards.mkdir()
+    (dashboards / "run.json").write_bytes(store.get_bytes(f"{RUN}/run.json"))
+    second, events = start(dashboards, 2, "mlflow", said=said, store=store, extra=relative)
+    train(events, range(11, 21), resumed_from=10, evals=(15, 20))
+    second.close(0)
+    second.uploader.close(timeout=10)
+    kept = tmp_path / "store" / RUN / "tracking" / "mine"
+    runs, series = mlflow_series(kept.as_uri())
+    assert len(runs) == 1  # one MLflow run across both attempts
+    assert_drawn_once(series)
+    assert not [line for line in said if "unavailable" in line or "could not" in line]
+
+
 def test_mlflow_resumes_its_run_from_run_json_and_skips_the_points_it_holds(dashboards):
     said = two_attempts_with_a_rollback(dashboards, "mlflow")
     runs, series = mlflow_series((dashboards / "mlruns").as_uri())
