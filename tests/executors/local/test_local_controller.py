@@ -160,6 +160,39 @@ def test_the_first_run_on_a_machine_says_it_is_building_the_op(nodes, monkeypatc
     assert "Building extension module deepspeed_shm_comm" in log
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is left
+
+
+def test_a_cancel_during_the_op_build_ends_the_builds_whole_process_group(nodes, monkeypatch, tmp_path):
+    """Issue 31, item 5: a cancel while `prepare` builds DeepSpeed's op left the compilers running (and
+    torch's lock held). The build runs in a session of its own, and a cancel kills that whole group."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "nothing-built"))
+    compiler = tmp_path / "compiler.pid"
+    nodes["prepare"] = f"sleep 300 & echo $! > {compiler}; wait"  # a compiler the build started
+    started = launch("-d")
+    assert started.exit_code == 0, started.output
+    deadline = time.time() + 60
+    while not compiler.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    pid = int(compiler.read_text())
+    assert _alive(pid) and os.getpgid(pid) != os.getpgid(0)
+    cancelled = runner.invoke(app, ["cancel", "run-1", "-y"])
+    assert cancelled.exit_code == 0, cancelled.output
+    deadline = time.time() + 10
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the build's child outlived the cancel"
+    assert Ledger().get("run-1").status == "CANCELLED"
+
+
 def test_an_op_already_built_is_not_built_again(nodes):
     nodes["prepare"] = "echo SHOULD-NOT-RUN; exit 1"
     result = launch()
