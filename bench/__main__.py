@@ -31,6 +31,7 @@ SUITES = [
     "hang",
     "inplace",
     "bounds",
+    "placement",
 ]
 MODULES = {
     "cli": "bench.cli_latency",
@@ -44,6 +45,7 @@ MODULES = {
     "hang": "bench.hang",
     "inplace": "bench.inplace",
     "bounds": "bench.bounds",
+    "placement": "bench.placement",
 }
 # What `--quick` leaves out, and why: each named here is reported as left out (stderr and the report's notes),
 # never dropped silently; `--only NAME --quick` still runs it.

@@ -398,6 +398,11 @@ class ResourcesSection(_Section):
     """How candidates are ordered within spot and within on-demand: `expected_cost` (price, egress and the
     expected preemptions' restarts and lost work, from this machine's preemption history blended with the
     cloud's prior) or `price` (nodes + egress only). docs/reliability.md, "Placement by expected cost"."""
+    burst_minutes: float = Field(30.0, ge=0, le=10080)
+    """How long a spot instance taken counts against its zone and region when `expected_cost` places a
+    recovery: a recent preemption raises the place's expected cost by the restarts it predicts (0: the
+    price order). Applied by the local executor's zoned traces (executors/local/zones.py); docs/planning.md
+    says what a cloud run does."""
     disk_size: int = Field(256, ge=50, le=65536)
     """Disk per node in GB (the fast checkpoint tier lives there)."""
     local_only: bool = False

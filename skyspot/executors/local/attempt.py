@@ -70,6 +70,8 @@ class Attempt:
     killed_at: Optional[float] = None
     """When the nodes got SIGKILL (the VM gone, or the grace over)."""
     first_failure: Optional[float] = None
+    first_step_at: Optional[float] = None
+    """When rank 0 logged this attempt's first step (its restart ends there)."""
     """When a node first exited non-zero."""
 
 

@@ -173,6 +173,12 @@ class Spec:
     order (rank_faults.py)."""
     netns: bool = False
     """--netns: each node runs in a network namespace of its own, with its own address (netns.py)."""
+    zones: list[dict] = field(default_factory=list)
+    """A zoned trace's places (spot_trace.Zone.as_dict), where each spot attempt is placed (zones.py)."""
+    placement: str = "expected_cost"
+    """resources.placement: how a zoned trace's spot attempts choose their zone (zones.py)."""
+    burst_s: float = 1800.0
+    """resources.burst_minutes in seconds: how long a spot instance taken counts against its place (zones.py)."""
 
 
 class Controller:
@@ -199,7 +205,19 @@ class Controller:
         self.fault_armed = True
         # An outage starts with a notice to the spot instance running then, like a preemption.
         self.trace = SpotTrace.from_spec(spec)
-        self.pending_trace = self.trace.losses()
+        self.pending_trace = self.trace.losses()  # a zoned trace: the placed zone's, from its placement on
+        self.placer = None  # a zoned trace's placement (zones.Placer)
+        self.zone = None  # the zone of the current spot attempt (spot_trace.Zone), with a zoned trace
+        if self.trace.zones:
+            from skyspot.executors.local.zones import Placer, snapshot_prices
+
+            self.placer = Placer(
+                self.trace.zones,
+                policy=spec.placement,
+                prices=snapshot_prices(self.trace.zones, spec.instance_type),
+                burst_s=spec.burst_s,
+            )
+            self.pending_trace = []
         self.fresh = None  # the fresh node (fresh_node.FreshNode) when spec.fresh_node
         self.attempt = 0  # the last attempt number used
         self.prepared = spec.fresh_node  # a fresh node's setup prepares it
@@ -257,10 +275,11 @@ class Controller:
 
     def where(self, spot: bool, num_nodes: int) -> dict:
         place = cloud_facts(self.spec.cloud).simulated
+        zone = self.zone if spot else None
         return {
             "cloud": self.spec.cloud,
-            "region": place.region,
-            "zone": place.zone,
+            "region": zone.region if zone else place.region,
+            "zone": zone.zone if zone else place.zone,
             "instance_type": self.spec.instance_type,
             "spot": spot,
             "accelerators": self.spec.accelerators,
@@ -506,6 +525,8 @@ class Controller:
             attempt.step = _latest_step(attempt.steps_tail, attempt.step, logged)
         # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
         # restart in place the ranks redo steps, and the next fault is for a step in progress again.
+        if attempt.first_step_at is None and any(kind == "step" for kind, _ in logged):
+            attempt.first_step_at = now
         for kind, step in logged:
             if kind == "start":
                 self.fault_armed = True
@@ -541,6 +562,11 @@ class Controller:
         return Ending(code, outcome, codes, cause)
 
     def _close(self, attempt: Attempt, ending: Ending) -> tuple[int, End, Optional[str]]:
+        if self.placer is not None:
+            # What a preemption costs this run, for the next placement: the replacement's provisioning, then
+            # this attempt's start to its first step (all of it when it never got there).
+            ran = (attempt.first_step_at or time.time()) - attempt.started
+            self.placer.restart_s = self.spec.provision_delay + ran
         attempt.events.emit(
             "attempt_end",
             code=ending.code,
@@ -632,7 +658,9 @@ class Controller:
             self.pending_steps.pop(0)
             return True
         if self.pending_trace and now - self.launched_at >= self.pending_trace[0]:
-            self.pending_trace.pop(0)
+            lost = self.pending_trace.pop(0)
+            if self.zone is not None:
+                self.placer.lost(self.zone, lost)
             return True
         return spec.preempt_every is not None and now - attempt_started >= spec.preempt_every
 
@@ -710,7 +738,21 @@ class Controller:
         spot = self.spot_available()
         if not spot and self.preemptions and not first:
             self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
+        if self.placer is not None:
+            spot = spot and self._place()
         return spot
+
+    def _place(self) -> bool:
+        """A zoned trace: choose the spot attempt's zone (zones.py); its losses from now on are the
+        attempt's. False when no zone has spot capacity."""
+        t = time.time() - self.launched_at
+        self.zone, why = self.placer.choose(t)
+        if self.zone is None:
+            self.say(f"no spot: {why}")
+            return False
+        self.pending_trace = [loss for loss in self.zone.losses() if loss >= t]
+        self.say(f"spot attempt placed in {self.zone.key} ({self.spec.placement}): {why}")
+        return True
 
     def _finish(self, status: str, code: int, cause: Optional[str] = None) -> int:
         unused = self.unused_trace_times() if status == "SUCCEEDED" else []

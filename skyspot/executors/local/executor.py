@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from skyspot import clouds
 from skyspot.console import err
@@ -188,6 +188,18 @@ def check_options(options: LocalOptions, recipe, *, deadline: bool) -> tuple["Sp
             "--fallback-after and a deadline both decide when to run on-demand: drop --fallback-after "
             "(the deadline's policy switches when the run falls behind)"
         )
+    if trace.zones:
+        if deadline:
+            raise UsageError(
+                f"{options.spot_trace}: a zoned trace places recoveries by resources.placement; a deadline's "
+                "policy does not read zones yet: use a trace without zones for --deadline"
+            )
+        others = sorted({z.cloud for z in trace.zones} - {options.cloud})
+        if others:
+            raise UsageError(
+                f"{options.spot_trace}: zones on {', '.join(others)}, but the simulated cloud is {options.cloud}: "
+                f"pass --simulate {others[0]} or give zones of {options.cloud} only"
+            )
     if options.spot_nodes and trace.nodes:
         raise UsageError("give spot node counts once: --spot-nodes or the trace's 'nodes'")
     spot_nodes = list(options.spot_nodes or trace.nodes)
@@ -218,7 +230,7 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
     recovery = built.task["resources"]["job_recovery"]
     envs = {k: str(v) for k, v in built.task.get("envs", {}).items()}
     if PRICES_ENV in envs:  # the dashboards' cost curve: priced as the simulated placement, as cost-report does
-        envs[PRICES_ENV] = _simulated_prices(options.cloud, instance_type)
+        envs[PRICES_ENV] = _simulated_prices(options.cloud, instance_type, [z.region for z in trace.zones])
     return Spec(
         name=name,
         recipe=built.recipe.name,
@@ -245,17 +257,22 @@ def make_spec(built, name: str, options: LocalOptions) -> Spec:
         setup_script=built.task.get("setup", "") if options.fresh_node else "",
         rank_faults=list(options.rank_faults),
         netns=options.netns,
+        zones=[zone.as_dict() for zone in trace.zones],
+        placement=built.recipe.resources.placement,
+        burst_s=built.recipe.resources.burst_minutes * 60.0,
         file_mounts=_local_mounts(built) if options.fresh_node else {},
     )
 
 
-def _simulated_prices(cloud: str, instance_type: str) -> str:
-    """SKYSPOT_PRICES for the simulated placement: its instance at spot and on-demand list prices."""
+def _simulated_prices(cloud: str, instance_type: str, zone_regions: Sequence[str] = ()) -> str:
+    """SKYSPOT_PRICES for the simulated placement: its instance at spot and on-demand list prices, in the
+    simulated region and in each region a zoned trace places spot attempts in."""
     from skyspot.pricing.prices import hourly_price
 
-    region = clouds.get(cloud).simulated.region
     rows = []
-    for spot in (True, False):
+    for region, spot in dict.fromkeys(
+        [(clouds.get(cloud).simulated.region, s) for s in (True, False)] + [(r, True) for r in zone_regions]
+    ):
         try:
             price = hourly_price(cloud, instance_type=instance_type, region=region, spot=spot)
         except UsageError:  # no such price (MissingPrice is one): no cost curve for that capacity
@@ -386,6 +403,7 @@ def resume_local(run, *, detach: bool) -> int:
         spot_nodes=[],
         fallback_after=None,
         unavailable=[],
+        zones=[],
     )
     _write_spec(run_dir, spec, exclusive=False)
     with Ledger() as ledger:
