@@ -160,6 +160,7 @@ def _run(name: str, trace: str, placement: str):
     return [e["where"]["zone"] for e in executor_attempts(name) if e["type"] == "attempt_start"]
 
 
+@pytest.mark.slow  # two runs through the controller: about 20 s
 def test_recoveries_leave_the_zone_that_failed_and_the_price_order_goes_back_there(nodes, tmp_path):  # noqa: F811
     """Issue 32: one zone preempted three times within seconds, another calm. Each attempt's node runs 6 s; a
     restart here is about 2 s (1 s provisioning), so a preemption counts for 12 s (resources.burst_minutes=0.2):
