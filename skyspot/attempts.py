@@ -32,6 +32,7 @@ Import-light and pure: status imports it for every row.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
@@ -195,6 +196,11 @@ def _attempt(number: int, events: list[Mapping[str, Any]], *, later: bool, now: 
                     where[key] = value
     if executor_start is not None:
         start = executor_start["ts"]
+        # A node made ready before the attempt began (make-before-break: executors/local/return_to_spot.py)
+        # is billed from when it was ready.
+        ready = executor_start.get("provisioned_at")
+        if isinstance(ready, (int, float)) and not isinstance(ready, bool) and math.isfinite(ready):
+            start = min(start, float(ready))
     else:
         start = trainer_starts[0]["ts"] if trainer_starts else events[0]["ts"]
     process_starts = sorted({e["ts"] for e in trainer_starts if e.get("rank") == 0})

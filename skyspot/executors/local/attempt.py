@@ -72,6 +72,8 @@ class Attempt:
     first_failure: Optional[float] = None
     first_step_at: Optional[float] = None
     """When rank 0 logged this attempt's first step (its restart ends there)."""
+    first_step: int = 0
+    """That step's number (the step time is measured from it)."""
     """When a node first exited non-zero."""
 
 

@@ -55,7 +55,7 @@ from typing import IO, Callable, Optional
 from skyspot.attempts import AttemptEnd as End
 from skyspot.clouds import NOTICE_WINDOWS_S, get as cloud_facts
 from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
-from skyspot.errors import EXIT_USAGE
+from skyspot.errors import EXIT_USAGE, UsageError
 from skyspot.executors.local import controller_lock
 from skyspot.executors.local.attempt import ENDED_BY, Attempt, Ending, Stage
 from skyspot.ledger import Ledger
@@ -224,12 +224,18 @@ class Controller:
         self.last_cause: Optional[str] = None  # the last line a node printed that says why it stopped
         self.planner = None  # the deadline's policy (executors/local/deadline.py) when spec.deadline
         self.hosts = None  # with spec.netns: the nodes' network namespaces (netns.Hosts), for the whole run
+        self.spot_seconds = 0.0  # spot time so far: the preemption rate the way back to spot weighs
+        self.back = None  # the way back to spot (return_to_spot.py), for a run without a deadline
         self.timeline = timeline_for(spec.cloud, spec.notice, spec.grace)
         self.stop_grace = STOP_GRACE_S if spec.grace is None else spec.grace
         if spec.deadline:
             from skyspot.executors.local.deadline import Planner
 
             self.planner = Planner(self)
+        else:
+            from skyspot.executors.local.return_to_spot import ReturnToSpot
+
+            self.back = ReturnToSpot(self)
 
     # ------------------------------------------------------------------ helpers
     def say(self, line: str) -> None:
@@ -428,7 +434,10 @@ class Controller:
         if spot:
             self.spot_attempts += 1
         events = EventWriter(self.run_dir, self.spec.name, number, 0, None)
-        events.emit("attempt_start", where=where)
+        ready = self.back.prepared_at if self.back is not None else None
+        events.emit("attempt_start", where=where, **({"provisioned_at": ready} if ready is not None else {}))
+        if self.back is not None:
+            self.back.prepared_at = None
         attempt = Attempt(number, spot, nodes, where, events, metadata, started=time.time())
         metadata.reset()
         # What the node's own metadata read (trainer/instance.py) finds: the simulated instance.
@@ -526,7 +535,7 @@ class Controller:
         # A rank fault fires on a step event just logged, not on the newest step ever seen: after a
         # restart in place the ranks redo steps, and the next fault is for a step in progress again.
         if attempt.first_step_at is None and any(kind == "step" for kind, _ in logged):
-            attempt.first_step_at = now
+            attempt.first_step_at, attempt.first_step = now, attempt.step
         for kind, step in logged:
             if kind == "start":
                 self.fault_armed = True
@@ -562,6 +571,8 @@ class Controller:
         return Ending(code, outcome, codes, cause)
 
     def _close(self, attempt: Attempt, ending: Ending) -> tuple[int, End, Optional[str]]:
+        if attempt.spot:
+            self.spot_seconds += time.time() - attempt.started
         if self.placer is not None:
             # What a preemption costs this run, for the next placement: the replacement's provisioning, then
             # this attempt's start to its first step (all of it when it never got there).
@@ -664,6 +675,27 @@ class Controller:
             return True
         return spec.preempt_every is not None and now - attempt_started >= spec.preempt_every
 
+    def prices(self) -> Optional[tuple[float, float]]:
+        """(spot, on-demand) $/h of the simulated instance, from the snapshot: spot where the next spot
+        attempt would go (a zoned trace: the cheapest zone with capacity), on-demand in the simulated
+        region; None when the snapshot lacks either."""
+        from skyspot.pricing.prices import hourly_price
+
+        region = cloud_facts(self.spec.cloud).simulated.region
+        try:
+            on_demand = hourly_price(
+                self.spec.cloud, instance_type=self.spec.instance_type, region=region, spot=False, snapshot_only=True
+            ).usd_per_hour
+            if self.placer is not None:
+                zone, _ = self.placer.choose(time.time() - self.launched_at)
+                region = zone.region if zone is not None else region
+            spot = hourly_price(
+                self.spec.cloud, instance_type=self.spec.instance_type, region=region, spot=True, snapshot_only=True
+            ).usd_per_hour
+        except UsageError:
+            return None
+        return spot, on_demand
+
     def _progress(self) -> dict:
         """The info keys the controller keeps current in the ledger with every change it makes."""
         return {"preemptions": self.preemptions, "log": str(self.log_path)}
@@ -728,6 +760,16 @@ class Controller:
             return None
         if first:
             self.ledger.set_started(spec.name, os.getpid())
+        elif self.back is not None and self.back.prepared_at is not None:
+            self.ledger.set_recovering(spec.name, **self._progress())
+            self.say("switching to the spot node made ready while on-demand trained")
+            # Trace times that passed while the run was on on-demand took nothing: no spot instance was held.
+            elapsed = time.time() - self.launched_at
+            self.pending_trace = [t for t in self.pending_trace if t > elapsed]
+            spot = self._place() if self.placer is not None else True
+            if not spot:
+                self.back.prepared_at = None
+            return spot
         else:
             self.ledger.set_recovering(spec.name, **self._progress())
             self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
@@ -804,6 +846,16 @@ def _on_switch(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
     return Stage.SWITCHING
 
 
+def _on_spot_back(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
+    """On-demand while spot is back: a spot node made ready meanwhile, then this attempt stops with an
+    emergency checkpoint (return_to_spot.py)."""
+    if c.back is None or a.spot or not c.back.poll(a, now):
+        return None
+    _signal_all(a.procs, signal.SIGTERM)
+    a.stop_at = now
+    return Stage.SWITCHING
+
+
 def _on_preempt(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
     if not a.spot or not c._should_preempt(a.step, a.started, now):
         return None
@@ -845,10 +897,18 @@ def _on_kill(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
 
 
 Check = Callable[[Controller, Attempt, float], Optional[Stage]]
-ORDER: tuple[Check, ...] = (_inject_fault, _on_cancel, _on_switch, _on_preempt, _on_cloud_sigterm, _on_kill)
+ORDER: tuple[Check, ...] = (
+    _inject_fault,
+    _on_cancel,
+    _on_switch,
+    _on_spot_back,
+    _on_preempt,
+    _on_cloud_sigterm,
+    _on_kill,
+)
 """The order of the checks within one poll."""
 WATCH: dict[Stage, frozenset[Check]] = {
-    Stage.RUNNING: frozenset({_inject_fault, _on_cancel, _on_switch, _on_preempt}),
+    Stage.RUNNING: frozenset({_inject_fault, _on_cancel, _on_switch, _on_spot_back, _on_preempt}),
     Stage.NOTICED: frozenset({_inject_fault, _on_cancel, _on_cloud_sigterm, _on_kill}),
     Stage.PREEMPTING: frozenset({_inject_fault, _on_kill}),
     Stage.CANCELLING: frozenset({_on_kill}),  # no rank fault into a run being stopped

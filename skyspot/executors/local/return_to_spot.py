@@ -1,0 +1,128 @@
+"""The way back to spot, make-before-break (issue 32): a run that fell back to on-demand (a spot outage,
+capacity gone) returns to spot once spot can be had again and the remaining work makes the switch pay.
+
+    back = ReturnToSpot(controller)
+    back.poll(attempt, now)      # each poll of an on-demand attempt: True once the spot node is ready
+
+The spot node is provisioned (the run's `--provision-delay`) while the on-demand attempt goes on
+training; only when it is ready does the on-demand attempt stop, with an emergency checkpoint on
+SIGTERM as any switch, and the spot attempt starts on the ready node at once and resumes from that
+checkpoint. The two never train at once and never both write the store: the spot attempt's processes
+start after every process of the on-demand one has exited (the controller runs attempts in turn), and
+the store's fencing (trainer/fence.py) refuses a late commit of the older one anyway.
+
+It pays (`switch_pays`) when what the rest of the run saves on spot is more than what the switch costs:
+
+    remaining x (on-demand $/h - spot $/h)  >  (provision + start) x spot $/h x (1 + rate x remaining)
+
+`remaining` is the seconds of training left at the attempt's measured step time; `provision` the
+spot node's provisioning, billed while on-demand still trains; `start` this machine's start to a first
+step, as the on-demand attempt measured it (a restart costs it again); `rate` the preemptions per
+second of spot this run has seen (each would cost another provision and start). A switch that does
+not pay is said once, with its figures, and the run stays on on-demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from skyspot.events import EventType as T
+
+
+@dataclass(frozen=True)
+class Payoff:
+    pays: bool
+    gain_usd: float
+    cost_usd: float
+    why: str
+
+
+def switch_pays(
+    *,
+    remaining_s: float,
+    on_demand_usd_h: float,
+    spot_usd_h: float,
+    provision_s: float,
+    start_s: float,
+    rate_per_s: float = 0.0,
+) -> Payoff:
+    """Whether moving the rest of a run from on-demand to spot pays (the module's formula), and why."""
+    gain = remaining_s * (on_demand_usd_h - spot_usd_h) / 3600
+    restart = (provision_s + start_s) * spot_usd_h / 3600
+    cost = restart * (1 + rate_per_s * remaining_s)
+    detail = (
+        f"{remaining_s:.0f}s of training left x (${on_demand_usd_h:.2f} - ${spot_usd_h:.2f})/h = ${gain:.4f}, "
+        f"against ${cost:.4f} for the spot node's {provision_s:.0f}s provisioning and {start_s:.0f}s start"
+        + (f" and {rate_per_s * remaining_s:.2f} expected preemption(s)" if rate_per_s > 0 else "")
+    )
+    return Payoff(gain > cost, gain, cost, detail)
+
+
+class ReturnToSpot:
+    """One run's way back to spot; the controller asks `poll` at each poll of an on-demand attempt."""
+
+    def __init__(self, controller) -> None:
+        self.c = controller
+        self.ready_at: Optional[float] = None
+        """When the spot node being provisioned is ready (None: none is)."""
+        self.declined = False
+        """A switch that did not pay was said for this spell of spot capacity (it pays less as the run goes on)."""
+        self.prepared_at: Optional[float] = None
+        """When the spot node the next attempt runs on became ready (the controller starts it without delay)."""
+
+    def poll(self, attempt, now: float) -> bool:
+        c = self.c
+        if not c.spot_available():
+            if self.ready_at is not None:
+                c.say("spot went again before the spot node was ready; staying on on-demand")
+                attempt.events.emit(T.SPOT_RETURN, decision="withdrawn", step=attempt.step)
+            self.ready_at, self.declined = None, False
+            return False
+        if self.ready_at is not None:
+            if now < self.ready_at:
+                return False
+            self.ready_at, self.prepared_at = None, now
+            attempt.events.emit(T.SPOT_RETURN, decision="ready", step=attempt.step)
+            c.say(f"spot node ready at step {attempt.step}: the on-demand attempt checkpoints and stops")
+            return True
+        if self.declined:
+            return False
+        payoff = self._payoff(attempt, now)
+        if payoff is None:
+            return False  # no step time measured yet
+        fields = {"step": attempt.step, "gain_usd": round(payoff.gain_usd, 6), "cost_usd": round(payoff.cost_usd, 6)}
+        if not payoff.pays:
+            self.declined = True
+            attempt.events.emit(T.SPOT_RETURN, decision="declined", **fields)
+            c.say(f"spot is back, but the switch does not pay: {payoff.why}; staying on on-demand")
+            return False
+        self.ready_at = now + c.spec.provision_delay
+        attempt.events.emit(T.SPOT_RETURN, decision="provisioning", ready_at=self.ready_at, **fields)
+        c.say(
+            f"spot is back: provisioning a spot node in {c.spec.provision_delay:.0f}s while on-demand trains "
+            f"(it pays: {payoff.why})"
+        )
+        return False
+
+    def _payoff(self, attempt, now: float) -> Optional[Payoff]:
+        c = self.c
+        if attempt.first_step_at is None or attempt.step <= attempt.first_step:
+            return None
+        step_s = (now - attempt.first_step_at) / (attempt.step - attempt.first_step)
+        remaining = max(0, c.spec.total_steps - attempt.step) * step_s
+        prices = c.prices()
+        if prices is None:
+            self.declined = True
+            c.say("spot is back, but the snapshot has no price for the simulated instance: staying on on-demand")
+            return None
+        spot, on_demand = prices
+        rate = c.preemptions / c.spot_seconds if c.spot_seconds > 0 else 0.0
+        return switch_pays(
+            remaining_s=remaining,
+            on_demand_usd_h=on_demand,
+            spot_usd_h=spot,
+            provision_s=c.spec.provision_delay,
+            start_s=attempt.first_step_at - attempt.started,
+            rate_per_s=rate,
+        )
