@@ -22,6 +22,7 @@ from skyspot.app.launch import build
 from skyspot.ledger import Ledger
 
 from tests.executors.local.test_local_controller import executor_attempts, nodes  # noqa: F401 (a fixture)
+from tests.executors.local.test_spot_trace import _trace
 
 runner = CliRunner()
 
@@ -31,12 +32,6 @@ zones:
   aws/us-east-1/us-east-1a: {preemptions: [PREEMPTIONS]}
   aws/us-east-2/us-east-2a: {}
 """
-
-
-def _trace(tmp_path, text: str) -> str:
-    path = tmp_path / "trace.yaml"
-    path.write_text(text)
-    return str(path)
 
 
 def test_a_zoned_trace_is_read_zone_by_zone(tmp_path):
