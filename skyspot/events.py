@@ -71,7 +71,7 @@ class EventType(StrEnum):
     RANK_HANG_INJECTED = "rank_hang_injected"
     LINK_CUT_INJECTED = "link_cut_injected"
     ATTEMPT_END = "attempt_end"
-    SPOT_RETURN = "spot_return"
+    HANDOVER = "handover"
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     DEADLINE_DECISION = "deadline_decision"
 
@@ -125,9 +125,10 @@ EVENT_TYPES: dict[EventType, tuple[str, ...]] = {
     EventType.RANK_HANG_INJECTED: ("step", "at_step", "node", "local_rank", "pid", "signal"),
     EventType.LINK_CUT_INJECTED: ("step", "at_step", "node", "address"),
     EventType.ATTEMPT_END: ("code", "reason"),
-    # an on-demand attempt's way back to spot (executors/local/return_to_spot.py): decision is provisioning,
-    # ready, declined (the switch does not pay) or withdrawn (spot went again first)
-    EventType.SPOT_RETURN: ("decision", "step", "gain_usd", "cost_usd", "ready_at"),
+    # make-before-break (executors/local/handover.py): the next attempt's node made ready while this one
+    # trains; decision is provisioning, ready, declined (the way back to spot does not pay) or withdrawn (spot
+    # went again first); to is spot or on-demand; reason spot_back (return_to_spot.py) or deadline
+    EventType.HANDOVER: ("decision", "to", "reason", "step", "gain_usd", "cost_usd", "ready_at"),
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     EventType.DEADLINE_DECISION: ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),
 }

@@ -58,8 +58,10 @@ from skyspot.events import EVENTS_DIR, EventWriter, FileTail, read_events_dir
 from skyspot.errors import EXIT_USAGE, UsageError
 from skyspot.executors.local import controller_lock
 from skyspot.executors.local.attempt import ENDED_BY, Attempt, Ending, Stage
+from skyspot.executors.local.handover import Handover
 from skyspot.ledger import Ledger
 from skyspot.executors.local.spot_trace import SpotTrace
+from skyspot.planning.deadline import SPOT
 from skyspot.ports import free_port
 from skyspot.trainer.parent_death import set_parent_death_signal
 from skyspot.trainer.exit_codes import EXIT_RECORD, NO_VALID_CHECKPOINT, STALE, USAGE
@@ -226,6 +228,7 @@ class Controller:
         self.hosts = None  # with spec.netns: the nodes' network namespaces (netns.Hosts), for the whole run
         self.spot_seconds = 0.0  # spot time so far: the preemption rate the way back to spot weighs
         self.back = None  # the way back to spot (return_to_spot.py), for a run without a deadline
+        self.handover = Handover(self)  # make-before-break: the next node made ready while an attempt trains
         self.timeline = timeline_for(spec.cloud, spec.notice, spec.grace)
         self.stop_grace = STOP_GRACE_S if spec.grace is None else spec.grace
         if spec.deadline:
@@ -434,10 +437,8 @@ class Controller:
         if spot:
             self.spot_attempts += 1
         events = EventWriter(self.run_dir, self.spec.name, number, 0, None)
-        ready = self.back.prepared_at if self.back is not None else None
-        events.emit("attempt_start", where=where, **({"provisioned_at": ready} if ready is not None else {}))
-        if self.back is not None:
-            self.back.prepared_at = None
+        ready = self.handover.take()
+        events.emit("attempt_start", where=where, **({"provisioned_at": ready.at} if ready is not None else {}))
         attempt = Attempt(number, spot, nodes, where, events, metadata, started=time.time())
         metadata.reset()
         # What the node's own metadata read (trainer/instance.py) finds: the simulated instance.
@@ -760,18 +761,18 @@ class Controller:
             return None
         if first:
             self.ledger.set_started(spec.name, os.getpid())
-        elif self.back is not None and self.back.prepared_at is not None:
-            self.ledger.set_recovering(spec.name, **self._progress())
-            self.say("switching to the spot node made ready while on-demand trained")
-            # Trace times that passed while the run was on on-demand took nothing: no spot instance was held.
-            elapsed = time.time() - self.launched_at
-            self.pending_trace = [t for t in self.pending_trace if t > elapsed]
-            spot = self._place() if self.placer is not None else True
-            if not spot:
-                self.back.prepared_at = None
-            return spot
         else:
             self.ledger.set_recovering(spec.name, **self._progress())
+            left = self.handover.left(time.time())
+            if left is not None:  # the attempt ended on its own while its successor's node was provisioned
+                self.say(
+                    f"the {_capacity(left[0])} node provisioned while the last attempt trained is the replacement: "
+                    f"ready in {left[1]:.0f}s"
+                )
+                if self.cancel.wait(left[1]):
+                    return None
+            if self.handover.prepared is not None:
+                return self._made_ready(self.handover.prepared.spot)
             self.say(f"recovering: provisioning a replacement in {spec.provision_delay:.0f}s")
             if self.cancel.wait(spec.provision_delay):
                 return None
@@ -782,6 +783,21 @@ class Controller:
             self.say("spot capacity gone or fallback reached: this attempt runs on-demand")
         if self.placer is not None:
             spot = spot and self._place()
+        return spot
+
+    def _made_ready(self, spot: bool) -> bool:
+        """The next attempt runs on the node the handover made ready (handover.py), without provisioning."""
+        self.say(f"switching to the {_capacity(spot)} node made ready while the last attempt trained")
+        # Trace times that passed while the run held no spot instance took nothing.
+        elapsed = time.time() - self.launched_at
+        self.pending_trace = [t for t in self.pending_trace if t > elapsed]
+        if spot and self.placer is not None:
+            spot = self._place()
+        elif spot and not self.spot_available():
+            self.say("spot went again while the last attempt stopped: this attempt runs on-demand")
+            spot = False
+        if not spot and self.handover.prepared is not None and self.handover.prepared.spot:
+            self.handover.prepared = None  # no spot node after all: a new on-demand one, billed from its start
         return spot
 
     def _place(self) -> bool:
@@ -838,17 +854,36 @@ def _on_cancel(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
 
 
 def _on_switch(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
-    """The deadline wants the other capacity: stop here with an emergency checkpoint."""
-    if c.planner is None or not c.planner.switch_due(now):
+    """The deadline wants the other capacity: a node of it is made ready while this attempt trains
+    (handover.py), then this attempt stops with an emergency checkpoint."""
+    if c.planner is None:
         return None
+    handover = c.handover
+    if not handover.pending:
+        want = c.planner.switch_due(now)
+        if want is None:
+            return None
+        handover.begin(a, now, spot=want == SPOT, reason="deadline")
+        c.say(f"deadline: provisioning a {want} node in {c.spec.provision_delay:.0f}s while this attempt trains")
+    elif handover.to_spot and not c.spot_available():
+        c.say("deadline: spot went again before the spot node was ready; staying on on-demand")
+        handover.withdraw(a)
+        return None
+    if not handover.ready(a, now):
+        return None
+    c.say(f"deadline: the new node is ready at step {a.step}: this attempt checkpoints and stops")
     _signal_all(a.procs, signal.SIGTERM)
     a.stop_at = now
     return Stage.SWITCHING
 
 
+def _capacity(spot: bool) -> str:
+    return "spot" if spot else "on-demand"
+
+
 def _on_spot_back(c: Controller, a: Attempt, now: float) -> Optional[Stage]:
     """On-demand while spot is back: a spot node made ready meanwhile, then this attempt stops with an
-    emergency checkpoint (return_to_spot.py)."""
+    emergency checkpoint (return_to_spot.py, handover.py)."""
     if c.back is None or a.spot or not c.back.poll(a, now):
         return None
     _signal_all(a.procs, signal.SIGTERM)

@@ -8,8 +8,9 @@ seconds from the run's own events (steps done, measured step time and restart ov
   nothing billed) and decides again every period, as SkyPilot keeps retrying a spot launch;
 - on-demand: the next attempt runs on-demand and is never preempted;
 - a switch while an attempt runs (to on-demand at the safety net, off on-demand once ahead of the
-  line): SIGTERM to the nodes, whose trainer writes an emergency checkpoint and exits 75; the
-  attempt ends `switched` and the next one starts on the other capacity.
+  line) is make-before-break (handover.py): a node of the other capacity is provisioned while the
+  attempt trains; once it is ready, SIGTERM to the nodes, whose trainer writes an emergency checkpoint
+  and exits 75; the attempt ends `switched` and the next one starts on the ready node at once.
 
 The deadline is judged while nothing steps too: every period while the machine is prepared once
 (DeepSpeed's op build) or a fresh node runs its setup (`preparing()`), and while a started attempt's
@@ -97,16 +98,18 @@ class Planner:
         self.nodes_started = time.time()
         self.next_check = self._after(self.nodes_started)
 
-    def switch_due(self, now: float) -> bool:
-        """While an attempt runs: whether the policy wants the other capacity now."""
+    def switch_due(self, now: float) -> Optional[str]:
+        """While an attempt runs: the other capacity, when the policy wants it now (the controller then makes
+        a node of it ready while the attempt trains: handover.py); None to stay."""
         if now < self.next_check or self.held is None:
-            return False
+            return None
         decision = self.decide(self.held, None, overhead_left=self._startup_left(now))
         if decision.mode == self.held or decision.reason == "done":
-            return False  # done: the trainer is finishing on its own
+            return None  # done: the trainer is finishing on its own
+        want = dl.ON_DEMAND if decision.mode == dl.ON_DEMAND else dl.SPOT  # idle: wait for spot on a spot node
         self.c.say(f"deadline: leaving {self.held} for {decision.mode}: {decision.why}")
         self.emit_switch(decision)
-        return True
+        return want
 
     def capacity(self) -> bool:
         """Spot capacity now, as the trace says (the same rule the simulator uses)."""

@@ -7,9 +7,7 @@ capacity gone) returns to spot once spot can be had again and the remaining work
 The spot node is provisioned (the run's `--provision-delay`) while the on-demand attempt goes on
 training; only when it is ready does the on-demand attempt stop, with an emergency checkpoint on
 SIGTERM as any switch, and the spot attempt starts on the ready node at once and resumes from that
-checkpoint. The two never train at once and never both write the store: the spot attempt's processes
-start after every process of the on-demand one has exited (the controller runs attempts in turn), and
-the store's fencing (trainer/fence.py) refuses a late commit of the older one anyway.
+checkpoint (handover.py: the make-before-break a deadline's switches use too).
 
 It pays (`switch_pays`) when what the rest of the run saves on spot is more than what the switch costs:
 
@@ -27,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from skyspot.events import EventType as T
+SPOT_BACK = "spot_back"
+"""The handover's reason when it is the way back to spot."""
 
 
 @dataclass(frozen=True)
@@ -60,30 +59,25 @@ def switch_pays(
 
 
 class ReturnToSpot:
-    """One run's way back to spot; the controller asks `poll` at each poll of an on-demand attempt."""
+    """One run's way back to spot; the controller asks `poll` at each poll of an on-demand attempt. The spot
+    node itself is made ready by the controller's handover (handover.py), as a deadline's switch is."""
 
     def __init__(self, controller) -> None:
         self.c = controller
-        self.ready_at: Optional[float] = None
-        """When the spot node being provisioned is ready (None: none is)."""
         self.declined = False
         """A switch that did not pay was said for this spell of spot capacity (it pays less as the run goes on)."""
-        self.prepared_at: Optional[float] = None
-        """When the spot node the next attempt runs on became ready (the controller starts it without delay)."""
 
     def poll(self, attempt, now: float) -> bool:
-        c = self.c
+        c, handover = self.c, self.c.handover
         if not c.spot_available():
-            if self.ready_at is not None:
+            if handover.pending:
                 c.say("spot went again before the spot node was ready; staying on on-demand")
-                attempt.events.emit(T.SPOT_RETURN, decision="withdrawn", step=attempt.step)
-            self.ready_at, self.declined = None, False
+                handover.withdraw(attempt)
+            self.declined = False
             return False
-        if self.ready_at is not None:
-            if now < self.ready_at:
+        if handover.pending:
+            if not handover.ready(attempt, now):
                 return False
-            self.ready_at, self.prepared_at = None, now
-            attempt.events.emit(T.SPOT_RETURN, decision="ready", step=attempt.step)
             c.say(f"spot node ready at step {attempt.step}: the on-demand attempt checkpoints and stops")
             return True
         if self.declined:
@@ -91,14 +85,13 @@ class ReturnToSpot:
         payoff = self._payoff(attempt, now)
         if payoff is None:
             return False  # no step time measured yet
-        fields = {"step": attempt.step, "gain_usd": round(payoff.gain_usd, 6), "cost_usd": round(payoff.cost_usd, 6)}
+        fields = {"gain_usd": round(payoff.gain_usd, 6), "cost_usd": round(payoff.cost_usd, 6)}
         if not payoff.pays:
             self.declined = True
-            attempt.events.emit(T.SPOT_RETURN, decision="declined", **fields)
+            handover.declined(attempt, spot=True, reason=SPOT_BACK, **fields)
             c.say(f"spot is back, but the switch does not pay: {payoff.why}; staying on on-demand")
             return False
-        self.ready_at = now + c.spec.provision_delay
-        attempt.events.emit(T.SPOT_RETURN, decision="provisioning", ready_at=self.ready_at, **fields)
+        handover.begin(attempt, now, spot=True, reason=SPOT_BACK, **fields)
         c.say(
             f"spot is back: provisioning a spot node in {c.spec.provision_delay:.0f}s while on-demand trains "
             f"(it pays: {payoff.why})"

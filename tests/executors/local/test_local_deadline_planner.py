@@ -91,7 +91,7 @@ def test_ahead_on_demand_switches_back_to_spot(tmp_path):
     planner = Planner(controller)
     planner.started(spot=False)
     planner.next_check = 0.0
-    assert planner.switch_due(time.time()) is True
+    assert planner.switch_due(time.time()) == SPOT
     switch = [d for d in read_events_dir(tmp_path / "events").of_type(DECISION_EVENT) if d.get("switch")]
     assert switch and (switch[0]["from_mode"], switch[0]["mode"]) == (ON_DEMAND, SPOT)
 

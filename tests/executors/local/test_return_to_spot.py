@@ -81,7 +81,7 @@ def test_spot_back_with_one_step_left_does_not_pay_and_the_run_says_why(nodes, t
     said = next(line for line in log.splitlines() if "spot is back" in line)
     assert "spot is back, but the switch does not pay: " in said and said.endswith("; staying on on-demand")
     events = read_events_dir(Path(Ledger().get("run-1").run_dir) / "events")
-    assert [e["decision"] for e in events.of_type("spot_return")] == ["declined"]
+    assert [e["decision"] for e in events.of_type("handover")] == ["declined"]
 
 
 @pytest.mark.slow  # a real run of tiny through an outage and a switch: about a minute
@@ -121,7 +121,7 @@ def test_after_an_outage_the_run_returns_to_a_spot_node_made_ready_while_on_dema
     starts = log.of_type("attempt_start")
     assert [e["where"]["spot"] for e in starts] == [False, True]
     assert [e["reason"] for e in log.of_type("attempt_end")] == ["switched", "complete"]
-    back = {e["decision"]: e for e in log.of_type("spot_return")}
+    back = {e["decision"]: e for e in log.of_type("handover")}
     assert list(back) == ["provisioning", "ready"]
     assert back["ready"]["ts"] - back["provisioning"]["ts"] >= 3.0  # the provisioning delay
     on_demand = [e for e in log.of_type("step") if e.get("attempt") == 1 and e.get("rank") == 0]
