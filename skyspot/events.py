@@ -74,6 +74,9 @@ class EventType(StrEnum):
     HANDOVER = "handover"
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     DEADLINE_DECISION = "deadline_decision"
+    # a supervised run's controller on SkyPilot (executors/sky/deadline.py, relaunch.py): a stage launched, or
+    # relaunched away from the region a spot stage was preempted in
+    PLACEMENT_DECISION = "placement_decision"
 
 
 # type -> fields it carries beyond the common ones (documentation and a light check).
@@ -131,6 +134,7 @@ EVENT_TYPES: dict[EventType, tuple[str, ...]] = {
     EventType.HANDOVER: ("decision", "to", "reason", "step", "gain_usd", "cost_usd", "ready_at"),
     # the deadline's policy (skyspot/planning/deadline.py), in the local executor or its controller on SkyPilot
     EventType.DEADLINE_DECISION: ("mode", "reason", "progress", "expected", "projected_finish", "deadline", "policy"),
+    EventType.PLACEMENT_DECISION: ("mode", "reason", "why", "stage", "left"),
 }
 
 

@@ -48,12 +48,15 @@ from typing import Any, Callable, Optional
 
 from skyspot.planning import deadline as dl
 from skyspot.errors import EXIT_USAGE, SkyspotError, UsageError
-from skyspot.executors.sky import sdk as sky_executor
+from skyspot.executors.sky import relaunch, sdk as sky_executor
+from skyspot.events import EventType
 from skyspot.statuses import RunStatus, has_ended
 
 CONTROLLER_MOUNT = "/skyspot/deadline"
 PLAN_FILE = "plan.json"
 DECISIONS_FILE = "deadline.controller.jsonl"
+PLACEMENT_EVENT = EventType.PLACEMENT_DECISION.value
+"""A supervised run's controller events (no deadline): a stage launched, or relaunched away from a place."""
 PERIOD_SECONDS = 60.0
 # What SkyPilot spends before the trainer starts on a new node (provisioning, then the task's
 # setup), until this run has measured its own restarts; the whole restart prior is in planning/deadline.py.
@@ -77,11 +80,11 @@ def check_api_server() -> None:
     endpoint = server_common.get_server_url()
     if server_common.is_api_server_local(endpoint):
         raise UsageError(
-            f"a deadline on a cloud needs a SkyPilot API server that managed jobs can reach: the "
-            f"controller that switches between spot and on-demand runs as a managed job and launches "
-            f"the training through it, and this API server is local ({endpoint}). Deploy a remote "
-            "API server (docs.skypilot.co, 'API server deployment') and `sky api login`, or launch "
-            "without --deadline"
+            f"a deadline or a supervised run (resources.supervise) on a cloud needs a SkyPilot API server "
+            f"that managed jobs can reach: its controller runs as a managed job and launches the training "
+            f"through it, and this API server is local ({endpoint}). Deploy a remote API server "
+            "(docs.skypilot.co, 'API server deployment') and `sky api login`, or launch without --deadline "
+            "and resources.supervise"
         )
 
 
@@ -177,10 +180,18 @@ def write_plan(home_dir, plan: dict[str, Any]) -> str:
 
 
 def plan_for(
-    task: dict[str, Any], *, run: str, store: str, deadline: dict[str, Any], total_steps: int, recipe: str
+    task: dict[str, Any],
+    *,
+    run: str,
+    store: str,
+    deadline: Optional[dict[str, Any]],
+    total_steps: int,
+    recipe: str,
+    leave_seconds: float = 0.0,
 ) -> dict[str, Any]:
-    """What the controller needs: the run, its store and deadline, and the stages' task, whose local
-    mounts point at the controller's copies (the same paths)."""
+    """What the controller needs: the run, its store, its deadline (None: it only supervises), how long a
+    preempted region is left (`leave_seconds`, resources.burst_minutes; 0: never), and the stages' task,
+    whose local mounts point at the controller's copies (the same paths)."""
     stage = copy.deepcopy(task)
     mounts = stage.get("file_mounts") or {}
     for target, source in list(mounts.items()):
@@ -189,7 +200,8 @@ def plan_for(
     return {
         "run": run,
         "store": store,
-        "deadline": dict(deadline),
+        "deadline": dict(deadline) if deadline else None,
+        "leave_seconds": float(leave_seconds),
         "total_steps": total_steps,
         "recipe": recipe,
         "task": stage,
@@ -199,6 +211,10 @@ def plan_for(
 # --------------------------------------------------------------------------- the controller
 
 
+ANY = "any"
+"""A supervised run's stage without a deadline: the whole task, spot first then on-demand, as rendered."""
+
+
 @dataclass
 class Stage:
     job_id: int
@@ -206,6 +222,8 @@ class Stage:
     launched_at: float
     waiting_since: Optional[float] = None
     """Since when it has not been RUNNING (launched, or preempted and recovering); None while it runs."""
+    where: Optional[dict[str, Any]] = None
+    """Where SkyPilot last reported it RUNNING (cloud, region, zone, spot): the place a recovery leaves."""
 
 
 class CloudController:
@@ -232,10 +250,14 @@ class CloudController:
         self.stop_requested = threading.Event()
         self._sleep = sleep
         self.say = say
-        d = plan["deadline"]
-        self.at, self.start = float(d["at"]), float(d["start"])
-        self.policy = d.get("policy") or dl.DEFAULT_POLICY
-        self.period = float(d.get("period") or PERIOD_SECONDS)
+        d = plan.get("deadline")
+        self.deadline: Optional[dict[str, Any]] = d if isinstance(d, dict) else None
+        self.at = float(d["at"]) if self.deadline else None
+        self.policy = (d or {}).get("policy") or dl.DEFAULT_POLICY
+        self.period = float((d or {}).get("period") or PERIOD_SECONDS)
+        self.leave_seconds = float(plan.get("leave_seconds") or 0.0)
+        self.left: list[relaunch.Left] = []
+        """Places spot stages were preempted in, each avoided until its time (executors/sky/relaunch.py)."""
         self.committed = False
         self.last: Optional[dl.Decision] = None
         self.stage: Optional[Stage] = None
@@ -265,8 +287,11 @@ class CloudController:
                     stage["mode"],
                     float(stage.get("launched_at") or event["ts"]),
                     stage.get("waiting_since"),
+                    stage.get("where") if isinstance(stage.get("where"), dict) else None,
                 )
                 self.committed = bool(event.get("committed"))
+                left = event.get("left")
+                self.left = [p for p in (relaunch.Left.from_dict(x) for x in left or []) if p is not None]
                 break
 
     def _emit(self, **fields: Any) -> None:
@@ -278,6 +303,7 @@ class CloudController:
                 "mode": self.stage.mode,
                 "launched_at": self.stage.launched_at,
                 "waiting_since": self.stage.waiting_since,
+                "where": self.stage.where,
             }
         )
         event = {
@@ -286,8 +312,10 @@ class CloudController:
             "attempt": 0,
             "node_rank": 0,
             "rank": None,
-            "type": dl.DECISION_EVENT,
+            "type": dl.DECISION_EVENT if self.deadline else PLACEMENT_EVENT,
             "stage": stage,
+            "left": [p.as_dict() for p in relaunch.in_force(self.left, self.clock())],
+            **({"deadline": self.at} if self.at is not None else {}),
             **fields,
         }
         self.lines.append(json.dumps(event, separators=(",", ":"), default=str))
@@ -296,34 +324,87 @@ class CloudController:
     # ------------------------------------------------------------------ one round
     def step(self) -> Optional[int]:
         """One decision; returns the controller's exit code once the run has ended."""
-        from skyspot.events import read_events_store
-
         now = self.clock()
         status = None
         if self.stage is not None:
             record = sky_executor.queue([self.stage.job_id]).get(self.stage.job_id) or {}
             status = str(record.get("status") or "PENDING")
             if status == "SUCCEEDED":
-                self._emit(mode=dl.IDLE, reason="done", why="the run finished", deadline=self.at, met=now <= self.at)
-                self.say(f"run finished {'before' if now <= self.at else 'AFTER'} its deadline {dl.when(self.at)}")
+                met = {"deadline": self.at, "met": now <= self.at} if self.at is not None else {}
+                self._emit(mode=dl.IDLE, reason="done", why="the run finished", **met)
+                self.say(
+                    f"run finished {'before' if now <= self.at else 'AFTER'} its deadline {dl.when(self.at)}"
+                    if self.at is not None
+                    else "run finished"
+                )
                 return 0
             if has_ended(status):
-                self._emit(
-                    mode=dl.IDLE,
-                    reason="stage-ended",
-                    why=f"stage {self.stage.job_id} ended {status}",
-                    deadline=self.at,
-                )
+                self._emit(mode=dl.IDLE, reason="stage-ended", why=f"stage {self.stage.job_id} ended {status}")
                 self.say(f"stage {self.stage.job_id} ({self.stage.mode}) ended {status}; the run stops here")
                 return 1
             if status == "RUNNING":
                 self.stage.waiting_since = None
+                where = sky_executor.where_from_queue(record)
+                if where.get("region"):
+                    self.stage.where = where
             elif self.stage.waiting_since is None:
                 self.stage.waiting_since = now  # preempted: SkyPilot is recovering it
+            if status == "RECOVERING" and self._leaves(self.stage):
+                self._leave(self.stage, now)
+                return None
+        if self.deadline is None:
+            if self.stage is None:
+                self.stage = self._launch(ANY)
+                self._emit(mode=ANY, reason="start", why="supervised run: the task as rendered")
+                self.say(f"supervising: stage {self.stage.job_id} launched")
+            return None
+        return self._decide(now, status)
+
+    def _leaves(self, stage: Stage) -> bool:
+        """Whether a stage SkyPilot is recovering is relaunched elsewhere: it was preempted on spot in a known
+        place, and the recipe leaves places (resources.burst_minutes > 0)."""
+        where = stage.where or {}
+        return (
+            self.leave_seconds > 0
+            and stage.mode != dl.ON_DEMAND
+            and bool(where.get("spot"))
+            and bool(where.get("region"))
+        )
+
+    def _leave(self, stage: Stage, now: float) -> None:
+        """SkyPilot is recovering a spot stage, in the region it lost (FAILOVER) or wherever is cheapest
+        (EAGER_NEXT_REGION, which blocks nothing in 0.14.1): cancel it and launch the next stage away from that
+        region for `leave_seconds` (executors/sky/relaunch.py)."""
+        where = stage.where or {}
+        place = relaunch.Left(
+            str(where.get("cloud") or "").lower(), str(where["region"]), where.get("zone"), now + self.leave_seconds
+        )
+        self.left = [p for p in relaunch.in_force(self.left, now) if (p.cloud, p.region) != (place.cloud, place.region)]
+        self.left.append(place)
+        self.say(
+            f"stage {stage.job_id} preempted in {place.cloud}/{place.region}"
+            + (f" ({place.zone})" if place.zone else "")
+            + f": SkyPilot would recover it there or in price order; relaunching away from it for "
+            f"{self.leave_seconds / 60:g} min (resources.burst_minutes)"
+        )
+        self._cancel(stage)
+        self.stage = self._launch(stage.mode)
+        self._emit(
+            mode=stage.mode,
+            reason="left",
+            why=f"stage {stage.job_id} preempted in {place.cloud}/{place.region}; avoiding {relaunch.describe(self.left, now)}",
+            previous_job_id=stage.job_id,
+        )
+
+    def _decide(self, now: float, status: Optional[str]) -> Optional[int]:
+        """A deadline's round: the policy's decision, and the switch it asks for."""
+        from skyspot.events import read_events_store
+
+        assert self.deadline is not None and self.at is not None
         log = read_events_store(self.store, self.run)
         estimates = dl.estimates_for(
             log.events,
-            self.plan["deadline"],
+            self.deadline,
             provision_seconds=CLOUD_PROVISION_SECONDS,
             restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS,
         )
@@ -333,7 +414,7 @@ class CloudController:
             log.events,
             estimates,
             now=now,
-            plan=self.plan["deadline"],
+            plan=self.deadline,
             total_steps=int(self.plan["total_steps"]),
             mode=mode,
             spot_available=spot_available,
@@ -374,7 +455,7 @@ class CloudController:
         """Seconds to the next round: a period, or until the deadline if it falls first (a deadline that
         passes is said when it passes)."""
         now = self.clock()
-        return min(self.period, self.at - now) if now < self.at else self.period
+        return min(self.period, self.at - now) if self.at is not None and now < self.at else self.period
 
     def _act(self, decision: dl.Decision, mode: str) -> None:
         want = decision.mode
@@ -394,7 +475,8 @@ class CloudController:
         )
 
     def _launch(self, mode: str) -> Stage:
-        task = stage_task(self.plan["task"], spot=mode == dl.SPOT)
+        task = self.plan["task"] if mode == ANY else stage_task(self.plan["task"], spot=mode == dl.SPOT)
+        task = relaunch.avoiding(task, self.left, now=self.clock())
         secrets = sky_executor.secrets_for(task, self.plan.get("recipe") or self.run, self.environ)
         job_id = sky_executor.submit(task, name=self.run, detach=True, secrets=secrets)
         if not isinstance(job_id, int):
@@ -437,7 +519,7 @@ class CloudController:
                 sky_executor.cancel(self.stage.job_id)
             except SkyspotError as error:
                 self.say(f"could not cancel stage {self.stage.job_id}: {error}")
-        self._emit(mode=dl.IDLE, reason="cancelled", why="the controller was cancelled", deadline=self.at)
+        self._emit(mode=dl.IDLE, reason="cancelled", why="the controller was cancelled")
         return 130
 
 

@@ -174,6 +174,7 @@ QUEUE_FIELDS = [
     "end_at",
     "cloud",
     "region",
+    "zone",
     "cluster_resources",
     "resources",
 ]

@@ -39,42 +39,62 @@ def submit_cloud(
     recipe = built.recipe
     # Asked again (launch.launch asked executor.check first): secret values are never kept anywhere.
     secrets = sky_executor.secrets_for(built.task, recipe.name, os.environ if environ is None else environ)
-    if deadline:
+    supervised = bool(deadline) or recipe.resources.supervise
+    if supervised:
         from skyspot.executors.sky.deadline import check_api_server
 
         check_api_server()
+    leave = recipe.resources.burst_minutes * 60.0
     record_launch(
-        built.run_name, built, "sky", info={"task": built.task, **({"deadline": deadline} if deadline else {})}
+        built.run_name,
+        built,
+        "sky",
+        info={
+            "task": built.task,
+            **({"deadline": deadline} if deadline else {}),
+            **({"supervised": {"leave_seconds": leave}} if supervised else {}),
+        },
     )
     task = built.task
-    if deadline:
-        task = _deadline_controller(
+    if supervised:
+        task = _controller(
             built.run_name,
             built.task,
             recipe=recipe.name,
             store=recipe.storage.store,
             total_steps=recipe.train.steps,
             deadline=deadline,
+            leave_seconds=leave,
             package=built.package,
         )
     return _submit_recorded(built.run_name, task, detach=detach, secrets=secrets)
 
 
-def _deadline_controller(
+def _controller(
     name: str,
     task: dict[str, Any],
     *,
     recipe: str,
     store: str,
     total_steps: int,
-    deadline: dict[str, Any],
+    deadline: Optional[dict[str, Any]],
+    leave_seconds: float,
     package: Optional[Package],
 ) -> dict[str, Any]:
-    """The managed-job task of a deadline's controller, its plan written where the task mounts it from."""
+    """The managed-job task of the run's controller (a deadline's, or a supervised run's), its plan written
+    where the task mounts it from."""
     from skyspot.executors.sky import deadline as sky_deadline
     from skyspot.ledger import skyspot_home
 
-    plan = sky_deadline.plan_for(task, run=name, store=store, deadline=deadline, total_steps=total_steps, recipe=recipe)
+    plan = sky_deadline.plan_for(
+        task,
+        run=name,
+        store=store,
+        deadline=deadline,
+        total_steps=total_steps,
+        recipe=recipe,
+        leave_seconds=leave_seconds,
+    )
     plan["plan_dir"] = sky_deadline.write_plan(skyspot_home(), plan)
     ordered = (task.get("resources") or {}).get("ordered") or (task.get("resources") or {}).get("any_of") or []
     clouds = list(dict.fromkeys(str(c["cloud"]) for c in ordered if c.get("cloud"))) or ["aws", "gcp", "azure"]
@@ -132,20 +152,24 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
             )
     secrets = sky_executor.secrets_for(task, run.recipe, os.environ if environ is None else environ)
     deadline = run.info.get("deadline")
-    if isinstance(deadline, dict):
+    supervised = run.info.get("supervised")
+    if isinstance(deadline, dict) or isinstance(supervised, dict):
         from skyspot.executors.sky.deadline import check_api_server
 
         check_api_server()
     with Ledger() as ledger:
         ledger.set_resumed(run.name, previous_job_id=run.job_id or None, task=task)
-    if isinstance(deadline, dict):  # the same deadline as at launch: its controller starts again
-        task = _deadline_controller(
+    if isinstance(deadline, dict) or isinstance(supervised, dict):  # as at launch: its controller starts again
+        task = _controller(
             run.name,
             task,
             recipe=run.recipe,
             store=run.store,
             total_steps=run.total_steps,
-            deadline=deadline,
+            deadline=deadline if isinstance(deadline, dict) else None,
+            leave_seconds=float((supervised or {}).get("leave_seconds") or 0.0)
+            if isinstance(supervised, dict)
+            else 0.0,
             package=packaging.build(),
         )
     return _submit_recorded(run.name, task, detach=detach, secrets=secrets)

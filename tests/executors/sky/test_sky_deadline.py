@@ -39,6 +39,8 @@ class FakeSkyPilot:
         self.launched: list[tuple[int, object, str]] = []
         self.cancelled: list[int] = []
         self.status: dict[int, str] = {}
+        self.where: dict[int, dict] = {}
+        """The queue record's placement fields per job (cloud, region, zone, cluster_resources), when scripted."""
         self.next_id = 100
         monkeypatch.setattr(sky_executor, "api_server_healthy", lambda: True)
         monkeypatch.setattr(sky_executor, "enabled_clouds", lambda: ["aws", "gcp", "azure"])
@@ -56,7 +58,9 @@ class FakeSkyPilot:
         return lambda: ([job_id], None)
 
     def queue_v2(self, refresh=False, job_ids=None, fields=None, **kwargs):
-        records = [{"job_id": j, "status": self.status[j]} for j in job_ids or [] if j in self.status]
+        records = [
+            {"job_id": j, "status": self.status[j], **self.where.get(j, {})} for j in job_ids or [] if j in self.status
+        ]
         return lambda: (records, len(records), {}, 0)
 
     def cancel(self, job_ids=None, **kwargs):
