@@ -697,6 +697,7 @@ COMMANDS = [
     "resume",
     "cost-report",
     "prices",
+    "spot-risk",
 ]
 NUMBERS = [
     "0",
@@ -856,6 +857,12 @@ def any_command(draw):
         args = ["cost-report", *draw(st.lists(st.sampled_from(RUNS), max_size=1)), *pick("--json", "--csv", "--force")]
         if draw(st.booleans()):
             args += ["--plot", draw(st.sampled_from(OUTPUTS) | arg_text)]
+    elif command == "spot-risk":
+        args = ["spot-risk"]
+        for option in pick("--cloud", "--instance", "--region"):
+            values = ["aws", "oracle", "p5.48xlarge", "Standard_ND96amsr_A100_v4", "nope", "us-east-1", "mars-1", ""]
+            args += [option, draw(st.sampled_from(values) | arg_text)]
+        args += pick("--json")
     else:
         args = [
             "prices",

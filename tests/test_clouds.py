@@ -113,6 +113,8 @@ def _complete_parts() -> dict:
         "metadata_endpoint_var": "SKYSPOT_OCI_METADATA_ENDPOINT",
         "metadata_default_endpoint": "http://169.254.169.254",
         "store_scheme": "oci",
+        "spot_signal": None,
+        "spot_signal_missing": "Oracle publishes no preemption rate",
         "region_pattern": re.compile(r"^[a-z]+-[a-z]+-\d+$"),
         "fabric": None,
         "fabric_accelerators": (),

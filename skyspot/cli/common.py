@@ -194,7 +194,9 @@ def table_text(rows: Sequence[dict[str, Any]], columns: Sequence[Column], *, wid
         import textwrap
 
         split = [
-            textwrap.wrap(v, widths[c.key]) or [""] if c.wrap and _cell_len(v) > widths[c.key] else [v]
+            textwrap.wrap(v, widths[c.key], break_on_hyphens=False) or [""]
+            if c.wrap and _cell_len(v) > widths[c.key]
+            else [v]
             for c, v in zip(shown, values)
         ]
         out_lines = []

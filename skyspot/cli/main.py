@@ -10,6 +10,7 @@ from skyspot.cli.common import OneLineCommand, OneLineGroup
 from skyspot.cli.cost import cost_report_command, prices_command
 from skyspot.cli.recipes import copy_command, keys_command, recipes_command, render_command
 from skyspot.cli.runs import cancel_command, logs_command, status_command
+from skyspot.cli.spot_risk import spot_risk_command
 
 app = typer.Typer(
     name="skyspot",
@@ -55,6 +56,7 @@ app.command("logs", cls=OneLineCommand)(logs_command)
 app.command("cancel", cls=OneLineCommand)(cancel_command)
 app.command("cost-report", cls=OneLineCommand)(cost_report_command)
 app.command("prices", cls=OneLineCommand)(prices_command)
+app.command("spot-risk", cls=OneLineCommand)(spot_risk_command)
 
 
 def main() -> None:  # console entry point

@@ -150,6 +150,9 @@ class AWS(Cloud):
     simulated = SimulatedPlace(region="us-east-1", zone="us-east-1a", stand_in="g5.48xlarge", min_poll_s=0.05)
 
     store_scheme = "s3"
+    # Spot Instance Advisor's interruption buckets per type and region (pricing_data/SOURCE.md).
+    spot_signal = "AWS Spot Advisor"
+    spot_signal_missing = ""
     region_pattern = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d+$")  # us-east-1
 
     # SkyPilot 0.14.1 attaches EFA on instance types that have it (sky/clouds/aws.py

@@ -96,6 +96,9 @@ class Azure(Cloud):
     )
 
     store_scheme = "az"
+    spot_signal = None
+    # The eviction-rate buckets per size and region are served by Azure Resource Graph (SpotResources) only.
+    spot_signal_missing = "Azure publishes eviction rates only to an authenticated Azure Resource Graph query"
     region_pattern = re.compile(r"^[a-z]+\d*$")  # eastus2
 
     # `network_tier` is an unsupported feature on Azure in SkyPilot 0.14.1 (sky/clouds/azure.py:102

@@ -81,6 +81,12 @@ class Cloud(abc.ABC):
     region_pattern: ClassVar[re.Pattern[str]]
     """How this cloud spells a region name (candidates map a region to its cloud by it)."""
 
+    # -- published spot signals (planning/spot_signals.py)
+    spot_signal: ClassVar[Optional[str]]
+    """The published per-type spot interruption signal skyspot ships for this cloud (the feed's name), or None."""
+    spot_signal_missing: ClassVar[str]
+    """Without one, why not (shown beside the prior in `spot-risk` and the dry run's risk lines)."""
+
     # -- the fast fabric SkyPilot gives `network_tier: best`
     fabric: ClassVar[Optional[str]]
     """The fabric's name, or None where SkyPilot has none on this cloud."""

@@ -107,6 +107,8 @@ class GCP(Cloud):
     simulated = SimulatedPlace(region="us-central1", zone="us-central1-a", stand_in="g2-standard-96", min_poll_s=0.05)
 
     store_scheme = "gs"
+    spot_signal = None
+    spot_signal_missing = "GCP publishes no per-type preemption rate for Spot VMs"
     region_pattern = re.compile(r"^[a-z]+-[a-z]+\d+$")  # us-central1
 
     # GPUDirect-TCPX: SkyPilot 0.14.1 boots the host as `skypilot:gpu-direct-cos` (Container-Optimized OS)

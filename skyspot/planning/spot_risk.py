@@ -2,7 +2,8 @@
 
     history = read_history()                       # every local run in $SKYSPOT_HOME's ledger
     risk = rate_for(history, "aws", region=None, instance_type="p5.48xlarge", spot=True, accelerator="H100:8")
-    risk.per_node_hour, risk.source                 # 0.21, "prior 1 in 6 node-h (ours) + 3 preemptions in 4.0 node-h observed"
+    risk.per_node_hour, risk.source                 # 0.4, "prior 1 in 6 node-h (ours) x 1 (AWS Spot Advisor, any
+                                                    #   region: ...) + 3 preemptions in 4.0 node-h observed ..."
 
 - Exposure: each attempt of every run the ledger knows whose events are on this machine (a local run's
   run directory; a cloud run's store is not read: no network at planning time), split by attempts.py
@@ -13,11 +14,14 @@
   capacity of a type in a zone shifts over days (interruptions come in bursts, Spot-and-Scoot 2026), and
   AWS's Spot Instance Advisor summarises a trailing month; with a week's half-life a month-old preemption
   weighs about 1/16 and last night's almost 1.
+- Published signal: the cloud's published figure for the candidate's instance type and region, where
+  there is one (planning/spot_signals.py: AWS Spot Advisor's bucket against the type's median over its
+  regions, a multiplier between 0.5 and 2), scales the prior's rate: its node-hours are divided by it.
 - Blend (Gamma-Poisson): preemptions are Poisson in node-hours with an unknown rate; the cloud's prior
-  (clouds/priors.py: `prior_node_hours` per accelerator class, ours) is a Gamma with PRIOR_EVENTS
-  pseudo-preemption in that many pseudo-node-hours. The posterior mean is
-  (PRIOR_EVENTS + decayed preemptions) / (prior node-hours + decayed node-hours): the prior with no
-  history, the observed rate once the history outweighs it.
+  (clouds/priors.py: `prior_node_hours` per accelerator class, ours), scaled as above, is a Gamma with
+  PRIOR_EVENTS pseudo-preemption in that many pseudo-node-hours. The posterior mean is
+  (PRIOR_EVENTS + decayed preemptions) / (prior node-hours / multiplier + decayed node-hours): the
+  scaled prior with no history, the observed rate once the history outweighs it.
 - On-demand capacity is not preempted: rate 0.
 """
 
@@ -26,7 +30,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+
+if TYPE_CHECKING:
+    from skyspot.planning.spot_signals import Published
 
 HALF_LIFE_S = 7 * 24 * 3600.0
 PRIOR_EVENTS = 1.0
@@ -81,8 +88,13 @@ class Risk:
 
     per_node_hour: float
     source: str
-    """"prior ...", "N preemptions in H node-h observed", or both; "on-demand" for on-demand."""
+    """"prior ... (ours)", the published signal's multiplier and its source (or why there is none),
+    "+ N preemptions in H node-h observed"; "on-demand: not preempted" for on-demand."""
     observed: Exposure = field(default_factory=Exposure)
+    prior_per_node_hour: float = 0.0
+    """The cloud's prior (ours), before the published signal scales it."""
+    published: Optional["Published"] = None
+    """The published signal or why there is none (planning/spot_signals.py); None for on-demand."""
 
 
 def weight(ended_at: float, now: float) -> float:
@@ -150,16 +162,21 @@ def rate_for(
     if not spot:
         return Risk(0.0, "on-demand: not preempted")
     from skyspot.clouds.priors import mtbp_prior
+    from skyspot.planning.spot_signals import Signal, signal_for
 
     prior = mtbp_prior(cloud, accelerator)
     prior_hours = prior.per_node_s / 3600
+    published = signal_for(cloud, region, instance_type)
     seen = history.matching(cloud, region=region, instance_type=instance_type, spot=True) if history else Exposure()
-    rate = (PRIOR_EVENTS + seen.preemptions) / (prior_hours + seen.node_hours)
-    source = f"prior 1 in {prior_hours:g} node-h (ours)"
+    rate = (PRIOR_EVENTS + seen.preemptions) / (prior_hours / published.multiplier + seen.node_hours)
+    if isinstance(published, Signal):
+        source = f"prior 1 in {prior_hours:g} node-h (ours) {published.text()}"
+    else:
+        source = f"prior 1 in {prior_hours:g} node-h (ours; {published.text()})"
     if seen.raw_node_hours > 0 or seen.raw_preemptions:
         source += (
             f" + {seen.raw_preemptions} preemption{'s' if seen.raw_preemptions != 1 else ''} in "
             f"{seen.raw_node_hours:,.1f} node-h observed (decayed: {seen.preemptions:.2g} in "
             f"{seen.node_hours:,.1f}; half-life {HALF_LIFE_S / 86400:g} d)"
         )
-    return Risk(rate, source, seen)
+    return Risk(rate, source, seen, PRIOR_EVENTS / prior_hours, published)

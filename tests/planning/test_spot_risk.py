@@ -61,7 +61,10 @@ def test_no_history_gives_the_clouds_prior():
         accelerator="A100-80GB:8",
     )
     assert risk.per_node_hour == pytest.approx(1 / 4)  # Azure's prior for large GPUs: 4 node-hours (ours)
-    assert risk.source == "prior 1 in 4 node-h (ours)"
+    assert risk.source == (
+        "prior 1 in 4 node-h (ours; no published signal: Azure publishes eviction rates only to an "
+        "authenticated Azure Resource Graph query)"
+    )
     assert rate_for(None, "aws", region=None, instance_type=None, spot=False, accelerator="H100:8").per_node_hour == 0
 
 
@@ -76,7 +79,8 @@ def test_planted_preemptions_raise_that_places_rate_and_only_its():
     )
     # 6 preemptions in 6 x 600 s x 4 nodes = 4 node-hours, on a prior of 1 in 4: (1 + ~6) / (4 + ~4).
     assert risk.per_node_hour == pytest.approx(7 / 8, rel=0.01)
-    assert "prior 1 in 4 node-h (ours) + 6 preemptions in 4.0 node-h observed" in risk.source
+    assert risk.source.startswith("prior 1 in 4 node-h (ours; no published signal: ")
+    assert ") + 6 preemptions in 4.0 node-h observed" in risk.source
     elsewhere = rate_for(
         history,
         "azure",
@@ -148,10 +152,15 @@ def test_the_dry_run_shows_each_risk_its_source_and_why_the_order_differs():
     assert "placement: by expected cost per hour of training" in result.stderr
     assert re.search(
         r"risk azure any A100-80GB:8 Standard_ND96amsr_A100_v4 spot: \d\.\d{3} preemptions/node-h: "
-        r"prior 1 in 4 node-h \(ours\) \+ 20 preemptions in 6\.7 node-h observed",
+        r"prior 1 in 4 node-h \(ours; no published signal: [^)]*\) \+ 20 preemptions in 6\.7 node-h observed",
         result.stderr,
     )
-    assert "risk aws any H100:8 p5.48xlarge spot: 0.167 preemptions/node-h: prior 1 in 6 node-h (ours)" in result.stderr
+    # With no region, AWS's published signal is the type's median over its regions: x 1, with the ends named.
+    assert (
+        "risk aws any H100:8 p5.48xlarge spot: 0.167 preemptions/node-h: prior 1 in 6 node-h (ours) x 1 "
+        "(AWS Spot Advisor, any region: p5.48xlarge's median of 11 regions; lowest '<5%' in ca-central-1, "
+        "eu-north-1, highest '>20%' in us-east-1; feed of 2025-06-28)"
+    ) in result.stderr
     moved = re.search(
         r"#(\d+) azure any A100-80GB:8 Standard_ND96amsr_A100_v4 spot is #1 by price: \$14\.42/h "
         r"\+ expected preemptions \$([\d.,]+)/h",
@@ -161,6 +170,27 @@ def test_the_dry_run_shows_each_risk_its_source_and_why_the_order_differs():
     # The rendered task tries them in the same order: aws first now.
     first = re.search(r"- cloud: (\w+)\n    accelerators: (\S+)", result.stdout)
     assert first and first.groups() == ("aws", "A100-80GB:8")
+
+
+def test_a_published_bucket_moves_a_region_down_in_the_dry_run():
+    """AWS Spot Advisor's '>20%' for p5.48xlarge in us-east-1 (feed of 2025-06-28) against '5-10%' in ap-south-1
+    and us-west-1: the cheapest spot price comes third by expected cost, and the risk lines say why."""
+    result = _dry_run(
+        "resources.clouds=[aws]",
+        "resources.accelerators=[H100:8]",
+        "resources.regions=[us-east-1,ap-south-1,us-west-1]",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (
+        "risk aws us-east-1 H100:8 p5.48xlarge spot: 0.304 preemptions/node-h: prior 1 in 6 node-h (ours) x 1.8 "
+        "(AWS Spot Advisor '>20%' for p5.48xlarge in us-east-1 vs a median 7.5% over its 11 regions; feed of 2025-06-28)"
+    ) in result.stderr
+    assert "risk aws ap-south-1 H100:8 p5.48xlarge spot: 0.167 preemptions/node-h: prior 1 in 6 node-h (ours) x 1 " in (
+        result.stderr
+    )
+    assert re.search(r"#3 aws us-east-1 H100:8 p5\.48xlarge spot is #1 by price", result.stderr)
+    regions = re.findall(r"- cloud: aws\n(?:    .*\n)*?    region: (\S+)", result.stdout)
+    assert regions[:3] == ["ap-south-1", "us-west-1", "us-east-1"], result.stdout
 
 
 def test_the_dry_run_says_when_the_orders_agree_and_under_price_placement():
