@@ -402,11 +402,12 @@ class ResourcesSection(_Section):
     """How long a spot instance taken counts against its zone and region when `expected_cost` places a
     recovery: a recent preemption raises the place's expected cost by the restarts it predicts (0: the
     price order). Applied by the local executor's zoned traces (executors/local/zones.py) and, on a cloud, by
-    a supervised run's controller, which leaves a preempted region for this long (`supervise`, a deadline)."""
+    a supervised run's controller (`supervise`, a deadline): planning/bursts.py."""
     supervise: bool = False
     """Cloud runs: skyspot's controller job (one small on-demand CPU VM, the one a deadline runs) supervises
-    the run, and a spot preemption's recovery leaves the preempted region for `burst_minutes`, which SkyPilot
-    0.14.1's own recovery never does (docs/planning.md, "Recoveries on a cloud"). Needs a SkyPilot API server
+    the run, and after a spot preemption the next stage tries the preempted region only after the regions whose
+    price is below its expected cost for `burst_minutes` (planning/bursts.py), which SkyPilot 0.14.1's own
+    recovery never does (docs/planning.md, "Recoveries on a cloud"). Needs a SkyPilot API server
     that managed jobs can reach. A deadline is always supervised; the local executor places by its zoned
     traces instead."""
     disk_size: int = Field(256, ge=50, le=65536)

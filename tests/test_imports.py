@@ -41,6 +41,7 @@ TRAINER_CONTRACTS = {
     "skyspot.trainer.nccl_env": "the node's fabric table (SKYSPOT_FABRIC_ENV), which the task fills per instance type",
     "skyspot.trainer.metrics.hosts": "where the dashboards' credentials may go: checked at launch and on the node",
     "skyspot.trainer.parent_death": "die with the parent (prctl), which the local controller gives its nodes' shells",
+    "skyspot.trainer.handover": "the handover object a make-before-break stage's nodes wait for, which the deadline's controller writes",
 }
 
 # Leaves: both sides import them, so they import (almost) nothing of skyspot themselves.

@@ -257,6 +257,10 @@ def run_script(recipe: Recipe, recipe_arg: str, trainer_overrides: Sequence[str]
         f'if [ "$NPROC" -lt 1 ]; then NPROC={cpu_ranks}; fi',
         "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
         *NODE_PYTHON,
+        # A stage a deadline's controller launched make-before-break waits for the one it replaces (trainer/handover.py).
+        f'if [ -n "${{SKYSPOT_HANDOVER:-}}" ]; then "$PY" -m skyspot.trainer.handover {shlex.quote(recipe_arg)}'
+        + (f" {quoted}" if quoted else "")
+        + "; fi",
         f'exec "$PY" -m skyspot.trainer.supervise --run-dir "$RUN_DIR"{_watchdog_flags(recipe)} -- \\',
         f'  "$PY" -m torch.distributed.run --nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node "$NPROC" --max-restarts {restarts} \\',
         '  --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:${SKYSPOT_MASTER_PORT:-29500}" --rdzv_id "$SKYSPOT_RUN_NAME" \\',

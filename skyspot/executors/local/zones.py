@@ -12,7 +12,8 @@ The two policies are what `resources.placement` orders a cloud run's candidates 
   region just preempted, but `EagerFailoverStrategyExecutor.recover` (sky/jobs/recovery_strategy.py,
   lines 1540-1558) reads the launched resources, whose region is always set, so it blocks nothing and
   relaunches in the optimizer's order, cheapest first (skypilot-org/skypilot #10021).
-- `expected_cost`: the zone whose expected cost per hour of training is least,
+- `expected_cost`: the zone whose expected cost per hour of training is least (planning/bursts.py, the rule a
+  supervised cloud run's relaunch uses too: executors/sky/relaunch.py),
 
       expected $/h = spot $/h x (1 + rate x restart)
 
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from skyspot.executors.local.spot_trace import Zone
+from skyspot.planning.bursts import expected_usd_per_hour
 
 POLICIES = ("expected_cost", "price")
 
@@ -73,11 +75,10 @@ class Placer:
         return len(near), sum(1 for z in near if z.key == zone.key)
 
     def expected(self, zone: Zone, t: float) -> float:
-        """Expected $/h of training in `zone` at `t` (the module's formula)."""
-        if self.burst_s <= 0:
-            return self.price(zone)
-        rate = sum(self.recent(zone, t)) / self.burst_s
-        return self.price(zone) * (1 + rate * self.restart_s)
+        """Expected $/h of training in `zone` at `t` (the module's formula, planning/bursts.py)."""
+        return expected_usd_per_hour(
+            self.price(zone), recent=sum(self.recent(zone, t)), burst_s=self.burst_s, restart_s=self.restart_s
+        )
 
     def choose(self, t: float) -> tuple[Optional[Zone], str]:
         """The zone of a spot attempt placed `t` seconds after launch and why; (None, why) when no zone has

@@ -187,10 +187,10 @@ def plan_for(
     deadline: Optional[dict[str, Any]],
     total_steps: int,
     recipe: str,
-    leave_seconds: float = 0.0,
+    burst_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """What the controller needs: the run, its store, its deadline (None: it only supervises), how long a
-    preempted region is left (`leave_seconds`, resources.burst_minutes; 0: never), and the stages' task,
+    preemption counts against its region (`burst_seconds`, resources.burst_minutes; 0: never), and the stages' task,
     whose local mounts point at the controller's copies (the same paths)."""
     stage = copy.deepcopy(task)
     mounts = stage.get("file_mounts") or {}
@@ -201,7 +201,7 @@ def plan_for(
         "run": run,
         "store": store,
         "deadline": dict(deadline) if deadline else None,
-        "leave_seconds": float(leave_seconds),
+        "burst_seconds": float(burst_seconds),
         "total_steps": total_steps,
         "recipe": recipe,
         "task": stage,
@@ -224,6 +224,32 @@ class Stage:
     """Since when it has not been RUNNING (launched, or preempted and recovering); None while it runs."""
     where: Optional[dict[str, Any]] = None
     """Where SkyPilot last reported it RUNNING (cloud, region, zone, spot): the place a recovery leaves."""
+    handover: Optional[str] = None
+    """The token its nodes wait for before they start (SKYSPOT_HANDOVER, trainer/handover.py): a stage launched
+    make-before-break while another one trained."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "mode": self.mode,
+            "launched_at": self.launched_at,
+            "waiting_since": self.waiting_since,
+            "where": self.where,
+            "handover": self.handover,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, ts: float) -> Optional["Stage"]:
+        if not isinstance(data, dict) or not isinstance(data.get("job_id"), int):
+            return None
+        return cls(
+            data["job_id"],
+            data["mode"],
+            float(data.get("launched_at") or ts),
+            data.get("waiting_since"),
+            data.get("where") if isinstance(data.get("where"), dict) else None,
+            data.get("handover") if isinstance(data.get("handover"), str) else None,
+        )
 
 
 class CloudController:
@@ -255,12 +281,17 @@ class CloudController:
         self.at = float(d["at"]) if self.deadline else None
         self.policy = (d or {}).get("policy") or dl.DEFAULT_POLICY
         self.period = float((d or {}).get("period") or PERIOD_SECONDS)
-        self.leave_seconds = float(plan.get("leave_seconds") or 0.0)
-        self.left: list[relaunch.Left] = []
-        """Places spot stages were preempted in, each avoided until its time (executors/sky/relaunch.py)."""
+        self.burst_seconds = float(plan.get("burst_seconds") or 0.0)
+        # What a preemption costs the run, for the relaunch's expected costs: the planner's prior (15 min of
+        # provisioning, setup and start-up on every node); a deadline's measured restarts are not used here.
+        self.restart_seconds = dl.CLOUD_RESTART_PRIOR_SECONDS
+        self.losses: list[relaunch.Loss] = []
+        """Where and when spot stages were preempted, as long as they count (executors/sky/relaunch.py)."""
         self.committed = False
         self.last: Optional[dl.Decision] = None
         self.stage: Optional[Stage] = None
+        self.next: Optional[Stage] = None
+        """A deadline's next stage, launched while `stage` trains and made ready by SkyPilot (make-before-break)."""
         self.lines: list[str] = []
         self._restore()
 
@@ -280,32 +311,17 @@ class CloudController:
                 event = json.loads(line)
             except ValueError:
                 continue
-            stage = event.get("stage")
-            if isinstance(stage, dict) and isinstance(stage.get("job_id"), int):
-                self.stage = Stage(
-                    stage["job_id"],
-                    stage["mode"],
-                    float(stage.get("launched_at") or event["ts"]),
-                    stage.get("waiting_since"),
-                    stage.get("where") if isinstance(stage.get("where"), dict) else None,
-                )
+            stage = Stage.from_dict(event.get("stage"), event["ts"])
+            if stage is not None:
+                self.stage = stage
+                self.next = Stage.from_dict(event.get("next"), event["ts"])
                 self.committed = bool(event.get("committed"))
-                left = event.get("left")
-                self.left = [p for p in (relaunch.Left.from_dict(x) for x in left or []) if p is not None]
+                losses = event.get("losses")
+                self.losses = [p for p in (relaunch.Loss.from_dict(x) for x in losses or []) if p is not None]
                 break
 
     def _emit(self, **fields: Any) -> None:
-        stage = (
-            None
-            if self.stage is None
-            else {
-                "job_id": self.stage.job_id,
-                "mode": self.stage.mode,
-                "launched_at": self.stage.launched_at,
-                "waiting_since": self.stage.waiting_since,
-                "where": self.stage.where,
-            }
-        )
+        stage = None if self.stage is None else self.stage.as_dict()
         event = {
             "ts": self.clock(),
             "run_id": self.run,
@@ -314,7 +330,8 @@ class CloudController:
             "rank": None,
             "type": dl.DECISION_EVENT if self.deadline else PLACEMENT_EVENT,
             "stage": stage,
-            "left": [p.as_dict() for p in relaunch.in_force(self.left, self.clock())],
+            **({"next": self.next.as_dict()} if self.next is not None else {}),
+            "losses": [p.as_dict() for p in relaunch.recent(self.losses, self.clock(), self.burst_seconds)],
             **({"deadline": self.at} if self.at is not None else {}),
             **fields,
         }
@@ -329,6 +346,8 @@ class CloudController:
         if self.stage is not None:
             record = sky_executor.queue([self.stage.job_id]).get(self.stage.job_id) or {}
             status = str(record.get("status") or "PENDING")
+            if has_ended(status):
+                self._withdraw(f"stage {self.stage.job_id} ended {status}")
             if status == "SUCCEEDED":
                 met = {"deadline": self.at, "met": now <= self.at} if self.at is not None else {}
                 self._emit(mode=dl.IDLE, reason="done", why="the run finished", **met)
@@ -349,6 +368,8 @@ class CloudController:
                     self.stage.where = where
             elif self.stage.waiting_since is None:
                 self.stage.waiting_since = now  # preempted: SkyPilot is recovering it
+            if self.next is not None and self._handed_over(status, now):
+                return None
             if status == "RECOVERING" and self._leaves(self.stage):
                 self._leave(self.stage, now)
                 return None
@@ -361,11 +382,12 @@ class CloudController:
         return self._decide(now, status)
 
     def _leaves(self, stage: Stage) -> bool:
-        """Whether a stage SkyPilot is recovering is relaunched elsewhere: it was preempted on spot in a known
-        place, and the recipe leaves places (resources.burst_minutes > 0)."""
+        """Whether a stage SkyPilot is recovering was preempted on spot in a place it reported (and the recipe
+        counts preemptions: resources.burst_minutes > 0). Once per preemption: the place is then forgotten
+        until SkyPilot reports the stage RUNNING again."""
         where = stage.where or {}
         return (
-            self.leave_seconds > 0
+            self.burst_seconds > 0
             and stage.mode != dl.ON_DEMAND
             and bool(where.get("spot"))
             and bool(where.get("region"))
@@ -373,27 +395,26 @@ class CloudController:
 
     def _leave(self, stage: Stage, now: float) -> None:
         """SkyPilot is recovering a spot stage, in the region it lost (FAILOVER) or wherever is cheapest
-        (EAGER_NEXT_REGION, which blocks nothing in 0.14.1): cancel it and launch the next stage away from that
-        region for `leave_seconds` (executors/sky/relaunch.py)."""
+        (EAGER_NEXT_REGION, which blocks nothing in 0.14.1). Count the preemption; if the next stage's
+        candidates by expected cost put another region first (executors/sky/relaunch.py), cancel the stage and
+        launch that one; else SkyPilot's recovery goes where it pays anyway."""
         where = stage.where or {}
-        place = relaunch.Left(
-            str(where.get("cloud") or "").lower(), str(where["region"]), where.get("zone"), now + self.leave_seconds
+        loss = relaunch.Loss(str(where.get("cloud") or "").lower(), str(where["region"]), where.get("zone"), now)
+        self.losses = relaunch.recent(self.losses, now, self.burst_seconds) + [loss]
+        stage.where = None
+        place = f"{loss.cloud}/{loss.region}" + (f" ({loss.zone})" if loss.zone else "")
+        plan = relaunch.relaunch_plan(
+            self._task_for(stage.mode), self.losses, now=now, burst_s=self.burst_seconds, restart_s=self.restart_seconds
         )
-        self.left = [p for p in relaunch.in_force(self.left, now) if (p.cloud, p.region) != (place.cloud, place.region)]
-        self.left.append(place)
-        self.say(
-            f"stage {stage.job_id} preempted in {place.cloud}/{place.region}"
-            + (f" ({place.zone})" if place.zone else "")
-            + f": SkyPilot would recover it there or in price order; relaunching away from it for "
-            f"{self.leave_seconds / 60:g} min (resources.burst_minutes)"
-        )
+        if not plan.leaves:
+            self.say(f"stage {stage.job_id} preempted in {place}: SkyPilot recovers it ({plan.why})")
+            self._emit(mode=stage.mode, reason="stays", why=f"preempted in {place}; {plan.why}")
+            return
+        self.say(f"stage {stage.job_id} preempted in {place}: relaunching: {plan.why}")
         self._cancel(stage)
         self.stage = self._launch(stage.mode)
         self._emit(
-            mode=stage.mode,
-            reason="left",
-            why=f"stage {stage.job_id} preempted in {place.cloud}/{place.region}; avoiding {relaunch.describe(self.left, now)}",
-            previous_job_id=stage.job_id,
+            mode=stage.mode, reason="left", why=f"preempted in {place}; {plan.why}", previous_job_id=stage.job_id
         )
 
     def _decide(self, now: float, status: Optional[str]) -> Optional[int]:
@@ -463,7 +484,21 @@ class CloudController:
             return
         if want == dl.IDLE:
             want = dl.SPOT  # waiting for spot is a pending spot stage: SkyPilot retries it
+        if self.next is not None:
+            if self.next.mode != want:
+                self._withdraw(f"the policy wants {want} again: {decision.why}")
+            return
         if self.stage is not None and self.stage.mode == want:
+            return
+        if self.stage is not None and self.stage.waiting_since is None:
+            # Make-before-break: the stage trains on while SkyPilot provisions the next and runs its setup; the
+            # next one's nodes wait for the handover (trainer/handover.py), written once this one stopped.
+            token = f"stage-{int(self.clock())}-{want}"
+            self.next = self._launch(want, handover=token)
+            self.say(
+                f"deadline: leaving {self.stage.mode} for {want}: {decision.why}; stage {self.next.job_id} on {want} "
+                f"is made ready while stage {self.stage.job_id} trains (make-before-break)"
+            )
             return
         if self.stage is not None:
             self.say(f"deadline: leaving {self.stage.mode} for {want}: {decision.why}")
@@ -474,15 +509,71 @@ class CloudController:
             f"{dl.when(decision.projected_finish)}, deadline {dl.when(self.at)}"
         )
 
-    def _launch(self, mode: str) -> Stage:
-        task = self.plan["task"] if mode == ANY else stage_task(self.plan["task"], spot=mode == dl.SPOT)
-        task = relaunch.avoiding(task, self.left, now=self.clock())
+    def _handed_over(self, status: Optional[str], now: float) -> bool:
+        """A next stage being made ready: hand over once SkyPilot runs it (its setup done, its nodes waiting),
+        or at once if the stage it replaces stopped training (preempted: nothing to keep); True once it did."""
+        assert self.next is not None and self.stage is not None
+        record = sky_executor.queue([self.next.job_id]).get(self.next.job_id) or {}
+        ready = str(record.get("status") or "PENDING")
+        if has_ended(ready):
+            self.say(f"deadline: stage {self.next.job_id} ({self.next.mode}) ended {ready} before it was ready")
+            self.next = None
+            return False
+        if ready != "RUNNING" and status == "RUNNING":
+            return False
+        old, new = self.stage, self.next
+        self.say(
+            f"deadline: stage {new.job_id} ({new.mode}) is ready: stage {old.job_id} ({old.mode}) checkpoints and stops"
+            if ready == "RUNNING"
+            else f"deadline: stage {old.job_id} stopped training ({status}): stage {new.job_id} ({new.mode}) takes over"
+        )
+        self._cancel(old)
+        from skyspot.trainer.handover import handover_key
+
+        assert new.handover is not None
+        self.store.put_bytes(
+            handover_key(self.run, new.handover),
+            json.dumps({"from_job_id": old.job_id, "to_job_id": new.job_id, "ts": now}).encode("utf-8"),
+        )
+        self.stage, self.next = new, None
+        self.stage.waiting_since = None if ready == "RUNNING" else now
+        self._emit(
+            mode=new.mode,
+            reason="handover",
+            why=f"stage {new.job_id} took over from stage {old.job_id}",
+            previous_job_id=old.job_id,
+        )
+        return True
+
+    def _withdraw(self, why: str) -> None:
+        """Cancel the next stage being made ready (the switch is off)."""
+        if self.next is None:
+            return
+        self.say(f"deadline: the switch to {self.next.mode} is withdrawn ({why}); stage {self.next.job_id} cancelled")
+        try:
+            sky_executor.cancel(self.next.job_id)
+        except SkyspotError as error:
+            self.say(f"could not cancel stage {self.next.job_id}: {error}")
+        self.next = None
+
+    def _task_for(self, mode: str) -> dict[str, Any]:
+        return self.plan["task"] if mode == ANY else stage_task(self.plan["task"], spot=mode == dl.SPOT)
+
+    def _launch(self, mode: str, *, handover: Optional[str] = None) -> Stage:
+        from skyspot.trainer.handover import HANDOVER_ENV
+
+        now = self.clock()
+        task = relaunch.relaunch_plan(
+            self._task_for(mode), self.losses, now=now, burst_s=self.burst_seconds, restart_s=self.restart_seconds
+        ).task
+        if handover is not None:
+            task = {**task, "envs": {**(task.get("envs") or {}), HANDOVER_ENV: handover}}
         secrets = sky_executor.secrets_for(task, self.plan.get("recipe") or self.run, self.environ)
         job_id = sky_executor.submit(task, name=self.run, detach=True, secrets=secrets)
         if not isinstance(job_id, int):
             raise SkyspotError(f"SkyPilot returned no job id for the {mode} stage of '{self.run}'")
         now = self.clock()
-        return Stage(job_id, mode, now, now)
+        return Stage(job_id, mode, now, now, handover=handover)
 
     def _cancel(self, stage: Stage) -> None:
         sky_executor.cancel(stage.job_id)
@@ -514,6 +605,7 @@ class CloudController:
 
     def stop(self) -> int:
         """Cancelled: cancel the stage too, so nothing keeps billing."""
+        self._withdraw("the controller was cancelled")
         if self.stage is not None:
             try:
                 sky_executor.cancel(self.stage.job_id)

@@ -44,7 +44,7 @@ def submit_cloud(
         from skyspot.executors.sky.deadline import check_api_server
 
         check_api_server()
-    leave = recipe.resources.burst_minutes * 60.0
+    burst = recipe.resources.burst_minutes * 60.0
     record_launch(
         built.run_name,
         built,
@@ -52,7 +52,7 @@ def submit_cloud(
         info={
             "task": built.task,
             **({"deadline": deadline} if deadline else {}),
-            **({"supervised": {"leave_seconds": leave}} if supervised else {}),
+            **({"supervised": {"burst_seconds": burst}} if supervised else {}),
         },
     )
     task = built.task
@@ -64,7 +64,7 @@ def submit_cloud(
             store=recipe.storage.store,
             total_steps=recipe.train.steps,
             deadline=deadline,
-            leave_seconds=leave,
+            burst_seconds=burst,
             package=built.package,
         )
     return _submit_recorded(built.run_name, task, detach=detach, secrets=secrets)
@@ -78,7 +78,7 @@ def _controller(
     store: str,
     total_steps: int,
     deadline: Optional[dict[str, Any]],
-    leave_seconds: float,
+    burst_seconds: float,
     package: Optional[Package],
 ) -> dict[str, Any]:
     """The managed-job task of the run's controller (a deadline's, or a supervised run's), its plan written
@@ -93,7 +93,7 @@ def _controller(
         deadline=deadline,
         total_steps=total_steps,
         recipe=recipe,
-        leave_seconds=leave_seconds,
+        burst_seconds=burst_seconds,
     )
     plan["plan_dir"] = sky_deadline.write_plan(skyspot_home(), plan)
     ordered = (task.get("resources") or {}).get("ordered") or (task.get("resources") or {}).get("any_of") or []
@@ -167,7 +167,7 @@ def resume_cloud(run, *, detach: bool, environ: Optional[Mapping[str, str]] = No
             store=run.store,
             total_steps=run.total_steps,
             deadline=deadline if isinstance(deadline, dict) else None,
-            leave_seconds=float((supervised or {}).get("leave_seconds") or 0.0)
+            burst_seconds=float((supervised or {}).get("burst_seconds") or 0.0)
             if isinstance(supervised, dict)
             else 0.0,
             package=packaging.build(),

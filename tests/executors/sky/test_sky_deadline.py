@@ -257,11 +257,36 @@ def test_the_controller_returns_to_spot_once_ahead_of_the_line(monkeypatch, tmp_
     _trainer_events(store, 1, False, range(1, 61), start + 1200)
     clock.now = start + 6 * 3600
     controller.step()
-    assert fake.cancelled[-1] == od_id
+    # Make-before-break (issue 32): the spot stage is launched while the on-demand one trains on; its nodes
+    # wait for the handover (trainer/handover.py) before they touch the store.
+    assert od_id not in fake.cancelled
     back_id, back_task, _ = fake.launched[-1]
     assert {r.use_spot for r in back_task.resources} == {True}
+    token = back_task.envs["SKYSPOT_HANDOVER"]
     decision = read_events_store(store, "due").of_type(dl.DECISION_EVENT)[-1]
-    assert (decision["mode"], decision["reason"], decision["stage"]["job_id"]) == (dl.SPOT, "ahead", back_id)
+    assert (decision["mode"], decision["reason"], decision["stage"]["job_id"]) == (dl.SPOT, "ahead", od_id)
+    assert decision["next"]["job_id"] == back_id and decision["next"]["handover"] == token
+    assert store.get_bytes(f"due/handover/{token}") is None
+    # SkyPilot is still provisioning it: nothing changes; a restarted controller knows the stage in the making.
+    clock.now += 60
+    controller.step()
+    assert od_id not in fake.cancelled and store.get_bytes(f"due/handover/{token}") is None
+    again = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lambda _: None)
+    assert again.next is not None and (again.next.job_id, again.next.handover) == (back_id, token)
+    # Its setup done, SkyPilot runs it (its nodes wait): only now is the on-demand stage cancelled (its
+    # emergency checkpoint), and then the handover written, so the two never train at once.
+    fake.status[back_id] = "RUNNING"
+    clock.now += 60
+    again.step()
+    assert fake.cancelled[-1] == od_id and back_id not in fake.cancelled
+    assert json.loads(store.get_bytes(f"due/handover/{token}")) == {
+        "from_job_id": od_id,
+        "to_job_id": back_id,
+        "ts": clock.now,
+    }
+    handover = [d for d in read_events_store(store, "due").of_type(dl.DECISION_EVENT) if d["reason"] == "handover"]
+    assert handover[-1]["stage"]["job_id"] == back_id and "next" not in handover[-1]
+    assert again.stage is not None and again.stage.job_id == back_id and again.next is None
 
 
 def test_a_stage_still_starting_counts_its_changeover_and_a_round_falls_at_the_deadline(monkeypatch, tmp_path):

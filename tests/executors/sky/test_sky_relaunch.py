@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from skyspot.cli.main import app
 from skyspot.events import read_events_store
 from skyspot.executors.sky import deadline as sky_deadline
-from skyspot.executors.sky.relaunch import Left, avoiding, regions_for
+from skyspot.executors.sky.relaunch import Loss, regions_for, relaunch_plan
 from skyspot.ledger import Ledger
 from skyspot.storage import open_store
 from tests.conftest import REPO
@@ -34,33 +34,59 @@ def _llama70b_task() -> dict:
     return yaml.safe_load((REPO / "tasks" / "llama70b.yaml").read_text())
 
 
-def test_the_relaunch_pins_the_preempted_clouds_spot_candidates_to_its_other_regions():
+BURST, RESTART = 1800.0, 900.0
+
+
+def test_after_a_preemption_the_clouds_spot_candidates_go_region_by_region_in_expected_cost_order():
     task = _llama70b_task()
     now = 1_000.0
-    changed = avoiding(task, [Left("aws", "us-east-1", "us-east-1a", until=now + 60)], now=now)
-    before, after = task["resources"]["ordered"], changed["resources"]["ordered"]
-    aws_spot = [c for c in after if c["cloud"] == "aws" and c["use_spot"]]
-    assert aws_spot and all(c.get("region") and c["region"] != "us-east-1" for c in aws_spot)
+    plan = relaunch_plan(
+        task, [Loss("aws", "us-east-1", "us-east-1a", at=now - 60)], now=now, burst_s=BURST, restart_s=RESTART
+    )
+    before, after = task["resources"]["ordered"], plan.task["resources"]["ordered"]
+    assert plan.leaves
     for accelerators in ("A100-80GB:8", "H100:8"):
-        pinned = [c["region"] for c in aws_spot if c["accelerators"] == accelerators]
-        assert pinned == [r for r in regions_for("aws", accelerators, spot=True) if r != "us-east-1"]
-        assert "us-east-1" in regions_for("aws", accelerators, spot=True)  # it was a candidate before
+        prices = regions_for("aws", accelerators, spot=True)
+        pinned = [
+            c["region"] for c in after if c["cloud"] == "aws" and c["use_spot"] and c["accelerators"] == accelerators
+        ]
+        assert sorted(pinned) == sorted(prices)  # every region stays a candidate, the one preempted too
+        # us-east-1 counts 2 preemptions in 30 min x 15 min restarts: its expected cost is 2x its price.
+        expected = {r: p * (2.0 if r == "us-east-1" else 1.0) for r, p in prices.items()}
+        assert pinned == sorted(prices, key=lambda r: (expected[r], prices[r], r))
+        assert pinned.index("us-east-1") > list(prices).index("us-east-1")  # moved back: SkyPilot would not
+    assert "aws H100:8: us-east-1 from #4 to #9 of 11 regions (spot $17.63/h, expected $35.26/h after 1" in plan.why
     # Other clouds and every on-demand candidate as rendered, in the rendered order.
     assert [c for c in after if c["cloud"] != "aws" or not c["use_spot"]] == [
         c for c in before if c["cloud"] != "aws" or not c["use_spot"]
     ]
     assert task["resources"]["ordered"] == before  # the recorded task is left alone
-    assert avoiding(task, [Left("aws", "us-east-1", None, until=now - 1)], now=now) == task  # expired
+    expired = relaunch_plan(
+        task, [Loss("aws", "us-east-1", None, at=now - BURST)], now=now, burst_s=BURST, restart_s=RESTART
+    )
+    assert expired.task == task and not expired.leaves
 
 
-def test_a_place_left_that_would_leave_nothing_changes_nothing():
-    task = {"resources": {"cloud": "aws", "region": "us-east-1", "accelerators": "H100:8", "use_spot": True}}
-    assert avoiding(task, [Left("aws", "us-east-1", None, until=10.0)], now=0.0) == task
+def test_a_region_much_cheaper_than_the_rest_is_not_left():
+    """The expected-cost rule, not 'always leave': with short restarts a preemption adds little, and the
+    preempted region, still the least expected cost, is where SkyPilot's own recovery goes anyway."""
+    task = _llama70b_task()
+    short = relaunch_plan(task, [Loss("aws", "us-east-1", None, at=0.0)], now=10.0, burst_s=BURST, restart_s=10.0)
+    assert not short.leaves and short.task == task and "staying pays" in short.why
+    assert relaunch_plan(task, [], now=10.0, burst_s=BURST, restart_s=RESTART).task == task
+
+
+def test_an_inline_candidate_is_pinned_by_region_and_a_pinned_one_is_left_alone():
+    pinned = {"resources": {"cloud": "aws", "region": "us-east-1", "accelerators": "H100:8", "use_spot": True}}
+    loss = [Loss("aws", "us-east-1", None, at=0.0)]
+    assert relaunch_plan(pinned, loss, now=1.0, burst_s=BURST, restart_s=RESTART).task == pinned
     inline = {"resources": {"cloud": "aws", "accelerators": "H100:8", "use_spot": True}}
-    changed = avoiding(inline, [Left("aws", "us-east-1", None, until=10.0)], now=0.0)["resources"]
-    assert changed["cloud"] == "aws" and [c["region"] for c in changed["ordered"]] == [
-        r for r in regions_for("aws", "H100:8", spot=True) if r != "us-east-1"
-    ]
+    changed = relaunch_plan(inline, loss, now=1.0, burst_s=BURST, restart_s=RESTART).task["resources"]
+    assert changed["cloud"] == "aws" and sorted(c["region"] for c in changed["ordered"]) == sorted(
+        regions_for("aws", "H100:8", spot=True)
+    )
+    regions = [c["region"] for c in changed["ordered"]]
+    assert regions.index("us-east-1") > list(regions_for("aws", "H100:8", spot=True)).index("us-east-1")
 
 
 def test_a_supervised_launch_submits_the_controller_which_leaves_a_preempted_region(
@@ -80,8 +106,8 @@ def test_a_supervised_launch_submits_the_controller_which_leaves_a_preempted_reg
     assert all(not r.use_spot and r.accelerators is None for r in controller_task.resources)
     plan_dir = Path(controller_task.file_mounts[sky_deadline.CONTROLLER_MOUNT])
     plan = json.loads((plan_dir / sky_deadline.PLAN_FILE).read_text())
-    assert plan["deadline"] is None and plan["leave_seconds"] == 1800.0  # resources.burst_minutes: 30
-    assert Ledger().get("kept").info["supervised"] == {"leave_seconds": 1800.0}
+    assert plan["deadline"] is None and plan["burst_seconds"] == BURST  # resources.burst_minutes: 30
+    assert Ledger().get("kept").info["supervised"] == {"burst_seconds": BURST}
 
     # The controller, as it runs on its VM: the first stage is the task as rendered. Its store here is a
     # directory (the store's protocol is the same for a bucket: tests/storage).
@@ -104,21 +130,24 @@ def test_a_supervised_launch_submits_the_controller_which_leaves_a_preempted_reg
     assert fake.cancelled == [first_id]
     second_id, second, name = fake.launched[2]
     assert name == "kept" and second.envs["SKYSPOT_RUN_NAME"] == "kept"
+    # SkyPilot's own parse of the next stage: its AWS spot candidates pinned region by region, us-east-1 (twice
+    # its price now) behind every region cheaper than that; on-demand as rendered.
     aws_spot = [r for r in second.resources if str(r.cloud) == "AWS" and r.use_spot]
-    assert aws_spot and all(r.region is not None and r.region != "us-east-1" for r in aws_spot)
+    assert aws_spot and all(r.region is not None for r in aws_spot)
     assert any(str(r.cloud) == "AWS" and not r.use_spot and r.region is None for r in second.resources)
-    assert any("preempted in aws/us-east-1 (us-east-1a)" in line and "30 min" in line for line in lines)
+    assert any(
+        "preempted in aws/us-east-1 (us-east-1a): relaunching: aws A100-80GB:8: us-east-1 from #2 to #5" in line
+        for line in lines
+    )
     decision = read_events_store(store, "kept").of_type(sky_deadline.PLACEMENT_EVENT)[-1]
     assert decision["reason"] == "left" and decision["previous_job_id"] == first_id
     assert decision["stage"]["job_id"] == second_id
-    assert decision["left"] == [
-        {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "until": clock.now + 1800}
-    ]
+    assert decision["losses"] == [{"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "at": clock.now}]
 
     # A controller restarted by SkyPilot keeps avoiding the region until its time is up.
     again = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append)
     assert again.stage is not None and again.stage.job_id == second_id
-    assert [(p.cloud, p.region) for p in again.left] == [("aws", "us-east-1")]
+    assert [(p.cloud, p.region) for p in again.losses] == [("aws", "us-east-1")]
     fake.status[second_id] = "SUCCEEDED"
     assert again.step() == 0
     assert read_events_store(store, "kept").of_type(sky_deadline.PLACEMENT_EVENT)[-1]["reason"] == "done"
@@ -131,3 +160,39 @@ def test_an_unsupervised_launch_is_the_training_task_itself(monkeypatch, tmp_pat
     assert result.exit_code == 0, result.output
     ((_, task, _),) = fake.launched
     assert "skyspot.executors.sky.deadline" not in task.run and "supervised" not in Ledger().get("plain").info
+
+
+def test_a_preemption_that_moves_no_region_is_left_to_skypilots_recovery(monkeypatch, tmp_path):
+    """With restarts that cost little, the region just preempted keeps its place in every candidate's order:
+    the controller counts the preemption, cancels nothing and says why."""
+    from skyspot.app.launch import build
+
+    fake = FakeSkyPilot(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    built = build("llama8b", [], run_name="kept", flags={"storage.store": str(tmp_path / "s")})
+    plan = sky_deadline.plan_for(
+        built.task,
+        run="kept",
+        store=str(tmp_path / "s"),
+        deadline=None,
+        total_steps=10,
+        recipe="llama8b",
+        burst_seconds=BURST,
+    )
+    clock = Clock(1_000_000.0)
+    lines: list[str] = []
+    controller = sky_deadline.CloudController(
+        plan, store=open_store(plan["store"]), clock=clock, sleep=clock.sleep, say=lines.append
+    )
+    controller.restart_seconds = 10.0
+    controller.step()
+    ((stage_id, _, _),) = fake.launched
+    fake.status[stage_id], fake.where[stage_id] = "RUNNING", {**RUNNING_IN, "cluster_resources": SPOT_NODE}
+    controller.step()
+    fake.status[stage_id] = "RECOVERING"
+    controller.step()
+    controller.step()  # the same recovery is counted once
+    assert fake.cancelled == [] and len(fake.launched) == 1
+    events = read_events_store(open_store(plan["store"]), "kept").of_type(sky_deadline.PLACEMENT_EVENT)
+    assert [e["reason"] for e in events] == ["start", "stays"] and len(events[-1]["losses"]) == 1
+    assert any("SkyPilot recovers it (staying pays" in line for line in lines)

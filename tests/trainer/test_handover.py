@@ -1,0 +1,60 @@
+"""A new stage's nodes wait for the stage they replace (trainer/handover.py): the node's side of a deadline's
+make-before-break on SkyPilot. The real module in a real process, over a real store (a local directory; the
+store protocol is the same for the buckets: tests/storage)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from skyspot.storage import open_store
+from skyspot.trainer.handover import handover_key
+
+from tests.conftest import REPO
+
+
+def _start(store_dir, token: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "SKYSPOT_HANDOVER": token,
+        "SKYSPOT_RUN_NAME": "due",
+        "SKYSPOT_HANDOVER_POLL_SECONDS": "0.1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "skyspot.trainer.handover", "tiny", f"storage.store={store_dir}"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_the_nodes_wait_until_the_controller_writes_the_handover(tmp_path):
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    waiting = _start(store_dir, "stage-1-spot")
+    time.sleep(3.0)  # the module's start-up and many polls
+    assert waiting.poll() is None, waiting.communicate()[0]  # still waiting: nothing was handed over
+    written = time.time()
+    open_store(str(store_dir)).put_bytes(handover_key("due", "stage-1-spot"), b"{}")
+    out, _ = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0 and time.time() >= written
+    assert "waiting for the stage it replaces to checkpoint and stop (handover stage-1-spot)" in out
+    assert "has stopped: starting" in out
+
+
+def test_a_stage_recovered_later_finds_its_handover_and_starts_at_once(tmp_path):
+    store_dir = tmp_path / "store"
+    open_store(str(store_dir)).put_bytes(handover_key("due", "stage-1-spot"), b"{}")
+    done = _start(store_dir, "stage-1-spot")
+    out, _ = done.communicate(timeout=60)
+    assert done.returncode == 0 and "waiting" not in out
+
+
+def test_a_token_that_is_no_object_name_is_refused_in_one_line(tmp_path):
+    refused = _start(tmp_path, "../../other-run/checkpoints")
+    out, _ = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and out.count("\n") == 1 and "Traceback" not in out
