@@ -288,6 +288,23 @@ def placement_notes(built: RenderedTask) -> list[str]:
     return lines
 
 
+def recovery_note(recipe: Recipe, *, deadline: bool) -> str:
+    """Where a cloud run's recovery after a spot preemption goes: SkyPilot's own, or the controller's relaunch."""
+    burst = recipe.resources.burst_minutes
+    if recipe.resources.supervise or deadline:
+        return (
+            f"recovery: supervised ({'the deadline' if deadline else 'resources.supervise'}): skyspot's controller "
+            f"job (one small on-demand CPU VM) relaunches a preempted spot stage with its region behind every region "
+            f"cheaper than its expected cost for {burst:g} min (resources.burst_minutes; docs/planning.md, "
+            "'Recoveries on a cloud')"
+        )
+    return (
+        "recovery: SkyPilot's own (EAGER_NEXT_REGION, which in SkyPilot 0.14.1 relaunches in price order, usually "
+        "into the region just preempted: skypilot #10021); resources.supervise=true leaves that region when it "
+        "pays (docs/planning.md, 'Recoveries on a cloud')"
+    )
+
+
 def check_hosts(recipe: Recipe, environ: Mapping[str, str]) -> None:
     """A dashboard's credential goes only to the host the user's environment names for it, over https or
     to loopback (trainer/metrics/hosts.py); a recipe naming another MLflow server is refused in one line."""
@@ -433,9 +450,12 @@ class Prepared:
         return egress_basis(self.recipe)
 
     def placement_notes(self) -> list[str]:
-        """How the candidates are ordered, each distinct risk figure's source, and where and why the order
-        differs from the price order (placement_notes)."""
-        return placement_notes(self.built)
+        """How the candidates are ordered, each distinct risk figure's source, where and why the order
+        differs from the price order (placement_notes), and, on a cloud, where a recovery goes."""
+        notes = placement_notes(self.built)
+        if not self.executor.runs_here:
+            notes.append(recovery_note(self.recipe, deadline=self.deadline is not None))
+        return notes
 
     def efa_notes(self) -> list[str]:
         """Per AWS EFA candidate, the interfaces SkyPilot attaches and what gives all of them (efa_notes)."""

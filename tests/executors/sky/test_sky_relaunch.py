@@ -196,3 +196,14 @@ def test_a_preemption_that_moves_no_region_is_left_to_skypilots_recovery(monkeyp
     events = read_events_store(open_store(plan["store"]), "kept").of_type(sky_deadline.PLACEMENT_EVENT)
     assert [e["reason"] for e in events] == ["start", "stays"] and len(events[-1]["losses"]) == 1
     assert any("SkyPilot recovers it (staying pays" in line for line in lines)
+
+
+def test_the_dry_run_says_where_a_recovery_goes():
+    supervised = runner.invoke(
+        app, ["launch", "llama8b", "--store", "s3://ckpts/runs", "--dry-run", "resources.supervise=true"]
+    )
+    plain = runner.invoke(app, ["launch", "llama8b", "--store", "s3://ckpts/runs", "--dry-run"])
+    assert supervised.exit_code == 0 and plain.exit_code == 0, supervised.output + plain.output
+    assert "recovery: supervised (resources.supervise): skyspot's controller job" in supervised.stderr
+    assert "behind every region cheaper than its expected cost for 30 min" in supervised.stderr
+    assert "recovery: SkyPilot's own (EAGER_NEXT_REGION" in plain.stderr and "#10021" in plain.stderr
