@@ -9,53 +9,22 @@ training; only when it is ready does the on-demand attempt stop, with an emergen
 SIGTERM as any switch, and the spot attempt starts on the ready node at once and resumes from that
 checkpoint (handover.py: the make-before-break a deadline's switches use too).
 
-It pays (`switch_pays`) when what the rest of the run saves on spot is more than what the switch costs:
-
-    remaining x (on-demand $/h - spot $/h)  >  (provision + start) x spot $/h x (1 + rate x remaining)
-
-`remaining` is the seconds of training left at the attempt's measured step time; `provision` the
-spot node's provisioning, billed while on-demand still trains; `start` this machine's start to a first
-step, as the on-demand attempt measured it (a restart costs it again); `rate` the preemptions per
-second of spot this run has seen (each would cost another provision and start). A switch that does
-not pay is said once, with its figures, and the run stays on on-demand.
+It pays when what the rest of the run saves on spot is more than what the switch costs
+(planning/return_to_spot.py `switch_pays`, the rule a supervised cloud run's controller uses too), with
+`remaining` the seconds of training left at the attempt's measured step time, `provision` the spot
+node's provisioning (the run's `--provision-delay`), `start` this machine's start to a first step as the
+on-demand attempt measured it, and `rate` the preemptions per second of spot this run has seen. A switch
+that does not pay is said once, with its figures, and the run stays on on-demand.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
+
+from skyspot.planning.return_to_spot import Payoff, switch_pays
 
 SPOT_BACK = "spot_back"
 """The handover's reason when it is the way back to spot."""
-
-
-@dataclass(frozen=True)
-class Payoff:
-    pays: bool
-    gain_usd: float
-    cost_usd: float
-    why: str
-
-
-def switch_pays(
-    *,
-    remaining_s: float,
-    on_demand_usd_h: float,
-    spot_usd_h: float,
-    provision_s: float,
-    start_s: float,
-    rate_per_s: float = 0.0,
-) -> Payoff:
-    """Whether moving the rest of a run from on-demand to spot pays (the module's formula), and why."""
-    gain = remaining_s * (on_demand_usd_h - spot_usd_h) / 3600
-    restart = (provision_s + start_s) * spot_usd_h / 3600
-    cost = restart * (1 + rate_per_s * remaining_s)
-    detail = (
-        f"{remaining_s:.0f}s of training left x (${on_demand_usd_h:.2f} - ${spot_usd_h:.2f})/h = ${gain:.4f}, "
-        f"against ${cost:.4f} for the spot node's {provision_s:.0f}s provisioning and {start_s:.0f}s start"
-        + (f" and {rate_per_s * remaining_s:.2f} expected preemption(s)" if rate_per_s > 0 else "")
-    )
-    return Payoff(gain > cost, gain, cost, detail)
 
 
 class ReturnToSpot:

@@ -44,11 +44,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from skyspot.planning import deadline as dl
 from skyspot.errors import EXIT_USAGE, SkyspotError, UsageError
 from skyspot.executors.sky import relaunch, sdk as sky_executor
+
+if TYPE_CHECKING:
+    from skyspot.planning.return_to_spot import Payoff
 from skyspot.events import EventType
 from skyspot.statuses import RunStatus, has_ended
 
@@ -291,6 +294,8 @@ class CloudController:
         self.last: Optional[dl.Decision] = None
         self.stage: Optional[Stage] = None
         self.next: Optional[Stage] = None
+        self.declined: set[int] = set()
+        """Supervised runs: the on-demand stages whose way back to spot did not pay (said once each)."""
         """A deadline's next stage, launched while `stage` trains and made ready by SkyPilot (make-before-break)."""
         self.lines: list[str] = []
         self._restore()
@@ -378,8 +383,84 @@ class CloudController:
                 self.stage = self._launch(ANY)
                 self._emit(mode=ANY, reason="start", why="supervised run: the task as rendered")
                 self.say(f"supervising: stage {self.stage.job_id} launched")
+            elif self.next is None:
+                self._supervise(now, status)
             return None
         return self._decide(now, status)
+
+    def _supervise(self, now: float, status: Optional[str]) -> None:
+        """A supervised run without a deadline: the way back to spot, make-before-break. A stage that
+        SkyPilot runs on on-demand (its fallback) gets a spot stage made ready beside it when the rest of the
+        run pays for the switch (planning/return_to_spot.py); a spot stage that cannot get capacity back
+        within a restart goes back to the task as rendered (spot first, then on-demand)."""
+        stage = self.stage
+        assert stage is not None
+        if stage.mode == dl.SPOT:
+            waited = now - (stage.waiting_since or now)
+            if status != "RUNNING" and waited > self.restart_seconds:
+                self.say(
+                    f"stage {stage.job_id} (spot) has had no spot capacity for {waited:.0f}s: the task as rendered "
+                    "again (on-demand after spot)"
+                )
+                self._cancel(stage)
+                self.stage = self._launch(ANY)
+                self._emit(
+                    mode=ANY,
+                    reason="spot-gone",
+                    why=f"no spot capacity for {waited:.0f}s",
+                    previous_job_id=stage.job_id,
+                )
+            return
+        where = stage.where or {}
+        if status != "RUNNING" or where.get("spot") is not False or stage.job_id in self.declined:
+            return
+        payoff = self._spot_payoff(where)
+        if payoff is None:
+            return
+        if not payoff.pays:
+            self.declined.add(stage.job_id)
+            self.say(f"stage {stage.job_id} runs on on-demand; going back to spot does not pay: {payoff.why}")
+            self._emit(mode=ANY, reason="spot-declined", why=payoff.why)
+            return
+        token = f"stage-{int(now)}-spot"
+        self.next = self._launch(dl.SPOT, handover=token)
+        self.say(
+            f"stage {stage.job_id} runs on on-demand: stage {self.next.job_id} on spot is made ready while it trains "
+            f"(make-before-break; it pays: {payoff.why})"
+        )
+        self._emit(mode=ANY, reason="spot-back", why=payoff.why)
+
+    def _spot_payoff(self, where: dict[str, Any]) -> Optional["Payoff"]:
+        """Whether the rest of the run pays for going back to spot from the on-demand place `where`; None while
+        the run has measured no step or the snapshot has no price for the place."""
+        from skyspot.events import read_events_store
+        from skyspot.planning.return_to_spot import switch_pays
+        from skyspot.planning.spot_risk import rate_for
+        from skyspot.pricing import prices as pricing
+
+        events = read_events_store(self.store, self.run).events
+        estimates = dl.measure(
+            events, provision_seconds=CLOUD_PROVISION_SECONDS, restart_prior=dl.CLOUD_RESTART_PRIOR_SECONDS
+        )
+        step_s, done = estimates.step(dl.ON_DEMAND), dl.progress(events)
+        cloud, itype = str(where.get("cloud") or ""), where.get("instance_type")
+        if not step_s or not done or not cloud or not itype:
+            return None
+        nodes = int(where.get("num_nodes") or 1)
+        try:
+            on_demand = pricing.hourly_price(cloud, instance_type=itype, region=where.get("region"), spot=False)
+            spot = pricing.hourly_price(cloud, instance_type=itype, spot=True)  # SkyPilot's spot stage: cheapest region
+        except SkyspotError:
+            return None
+        risk = rate_for(None, cloud, region=None, instance_type=itype, spot=True, accelerator=where.get("accelerators"))
+        return switch_pays(
+            remaining_s=max(0, int(self.plan["total_steps"]) - done) * step_s,
+            on_demand_usd_h=on_demand.usd_per_hour * nodes,
+            spot_usd_h=spot.usd_per_hour * nodes,
+            provision_s=CLOUD_PROVISION_SECONDS,
+            start_s=max(0.0, estimates.restart_seconds - CLOUD_PROVISION_SECONDS),
+            rate_per_s=risk.per_node_hour * nodes / 3600,
+        )
 
     def _leaves(self, stage: Stage) -> bool:
         """Whether a stage SkyPilot is recovering was preempted on spot in a place it reported (and the recipe
@@ -516,16 +597,16 @@ class CloudController:
         record = sky_executor.queue([self.next.job_id]).get(self.next.job_id) or {}
         ready = str(record.get("status") or "PENDING")
         if has_ended(ready):
-            self.say(f"deadline: stage {self.next.job_id} ({self.next.mode}) ended {ready} before it was ready")
+            self.say(f"switch: stage {self.next.job_id} ({self.next.mode}) ended {ready} before it was ready")
             self.next = None
             return False
         if ready != "RUNNING" and status == "RUNNING":
             return False
         old, new = self.stage, self.next
         self.say(
-            f"deadline: stage {new.job_id} ({new.mode}) is ready: stage {old.job_id} ({old.mode}) checkpoints and stops"
+            f"switch: stage {new.job_id} ({new.mode}) is ready: stage {old.job_id} ({old.mode}) checkpoints and stops"
             if ready == "RUNNING"
-            else f"deadline: stage {old.job_id} stopped training ({status}): stage {new.job_id} ({new.mode}) takes over"
+            else f"switch: stage {old.job_id} stopped training ({status}): stage {new.job_id} ({new.mode}) takes over"
         )
         self._cancel(old)
         from skyspot.trainer.handover import handover_key
@@ -549,7 +630,7 @@ class CloudController:
         """Cancel the next stage being made ready (the switch is off)."""
         if self.next is None:
             return
-        self.say(f"deadline: the switch to {self.next.mode} is withdrawn ({why}); stage {self.next.job_id} cancelled")
+        self.say(f"switch: the switch to {self.next.mode} is withdrawn ({why}); stage {self.next.job_id} cancelled")
         try:
             sky_executor.cancel(self.next.job_id)
         except SkyspotError as error:

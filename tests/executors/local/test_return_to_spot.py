@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from skyspot.cli.main import app
 from skyspot.events import read_events_dir
-from skyspot.executors.local.return_to_spot import switch_pays
+from skyspot.planning.return_to_spot import switch_pays
 from skyspot.ledger import Ledger
 
 from tests.executors.local.test_local_controller import executor_attempts, nodes  # noqa: F401 (a fixture)

@@ -207,3 +207,71 @@ def test_the_dry_run_says_where_a_recovery_goes():
     assert "recovery: supervised (resources.supervise): skyspot's controller job" in supervised.stderr
     assert "behind every region cheaper than its expected cost for 30 min" in supervised.stderr
     assert "recovery: SkyPilot's own (EAGER_NEXT_REGION" in plain.stderr and "#10021" in plain.stderr
+
+
+ON_DEMAND_NODE = "1x(gpus=A100-80GB:8, p4de.24xlarge, cpus=96, mem=1152, disk=512)"
+
+
+def _supervised(monkeypatch, tmp_path, steps: int):
+    from skyspot.app.launch import build
+
+    fake = FakeSkyPilot(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    built = build("llama8b", [f"train.steps={steps}"], run_name="due", flags={"storage.store": str(tmp_path / "s")})
+    plan = sky_deadline.plan_for(
+        built.task,
+        run="due",
+        store=str(tmp_path / "s"),
+        deadline=None,
+        total_steps=steps,
+        recipe="llama8b",
+        burst_seconds=BURST,
+    )
+    clock = Clock(1_000_000.0)
+    lines: list[str] = []
+    store = open_store(plan["store"])
+    controller = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append)
+    controller.step()
+    ((stage_id, _, _),) = fake.launched
+    # SkyPilot fell back to on-demand (the task's candidates after spot): RUNNING there, 10 steps at 30 s done.
+    fake.status[stage_id] = "RUNNING"
+    fake.where[stage_id] = {**RUNNING_IN, "cluster_resources": ON_DEMAND_NODE}
+    base = {"run_id": "due", "attempt": 1, "node_rank": 0, "rank": 0}
+    t0 = clock.now
+    events = [{**base, "ts": t0, "type": "start", "where": {"cloud": "aws", "spot": False}}]
+    events += [{**base, "ts": t0 + 30 * i, "type": "step", "step": i, "step_seconds": 30.0} for i in range(1, 11)]
+    store.put_bytes("due/events/attempt-1.node-0.rank-0.jsonl", "".join(json.dumps(e) + "\n" for e in events).encode())
+    clock.now += 400
+    return fake, controller, store, clock, lines, stage_id
+
+
+def test_a_supervised_run_on_on_demand_goes_back_to_spot_make_before_break(monkeypatch, tmp_path):
+    fake, controller, store, clock, lines, od_id = _supervised(monkeypatch, tmp_path, steps=1000)
+    controller.step()
+    # 990 steps x 30 s left: the switch pays. A spot stage is launched beside the on-demand one, which trains on.
+    spot_id, spot_task, name = fake.launched[-1]
+    assert spot_id != od_id and name == "due" and {r.use_spot for r in spot_task.resources} == {True}
+    token = spot_task.envs["SKYSPOT_HANDOVER"]
+    assert fake.cancelled == [] and store.get_bytes(f"due/handover/{token}") is None
+    assert any("runs on on-demand: stage" in line and "it pays: 29700s of training left" in line for line in lines)
+    clock.now += 60
+    controller.step()  # SkyPilot is still getting spot capacity: nothing changes
+    assert fake.cancelled == []
+    fake.status[spot_id] = "RUNNING"  # its setup done, its nodes wait for the handover
+    clock.now += 60
+    controller.step()
+    assert fake.cancelled == [od_id] and store.get_bytes(f"due/handover/{token}") is not None
+    assert controller.stage is not None and (controller.stage.job_id, controller.stage.mode) == (spot_id, "spot")
+    reasons = [e["reason"] for e in read_events_store(store, "due").of_type(sky_deadline.PLACEMENT_EVENT)]
+    assert reasons == ["start", "spot-back", "handover"]
+
+
+def test_a_supervised_run_near_its_end_stays_on_on_demand_and_says_why(monkeypatch, tmp_path):
+    fake, controller, store, clock, lines, od_id = _supervised(monkeypatch, tmp_path, steps=11)
+    controller.step()
+    controller.step()
+    assert len(fake.launched) == 1 and fake.cancelled == []
+    said = [line for line in lines if "going back to spot does not pay" in line]
+    assert len(said) == 1 and "30s of training left" in said[0]
+    declined = read_events_store(store, "due").of_type(sky_deadline.PLACEMENT_EVENT)[-1]
+    assert declined["reason"] == "spot-declined"
