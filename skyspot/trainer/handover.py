@@ -26,7 +26,14 @@ from typing import Optional
 HANDOVER_ENV = "SKYSPOT_HANDOVER"
 HANDOVER_DIR = "handover"
 POLL_SECONDS = 5.0
-TOKEN = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+"""A token is one object name: never `.`, `..` or a path."""
+TIMEOUT_ENV = "SKYSPOT_HANDOVER_TIMEOUT_SECONDS"
+TIMEOUT_SECONDS = 2 * 3600.0
+"""How long the nodes wait before they give up (exit 1: SkyPilot fails the stage, and the controller, which
+launched it, sees it end before it was ready): a controller that died before it recorded the stage never
+writes the handover, and idle GPUs must not wait for it forever. Two hours outlast the replaced stage's
+emergency checkpoint and teardown with room, and the controller's restart by SkyPilot."""
 
 
 def handover_key(run: str, token: str) -> str:
@@ -36,16 +43,20 @@ def handover_key(run: str, token: str) -> str:
     return join_key(run, HANDOVER_DIR, token)
 
 
-def wait(store, run: str, token: str, *, poll: float = POLL_SECONDS, say=print) -> None:
-    """Return once `<run>/handover/<token>` exists in `store`; a store out of reach is asked again."""
+def wait(
+    store, run: str, token: str, *, poll: float = POLL_SECONDS, timeout: float = TIMEOUT_SECONDS, say=print
+) -> bool:
+    """True once `<run>/handover/<token>` exists in `store` (a store out of reach is asked again); False when
+    `timeout` seconds passed first."""
     key = handover_key(run, token)
     said = False
+    give_up = time.monotonic() + timeout
     while True:
         try:
             if store.get_bytes(key) is not None:
                 if said:
                     say("[skyspot] the stage this one replaces has stopped: starting")
-                return
+                return True
         except Exception as error:  # noqa: BLE001 - a store out of reach for a while: ask again
             say(f"[skyspot] the handover could not be read yet ({str(error).splitlines()[0] if str(error) else error})")
         if not said:
@@ -54,6 +65,8 @@ def wait(store, run: str, token: str, *, poll: float = POLL_SECONDS, say=print) 
                 f"to checkpoint and stop (handover {token})"
             )
             said = True
+        if time.monotonic() >= give_up:
+            return False
         time.sleep(poll)
 
 
@@ -61,6 +74,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from skyspot.errors import EXIT_USAGE, SkyspotError
     from skyspot.recipe import load_recipe
     from skyspot.storage import open_store
+    from skyspot.storage.uri import check_key
 
     argv = sys.argv[1:] if argv is None else argv
     token = os.environ.get(HANDOVER_ENV, "")
@@ -71,16 +85,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
         return EXIT_USAGE
     try:
+        check_key(handover_key(run, token))
+    except ValueError as error:
+        print(f"[skyspot] {HANDOVER_ENV} or SKYSPOT_RUN_NAME is no object name: {error}")
+        return EXIT_USAGE
+    try:
         recipe = load_recipe(argv[0], argv[1:])
         if not recipe.storage.store:
             print("[skyspot] a handover needs the run's store (storage.store)")
             return EXIT_USAGE
-        wait(
+        timeout = float(os.environ.get(TIMEOUT_ENV) or TIMEOUT_SECONDS)
+        if not wait(
             open_store(recipe.storage.store),
             run,
             token,
             poll=float(os.environ.get("SKYSPOT_HANDOVER_POLL_SECONDS") or POLL_SECONDS),
-        )
+            timeout=timeout,
+        ):
+            print(f"[skyspot] no handover {token} within {timeout:.0f}s: giving up (the controller did not hand over)")
+            return 1
     except SkyspotError as error:
         print(f"[skyspot] {error}")
         return error.exit_code

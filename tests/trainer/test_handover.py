@@ -58,3 +58,18 @@ def test_a_token_that_is_no_object_name_is_refused_in_one_line(tmp_path):
     refused = _start(tmp_path, "../../other-run/checkpoints")
     out, _ = refused.communicate(timeout=60)
     assert refused.returncode == 2 and out.count("\n") == 1 and "Traceback" not in out
+
+
+def test_dot_tokens_and_a_run_name_that_is_a_path_are_refused(tmp_path):
+    for token in ("..", ".", ".hidden"):
+        refused = _start(tmp_path, token)
+        out, _ = refused.communicate(timeout=60)
+        assert refused.returncode == 2 and out.count("\n") == 1 and "Traceback" not in out, (token, out)
+
+
+def test_the_nodes_give_up_when_no_handover_comes(tmp_path, monkeypatch):
+    monkeypatch.setenv("SKYSPOT_HANDOVER_TIMEOUT_SECONDS", "1")
+    (tmp_path / "store").mkdir()
+    waited = _start(tmp_path / "store", "stage-abc")
+    out, _ = waited.communicate(timeout=60)
+    assert waited.returncode == 1 and "no handover stage-abc within 1s: giving up" in out

@@ -54,11 +54,14 @@ if TYPE_CHECKING:
     from skyspot.planning.return_to_spot import Payoff
 from skyspot.events import EventType
 from skyspot.statuses import RunStatus, has_ended
+from skyspot.trainer.handover import TOKEN
 
 CONTROLLER_MOUNT = "/skyspot/deadline"
 PLAN_FILE = "plan.json"
 DECISIONS_FILE = "deadline.controller.jsonl"
 PLACEMENT_EVENT = EventType.PLACEMENT_DECISION.value
+ENDED_REASONS = frozenset({"done", "stage-ended", "cancelled"})
+"""The controller's last event of a run that ended: a resumed run's controller starts with no stage."""
 """A supervised run's controller events (no deadline): a stage launched, or relaunched away from a place."""
 PERIOD_SECONDS = 60.0
 # What SkyPilot spends before the trainer starts on a new node (provisioning, then the task's
@@ -214,6 +217,13 @@ def plan_for(
 # --------------------------------------------------------------------------- the controller
 
 
+def _token() -> str:
+    """A new stage's handover token (SKYSPOT_HANDOVER): unique, and a valid object name (trainer/handover.py)."""
+    import secrets
+
+    return f"stage-{secrets.token_hex(8)}"
+
+
 ANY = "any"
 """A supervised run's stage without a deadline: the whole task, spot first then on-demand, as rendered."""
 
@@ -251,7 +261,7 @@ class Stage:
             float(data.get("launched_at") or ts),
             data.get("waiting_since"),
             data.get("where") if isinstance(data.get("where"), dict) else None,
-            data.get("handover") if isinstance(data.get("handover"), str) else None,
+            data["handover"] if isinstance(data.get("handover"), str) and TOKEN.match(data["handover"]) else None,
         )
 
 
@@ -294,9 +304,15 @@ class CloudController:
         self.last: Optional[dl.Decision] = None
         self.stage: Optional[Stage] = None
         self.next: Optional[Stage] = None
+        """The next stage, launched while `stage` trains and made ready by SkyPilot (make-before-break)."""
+        self.retiring: Optional[Stage] = None
+        """The stage `stage` replaced, cancelled and not yet reported ended by SkyPilot: only once it ended is
+        the handover its successor's nodes wait for written (trainer/handover.py). Kept in the events, so an
+        error or a restart in between never reads its CANCELLED as the run's end."""
+        self.failed_next_at: Optional[float] = None
+        """When a next stage last ended before it was ready: no other is launched for a restart's time."""
         self.declined: set[int] = set()
         """Supervised runs: the on-demand stages whose way back to spot did not pay (said once each)."""
-        """A deadline's next stage, launched while `stage` trains and made ready by SkyPilot (make-before-break)."""
         self.lines: list[str] = []
         self._restore()
 
@@ -316,14 +332,17 @@ class CloudController:
                 event = json.loads(line)
             except ValueError:
                 continue
-            stage = Stage.from_dict(event.get("stage"), event["ts"])
-            if stage is not None:
-                self.stage = stage
-                self.next = Stage.from_dict(event.get("next"), event["ts"])
-                self.committed = bool(event.get("committed"))
-                losses = event.get("losses")
-                self.losses = [p for p in (relaunch.Loss.from_dict(x) for x in losses or []) if p is not None]
-                break
+            if event.get("type") not in (dl.DECISION_EVENT, PLACEMENT_EVENT):
+                continue
+            losses = event.get("losses")
+            self.losses = [p for p in (relaunch.Loss.from_dict(x) for x in losses or []) if p is not None]
+            self.committed = bool(event.get("committed"))
+            if event.get("reason") in ENDED_REASONS:
+                break  # a resumed run's controller: its last stage ended with it; it starts a new one
+            self.stage = Stage.from_dict(event.get("stage"), event["ts"])
+            self.next = Stage.from_dict(event.get("next"), event["ts"])
+            self.retiring = Stage.from_dict(event.get("retiring"), event["ts"])
+            break
 
     def _emit(self, **fields: Any) -> None:
         stage = None if self.stage is None else self.stage.as_dict()
@@ -336,6 +355,8 @@ class CloudController:
             "type": dl.DECISION_EVENT if self.deadline else PLACEMENT_EVENT,
             "stage": stage,
             **({"next": self.next.as_dict()} if self.next is not None else {}),
+            **({"retiring": self.retiring.as_dict()} if self.retiring is not None else {}),
+            **({"committed": self.committed} if self.deadline else {}),
             "losses": [p.as_dict() for p in relaunch.recent(self.losses, self.clock(), self.burst_seconds)],
             **({"deadline": self.at} if self.at is not None else {}),
             **fields,
@@ -347,6 +368,8 @@ class CloudController:
     def step(self) -> Optional[int]:
         """One decision; returns the controller's exit code once the run has ended."""
         now = self.clock()
+        if self.retiring is not None and not self._retired(now):
+            return None  # the stage replaced has not ended yet: asked again next round
         status = None
         if self.stage is not None:
             record = sky_executor.queue([self.stage.job_id]).get(self.stage.job_id) or {}
@@ -373,10 +396,12 @@ class CloudController:
                     self.stage.where = where
             elif self.stage.waiting_since is None:
                 self.stage.waiting_since = now  # preempted: SkyPilot is recovering it
-            if self.next is not None and self._handed_over(status, now):
-                return None
             if status == "RECOVERING" and self._leaves(self.stage):
-                self._leave(self.stage, now)
+                loss = self._count_loss(self.stage, now)
+                if self.next is None:
+                    self._leave(self.stage, loss, now)
+                    return None
+            if self.next is not None and self._handed_over(status, now):
                 return None
         if self.deadline is None:
             if self.stage is None:
@@ -402,17 +427,14 @@ class CloudController:
                     f"stage {stage.job_id} (spot) has had no spot capacity for {waited:.0f}s: the task as rendered "
                     "again (on-demand after spot)"
                 )
-                self._cancel(stage)
-                self.stage = self._launch(ANY)
-                self._emit(
-                    mode=ANY,
-                    reason="spot-gone",
-                    why=f"no spot capacity for {waited:.0f}s",
-                    previous_job_id=stage.job_id,
+                self._switch_to(
+                    self._launch(ANY, handover=_token()), reason="spot-gone", why=f"no spot capacity for {waited:.0f}s"
                 )
             return
         where = stage.where or {}
         if status != "RUNNING" or where.get("spot") is not False or stage.job_id in self.declined:
+            return
+        if self.failed_next_at is not None and now - self.failed_next_at < self.restart_seconds:
             return
         payoff = self._spot_payoff(where)
         if payoff is None:
@@ -422,8 +444,7 @@ class CloudController:
             self.say(f"stage {stage.job_id} runs on on-demand; going back to spot does not pay: {payoff.why}")
             self._emit(mode=ANY, reason="spot-declined", why=payoff.why)
             return
-        token = f"stage-{int(now)}-spot"
-        self.next = self._launch(dl.SPOT, handover=token)
+        self.next = self._launch(dl.SPOT, handover=_token())
         self.say(
             f"stage {stage.job_id} runs on on-demand: stage {self.next.job_id} on spot is made ready while it trains "
             f"(make-before-break; it pays: {payoff.why})"
@@ -474,15 +495,20 @@ class CloudController:
             and bool(where.get("region"))
         )
 
-    def _leave(self, stage: Stage, now: float) -> None:
-        """SkyPilot is recovering a spot stage, in the region it lost (FAILOVER) or wherever is cheapest
-        (EAGER_NEXT_REGION, which blocks nothing in 0.14.1). Count the preemption; if the next stage's
-        candidates by expected cost put another region first (executors/sky/relaunch.py), cancel the stage and
-        launch that one; else SkyPilot's recovery goes where it pays anyway."""
+    def _count_loss(self, stage: Stage, now: float) -> relaunch.Loss:
+        """A spot stage SkyPilot started recovering: its preemption counts against its region (once: its place
+        is forgotten until SkyPilot reports it RUNNING again)."""
         where = stage.where or {}
         loss = relaunch.Loss(str(where.get("cloud") or "").lower(), str(where["region"]), where.get("zone"), now)
         self.losses = relaunch.recent(self.losses, now, self.burst_seconds) + [loss]
         stage.where = None
+        return loss
+
+    def _leave(self, stage: Stage, loss: relaunch.Loss, now: float) -> None:
+        """SkyPilot is recovering a spot stage, in the region it lost (FAILOVER) or wherever is cheapest
+        (EAGER_NEXT_REGION, which blocks nothing in 0.14.1). If the next stage's candidates by expected cost move
+        a preempted region back (executors/sky/relaunch.py), launch that stage, its nodes waiting for the
+        handover, and cancel this one; else SkyPilot's recovery goes where it pays anyway."""
         place = f"{loss.cloud}/{loss.region}" + (f" ({loss.zone})" if loss.zone else "")
         plan = relaunch.relaunch_plan(
             self._task_for(stage.mode), self.losses, now=now, burst_s=self.burst_seconds, restart_s=self.restart_seconds
@@ -492,10 +518,8 @@ class CloudController:
             self._emit(mode=stage.mode, reason="stays", why=f"preempted in {place}; {plan.why}")
             return
         self.say(f"stage {stage.job_id} preempted in {place}: relaunching: {plan.why}")
-        self._cancel(stage)
-        self.stage = self._launch(stage.mode)
-        self._emit(
-            mode=stage.mode, reason="left", why=f"preempted in {place}; {plan.why}", previous_job_id=stage.job_id
+        self._switch_to(
+            self._launch(stage.mode, handover=_token()), reason="left", why=f"preempted in {place}; {plan.why}"
         )
 
     def _decide(self, now: float, status: Optional[str]) -> Optional[int]:
@@ -574,17 +598,19 @@ class CloudController:
         if self.stage is not None and self.stage.waiting_since is None:
             # Make-before-break: the stage trains on while SkyPilot provisions the next and runs its setup; the
             # next one's nodes wait for the handover (trainer/handover.py), written once this one stopped.
-            token = f"stage-{int(self.clock())}-{want}"
-            self.next = self._launch(want, handover=token)
+            if self.failed_next_at is not None and self.clock() - self.failed_next_at < self.restart_seconds:
+                return  # the last one failed before it was ready: not another every round
+            self.next = self._launch(want, handover=_token())
             self.say(
                 f"deadline: leaving {self.stage.mode} for {want}: {decision.why}; stage {self.next.job_id} on {want} "
                 f"is made ready while stage {self.stage.job_id} trains (make-before-break)"
             )
             return
-        if self.stage is not None:
+        if self.stage is None:
+            self.stage = self._launch(want)
+        else:  # nothing trains: the next stage at once, its nodes waiting until this one ended
             self.say(f"deadline: leaving {self.stage.mode} for {want}: {decision.why}")
-            self._cancel(self.stage)
-        self.stage = self._launch(want)
+            self._switch_to(self._launch(want, handover=_token()), reason="switch", why=decision.why)
         self.say(
             f"deadline: stage {self.stage.job_id} on {want} ({decision.reason}); projected finish "
             f"{dl.when(decision.projected_finish)}, deadline {dl.when(self.at)}"
@@ -597,8 +623,13 @@ class CloudController:
         record = sky_executor.queue([self.next.job_id]).get(self.next.job_id) or {}
         ready = str(record.get("status") or "PENDING")
         if has_ended(ready):
-            self.say(f"switch: stage {self.next.job_id} ({self.next.mode}) ended {ready} before it was ready")
-            self.next = None
+            failed = self.next
+            self.say(
+                f"switch: stage {failed.job_id} ({failed.mode}) ended {ready} before it was ready; stage "
+                f"{self.stage.job_id} goes on, and no other is made ready for {self.restart_seconds:.0f}s"
+            )
+            self.next, self.failed_next_at = None, now
+            self._emit(mode=self.stage.mode, reason="next-failed", why=f"stage {failed.job_id} ended {ready}")
             return False
         if ready != "RUNNING" and status == "RUNNING":
             return False
@@ -608,20 +639,39 @@ class CloudController:
             if ready == "RUNNING"
             else f"switch: stage {old.job_id} stopped training ({status}): stage {new.job_id} ({new.mode}) takes over"
         )
-        self._cancel(old)
+        new.waiting_since = None if ready == "RUNNING" else now
+        self._switch_to(new, reason="handover", why=f"stage {new.job_id} takes over from stage {old.job_id}")
+        return True
+
+    def _switch_to(self, new: Stage, *, reason: str, why: str) -> None:
+        """`new` replaces the current stage: recorded first (the current one as retiring), then the current one
+        is cancelled, and the handover `new`'s nodes wait for is written once SkyPilot reports it ended."""
+        old = self.stage
+        self.stage, self.next, self.retiring = new, None, old
+        self._emit(mode=new.mode, reason=reason, why=why, previous_job_id=old.job_id if old else None)
+        if old is not None:
+            self._retired(self.clock())
+
+    def _retired(self, now: float) -> bool:
+        """The stage replaced has ended (cancelled now if it had not): write its successor's handover. False
+        while SkyPilot still reports it alive (its emergency checkpoint, its teardown): asked again next round."""
         from skyspot.trainer.handover import handover_key
 
-        assert new.handover is not None
-        self.store.put_bytes(
-            handover_key(self.run, new.handover),
-            json.dumps({"from_job_id": old.job_id, "to_job_id": new.job_id, "ts": now}).encode("utf-8"),
-        )
-        self.stage, self.next = new, None
-        self.stage.waiting_since = None if ready == "RUNNING" else now
+        old = self.retiring
+        assert old is not None
+        if not self._cancel(old):
+            return False
+        new = self.stage
+        if new is not None and new.handover is not None:
+            self.store.put_bytes(
+                handover_key(self.run, new.handover),
+                json.dumps({"from_job_id": old.job_id, "to_job_id": new.job_id, "ts": self.clock()}).encode("utf-8"),
+            )
+        self.retiring = None
         self._emit(
-            mode=new.mode,
-            reason="handover",
-            why=f"stage {new.job_id} took over from stage {old.job_id}",
+            mode=new.mode if new else dl.IDLE,
+            reason="handed-over",
+            why=f"stage {old.job_id} ended" + (f"; stage {new.job_id} starts" if new else ""),
             previous_job_id=old.job_id,
         )
         return True
@@ -656,15 +706,23 @@ class CloudController:
         now = self.clock()
         return Stage(job_id, mode, now, now, handover=handover)
 
-    def _cancel(self, stage: Stage) -> None:
-        sky_executor.cancel(stage.job_id)
+    def _cancel(self, stage: Stage) -> bool:
+        """Cancel `stage` unless it ended, and wait up to CANCEL_WAIT_SECONDS for SkyPilot to report it ended
+        (a job SkyPilot no longer knows has ended too); True once it has."""
         waited_until = self.clock() + CANCEL_WAIT_SECONDS
-        while self.clock() < waited_until:
-            status = (sky_executor.queue([stage.job_id]).get(stage.job_id) or {}).get("status")
-            if has_ended(status):
-                return
+        cancelled = False
+        while True:
+            record = sky_executor.queue([stage.job_id]).get(stage.job_id)
+            if record is None or has_ended(str(record.get("status") or "")):
+                return True
+            if not cancelled:
+                sky_executor.cancel(stage.job_id)
+                cancelled = True
+            if self.clock() >= waited_until:
+                break
             self.sleep(min(10.0, self.period))
-        self.say(f"stage {stage.job_id} did not end within {CANCEL_WAIT_SECONDS:.0f}s of its cancel; going on")
+        self.say(f"stage {stage.job_id} did not end within {CANCEL_WAIT_SECONDS:.0f}s of its cancel; asking again")
+        return False
 
     def sleep(self, seconds: float) -> None:
         if self._sleep is not None:
@@ -687,11 +745,13 @@ class CloudController:
     def stop(self) -> int:
         """Cancelled: cancel the stage too, so nothing keeps billing."""
         self._withdraw("the controller was cancelled")
-        if self.stage is not None:
+        for stage in (self.retiring, self.stage):
+            if stage is None:
+                continue
             try:
-                sky_executor.cancel(self.stage.job_id)
+                sky_executor.cancel(stage.job_id)
             except SkyspotError as error:
-                self.say(f"could not cancel stage {self.stage.job_id}: {error}")
+                self.say(f"could not cancel stage {stage.job_id}: {error}")
         self._emit(mode=dl.IDLE, reason="cancelled", why="the controller was cancelled")
         return 130
 

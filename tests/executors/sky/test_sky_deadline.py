@@ -40,6 +40,7 @@ class FakeSkyPilot:
         self.cancelled: list[int] = []
         self.status: dict[int, str] = {}
         self.where: dict[int, dict] = {}
+        self.slow: set[int] = set()
         """The queue record's placement fields per job (cloud, region, zone, cluster_resources), when scripted."""
         self.next_id = 100
         monkeypatch.setattr(sky_executor, "api_server_healthy", lambda: True)
@@ -66,7 +67,8 @@ class FakeSkyPilot:
     def cancel(self, job_ids=None, **kwargs):
         for job_id in job_ids or []:
             self.cancelled.append(job_id)
-            self.status[job_id] = "CANCELLED"
+            # A job in `slow` takes its time to end (its emergency checkpoint, its teardown): CANCELLING.
+            self.status[job_id] = "CANCELLING" if job_id in self.slow else "CANCELLED"
         return lambda: None
 
 
@@ -236,7 +238,8 @@ def test_the_controller_waits_for_spot_then_switches_to_on_demand_under_the_same
     fake.status[od_id] = "SUCCEEDED"
     assert again.loop() == 0
     decisions = read_events_store(store, "due").of_type(dl.DECISION_EVENT)
-    assert [d["reason"] for d in decisions][:3] == ["start", "exploit", "behind"]
+    # The policy's decisions, and the controller's own record of the switch it made (its stages' handover).
+    assert [d["reason"] for d in decisions][:5] == ["start", "exploit", "switch", "handed-over", "behind"]
     assert decisions[-1]["reason"] == "done" and decisions[-1]["met"] is True
     assert all(d["deadline"] == plan["deadline"]["at"] for d in decisions)
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from skyspot.cli.main import app
+from skyspot.errors import SkyspotError
 from skyspot.events import read_events_store
 from skyspot.executors.sky import deadline as sky_deadline
 from skyspot.executors.sky.relaunch import Loss, regions_for, relaunch_plan
@@ -126,6 +128,7 @@ def test_a_supervised_launch_submits_the_controller_which_leaves_a_preempted_reg
     assert controller.step() is None and len(fake.launched) == 2
     fake.status[first_id] = "RECOVERING"
     clock.now += 60
+    seen = clock.now
     assert controller.step() is None
     assert fake.cancelled == [first_id]
     second_id, second, name = fake.launched[2]
@@ -139,10 +142,15 @@ def test_a_supervised_launch_submits_the_controller_which_leaves_a_preempted_reg
         "preempted in aws/us-east-1 (us-east-1a): relaunching: aws A100-80GB:8: us-east-1 from #2 to #5" in line
         for line in lines
     )
-    decision = read_events_store(store, "kept").of_type(sky_deadline.PLACEMENT_EVENT)[-1]
-    assert decision["reason"] == "left" and decision["previous_job_id"] == first_id
-    assert decision["stage"]["job_id"] == second_id
-    assert decision["losses"] == [{"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "at": clock.now}]
+    events = read_events_store(store, "kept").of_type(sky_deadline.PLACEMENT_EVENT)
+    assert [e["reason"] for e in events] == ["start", "left", "handed-over"]
+    decision = events[1]
+    assert decision["previous_job_id"] == first_id and decision["stage"]["job_id"] == second_id
+    assert decision["retiring"]["job_id"] == first_id  # recorded before the cancel
+    # The next stage's nodes wait for the handover, written once SkyPilot reported the old stage ended.
+    token = second.envs["SKYSPOT_HANDOVER"]
+    assert store.get_bytes(f"kept/handover/{token}") is not None
+    assert decision["losses"] == [{"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "at": seen}]
 
     # A controller restarted by SkyPilot keeps avoiding the region until its time is up.
     again = sky_deadline.CloudController(plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append)
@@ -263,7 +271,7 @@ def test_a_supervised_run_on_on_demand_goes_back_to_spot_make_before_break(monke
     assert fake.cancelled == [od_id] and store.get_bytes(f"due/handover/{token}") is not None
     assert controller.stage is not None and (controller.stage.job_id, controller.stage.mode) == (spot_id, "spot")
     reasons = [e["reason"] for e in read_events_store(store, "due").of_type(sky_deadline.PLACEMENT_EVENT)]
-    assert reasons == ["start", "spot-back", "handover"]
+    assert reasons == ["start", "spot-back", "handover", "handed-over"]
 
 
 def test_a_supervised_run_near_its_end_stays_on_on_demand_and_says_why(monkeypatch, tmp_path):
@@ -275,3 +283,80 @@ def test_a_supervised_run_near_its_end_stays_on_on_demand_and_says_why(monkeypat
     assert len(said) == 1 and "30s of training left" in said[0]
     declined = read_events_store(store, "due").of_type(sky_deadline.PLACEMENT_EVENT)[-1]
     assert declined["reason"] == "spot-declined"
+
+
+def test_the_handover_waits_until_the_old_stage_really_ended(monkeypatch, tmp_path):
+    """A stage slow to end after its cancel (a 70B emergency checkpoint, a teardown) keeps its successor's
+    nodes waiting: the handover is written only once SkyPilot reports it ended, rounds later."""
+    fake, controller, store, clock, lines, od_id = _supervised(monkeypatch, tmp_path, steps=1000)
+    controller.step()
+    spot_id, spot_task, _ = fake.launched[-1]
+    token = spot_task.envs["SKYSPOT_HANDOVER"]
+    fake.slow.add(od_id)
+    fake.status[spot_id] = "RUNNING"
+    clock.now += 60
+    controller.step()  # cancels the on-demand stage, which does not end within the wait
+    assert fake.status[od_id] == "CANCELLING" and store.get_bytes(f"due/handover/{token}") is None
+    assert controller.retiring is not None and controller.retiring.job_id == od_id
+    again = sky_deadline.CloudController(controller.plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append)
+    assert (
+        again.retiring is not None and again.stage is not None and again.stage.job_id == spot_id
+    )  # a restart keeps it
+    again.step()
+    assert store.get_bytes(f"due/handover/{token}") is None
+    fake.status[od_id] = "CANCELLED"
+    again.step()
+    assert store.get_bytes(f"due/handover/{token}") is not None and again.retiring is None
+
+
+def test_an_error_in_the_middle_of_a_switch_does_not_end_the_run(monkeypatch, tmp_path):
+    """SkyPilot's queue out of reach while the old stage is cancelled: the round fails, the next one finishes
+    the switch. The old stage's CANCELLED is never read as the run's end."""
+    from skyspot.executors.sky import sdk as sky_sdk
+
+    fake, controller, store, clock, lines, od_id = _supervised(monkeypatch, tmp_path, steps=1000)
+    controller.step()
+    spot_id, spot_task, _ = fake.launched[-1]
+    fake.status[spot_id] = "RUNNING"
+    real_queue, calls = sky_sdk.queue, []
+
+    def flaky(job_ids):
+        calls.append(job_ids)
+        if job_ids == [od_id] and od_id in fake.cancelled and len(calls) < 50:
+            raise SkyspotError("the SkyPilot API server is not running")
+        return real_queue(job_ids)
+
+    monkeypatch.setattr(sky_sdk, "queue", flaky)
+    clock.now += 60
+    with pytest.raises(SkyspotError):
+        controller.step()
+    monkeypatch.setattr(sky_sdk, "queue", real_queue)
+    clock.now += 60
+    assert controller.step() is None  # not 1: the run goes on on the spot stage
+    assert controller.stage is not None and controller.stage.job_id == spot_id and controller.retiring is None
+    assert store.get_bytes(f"due/handover/{spot_task.envs['SKYSPOT_HANDOVER']}") is not None
+    assert not any("the run stops here" in line for line in lines)
+
+
+def test_a_next_stage_that_fails_before_it_is_ready_is_not_relaunched_every_round(monkeypatch, tmp_path):
+    fake, controller, store, clock, lines, od_id = _supervised(monkeypatch, tmp_path, steps=1000)
+    controller.step()
+    spot_id = fake.launched[-1][0]
+    fake.status[spot_id] = "FAILED_NO_RESOURCE"
+    for _ in range(5):
+        clock.now += 60
+        controller.step()
+    assert len(fake.launched) == 2 and od_id not in fake.cancelled  # one spot stage, the on-demand one trains on
+    reasons = [e["reason"] for e in read_events_store(store, "due").of_type(sky_deadline.PLACEMENT_EVENT)]
+    assert reasons.count("next-failed") == 1
+
+
+def test_a_resumed_supervised_run_starts_a_new_stage(monkeypatch, tmp_path):
+    fake, controller, store, clock, lines, od_id = _supervised(monkeypatch, tmp_path, steps=1000)
+    controller.stop_requested.set()
+    assert controller.loop() == 130 and od_id in fake.cancelled
+    resumed = sky_deadline.CloudController(
+        controller.plan, store=store, clock=clock, sleep=clock.sleep, say=lines.append
+    )
+    assert resumed.stage is None
+    assert resumed.step() is None and resumed.stage is not None and resumed.stage.job_id != od_id
