@@ -457,12 +457,16 @@ def _str_presenter(dumper, data):
 _BlockDumper.add_representer(str, _str_presenter)
 
 
+_ORDER = {"expected_cost": "by expected cost per hour of training", "price": "cheapest first"}
+"""How the header says the candidates are ordered, by resources.placement (planning/candidates.py)."""
+
+
 def to_yaml(task: dict[str, Any], recipe: Recipe) -> str:
     description = "".join(f"# {line}\n" for line in recipe.description.splitlines())  # never a raw line
     header = (
         f"# SkyPilot managed-job task rendered by skyspot {__version__} from recipe '{recipe.name}'.\n"
         f"{description}"
-        "# Candidates: spot first, then on-demand, each cheapest first (price snapshot).\n"
+        f"# Candidates: spot first, then on-demand, each {_ORDER[recipe.resources.placement]} (price snapshot).\n"
         f"# Exit code {RECOVER_EXIT_CODE} = preempted with an emergency checkpoint committed: recover.\n"
     )
     secrets = list(task.get("secrets") or {})
