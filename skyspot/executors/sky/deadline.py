@@ -1,16 +1,17 @@
-"""A deadline on SkyPilot: a small controller, itself a managed job, that moves the run between spot
-and on-demand under the run's one name (docs/deadline.md says why this mechanism).
+"""The run's controller on SkyPilot, for a deadline or a supervised run (`resources.supervise`): a small
+controller, itself a managed job, that runs the training as stages under the run's one name
+(docs/deadline.md and docs/planning.md, "Recoveries on a cloud", say why this mechanism).
 
     python -m skyspot.executors.sky.deadline /skyspot/deadline/plan.json      (on the controller's node)
 
-`launch --deadline` (skyspot/app/launch.py) submits `controller_task(...)`: one cheap on-demand CPU
+`launch` (skyspot/executors/sky/submit.py) submits `controller_task(...)`: one cheap on-demand CPU
 node, restarted by SkyPilot on errors, that installs the skyspot wheel without the training stack
 and runs `main()`. The controller then runs the training as *stages*, each a managed job named like
-the run, with the run's rendered task restricted to one capacity (`stage_task`): spot candidates
-only, or on-demand candidates only. Every stage's node has the same SKYSPOT_RUN_NAME, so it resumes
-from the newest durable checkpoint under `<store>/<run>/`. Every `period` seconds it reads the
-run's events from the store and the stage's status from SkyPilot's queue, and decides
-(skyspot/planning/deadline.py):
+the run: with a deadline, the run's rendered task restricted to one capacity (`stage_task`: spot
+candidates only, or on-demand candidates only); without one, the task as rendered (`ANY`). Every
+stage's node has the same SKYSPOT_RUN_NAME, so it resumes from the newest durable checkpoint under
+`<store>/<run>/`. Every `period` seconds it reads the stage's status from SkyPilot's queue (and, with
+a deadline, the run's events from the store) and decides (skyspot/planning/deadline.py):
 
 - spot stage RUNNING: on spot (it stays, unless the safety net commits to on-demand);
 - spot stage PENDING, STARTING or RECOVERING: a changeover, until it has waited longer than a
@@ -22,12 +23,16 @@ of a restart counts from now (`State.overhead_left`), and a round also falls at 
 a deadline lost while a node is prepared is said then (`deadline UNREACHABLE: ...` in this job's log,
 which an attached `launch` streams; `status` from the decision event), not once the stage runs.
 
-A switch cancels the stage (SkyPilot's cancel sends the run SIGTERM: the trainer writes an
-emergency checkpoint, kept if it becomes durable before the node goes; else the newest interval
-checkpoint is resumed), waits until SkyPilot reports it ended, and launches the other stage.
-Each decision is a `deadline_decision` event in `<store>/<run>/events/deadline.controller.jsonl`,
-with the stage's job id, so a restarted controller picks up where it was. Cancelled itself
-(`skyspot cancel RUN`), it cancels its stage.
+Every stage that replaces another waits for a handover (trainer/handover.py): a switch while the stage
+trains launches the next one beside it (`next`, make-before-break) and hands over once SkyPilot runs it;
+the stage replaced is recorded as `retiring`, cancelled (SkyPilot's cancel sends the run SIGTERM: the
+trainer writes an emergency checkpoint), and the handover is written only once SkyPilot reports it
+ended. A spot stage SkyPilot starts recovering is relaunched with its region moved back by expected cost
+when that moves it (relaunch.py); a supervised stage on on-demand goes back to spot when the rest of the
+run pays (planning/return_to_spot.py). Each decision is an event in
+`<store>/<run>/events/deadline.controller.jsonl` (`deadline_decision`, or `placement_decision` without a
+deadline), with the stages' job ids, so a restarted controller picks up where it was. Cancelled itself
+(`skyspot cancel RUN`), it cancels its stages.
 
 The controller needs SkyPilot's API server from inside a managed job: SkyPilot 0.14 injects the
 endpoint and a service-account token into managed jobs (`api_server_access`, on by default) when
