@@ -25,8 +25,8 @@ class SpotRiskRows:
     """`spot-risk`: one row per spot placement, and the dates of what they were computed from."""
 
     rows: list[dict[str, Any]]
-    feed_date: str
-    """The published signals' snapshot (planning/spot_signals.py FEED_DATE)."""
+    feed: str
+    """The published signals' feed and the date of its snapshot (planning/spot_signals.py FEED, FEED_DATE)."""
     price_date: str
     """The price snapshot the placements come from."""
 
@@ -37,7 +37,7 @@ def spot_risk_rows(
     """Every spot placement of the price snapshot (filtered by cloud, instance type, region) with its rate."""
     from skyspot.app.report import price_rows
     from skyspot.planning.spot_risk import rate_for, read_history
-    from skyspot.planning.spot_signals import FEED_DATE, Signal
+    from skyspot.planning.spot_signals import FEED, FEED_DATE, Signal
 
     prices = price_rows(cloud, instance)
     if region is not None and region not in {r["region"] for r in prices.rows}:
@@ -87,7 +87,7 @@ def spot_risk_rows(
                 "source": risk.source,
             }
         )
-    return SpotRiskRows(rows=rows, feed_date=FEED_DATE, price_date=prices.snapshot_date)
+    return SpotRiskRows(rows=rows, feed=f"{FEED} feed of {FEED_DATE}", price_date=prices.snapshot_date)
 
 
 def _published(signal: Optional["Signal"], published: Optional["Published"]) -> str:

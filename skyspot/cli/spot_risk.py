@@ -37,6 +37,6 @@ def spot_risk_command(
         ],
         as_json=as_json,
         title=f"Spot preemptions per node-hour as plans rank them: prior (ours) x the published signal "
-        f"(AWS Spot Advisor feed of {found.feed_date}), blended with this machine's preemptions; placements from "
+        f"({found.feed}), blended with this machine's preemptions; placements from "
         f"the price snapshot {found.price_date} (docs/planning.md, Published signals)",
     )
