@@ -14,8 +14,10 @@ it must exit 76 and commit nothing), emergency (a notice at a held step_end, the
 step's writer is held at a random point), resume (a SIGKILL after the resume event, before the first
 step), outage (moto's S3 server on loopback is the store whenever `outage` is among the kinds: it is
 stopped for 2 to 8 s mid-run, as in tests/trainer/test_store_e2e.py; training must go on meanwhile and the
-uploads catch up once it is back; then a notice ends the start). Not covered: link cuts and partitions
-(network namespaces; tests/reliability/test_silent_node_loss.py covers them one at a time). A table per
+uploads catch up once it is back; then a notice ends the start). The network kinds, cut / partition /
+freeze / lossy (host K's link silent, cut off from the other host, every process of it SIGSTOPped, or 2 to
+15 % of its packets lost), run in a lane of their own: two nodes, one rank each, on network namespaces of
+their own (root; see "the network lane" below). `--lanes N` runs N lanes of each side by side. A table per
 kind (count, resumes from the local tier and from the store, steps redone, recovery seconds: the first
 step after the fault minus the fault; for an outage, the store's return to the uploads caught up) is
 printed before the one-line summary.
@@ -92,7 +94,9 @@ BIN = Path(sys.executable).parent
 KINDS = ("startup", "step", "write", "worker")
 """The kill kinds (the default set, as before the fault soak)."""
 NEW_KINDS = ("notice", "wipe", "crash", "hang", "outage", "stale", "emergency", "resume")
-ALL_KINDS = KINDS + NEW_KINDS
+NET_KINDS = ("cut", "partition", "freeze", "lossy")
+"""Kinds of the network lane (two nodes on hosts of their own: root and network namespaces)."""
+ALL_KINDS = KINDS + NEW_KINDS + NET_KINDS
 STEP_KINDS = ("step", "worker", "wipe", "notice", "crash", "hang", "outage", "stale", "emergency")
 """Kinds placed at a step: they need a step left to train after the newest checkpoint."""
 IN_PLACE = ("crash", "hang")
@@ -133,6 +137,8 @@ class Kill:
     resume_source: Optional[str] = None
     """Where the recovery resumed from: "local" or "store" (None: from scratch)."""
     code: Optional[int] = None
+    noticed_seconds: Optional[float] = None
+    """Network faults: the fault to the other node's exit (its collective's timeout)."""
 
 
 @dataclass
@@ -170,6 +176,8 @@ class Result:
     final_code: Optional[int] = None
     seconds: float = 0.0
     work: str = ""
+    lanes: list[str] = field(default_factory=list)
+    """With lanes: each lane's seed, faults, end and wall time."""
 
     @property
     def ok(self) -> bool:
@@ -191,15 +199,21 @@ class Result:
                 "recovery_s_median": round(sorted(recovered)[len(recovered) // 2], 1) if recovered else None,
                 "recovery_s_max": round(max(recovered), 1) if recovered else None,
             }
+            noticed = [x.noticed_seconds for x in faults if x.noticed_seconds is not None]
+            if noticed:  # network faults: how long the other node took to stop (its collective's timeout)
+                out[kind]["noticed_s_min"], out[kind]["noticed_s_max"] = min(noticed), max(noticed)
         return out
 
     def table(self) -> str:
         lines = [f"{'kind':10} {'count':>5} {'local':>5} {'store':>5} {'redone':>6} {'recovery s (median/max)':>24}"]
         for kind, row in self.per_kind().items():
             rec = f"{row['recovery_s_median']}/{row['recovery_s_max']}"
+            noticed = (
+                f"  peer stopped {row['noticed_s_min']}-{row['noticed_s_max']} s on" if "noticed_s_max" in row else ""
+            )
             lines.append(
                 f"{kind:10} {row['count']:5} {row['resumes_local']:5} {row['resumes_store']:5} "
-                f"{row['steps_redone']:6} {rec:>24}"
+                f"{row['steps_redone']:6} {rec:>24}{noticed}"
             )
         return "\n".join(lines)
 
@@ -219,7 +233,7 @@ class Result:
             f"{self.corrupt_seen} corrupt, {self.incomplete_seen} cut writes skipped, {self.orphans} orphans, "
             f"{uploads}{self.steps_compared} step losses compared, final params "
             f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
-            f"{self.seconds:.0f} s"
+            f"{self.seconds:.0f} s" + (f" ({len(self.lanes)} lanes side by side)" if len(self.lanes) > 1 else "")
         )
 
 
@@ -299,22 +313,40 @@ def overrides_for(steps: int, every: int, keep: int) -> list[str]:
 ARCHIVES: dict[Path, Path] = {}
 
 
+_PARSED: dict[Path, tuple[int, int, list[dict]]] = {}
+"""Per event file: (inode, bytes parsed, its events). The harness polls every 50 ms and a long soak leaves
+thousands of event files: each poll parses only what was appended since (a newer inode, or a file that
+shrank, is parsed again from its start)."""
+
+
+def _file_events(path: Path) -> list[dict]:
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            inode, offset, events = _PARSED.get(path, (st.st_ino, 0, []))
+            if inode != st.st_ino or st.st_size < offset:
+                offset, events = 0, []
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return _PARSED.get(path, (0, 0, []))[2]
+    end = data.rfind(b"\n") + 1  # a line being written (or torn by a kill) waits for its newline
+    events = list(events)
+    for line in data[:end].splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "type" in event:
+            events.append(event)
+    _PARSED[path] = (st.st_ino, offset + end, events)
+    return events
+
+
 def read_events(run_dir: Path, pattern: str = "*.jsonl") -> list[dict]:
     """Every readable event line (a kill may tear the last line of a file: skipped)."""
-    out = []
     dirs = [run_dir / "events"] + ([ARCHIVES[run_dir]] if run_dir in ARCHIVES else [])
-    for path in sorted(p for d in dirs for p in d.glob(pattern)):
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and "type" in event:
-                out.append(event)
+    out = [e for path in sorted(p for d in dirs for p in d.glob(pattern)) for e in _file_events(path)]
     return sorted(out, key=lambda e: e.get("ts", 0))
 
 
@@ -683,7 +715,9 @@ class Harness:
             self._wait_gone(proc, procs, "a fault's start", timeout=30)
 
     def _events(self, attempts: set[int]) -> list[dict]:
-        return [e for e in read_events(self.run_dir) if e.get("attempt") in attempts and e.get("rank") == 0]
+        """Rank 0's events of these attempts (rank 0 writes them to its own file)."""
+        out = [e for a in attempts for e in read_events(self.run_dir, f"attempt-{a}.node-0.rank-0.jsonl")]
+        return sorted((e for e in out if e.get("attempt") in attempts and e.get("rank") == 0), key=lambda e: e["ts"])
 
     # ------------------------------------------------------------------ the checks around a start
     def _check_start(
@@ -701,8 +735,10 @@ class Harness:
         if attempt is None:
             return None
         events = [e for e in read_events(self.run_dir) if e.get("attempt") == attempt and e.get("rank") == 0]
-        resumes = [e for e in events if e["type"] == "resume"]
         steps = [e for e in events if e["type"] == "step"]
+        # The start's own resume comes before its first step; a later one is a restart in place's.
+        first_step = min((e["ts"] for e in steps), default=math.inf)
+        resumes = [e for e in events if e["type"] == "resume" and e["ts"] < first_step]
         resumed = None
         if resumes:
             resumed = resumes[0]["step"]
@@ -760,6 +796,18 @@ class Harness:
                 f"{durable_before[0]} to {durable_after[:1] or None}"
             )
 
+    def _valid(self, where: str) -> list[int]:
+        """The checkpoints a start could resume from on this node's disk, newest first."""
+        return valid_steps(self.run_dir, self.result, where)
+
+    def _committed(self, attempt: int) -> list[int]:
+        """The steps this attempt committed (every node's part)."""
+        return [
+            e["step"]
+            for e in read_events(self.run_dir)
+            if e.get("attempt") == attempt and e["type"] == "checkpoint_end"
+        ]
+
     # ------------------------------------------------------------------ the run
     def run(self) -> Result:
         r = self.result
@@ -777,7 +825,7 @@ class Harness:
             k = len(r.kills)
             kind = self.order[k] if k < len(self.order) else None
             number += 1
-            valid_before = valid_steps(self.run_dir, r, f"before start {number}")
+            valid_before = self._valid(f"before start {number}")
             durable_before = durable_steps(self.store, self.run_dir.name)
             newest = max(valid_before[:1] + durable_before[:1], default=0)
             plan = {}
@@ -790,17 +838,9 @@ class Harness:
             if kind is not None and kill is None and not retry:
                 r.violations.append(f"start {number}: planned kill ({kind} {plan}) never happened (exit {code})")
             resumed = self._check_start(number, attempt, valid_before, durable_before, kill is not None, code)
-            valid_after = valid_steps(self.run_dir, r, f"after start {number}")
+            valid_after = self._valid(f"after start {number}")
             durable_after = durable_steps(self.store, self.run_dir.name)
-            committed = (
-                [
-                    e["step"]
-                    for e in read_events(self.run_dir)
-                    if e.get("attempt") == attempt and e["type"] == "checkpoint_end"
-                ]
-                if attempt
-                else []
-            )
+            committed = self._committed(attempt) if attempt else []
             self._check_nothing_lost(number, valid_before, valid_after, durable_before, durable_after, committed)
             if kill is not None and (self.wipe or kill.kind == "wipe"):
                 self._wipe_and_verify(number)
@@ -833,7 +873,7 @@ class Harness:
         for a restart in place, and for `stale`, whose recovery is the newer attempt's)."""
         events = [e for e in read_events(self.run_dir) if e.get("rank") == 0 and e["type"] in ("resume", "step")]
         for kill in self.result.kills:
-            if kill.kind == "outage":
+            if kill.kind in ("outage", "lossy"):
                 continue  # no restart: its recovery is the uploads' catch-up, measured as it happened
             same_ok = kill.kind in ("crash", "hang", "stale")
             after = [e for e in events if e["ts"] > kill.at and (same_ok or e.get("attempt") != kill.attempt)]
@@ -1156,6 +1196,259 @@ def _s3_server():
     return server
 
 
+# --------------------------------------------------------------------------- the network lane
+# Link cuts, partitions, a frozen node and a lossy link need hosts with their own addresses: a run of
+# two nodes, one rank each (the same world of 2 as the other lanes, so the same reference), each node
+# on a network namespace of its own (skyspot/executors/local/netns.py), with SKYPILOT_NODE_IPS,
+# --local_addr and gloo on the namespace's interface as on a cloud. Every start of that run is two
+# nodes; its store is a local directory both reach (the namespaces share this machine's disk).
+# tests/reliability/test_silent_node_loss.py is the single-fault form these follow.
+
+NET_DIST_TIMEOUT_S = 10
+"""SKYSPOT_DIST_TIMEOUT_SECONDS of the network lane: a silent peer stops a node's collective after this."""
+NET_SLACK_S = 40
+"""After the collective timeout: the trainer's way out, torchrun's teardown and the supervisor's exit."""
+
+
+def launch_node(
+    hosts, k: int, run_dir: Path, overrides: list[str], log: Path, *, store: str, port: int, grace: float = GRACE_S
+) -> subprocess.Popen:
+    """Node k of 2 on host k: `supervise -- torchrun --nnodes 2 --node_rank k --local_addr <host k> ...`."""
+    from skyspot.executors.local.netns import IFNAME
+
+    command = [
+        *hosts.exec_prefix(k),
+        sys.executable,
+        "-m",
+        "skyspot.trainer.supervise",
+        "--run-dir",
+        str(run_dir),
+        "--grace",
+        str(grace),
+        "--",
+        str(BIN / "torchrun"),
+        "--nnodes",
+        str(hosts.n),
+        "--node_rank",
+        str(k),
+        "--nproc_per_node",
+        "1",
+        "--master_addr",
+        hosts.addr(0),
+        "--master_port",
+        str(port),
+        "--local_addr",
+        hosts.addr(k),
+        "-m",
+        "skyspot.trainer",
+        "tiny",
+        "--run-dir",
+        str(run_dir),
+        "--run-name",
+        run_dir.name,
+        f"storage.store={store}",
+        *overrides,
+    ]
+    env = trainer_env(
+        **EXTRA_ENV,
+        SKYPILOT_NODE_RANK=str(k),
+        SKYPILOT_NUM_NODES=str(hosts.n),
+        SKYPILOT_NODE_IPS="\n".join(hosts.addrs),
+        GLOO_SOCKET_IFNAME=IFNAME,
+        SKYSPOT_DIST_TIMEOUT_SECONDS=str(NET_DIST_TIMEOUT_S),
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+class NetHarness(Harness):
+    """The network lane: every start is two nodes on hosts of their own; node 0's run directory is
+    `run_dir` (rank 0's events, final/), node 1's lies beside it under `node1/`."""
+
+    def __init__(self, *, hosts, **options):
+        super().__init__(store=True, **options)
+        self.hosts = hosts
+        self.store = str(self.work / "store")  # a local directory both namespaces reach
+        self.node_dirs = [self.run_dir, self.work / "node1" / self.run_dir.name]
+
+    def _plan(self, kind: str, newest: int, remaining: int) -> tuple[str, dict]:
+        n = self.steps
+        if kind not in NET_KINDS:
+            return super()._plan(kind, newest, remaining)
+        if newest >= n - ROOM - 1:
+            return "startup", {"target": self.rng.choice(("tree", "group"))}
+        plan = {"step": self._target_step(newest, remaining, n - ROOM), "node": self.rng.randint(0, 1)}
+        if kind == "lossy":
+            plan.update(loss_pct=round(self.rng.uniform(2.0, 15.0), 1), seconds=round(self.rng.uniform(2.0, 6.0), 1))
+        return kind, plan
+
+    def _valid(self, where: str) -> list[int]:
+        """A step counts when every node holds a valid part of it (the start's vote takes the newest such)."""
+        per_node = [set(valid_steps(d, self.result, f"{where}, node {k}")) for k, d in enumerate(self.node_dirs)]
+        return sorted(set.intersection(*per_node), reverse=True)
+
+    def _committed(self, attempt: int) -> list[int]:
+        per_node = [
+            {e["step"] for e in read_events(d) if e.get("attempt") == attempt and e["type"] == "checkpoint_end"}
+            for d in self.node_dirs
+        ]
+        return sorted(set.intersection(*per_node))
+
+    def launch_nodes(self, number: int, grace: float = GRACE_S) -> list[subprocess.Popen]:
+        port = free_port()
+        self.result.starts += 1
+        return [
+            launch_node(
+                self.hosts,
+                k,
+                d,
+                self.overrides,
+                self.work / "logs" / f"start-{number:03d}.node-{k}.txt",
+                store=self.store,  # type: ignore[arg-type]
+                port=port,
+                grace=grace,
+            )
+            for k, d in enumerate(self.node_dirs)
+        ]
+
+    def _start(self, number: int, kind: Optional[str], plan: dict) -> tuple[Optional[int], Kill | None, int]:
+        if kind in NET_KINDS:
+            return fault_network(self, number, {**plan, "kind": kind})
+        if kind is not None:
+            return fault_node_kill(self, number, {**plan, "kind": kind})
+        before = attempts_seen(self.run_dir)
+        procs = self.launch_nodes(number)
+        codes = _wait_nodes(self, procs, START_TIMEOUT_S, f"start {number}")
+        return max(codes, key=abs), None, _new_attempt(self, before)
+
+
+def _wait_nodes(h: Harness, procs: list[subprocess.Popen], timeout: float, where: str) -> list[int]:
+    """Every node's supervisor gone within `timeout` (else a violation, and killed)."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for k, p in enumerate(procs):
+        if p.poll() is None:
+            h.result.violations.append(f"{where}: node {k} still up {timeout:.0f} s on")
+            h._stop(p)
+    return [p.returncode for p in procs]
+
+
+def _until_nodes(h: Harness, what: str, done, procs: list[subprocess.Popen], timeout: float = 240.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        ended = [p for p in procs if p.poll() is not None]
+        if ended:
+            h.result.violations.append(f"{what}: a node ended (code {ended[0].returncode}) first")
+            return False
+        time.sleep(0.05)
+    h.result.violations.append(f"{what}: not within {timeout:.0f} s")
+    return False
+
+
+def fault_node_kill(h: "NetHarness", number: int, plan: dict):
+    """A start-up kill of the two-node run (a kind the lane degrades to near the end): node 0's tree at once."""
+    before = attempts_seen(h.run_dir)
+    procs = h.launch_nodes(number)
+    kill = Kill(number, "startup", "node-0", None, None, "random moment before the first step (two nodes)")
+    time.sleep(h.rng.uniform(0.5, 6.0))
+    kill.at, kill.phase = time.time(), f"at step {_reached(h, before)}" if _reached(h, before) else "startup"
+    for p in procs:
+        killed = h._kill(p, "tree")
+        h._wait_gone(p, killed, f"kill {number}", timeout=GRACE_S + 60)
+    kill.reached = _reached(h, before)
+    return procs[0].returncode, kill, _new_attempt(h, before)
+
+
+def fault_network(h: "NetHarness", number: int, plan: dict):
+    """cut / partition: host k's link silent (every packet dropped, nothing reset) or cut off from the other
+    host; freeze: every process of host k SIGSTOPped. The other node's collective must time out (not at once:
+    nothing closed its sockets; not much later), every node must exit, then the link heals and the next
+    start resumes. lossy: 2 to 15 % of host k's packets dropped for a few seconds: training goes on."""
+    kind, k = plan["kind"], plan["node"]
+    hosts = h.hosts
+    before = attempts_seen(h.run_dir)
+    procs = h.launch_nodes(number)
+    what = {"cut": "link cut", "partition": "partitioned", "freeze": "frozen", "lossy": "lossy link"}[kind]
+    kill = Kill(number, kind, f"node-{k}", None, None, f"node {k} {what} after step {plan['step']}")
+    try:
+        if _until_nodes(h, f"{kind} {number}", lambda: _reached(h, before) >= plan["step"], procs):
+            time.sleep(h.rng.uniform(0.0, 1.0) * h.step_estimate)
+            kill.at, kill.phase = time.time(), f"after step {_reached(h, before)}"
+            at = time.monotonic()
+            if kind == "lossy":
+                _lossy(h, number, kill, plan, procs, before)
+            else:
+                {"cut": hosts.cut, "partition": hosts.partition, "freeze": hosts.freeze}[kind](k)
+                _stops_on_its_timeout(h, number, kill, procs, k, at)
+    finally:
+        hosts.thaw(k)
+        hosts.heal(k)
+        for p in procs:
+            h._stop(p)
+    kill.reached = _reached(h, before)
+    return procs[0].returncode, kill, _new_attempt(h, before)
+
+
+def _stops_on_its_timeout(h: "NetHarness", number: int, kill: Kill, procs: list, k: int, at: float) -> None:
+    """The node that can still run stops on its collective timeout; a frozen node, thawed, stops too."""
+    other, where = procs[1 - k], f"{kill.kind} {number}"
+    bound = NET_DIST_TIMEOUT_S + NET_SLACK_S
+    while other.poll() is None and time.monotonic() - at < bound:
+        time.sleep(0.05)
+    noticed = time.monotonic() - at
+    kill.noticed_seconds = round(noticed, 2)
+    if other.poll() is None:
+        h.result.violations.append(f"{where}: node {1 - k} still up {noticed:.0f} s after node {k} went {kill.kind}")
+    elif noticed < NET_DIST_TIMEOUT_S - 1:
+        h.result.violations.append(
+            f"{where}: node {1 - k} stopped {noticed:.1f} s on, before its {NET_DIST_TIMEOUT_S} s collective "
+            "timeout: something reset its connections"
+        )
+    elif other.returncode == 0:
+        h.result.violations.append(f"{where}: node {1 - k} ended 0 with its peer gone")
+    if kill.kind == "freeze":
+        h.hosts.thaw(k)  # the VM comes back (or its processes are reclaimed): nothing of it may live on
+    _wait_nodes(h, procs, bound, where)
+    kill.code = other.returncode
+    kill.phase += f"; node {1 - k} stopped {noticed:.1f} s on (code {other.returncode})"
+
+
+def _lossy(h: "NetHarness", number: int, kill: Kill, plan: dict, procs: list, before: set[int]) -> None:
+    """Packets lost for a few seconds: TCP retransmits, the collectives only slow down; then a notice."""
+    k, where = plan["node"], f"lossy {number}"
+    reached = _reached(h, before)
+    h.hosts.netem(k, loss_pct=plan["loss_pct"])
+    try:
+        time.sleep(plan["seconds"])
+    finally:
+        h.hosts.heal(k)
+    back = time.time()
+    kill.phase += (
+        f"; {plan['loss_pct']} % lost for {plan['seconds']} s, {_reached(h, before) - reached} step(s) meanwhile"
+    )
+    if any(p.poll() is not None for p in procs):
+        h.result.violations.append(f"{where}: a node stopped on a lossy link (codes {[p.poll() for p in procs]})")
+        return
+    target = min(h.steps - 1, _reached(h, before) + 1)
+    if _until_nodes(h, f"{where}: trains on", lambda: _reached(h, before) >= target, procs):
+        kill.recovery_seconds = round(time.time() - back, 2)
+        for p in procs:
+            _sigterm_tree(p)
+        codes = _wait_nodes(h, procs, GRACE_S + 30, where)
+        from skyspot.trainer.exit_codes import PREEMPTED
+
+        if codes != [PREEMPTED, PREEMPTED]:
+            h.result.violations.append(f"{where}: exits {codes} after the notice, not {PREEMPTED} on both nodes")
+        kill.code = codes[0]
+
+
 FAULTS = {
     "outage": fault_outage,
     "notice": fault_notice,
@@ -1178,38 +1471,136 @@ def run(
     say=None,
     wipe: bool = False,
     kinds: tuple[str, ...] = KINDS,
+    lanes: int = 1,
 ) -> Result:
     """The harness as a function (tests/reliability/test_random_kills.py calls it).
+
+    Network kinds run in a lane of their own (two nodes on hosts of their own), beside the other kinds'
+    lane; `lanes` > 1 runs that many lanes of each side by side, each its own run with its own seed and
+    share of the faults, all against one reference run: a soak on a machine with idle cores (the lanes
+    wait on timeouts and notice windows much of the time) goes faster. The results are merged.
 
     It leaves the process as it found it: the outage kind's moto server is stopped, and the environment
     that pointed the SDKs at it is restored. A test process goes on after the soak, and a later test's
     trainers that inherited AWS_ENDPOINT_URL would reach this server (moto's backend is shared by every
     server in the process), so stopping their own server would be no outage (CI saw exactly that)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    options = dict(steps=steps, every=every, keep=keep, store=store, wipe=wipe)
+    plan = lane_plan(seed, kills, kinds, lanes)
+    if len(plan) == 1 and not plan[0].net:
+        return _run_lane(plan[0], work, reference, say, options)
+    began = time.monotonic()
+    if reference is None:
+        reference = work / "reference"
+        say(f"reference: uninterrupted run in {reference}")
+        proc = launch(reference, overrides_for(steps, every, keep), work / "logs" / "reference.txt")
+        if proc.wait(START_TIMEOUT_S) != 0:
+            failed = Result(seed, kills, steps, every, keep, store, work=str(work), kinds=list(kinds))
+            failed.violations.append(f"the reference run failed (code {proc.returncode}); see {work / 'logs'}")
+            return failed
+    results: dict[str, Result] = {}
+
+    def one(lane: Lane) -> None:
+        try:
+            results[lane.name] = _run_lane(
+                lane, work / lane.name, reference, lambda line: say(f"[{lane.name}] {line}"), options
+            )
+        except Exception as err:  # noqa: BLE001 - a lane that broke is a violation of the soak, not its end
+            broken = Result(lane.seed, lane.faults, steps, every, keep, store, work=str(work / lane.name))
+            broken.violations.append(f"the lane broke: {type(err).__name__}: {err}")
+            results[lane.name] = broken
+
+    import threading
+
+    threads = [threading.Thread(target=one, args=(lane,), name=lane.name) for lane in plan]
+    for thread in threads:
+        thread.start()
+        time.sleep(2.0)  # the lanes' first starts apart: their imports share the cores
+    for thread in threads:
+        thread.join()
+    merged = merge([results[lane.name] for lane in plan], plan, seed, kills, kinds, work)
+    merged.seconds = round(time.monotonic() - began, 1)
+    return merged
+
+
+@dataclass
+class Lane:
+    name: str
+    seed: int
+    faults: int
+    kinds: tuple[str, ...]
+    net: bool
+
+
+def lane_plan(seed: int, kills: int, kinds: tuple[str, ...], lanes: int) -> list[Lane]:
+    """The faults split between the lanes: the network kinds' share (by their number among `kinds`) to the
+    network lanes, the rest to the others, evenly; lane i of a side runs seed + i (network: + 100 + i)."""
+    node = tuple(k for k in kinds if k not in NET_KINDS)
+    net = tuple(k for k in kinds if k in NET_KINDS)
+    net_total = round(kills * len(net) / len(kinds)) if node else kills
+    out = []
+    for side, side_kinds, total, base in (("lane", node, kills - net_total, 0), ("net", net, net_total, 100)):
+        if not side_kinds:
+            continue
+        n = max(1, min(lanes, total))
+        for i in range(n):
+            share = total // n + (i < total % n)
+            if share or not out and i == n - 1 and side == "lane":
+                out.append(Lane(f"{side}-{i}", seed + base + i, share, side_kinds, side == "net"))
+    return out or [Lane("lane-0", seed, 0, node or KINDS, False)]
+
+
+def _run_lane(lane: Lane, work: Path, reference: Optional[Path], say, options: dict) -> Result:
     environ, extra = dict(os.environ), dict(EXTRA_ENV)
     harness = None
+    common = dict(seed=lane.seed, kills=lane.faults, work=work, reference=reference, say=say, kinds=lane.kinds)
     try:
-        harness = Harness(
-            seed=seed,
-            kills=kills,
-            steps=steps,
-            every=every,
-            keep=keep,
-            work=work,
-            reference=reference,
-            store=store,
-            say=say,
-            wipe=wipe,
-            kinds=kinds,
-        )
+        if lane.net:
+            from skyspot.executors.local.netns import Hosts
+
+            with Hosts(2) as hosts:
+                net_options = {k: v for k, v in options.items() if k not in ("store", "wipe")}
+                harness = NetHarness(hosts=hosts, **common, **net_options)
+                return harness.run()
+        harness = Harness(**common, **options)
         return harness.run()
     finally:
         if harness is not None and harness.s3 is not None:
             harness.s3.stop()
-        os.environ.clear()
-        os.environ.update(environ)
-        EXTRA_ENV.clear()
-        EXTRA_ENV.update(extra)
+        if not lane.net:  # one node lane's S3 server set these: the others run on
+            os.environ.clear()
+            os.environ.update(environ)
+            EXTRA_ENV.clear()
+            EXTRA_ENV.update(extra)
+
+
+SUMMED = (
+    "starts", "resumes", "resumes_from_store", "lost_steps", "lost_committed", "corrupt_seen", "incomplete_seen",
+    "orphans", "durable_uploads", "wipes", "durable_verified", "durable_corrupt", "rolled_back", "stale_refused",
+    "steps_compared",
+)  # fmt: skip
+
+
+def merge(results: list[Result], plan: list[Lane], seed: int, kills: int, kinds: tuple[str, ...], work: Path) -> Result:
+    """One result of every lane's: counts summed, faults and violations (named by lane) together; the run
+    ends well only if every lane's does."""
+    first = results[0]
+    out = Result(seed, kills, first.steps, first.every_steps, first.keep, any(r.store for r in results), work=str(work))
+    out.kinds, out.wipe = list(kinds), any(r.wipe for r in results)
+    for lane, r in zip(plan, results):
+        for name in SUMMED:
+            setattr(out, name, getattr(out, name) + getattr(r, name))
+        out.kills += r.kills
+        out.violations += [f"{lane.name}: {v}" for v in r.violations]
+        out.lanes.append(
+            f"{lane.name} (seed {lane.seed}, {len(r.kills)} faults of {','.join(lane.kinds)}, "
+            f"{'bitwise' if r.final_equal else 'NOT bitwise'}, {r.seconds:.0f} s)"
+        )
+    out.final_equal = all(r.final_equal for r in results)
+    codes = [r.final_code for r in results]
+    out.final_code = None if None in codes else next((c for c in codes if c), 0)
+    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -1241,6 +1632,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="run dir of an uninterrupted run with the same train.steps (default: run one first)",
     )
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        default=1,
+        help="lanes side by side (each its own run and seed, one reference): N of the node kinds and N of "
+        "the network kinds (default 1)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     kinds = ALL_KINDS if args.kinds == "all" else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
@@ -1249,9 +1647,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"--kinds: unknown kind(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(ALL_KINDS)}")
     if args.kills < 0:
         parser.error("--faults must be 0 or more")
+    if args.lanes < 1:
+        parser.error("--lanes must be 1 or more")
+    if any(k in NET_KINDS for k in kinds):
+        from skyspot.executors.local.netns import unavailable_reason
+
+        if reason := unavailable_reason():
+            parser.error(f"--kinds {','.join(k for k in kinds if k in NET_KINDS)}: hosts of their own: {reason}")
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
     print(f"seed {seed}", flush=True)
-    steps = args.steps or max(24, args.kills + 8)
+    per_lane = max((lane.faults for lane in lane_plan(seed, args.kills, kinds, args.lanes)), default=0)
+    # A fault that trains on after it (ROOMY, network) needs steps left; the others one step each.
+    steps = args.steps or max(24, (4 if set(kinds) - set(KINDS) else 1) * per_lane + 8)
     result = run(
         seed,
         args.kills,
@@ -1263,6 +1670,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.store,
         wipe=args.wipe,
         kinds=kinds,
+        lanes=args.lanes,
     )
     if args.json:
         args.json.write_text(
@@ -1270,6 +1678,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     for line in result.violations:
         print(f"VIOLATION: {line}", flush=True)
+    for line in result.lanes:
+        print(f"lane {line}", flush=True)
     print(result.table(), flush=True)
     print(result.summary(), flush=True)
     print(f"work dir: {result.work}", flush=True)

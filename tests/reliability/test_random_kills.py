@@ -3,7 +3,8 @@ and the end is bitwise the same.
 
 The bounded CI form of scripts/random_kills.py (which documents the fault kinds and invariants), with
 a checkpoint every step uploaded to a store (moto's S3 on loopback, since `outage` is among the kinds), so
-faults also land during uploads: one fault of every kind (issue 34), about 4.5 min here; the medium form is
+faults also land during uploads: one fault of every kind (issue 34), the network kinds in a two-node lane
+beside the others, about 5 min here; the medium form is
 `python scripts/random_kills.py --seed 34 --faults 40 --kinds all --steps 100` (docs/reliability.md). RANDOM_KILLS and RANDOM_KILLS_SEED change the count and the
 seed; the seed is printed.
 """
@@ -21,7 +22,7 @@ from tests.trainer.launch import REPO
 
 pytestmark = pytest.mark.slow
 
-KILLS = int(os.environ.get("RANDOM_KILLS", "12"))  # one of each kind (random_kills.ALL_KINDS)
+KILLS = int(os.environ.get("RANDOM_KILLS", "16"))  # one of each kind (random_kills.ALL_KINDS)
 SEED = int(os.environ.get("RANDOM_KILLS_SEED", "20261129"))
 
 
@@ -33,19 +34,29 @@ def harness():
 
 
 def test_one_fault_of_every_kind_loses_nothing_rolls_nothing_back_and_ends_bitwise_equal(tmp_path):
+    """The network kinds (a link cut, a partition, a frozen node, a lossy link) run in a lane of their own,
+    two nodes on hosts of their own, beside the other kinds' lane; without network namespaces (not root)
+    that lane is left out and the test says so."""
+    from skyspot.executors.local.netns import unavailable_reason
+
     kills = harness()
+    kinds = kills.ALL_KINDS
+    if reason := unavailable_reason():
+        print(f"network kinds left out: {reason}")
+        kinds = tuple(k for k in kinds if k not in kills.NET_KINDS)
+    count = KILLS * len(kinds) // len(kills.ALL_KINDS)
     print(f"seed {SEED}")
     environ = dict(os.environ)
     result = kills.run(
         SEED,
-        KILLS,
+        count,
         steps=STEPS + 16,
         every=1,
         keep=3,
         work=tmp_path,
         store=True,
         say=print,
-        kinds=kills.ALL_KINDS,
+        kinds=kinds,
     )
     print(result.table())
     print(result.summary())
@@ -54,15 +65,22 @@ def test_one_fault_of_every_kind_loses_nothing_rolls_nothing_back_and_ends_bitwi
     assert dict(os.environ) == environ
     context = f"seed {SEED}; logs in {tmp_path / 'logs'}"
     assert not result.violations, f"{context}: " + "\n".join(result.violations)
-    assert len(result.kills) == KILLS, context
-    if KILLS >= len(kills.ALL_KINDS):
-        assert {k.kind for k in result.kills} == set(kills.ALL_KINDS), context
+    assert len(result.kills) == count, context
+    if count >= len(kinds):
+        assert {k.kind for k in result.kills} == set(kinds), context
     assert result.rolled_back == 0 and result.stale_refused == sum(k.kind == "stale" for k in result.kills), context
     by_kind = {k.kind: k for k in result.kills}
     if "notice" in by_kind:
         assert by_kind["notice"].lost_steps == 0 and by_kind["notice"].code == 75, context  # nothing redone
     if "outage" in by_kind:
         assert by_kind["outage"].recovery_seconds is not None, context  # the uploads caught up
+    for kind in ("cut", "partition", "freeze"):  # the peer stopped on its collective's timeout, not at once
+        if kind in by_kind:
+            noticed = by_kind[kind].noticed_seconds
+            assert noticed is not None and kills.NET_DIST_TIMEOUT_S - 1 <= noticed, context
+            assert by_kind[kind].resume_source is not None, context  # the next start resumed
+    if "lossy" in by_kind:
+        assert by_kind["lossy"].code == 75 and by_kind["lossy"].recovery_seconds is not None, context
     for kind in ("crash", "hang"):
         if kind in by_kind:
             assert by_kind[kind].resume_source == "local" and by_kind[kind].code == 75, context  # in place
