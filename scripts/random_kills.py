@@ -796,6 +796,14 @@ class Harness:
                 f"{durable_before[0]} to {durable_after[:1] or None}"
             )
 
+    def _progress(self) -> None:
+        """The figures so far, in WORK/progress.json after every fault: a soak cut short keeps them."""
+        r = self.result
+        doc = {**asdict(r), "per_kind": r.per_kind(), "finished": False}
+        tmp = self.work / "progress.json.tmp"
+        tmp.write_text(json.dumps(doc) + "\n")
+        tmp.replace(self.work / "progress.json")
+
     def _valid(self, where: str) -> list[int]:
         """The checkpoints a start could resume from on this node's disk, newest first."""
         return valid_steps(self.run_dir, self.result, where)
@@ -850,6 +858,7 @@ class Harness:
                 # The work this kill cost: what the next start must redo (it resumes at the newest valid).
                 kill.lost_steps = max(0, kill.reached - max(valid_after[:1] + durable_after[:1], default=0))
                 r.kills.append(kill)
+                self._progress()
                 self.say(
                     f"kill {len(r.kills)}/{len(self.order)}: {kill.kind:7} {kill.target:6} {kill.planned}; "
                     f"landed: {kill.phase}{f', {kill.seconds:.1f} s after launch' if kill.seconds else ''}; started from "
