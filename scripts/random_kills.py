@@ -1512,9 +1512,7 @@ def run(
 
     def one(lane: Lane) -> None:
         try:
-            results[lane.name] = _run_lane(
-                lane, work / lane.name, reference, lambda line: say(f"[{lane.name}] {line}"), options
-            )
+            results[lane.name] = _run_lane_process(lane, work / lane.name, reference, say, options)
         except Exception as err:  # noqa: BLE001 - a lane that broke is a violation of the soak, not its end
             broken = Result(lane.seed, lane.faults, steps, every, keep, store, work=str(work / lane.name))
             broken.violations.append(f"the lane broke: {type(err).__name__}: {err}")
@@ -1558,6 +1556,55 @@ def lane_plan(seed: int, kills: int, kinds: tuple[str, ...], lanes: int) -> list
             if share or not out and i == n - 1 and side == "lane":
                 out.append(Lane(f"{side}-{i}", seed + base + i, share, side_kinds, side == "net"))
     return out or [Lane("lane-0", seed, 0, node or KINDS, False)]
+
+
+def _run_lane_process(lane: Lane, work: Path, reference: Path, say, options: dict) -> Result:
+    """One lane in a process of its own (this script, `--lane`): a node lane's moto server and the
+    environment that points its SDKs there are per process, and moto's backend is shared by every server
+    in a process, so lanes in one process would take each other's fence (exit 76) and outages."""
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "result.json"
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--lane",
+        lane.name,
+        "--seed",
+        str(lane.seed),
+        "--faults",
+        str(lane.faults),
+        "--kinds",
+        ",".join(lane.kinds),
+        "--steps",
+        str(options["steps"]),
+        "--every",
+        str(options["every"]),
+        "--keep",
+        str(options["keep"]),
+        "--work",
+        str(work),
+        "--reference",
+        str(reference),
+        "--json",
+        str(out),
+        *(["--store"] if options["store"] else []),
+        *(["--wipe"] if options["wipe"] else []),
+    ]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        say(f"[{lane.name}] {line.rstrip()}")
+    proc.wait()
+    if not out.exists():
+        raise RuntimeError(f"the lane's process ended {proc.returncode} without its figures")
+    return result_from_json(json.loads(out.read_text()))
+
+
+def result_from_json(doc: dict) -> Result:
+    names = {f.name for f in Result.__dataclass_fields__.values()}  # type: ignore[attr-defined]
+    result = Result(**{k: v for k, v in doc.items() if k in names and k != "kills"})
+    result.kills = [Kill(**k) for k in doc.get("kills", [])]
+    return result
 
 
 def _run_lane(lane: Lane, work: Path, reference: Optional[Path], say, options: dict) -> Result:
@@ -1649,6 +1696,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "the network kinds (default 1)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--lane", default=None, help=argparse.SUPPRESS)  # run() starts each lane so
     args = parser.parse_args(argv)
     kinds = ALL_KINDS if args.kinds == "all" else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     unknown = [k for k in kinds if k not in ALL_KINDS]
@@ -1668,6 +1716,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     per_lane = max((lane.faults for lane in lane_plan(seed, args.kills, kinds, args.lanes)), default=0)
     # A fault that trains on after it (ROOMY, network) needs steps left; the others one step each.
     steps = args.steps or max(24, (4 if set(kinds) - set(KINDS) else 1) * per_lane + 8)
+    if args.lane:  # one lane of a run with lanes, in its own process: exactly the lane it was given
+        lane = Lane(args.lane, seed, args.kills, kinds, args.lane.startswith("net"))
+        options = dict(steps=args.steps, every=args.every, keep=args.keep, store=args.store, wipe=args.wipe)
+        result = _run_lane(lane, args.work, args.reference, lambda line: print(line, flush=True), options)
+        args.json.write_text(json.dumps(asdict(result)) + "\n")
+        return 0 if result.ok else 1
     result = run(
         seed,
         args.kills,
