@@ -88,7 +88,7 @@ import psutil  # noqa: E402
 
 from skyspot.clouds import NOTICE_WINDOWS_S  # noqa: E402
 from skyspot.trainer import manifest as mf  # noqa: E402
-from tests.trainer.launch import free_port, trainer_env  # noqa: E402  the tests' node launcher helpers
+from tests.trainer.launch import free_port, host_node, trainer_env  # noqa: E402  the tests' node launcher helpers
 
 BIN = Path(sys.executable).parent
 KINDS = ("startup", "step", "write", "worker")
@@ -960,13 +960,18 @@ def _sigterm_tree(proc: subprocess.Popen) -> list[psutil.Process]:
     return procs
 
 
-def _until(h: Harness, what: str, done, proc: subprocess.Popen, timeout: float = 240.0) -> bool:
+def _until(
+    h: Harness, what: str, done, procs: subprocess.Popen | list[subprocess.Popen], timeout: float = 240.0
+) -> bool:
+    """`done()` within `timeout`, while the start (every node of it) runs; else a violation."""
+    procs = procs if isinstance(procs, list) else [procs]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if done():
             return True
-        if proc.poll() is not None:
-            h.result.violations.append(f"{what}: the start ended (code {proc.returncode}) first")
+        ended = [p for p in procs if p.poll() is not None]
+        if ended:
+            h.result.violations.append(f"{what}: the start ended (code {ended[0].returncode}) first")
             return False
         time.sleep(0.05)
     h.result.violations.append(f"{what}: not within {timeout:.0f} s")
@@ -1223,47 +1228,14 @@ def launch_node(
     hosts, k: int, run_dir: Path, overrides: list[str], log: Path, *, store: str, port: int, grace: float = GRACE_S
 ) -> subprocess.Popen:
     """Node k of 2 on host k: `supervise -- torchrun --nnodes 2 --node_rank k --local_addr <host k> ...`."""
-    from skyspot.executors.local.netns import IFNAME
-
-    command = [
-        *hosts.exec_prefix(k),
-        sys.executable,
-        "-m",
-        "skyspot.trainer.supervise",
-        "--run-dir",
-        str(run_dir),
-        "--grace",
-        str(grace),
-        "--",
-        str(BIN / "torchrun"),
-        "--nnodes",
-        str(hosts.n),
-        "--node_rank",
-        str(k),
-        "--nproc_per_node",
-        "1",
-        "--master_addr",
-        hosts.addr(0),
-        "--master_port",
-        str(port),
-        "--local_addr",
-        hosts.addr(k),
-        "-m",
-        "skyspot.trainer",
-        "tiny",
-        "--run-dir",
-        str(run_dir),
-        "--run-name",
-        run_dir.name,
-        f"storage.store={store}",
-        *overrides,
-    ]
-    env = trainer_env(
+    command, env = host_node(
+        hosts,
+        k,
+        run_dir,
+        ["--run-name", run_dir.name, f"storage.store={store}", *overrides],
+        port,
+        supervise=("--grace", str(grace)),
         **EXTRA_ENV,
-        SKYPILOT_NODE_RANK=str(k),
-        SKYPILOT_NUM_NODES=str(hosts.n),
-        SKYPILOT_NODE_IPS="\n".join(hosts.addrs),
-        GLOO_SOCKET_IFNAME=IFNAME,
         SKYSPOT_DIST_TIMEOUT_SECONDS=str(NET_DIST_TIMEOUT_S),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -1280,8 +1252,7 @@ class NetHarness(Harness):
 
     def __init__(self, *, hosts, **options):
         super().__init__(store=True, **options)
-        self.hosts = hosts
-        self.store = str(self.work / "store")  # a local directory both namespaces reach
+        self.hosts = hosts  # self.store: a local directory (store=True), which both namespaces reach
         self.node_dirs = [self.run_dir, self.work / "node1" / self.run_dir.name]
 
     def _plan(self, kind: str, newest: int, remaining: int) -> tuple[str, dict]:
@@ -1347,20 +1318,6 @@ def _wait_nodes(h: Harness, procs: list[subprocess.Popen], timeout: float, where
     return [p.returncode for p in procs]
 
 
-def _until_nodes(h: Harness, what: str, done, procs: list[subprocess.Popen], timeout: float = 240.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if done():
-            return True
-        ended = [p for p in procs if p.poll() is not None]
-        if ended:
-            h.result.violations.append(f"{what}: a node ended (code {ended[0].returncode}) first")
-            return False
-        time.sleep(0.05)
-    h.result.violations.append(f"{what}: not within {timeout:.0f} s")
-    return False
-
-
 def fault_node_kill(h: "NetHarness", number: int, plan: dict):
     """A start-up kill of the two-node run (a kind the lane degrades to near the end): node 0's tree at once."""
     before = attempts_seen(h.run_dir)
@@ -1387,7 +1344,7 @@ def fault_network(h: "NetHarness", number: int, plan: dict):
     what = {"cut": "link cut", "partition": "partitioned", "freeze": "frozen", "lossy": "lossy link"}[kind]
     kill = Kill(number, kind, f"node-{k}", None, None, f"node {k} {what} after step {plan['step']}")
     try:
-        if _until_nodes(h, f"{kind} {number}", lambda: _reached(h, before) >= plan["step"], procs):
+        if _until(h, f"{kind} {number}", lambda: _reached(h, before) >= plan["step"], procs):
             time.sleep(h.rng.uniform(0.0, 1.0) * h.step_estimate)
             kill.at, kill.phase = time.time(), f"after step {_reached(h, before)}"
             at = time.monotonic()
@@ -1446,7 +1403,7 @@ def _lossy(h: "NetHarness", number: int, kill: Kill, plan: dict, procs: list, be
         h.result.violations.append(f"{where}: a node stopped on a lossy link (codes {[p.poll() for p in procs]})")
         return
     target = min(h.steps - 1, _reached(h, before) + 1)
-    if _until_nodes(h, f"{where}: trains on", lambda: _reached(h, before) >= target, procs):
+    if _until(h, f"{where}: trains on", lambda: _reached(h, before) >= target, procs):
         kill.recovery_seconds = round(time.time() - back, 2)
         for p in procs:
             _sigterm_tree(p)

@@ -22,16 +22,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from skyspot.ports import free_port
-from skyspot.executors.local.netns import IFNAME, Hosts, unavailable_reason
+from skyspot.executors.local.netns import Hosts, unavailable_reason
 from tests.reliability.conftest import STEPS, same_params
-from tests.trainer.launch import REPO, TORCHRUN, events, log_text, trainer_env
+from tests.trainer.launch import REPO, events, host_node, log_text
 
 REASON = unavailable_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"netns harness unavailable: {REASON}")]
@@ -44,41 +43,7 @@ RUN_TIMEOUT_S = 300
 
 
 def start_node(hosts: Hosts, k: int, run_dir: Path, port: int, log_name: str) -> subprocess.Popen:
-    command = [
-        *hosts.exec_prefix(k),
-        sys.executable,
-        "-m",
-        "skyspot.trainer.supervise",
-        "--run-dir",
-        str(run_dir),
-        "--",
-        TORCHRUN,
-        "--nnodes",
-        str(hosts.n),
-        "--node_rank",
-        str(k),
-        "--nproc_per_node",
-        "1",
-        "--master_addr",
-        hosts.addr(0),
-        "--master_port",
-        str(port),
-        "--local_addr",
-        hosts.addr(k),
-        "-m",
-        "skyspot.trainer",
-        "tiny",
-        "--run-dir",
-        str(run_dir),
-        *OVERRIDES,
-    ]
-    env = trainer_env(
-        SKYPILOT_NODE_RANK=str(k),
-        SKYPILOT_NUM_NODES=str(hosts.n),
-        SKYPILOT_NODE_IPS="\n".join(hosts.addrs),
-        GLOO_SOCKET_IFNAME=IFNAME,
-        SKYSPOT_DIST_TIMEOUT_SECONDS=str(DIST_TIMEOUT_S),
-    )
+    command, env = host_node(hosts, k, run_dir, OVERRIDES, port, SKYSPOT_DIST_TIMEOUT_SECONDS=str(DIST_TIMEOUT_S))
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{run_dir.name}.{log_name}.txt", "wb")
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -40,6 +40,8 @@ def torchrun_command(
     node_rank: int = 0,
     port: Optional[int] = None,
     recipe: str = "tiny",
+    master_addr: str = "127.0.0.1",
+    local_addr: Optional[str] = None,
 ) -> list[str]:
     nodes = ["--nnodes", str(nnodes), "--node_rank", str(node_rank)] if nnodes > 1 else []
     return [
@@ -48,9 +50,10 @@ def torchrun_command(
         "--nproc_per_node",
         str(nproc),
         "--master_addr",
-        "127.0.0.1",
+        master_addr,
         "--master_port",
         str(port or free_port()),
+        *(["--local_addr", local_addr] if local_addr else []),
         "-m",
         "skyspot.trainer",
         recipe,
@@ -79,6 +82,35 @@ def start(
     return subprocess.Popen(
         command, cwd=REPO, env=trainer_env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
+
+
+def host_node(
+    hosts, k: int, run_dir: Path, overrides: list[str], port: int, *, supervise: tuple[str, ...] = (), **env: str
+) -> tuple[list[str], dict[str, str]]:
+    """Node k of `hosts` (skyspot/executors/local/netns.py), one rank, on host k as on a cloud node: the
+    command (`supervise SUPERVISE -- torchrun --nnodes N --node_rank k --local_addr <host k> ...`) and its
+    environment (SKYPILOT_NODE_IPS the hosts' addresses, gloo on the namespace's interface)."""
+    from skyspot.executors.local.netns import IFNAME
+
+    torchrun = torchrun_command(
+        run_dir,
+        overrides,
+        1,
+        nnodes=hosts.n,
+        node_rank=k,
+        port=port,
+        master_addr=hosts.addr(0),
+        local_addr=hosts.addr(k),
+    )
+    command = [*hosts.exec_prefix(k), sys.executable, "-m", "skyspot.trainer.supervise", "--run-dir", str(run_dir)]
+    environ = trainer_env(
+        SKYPILOT_NODE_RANK=str(k),
+        SKYPILOT_NUM_NODES=str(hosts.n),
+        SKYPILOT_NODE_IPS="\n".join(hosts.addrs),
+        GLOO_SOCKET_IFNAME=IFNAME,
+        **env,
+    )
+    return [*command, *supervise, "--", *torchrun], environ
 
 
 def start_nodes(
