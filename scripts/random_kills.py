@@ -1510,7 +1510,7 @@ def lane_plan(seed: int, kills: int, kinds: tuple[str, ...], lanes: int) -> list
         n = max(1, min(lanes, total))
         for i in range(n):
             share = total // n + (i < total % n)
-            if share or not out and i == n - 1 and side == "lane":
+            if share:
                 out.append(Lane(f"{side}-{i}", seed + base + i, share, side_kinds, side == "net"))
     return out or [Lane("lane-0", seed, 0, node or KINDS, False)]
 
