@@ -51,6 +51,7 @@ The CLI is stable: the rendered SkyPilot task and the local executor call it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -161,6 +162,24 @@ def watchdog_bounds(args: argparse.Namespace) -> Optional[Bounds]:
     return Bounds(factor=args.hang_factor, floor_seconds=args.hang_floor, first_step_seconds=args.first_step_bound)
 
 
+@contextlib.contextmanager
+def _helpers_deaf():
+    """Threads started inside block the forwarded signals, so the kernel hands them to the main thread.
+
+    A signal sent to a process goes to any one of its threads that does not block it (signal(7)), and
+    CPython runs a handler only in the main thread, at its next bytecode: one taken by the watchdog or
+    a watcher thread while the main thread sleeps in waitpid would wait there until the command ended
+    by itself, unforwarded. A thread inherits its creator's mask (pthread_sigmask(3)), so the mask is
+    set around the threads' creation and restored after: what arrived meanwhile stays pending, and is
+    delivered to the main thread once unblocked.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _child_setup(supervisor: int) -> None:
     """In the child, before exec: its own process group, and die with the supervisor (also when it
     died between the fork and the prctl, when no signal would come)."""
@@ -183,7 +202,8 @@ def run(
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(grace)))
     notices = NoticeFile(run_dir / NOTICE_FILE_NAME, token)
     env[NOTICE_FILE_ENV] = str(notices.path)
-    watcher = _watch(notices, say)
+    with _helpers_deaf():
+        watcher = _watch(notices, say)
     started = time.time()
     child: Optional[subprocess.Popen] = None
     watchdog = None
@@ -209,8 +229,9 @@ def run(
             return 127
         for signum in pending:
             forward(signum, None)
-        watchdog = start_watchdog(run_dir, child.pid, hang_bounds, say)
-        workers = _watch_workers(child.pid, run_dir, token)
+        with _helpers_deaf():
+            watchdog = start_watchdog(run_dir, child.pid, hang_bounds, say)
+            workers = _watch_workers(child.pid, run_dir, token)
         while True:
             try:
                 returncode = child.wait()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from skyspot.errors import CheckpointError, RecipeError, UsageError
@@ -111,7 +114,48 @@ def test_supervisor_forwards_signals_to_the_command(tmp_path, sig):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
     proc.send_signal(sig)
-    assert proc.wait(30) == PREEMPTED
+    assert ended(proc, 30) == PREEMPTED
+
+
+def ended(proc: subprocess.Popen, timeout: float) -> int:
+    """The supervisor's exit code; past `timeout`, killed and failed with what it said on stderr."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the supervisor had not ended {timeout} s after the signal; it said: {proc.communicate()[1]!r}")
+
+
+FORWARDED_BITS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP}
+
+
+def blocked(pid: int, tid: int) -> set[int]:
+    """The signals thread `tid` of `pid` blocks (proc(5): SigBlk, a hex mask, bit N-1 for signal N)."""
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError(f"no SigBlk for thread {tid}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_only_the_supervisors_main_thread_can_take_a_forwarded_signal(tmp_path):
+    """A signal to a process goes to any thread not blocking it, and Python runs handlers only in the main
+    thread: one taken by the watchdog's or the worker watch's thread while the main thread waits on the
+    command would never be forwarded (CI saw a SIGTERM go unforwarded for 30 s). The helpers block them."""
+    proc = supervise(tmp_path, "-1", "wait")
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").exists() or len(os.listdir(f"/proc/{proc.pid}/task")) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None  # main, the watchdog, the worker watch
+        time.sleep(0.02)
+    threads = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+    helpers = [t for t in threads if t != proc.pid]
+    assert not FORWARDED_BITS & blocked(proc.pid, proc.pid)
+    assert helpers and all(FORWARDED_BITS <= blocked(proc.pid, t) for t in helpers)
+    (command,) = psutil.Process(proc.pid).children()
+    assert not FORWARDED_BITS & blocked(command.pid, command.pid)  # the command inherits no blocked signal
+    proc.send_signal(signal.SIGTERM)
+    assert ended(proc, 30) == PREEMPTED
 
 
 def test_supervisor_usage_errors_exit_2(tmp_path):
