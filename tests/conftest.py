@@ -12,7 +12,7 @@ import pytest
 from tests.ec2_server import aws_env, ec2_server  # noqa: F401 - shared fixtures
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.storage_servers", "tests.hub_server"]
+pytest_plugins = ["tests.storage_servers", "tests.hub_server", "tests.node_stack"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """The node's environment: the torch build each driver gets, the wheelhouse's key, and `setup` itself.
 
 `setup` runs here for real, in new venvs, with real uv and pip, against a package index on this
-disk (a PEP 503 folder holding one small wheel built here, standing for PyPI) and the run's
-wheelhouse in a local store: a first start installs from the index and keeps the wheelhouse, a
+disk (a PEP 503 folder holding one small wheel built here, standing for PyPI: tests/node_stack.py) and
+the run's wheelhouse in a local store: a first start installs from the index and keeps the wheelhouse, a
 second installs from it with the index unreachable, and a partial or corrupt one is ignored
 while the index is up. The full stack on a Python 3.10 node is tests/executors/local/test_fresh_node.py.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from skyspot import node_env, wheelhouse
 from skyspot.task import package as packaging
 from skyspot.ports import free_port
+from tests.node_stack import RUN_KEY, _imports_tinydep, _setup
 
 
 @pytest.mark.parametrize(
@@ -142,86 +142,11 @@ def test_the_node_stack_resolves_on_the_images_pythons_from_the_wheel_it_ships(t
 # ------------------------------------------------------------------ setup, for real, on a small stack
 
 
-def _simple_index(root: Path, wheel: Path) -> str:
-    """A PEP 503 index on disk with one project."""
-    project = root / "simple" / "tinydep"
-    project.mkdir(parents=True)
-    (project / wheel.name).write_bytes(wheel.read_bytes())
-    (project / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
-    (root / "simple" / "index.html").write_text('<a href="tinydep/">tinydep</a>\n')
-    return (root / "simple").as_uri()
-
-
-def _tinydep_wheel(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    entries = {
-        "tinydep/__init__.py": b"VALUE = 42\n",
-        "tinydep-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinydep\nVersion: 1.0\n",
-        "tinydep-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    wheel = folder / "tinydep-1.0-py3-none-any.whl"
-    wheel.write_bytes(packaging._wheel_bytes(entries))
-    return wheel
-
-
-@pytest.fixture(scope="module")
-def small_stack(tmp_path_factory):
-    root = tmp_path_factory.mktemp("node-env")
-    index = _simple_index(root / "index", _tinydep_wheel(root / "built"))
-    skyspot_wheel = packaging.build(root / "packages", declared=["tinydep>=1.0"]).wheel
-    return root, index, skyspot_wheel
-
-
-def _node(root: Path, name: str) -> Path:
-    venv = root / name
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    subprocess.run([base, "-m", "venv", str(venv)], check=True)  # with pip, as `uv venv --seed` makes it
-    return venv
-
-
-RUN_KEY = "ab" * 32  # the run's wheelhouse key, as the launch makes it (wheelhouse.py) and SkyPilot passes it
-
-
-def _setup(venv: Path, wheel: Path, store: Path, index: str, home: Path, **extra: str):
-    """setup with `venv` as skyspot's venv (SKYSPOT_VENV; it is there, on a Python >= 3.10, so setup keeps it)."""
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(home),
-        "SKYSPOT_RUN_NAME": "r1",
-        "SKYPILOT_SETUP_NODE_RANK": "0",
-        "SKYSPOT_VENV": str(venv),
-        "SKYSPOT_WHEELHOUSE_KEY": RUN_KEY,
-        "PIP_CONFIG_FILE": os.devnull,
-        "PIP_INDEX_URL": index,
-        "UV_INDEX_URL": index,
-        "UV_NO_CACHE": "1",
-        "PYTHONPATH": str(wheel),
-        **extra,
-    }
-    return subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "skyspot.node_env", "setup", "--wheel", str(wheel), "--store", str(store)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def _imports_tinydep(venv: Path) -> bool:
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import tinydep, skyspot; print(tinydep.VALUE)"],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-        cwd="/",
-    )
-    return done.stdout.strip() == "42"
-
-
-def test_a_first_start_keeps_a_wheelhouse_and_a_second_installs_from_it_with_no_index(small_stack, tmp_path):
+def test_a_first_start_keeps_a_wheelhouse_and_a_second_installs_from_it_with_no_index(
+    small_stack, new_node, first_start, tmp_path
+):
     root, index, wheel = small_stack
-    store = tmp_path / "store"
-    first = _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1")
+    first, store = first_start.done, first_start.store_for(tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "installed from the index" in first.stdout and "kept the wheelhouse" in first.stdout
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
@@ -230,7 +155,7 @@ def test_a_first_start_keeps_a_wheelhouse_and_a_second_installs_from_it_with_no_
     assert manifest["key"] == marker.parent.name and manifest["cuda_line"] == "pypi"
 
     closed = f"http://127.0.0.1:{free_port()}/simple"  # nothing listens: an unreachable index
-    venv = _node(tmp_path, "n2")
+    venv = new_node(tmp_path, "n2")
     second = _setup(venv, wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
     assert second.returncode == 0, second.stdout + second.stderr
     assert "installed from the run's wheelhouse" in second.stdout and "kept" not in second.stdout
@@ -253,7 +178,7 @@ def _torch_wheel(folder: Path, version: str) -> Path:
     return wheel
 
 
-def test_a_line_that_does_not_resolve_falls_back_to_the_next_line_the_driver_runs(small_stack, tmp_path):
+def test_a_line_that_does_not_resolve_falls_back_to_the_next_line_the_driver_runs(small_stack, new_node, tmp_path):
     """Driver 590: PyPI's CUDA 13 build first, then cu126. The stand-in PyPI has no torch 2.13.0; a
     PyTorch-style index on loopback (SKYSPOT_TORCH_INDEX) has the cu126 build: setup says the first line
     did not resolve, installs from the second, and keeps that line's wheelhouse."""
@@ -279,7 +204,7 @@ def test_a_line_that_does_not_resolve_falls_back_to_the_next_line_the_driver_run
     smi.write_text("#!/bin/sh\necho 590.44.01\n")
     smi.chmod(0o755)
     wheel = packaging.build(tmp_path / "packages", declared=["tinydep>=1.0", "torch==2.13.0"]).wheel
-    venv = _node(tmp_path, "n1")
+    venv = new_node(tmp_path, "n1")
     try:
         done = _setup(
             venv,
@@ -314,17 +239,17 @@ class _QuietHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
 
 
 @pytest.mark.slow  # 10-17 s of real installs: the ten-minute set keeps the tamper test (tests/test_wheelhouse.py)
-def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_stack, tmp_path):
+def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_stack, new_node, first_start, tmp_path):
     root, index, wheel = small_stack
-    store = tmp_path / "store"
-    assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
+    store = first_start.store_for(tmp_path)
+    assert first_start.done.returncode == 0
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     kept = marker.parent / "tinydep-1.0-py3-none-any.whl"
     data = bytearray(kept.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes
     kept.write_bytes(bytes(data))
 
-    venv = _node(tmp_path, "n2")
+    venv = new_node(tmp_path, "n2")
     corrupt = _setup(venv, wheel, store, index, tmp_path / "h2")
     assert corrupt.returncode == 0, corrupt.stdout + corrupt.stderr
     assert "wheelhouse is refused: tinydep-1.0-py3-none-any.whl does not match its sha256" in corrupt.stdout
@@ -332,7 +257,7 @@ def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_
     assert "kept the wheelhouse" in corrupt.stdout  # a whole one replaces it
 
     marker.unlink()  # a first start that died before its marker
-    partial = _setup(_node(tmp_path, "n3"), wheel, store, index, tmp_path / "h3")
+    partial = _setup(new_node(tmp_path, "n3"), wheel, store, index, tmp_path / "h3")
     assert partial.returncode == 0, partial.stdout + partial.stderr
     assert "refused: no WHEELHOUSE.json" in partial.stdout and "installed from the index" in partial.stdout
     # ...and that start keeps a whole one again
@@ -340,14 +265,16 @@ def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_
 
 
 @pytest.mark.slow  # 10-17 s of real installs: the ten-minute set keeps the tamper test (tests/test_wheelhouse.py)
-def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_says_so(small_stack, tmp_path):
+def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_says_so(
+    small_stack, new_node, first_start, tmp_path
+):
     root, index, wheel = small_stack
-    store = tmp_path / "store"
-    assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
+    store = first_start.store_for(tmp_path)
+    assert first_start.done.returncode == 0
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     marker.write_text("{not json")
     closed = f"http://127.0.0.1:{free_port()}/simple"
-    failed = _setup(_node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
+    failed = _setup(new_node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
     assert failed.returncode == 2
     assert "WHEELHOUSE.json unreadable" in failed.stdout
     assert "skyspot node env: resolving the node's requirements failed" in failed.stderr

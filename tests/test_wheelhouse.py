@@ -3,7 +3,7 @@
 The attack of issue 31: someone who can write the run's bucket (but has not the run's key) plants a
 wheel carrying a `.pth` file (Python runs it at every start), names it in the lock and reseals the
 marker with every size and sha256 right. `node_env setup` runs for real in a new venv with real uv
-(tests/test_node_env.py's small stack: a PEP 503 index on disk standing for PyPI). It must refuse the
+(tests/node_stack.py's small stack: a PEP 503 index on disk standing for PyPI). It must refuse the
 wheelhouse in one line, install nothing from it, and no Python start afterwards may run the payload.
 """
 
@@ -17,10 +17,7 @@ from pathlib import Path
 from skyspot import wheelhouse
 from skyspot.ports import free_port
 from skyspot.task import package as packaging
-from tests import test_node_env
-from tests.test_node_env import RUN_KEY, _imports_tinydep, _node, _setup
-
-small_stack = test_node_env.small_stack  # the module's fixture: one small stack for both modules
+from tests.node_stack import RUN_KEY, _imports_tinydep, _setup
 
 
 def _evil_wheel(folder: Path, canary: Path) -> Path:
@@ -50,10 +47,9 @@ def _python_starts(venv: Path) -> None:
     subprocess.run([str(venv / "bin" / "python"), "-c", "pass"], env={"PATH": "/usr/bin:/bin"}, cwd="/", check=True)
 
 
-def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack, tmp_path):
+def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack, new_node, first_start, tmp_path):
     root, index, wheel = small_stack
-    store = tmp_path / "store"
-    first = _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1")
+    first, store = first_start.done, first_start.store_for(tmp_path)
     assert first.returncode == 0 and "kept the wheelhouse" in first.stdout, first.stdout + first.stderr
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     canary = tmp_path / "payload-ran"
@@ -61,7 +57,7 @@ def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack
     assert "evilpkg" in (marker.parent / wheelhouse.LOCK).read_text()
 
     closed = f"http://127.0.0.1:{free_port()}/simple"  # offline: the node has nowhere else to turn
-    venv = _node(tmp_path, "n2")
+    venv = new_node(tmp_path, "n2")
     refused = _setup(venv, wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
     said = [line for line in refused.stdout.splitlines() if "wheelhouse is refused" in line]
     assert said == [
@@ -76,7 +72,7 @@ def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack
     assert not canary.exists()
 
     # The index up: the node installs from it, never from the planted files, and node 0 replaces them.
-    venv = _node(tmp_path, "n3")
+    venv = new_node(tmp_path, "n3")
     served = _setup(venv, wheel, store, index, tmp_path / "h3")
     assert served.returncode == 0, served.stdout + served.stderr
     assert "installed from the index" in served.stdout and _imports_tinydep(venv)
@@ -87,10 +83,12 @@ def test_a_planted_wheel_in_a_resealed_wheelhouse_is_never_installed(small_stack
     assert "evilpkg" not in (marker.parent / wheelhouse.LOCK).read_text()
 
 
-def test_a_good_wheelhouse_still_installs_offline_with_every_hash_required(small_stack, tmp_path):
+def test_a_good_wheelhouse_still_installs_offline_with_every_hash_required(
+    small_stack, new_node, first_start, tmp_path
+):
     root, index, wheel = small_stack
-    store = tmp_path / "store"
-    assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
+    store = first_start.store_for(tmp_path)
+    assert first_start.done.returncode == 0
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     sealed = json.loads(marker.read_text())
     assert sealed[wheelhouse.SIGNATURE] == wheelhouse.sign(sealed, bytes.fromhex(RUN_KEY))[wheelhouse.SIGNATURE]
@@ -99,24 +97,32 @@ def test_a_good_wheelhouse_still_installs_offline_with_every_hash_required(small
     assert lock == f"tinydep==1.0 --hash=sha256:{digest}\n"  # the file's own hash, one line per wheel
 
     closed = f"http://127.0.0.1:{free_port()}/simple"
-    venv = _node(tmp_path, "n2")
+    venv = new_node(tmp_path, "n2")
     second = _setup(venv, wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1")
     assert second.returncode == 0, second.stdout + second.stderr
     assert "installed from the run's wheelhouse" in second.stdout and _imports_tinydep(venv)
 
 
-def test_a_node_without_the_key_or_another_runs_key_refuses_the_wheelhouse(small_stack, tmp_path):
+def test_a_node_without_the_key_or_another_runs_key_refuses_the_wheelhouse(
+    small_stack, new_node, first_start, tmp_path
+):
     root, index, wheel = small_stack
-    store = tmp_path / "store"
-    assert _setup(_node(tmp_path, "n1"), wheel, store, index, tmp_path / "h1").returncode == 0
+    store = first_start.store_for(tmp_path)
+    assert first_start.done.returncode == 0
     closed = f"http://127.0.0.1:{free_port()}/simple"
     keyless = _setup(
-        _node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1", SKYSPOT_WHEELHOUSE_KEY=""
+        new_node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1", SKYSPOT_WHEELHOUSE_KEY=""
     )
     assert keyless.returncode == 2
     assert "refused: this node has no wheelhouse key (SKYSPOT_WHEELHOUSE_KEY)" in keyless.stdout
     other = _setup(
-        _node(tmp_path, "n3"), wheel, store, closed, tmp_path / "h3", UV_OFFLINE="1", SKYSPOT_WHEELHOUSE_KEY="cd" * 32
+        new_node(tmp_path, "n3"),
+        wheel,
+        store,
+        closed,
+        tmp_path / "h3",
+        UV_OFFLINE="1",
+        SKYSPOT_WHEELHOUSE_KEY="cd" * 32,
     )
     assert other.returncode == 2 and "does not match its signature" in other.stdout
 

@@ -48,13 +48,24 @@ def _newest(images: Iterable[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return max(available, key=lambda i: i.get("CreationDate", ""), default=None)
 
 
-def _client(region: str) -> Any:
-    import boto3
+def _clients() -> Callable[[str], Any]:
+    """EC2 clients by region from one fresh session (today's credentials), made at the first client, inside
+    efa_image's error handling (a missing AWS_PROFILE raises there). One session for every region: each new
+    session reads EC2's service model from its JSON again, about 0.2 s of CPU a region."""
+    session = None
 
-    return boto3.session.Session().client("ec2", region_name=region)  # a fresh session: today's credentials
+    def client(region: str) -> Any:
+        nonlocal session
+        if session is None:
+            import boto3
+
+            session = boto3.session.Session()
+        return session.client("ec2", region_name=region)
+
+    return client
 
 
-def efa_image(region: str, client_for: Callable[[str], Any] = _client) -> EfaImage:
+def efa_image(region: str, client_for: Optional[Callable[[str], Any]] = None) -> EfaImage:
     """Both lookups in `region`; raises UsageError (one line) when AWS cannot be asked."""
     try:
         import botocore.exceptions as bex
@@ -62,7 +73,7 @@ def efa_image(region: str, client_for: Callable[[str], Any] = _client) -> EfaIma
         raise UsageError("the EFA image cannot be resolved: boto3 is not installed") from None
     name_filter = [{"Name": "name", "Values": [EFA_IMAGE_NAME]}]
     try:
-        client = client_for(region)
+        client = (client_for or _clients())(region)
         amazon = _newest(client.describe_images(Owners=[AMAZON], Filters=name_filter).get("Images", []))
         pick = _newest(client.describe_images(Filters=name_filter).get("Images", []))
     except (bex.NoCredentialsError, bex.ProfileNotFound, bex.PartialCredentialsError) as error:
@@ -84,9 +95,10 @@ def _field(image: Optional[dict[str, Any]], key: str) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
-def resolve(regions: Iterable[str], client_for: Callable[[str], Any] = _client) -> dict[str, str]:
+def resolve(regions: Iterable[str], client_for: Optional[Callable[[str], Any]] = None) -> dict[str, str]:
     """{region: Amazon's EFA AMI} for every region; UsageError (one line) where Amazon has none, or where
     SkyPilot's name-only lookup would boot another owner's image (it cannot be pinned: module doc)."""
+    client_for = client_for or _clients()
     images: dict[str, str] = {}
     for region in sorted(set(regions)):
         found = efa_image(region, client_for)

@@ -21,10 +21,16 @@ ATTEMPTS = 20_000
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    """One SKYSPOT_HOME for the module: the big run (40,000 files, a few seconds to write) and the huge file."""
+    """One SKYSPOT_HOME for the module, with the huge file's run (sparse: no time to write)."""
     home = tmp_path_factory.mktemp("bounds") / "home"
-    write_big_run(home, "big", ATTEMPTS)
     write_huge_events_file(home, "huge")
+    return home
+
+
+@pytest.fixture(scope="module")
+def big(home):
+    """The module's home with the big run too (40,000 files, a few seconds to write): only the slow tests read it."""
+    write_big_run(home, "big", ATTEMPTS)
     return home
 
 
@@ -39,8 +45,8 @@ def cli(home, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # 10-60 s each on a loaded 2-core machine: with `-m slow`
-def test_status_lists_twenty_thousand_attempts_and_names_the_skipped_file(home):
-    done = cli(home, "status", "-a", "--json")
+def test_status_lists_twenty_thousand_attempts_and_names_the_skipped_file(big):
+    done = cli(big, "status", "-a", "--json")
     rows = {r["name"]: r for r in json.loads(done.stdout)}
     assert rows["big"]["recoveries"] == ATTEMPTS - 1 and rows["big"]["step"] == STEPS_PER_ATTEMPT * ATTEMPTS
     assert rows["big"]["malformed_event_lines"] == 0 and rows["big"]["interruptions"] == {
@@ -55,8 +61,8 @@ def test_status_lists_twenty_thousand_attempts_and_names_the_skipped_file(home):
 
 
 @pytest.mark.slow  # 10-60 s each on a loaded 2-core machine: with `-m slow`
-def test_cost_report_of_twenty_thousand_attempts_adds_up(home):
-    data = json.loads(cli(home, "cost-report", "big", "--json").stdout)[0]
+def test_cost_report_of_twenty_thousand_attempts_adds_up(big):
+    data = json.loads(cli(big, "cost-report", "big", "--json").stdout)[0]
     assert len(data["attempts"]) == ATTEMPTS and len(data["recovery_details"]) == ATTEMPTS - 1
     assert data["preemptions"] == ATTEMPTS - 1 and data["lost_steps"] == 0
     assert data["useful_steps"] == STEPS_PER_ATTEMPT * ATTEMPTS
@@ -64,7 +70,7 @@ def test_cost_report_of_twenty_thousand_attempts_adds_up(home):
     assert data["billed_seconds"] == pytest.approx(70.0 * (ATTEMPTS - 1) + 72.0)
     assert sum(data["goodput_breakdown"].values()) == pytest.approx(data["billed_seconds"])
     assert data["goodput_breakdown"]["checkpoint_stalls"] == pytest.approx(float(ATTEMPTS))
-    text = cli(home, "cost-report", "big").stdout
+    text = cli(big, "cost-report", "big").stdout
     assert f"interrupted by: {ATTEMPTS - 1} spot preemptions" in text
 
 
@@ -101,8 +107,8 @@ def test_the_plot_of_more_attempts_than_it_can_draw_is_refused_in_one_line_befor
 
 
 @pytest.mark.slow  # 10-60 s each on a loaded 2-core machine: with `-m slow`
-def test_the_plot_of_twenty_thousand_attempts_is_refused_in_one_line(home, tmp_path):
-    done = refused(home, "cost-report", "big", "--plot", str(tmp_path / "big.png"))
+def test_the_plot_of_twenty_thousand_attempts_is_refused_in_one_line(big, tmp_path):
+    done = refused(big, "cost-report", "big", "--plot", str(tmp_path / "big.png"))
     assert "has 20,000 attempts; --plot draws at most" in done.stderr and len(done.stderr.splitlines()) == 1
     assert not (tmp_path / "big.png").exists()
 
