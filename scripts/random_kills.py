@@ -21,6 +21,9 @@ their own (root; see "the network lane" below). `--lanes N` runs N lanes of each
 kind (count, resumes from the local tier and from the store, steps redone, recovery seconds: the first
 step after the fault minus the fault; for an outage, the store's return to the uploads caught up) is
 printed before the one-line summary.
+`--stop-after SECONDS` sizes a soak by the time at hand: no fault is made after it, and every lane's
+run then finishes uninterrupted and is compared bitwise as ever (the summary says how many of the
+planned faults were made).
 
     python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # kills only, long (16 min here)
     python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # kills only, medium (5 min)
@@ -178,6 +181,8 @@ class Result:
     work: str = ""
     lanes: list[str] = field(default_factory=list)
     """With lanes: each lane's seed, faults, end and wall time."""
+    stopped_early: bool = False
+    """--stop-after came before the last planned fault: no fault after it, the run finished and was compared."""
 
     @property
     def ok(self) -> bool:
@@ -233,7 +238,13 @@ class Result:
             f"{self.corrupt_seen} corrupt, {self.incomplete_seen} cut writes skipped, {self.orphans} orphans, "
             f"{uploads}{self.steps_compared} step losses compared, final params "
             f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
-            f"{self.seconds:.0f} s" + (f" ({len(self.lanes)} lanes side by side)" if len(self.lanes) > 1 else "")
+            f"{self.seconds:.0f} s"
+            + (f" ({len(self.lanes)} lanes side by side)" if len(self.lanes) > 1 else "")
+            + (
+                f"; the time limit stopped the faults at {len(self.kills)} of {self.kills_planned} planned"
+                if self.stopped_early
+                else ""
+            )
         )
 
 
@@ -476,8 +487,10 @@ class Harness:
         say=None,
         wipe: bool = False,
         kinds: tuple[str, ...] = KINDS,
+        stop_at: Optional[float] = None,
     ):
         self.rng = random.Random(seed)
+        self.stop_at = stop_at  # time.time() after which no fault is planned: the run finishes, then is compared
         store = store or wipe or any(k in STORE_KINDS for k in kinds)
         self.wipe = wipe
         self.result = Result(seed, kills, steps, every, keep, store, work=str(work), wipe=wipe, kinds=list(kinds))
@@ -831,6 +844,9 @@ class Harness:
         misses = 0
         while True:
             k = len(r.kills)
+            if k < len(self.order) and self.stop_at is not None and time.time() >= self.stop_at:
+                self.say(f"time limit: {k} of {len(self.order)} faults made; the run finishes without another")
+                self.order, r.stopped_early = self.order[:k], True
             kind = self.order[k] if k < len(self.order) else None
             number += 1
             valid_before = self._valid(f"before start {number}")
@@ -1438,13 +1454,16 @@ def run(
     wipe: bool = False,
     kinds: tuple[str, ...] = KINDS,
     lanes: int = 1,
+    stop_after: Optional[float] = None,
 ) -> Result:
     """The harness as a function (tests/reliability/test_random_kills.py calls it).
 
     Network kinds run in a lane of their own (two nodes on hosts of their own), beside the other kinds'
     lane; `lanes` > 1 runs that many lanes of each side by side, each its own run with its own seed and
     share of the faults, all against one reference run: a soak on a machine with idle cores (the lanes
-    wait on timeouts and notice windows much of the time) goes faster. The results are merged.
+    wait on timeouts and notice windows much of the time) goes faster. The results are merged. With
+    `stop_after` (seconds from now), no fault is made after it: each lane's run finishes uninterrupted and
+    is compared bitwise as ever, so a soak sized by a clock still ends checked.
 
     It leaves the process as it found it: the outage kind's moto server is stopped, and the environment
     that pointed the SDKs at it is restored. A test process goes on after the soak, and a later test's
@@ -1452,7 +1471,8 @@ def run(
     server in the process), so stopping their own server would be no outage (CI saw exactly that)."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    options = dict(steps=steps, every=every, keep=keep, store=store, wipe=wipe)
+    stop_at = None if stop_after is None else time.time() + stop_after
+    options = dict(steps=steps, every=every, keep=keep, store=store, wipe=wipe, stop_at=stop_at)
     plan = lane_plan(seed, kills, kinds, lanes)
     if len(plan) == 1 and not plan[0].net:
         return _run_lane(plan[0], work, reference, say, options)
@@ -1546,6 +1566,7 @@ def _run_lane_process(lane: Lane, work: Path, reference: Path, say, options: dic
         str(out),
         *(["--store"] if options["store"] else []),
         *(["--wipe"] if options["wipe"] else []),
+        *(["--stop-at", repr(options["stop_at"])] if options.get("stop_at") is not None else []),
     ]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -1611,6 +1632,7 @@ def merge(results: list[Result], plan: list[Lane], seed: int, kills: int, kinds:
             f"{'bitwise' if r.final_equal else 'NOT bitwise'}, {r.seconds:.0f} s)"
         )
     out.final_equal = all(r.final_equal for r in results)
+    out.stopped_early = any(r.stopped_early for r in results)
     codes = [r.final_code for r in results]
     out.final_code = None if None in codes else next((c for c in codes if c), 0)
     return out
@@ -1652,7 +1674,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="lanes side by side (each its own run and seed, one reference): N of the node kinds and N of "
         "the network kinds (default 1)",
     )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="make no fault after this many seconds: every lane's run then finishes uninterrupted and is "
+        "compared as ever (a soak sized by the time at hand; the summary says how many faults were made)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--stop-at", type=float, default=None, help=argparse.SUPPRESS)  # a lane's --stop-after
     parser.add_argument("--lane", default=None, help=argparse.SUPPRESS)  # run() starts each lane so
     args = parser.parse_args(argv)
     kinds = ALL_KINDS if args.kinds == "all" else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
@@ -1663,6 +1694,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--faults must be 0 or more")
     if args.lanes < 1:
         parser.error("--lanes must be 1 or more")
+    if args.stop_after is not None and not (0 <= args.stop_after < math.inf):
+        parser.error("--stop-after must be a number of seconds, 0 or more")
     if any(k in NET_KINDS for k in kinds):
         from skyspot.executors.local.netns import unavailable_reason
 
@@ -1675,7 +1708,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     steps = args.steps or max(24, (4 if set(kinds) - set(KINDS) else 1) * per_lane + 8)
     if args.lane:  # one lane of a run with lanes, in its own process: exactly the lane it was given
         lane = Lane(args.lane, seed, args.kills, kinds, args.lane.startswith("net"))
-        options = dict(steps=args.steps, every=args.every, keep=args.keep, store=args.store, wipe=args.wipe)
+        options = dict(
+            steps=args.steps, every=args.every, keep=args.keep, store=args.store, wipe=args.wipe, stop_at=args.stop_at
+        )
         result = _run_lane(lane, args.work, args.reference, lambda line: print(line, flush=True), options)
         args.json.write_text(json.dumps(asdict(result)) + "\n")
         return 0 if result.ok else 1
@@ -1691,6 +1726,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         wipe=args.wipe,
         kinds=kinds,
         lanes=args.lanes,
+        stop_after=args.stop_after,
     )
     if args.json:
         args.json.write_text(

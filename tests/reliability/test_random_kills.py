@@ -111,3 +111,16 @@ def test_random_sigkills_with_the_local_disk_wiped_lose_no_durable_checkpoint(re
     assert not result.violations, f"{context}: " + "\n".join(result.violations)
     assert result.wipes == WIPE_KILLS and result.durable_corrupt == 0 and result.lost_committed == 0, context
     assert result.final_code == 0 and result.final_equal, context
+
+
+def test_a_soak_past_its_time_limit_makes_no_more_faults_and_still_ends_compared(reference, tmp_path):
+    """--stop-after: a soak sized by the clock stops making faults at the limit, and its run finishes and is
+    compared bitwise as ever (here the limit is past before the first fault: none is made)."""
+    kills = harness()
+    result = kills.run(
+        SEED, 4, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, kinds=("step",), stop_after=0
+    )
+    print(result.summary())
+    assert result.stopped_early and result.kills == [] and result.kills_planned == 4
+    assert "the time limit stopped the faults at 0 of 4 planned" in result.summary()
+    assert not result.violations and result.final_code == 0 and result.final_equal and result.ok
