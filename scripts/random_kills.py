@@ -21,8 +21,8 @@ their own (root; see "the network lane" below). `--lanes N` runs N lanes of each
 kind (count, resumes from the local tier and from the store, steps redone, recovery seconds: the first
 step after the fault minus the fault; for an outage, the store's return to the uploads caught up) is
 printed before the one-line summary.
-`--stop-after SECONDS` sizes a soak by the time at hand: no fault is made after it, and every lane's
-run then finishes uninterrupted and is compared bitwise as ever (the summary says how many of the
+`--stop-after SECONDS` sizes a soak by the time at hand: no start after it is given a fault (one begun
+before it may still land its fault after it), and every lane's run then finishes uninterrupted and is compared bitwise as ever (the summary says how many of the
 planned faults were made).
 
     python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # kills only, long (16 min here)
@@ -1462,8 +1462,9 @@ def run(
     lane; `lanes` > 1 runs that many lanes of each side by side, each its own run with its own seed and
     share of the faults, all against one reference run: a soak on a machine with idle cores (the lanes
     wait on timeouts and notice windows much of the time) goes faster. The results are merged. With
-    `stop_after` (seconds from now), no fault is made after it: each lane's run finishes uninterrupted and
-    is compared bitwise as ever, so a soak sized by a clock still ends checked.
+    `stop_after` (seconds from now), no start after it is given a fault: each lane's run then finishes
+    uninterrupted and is compared bitwise as ever (the soak goes on past the limit by that finish), so a soak
+    sized by a clock still ends checked.
 
     It leaves the process as it found it: the outage kind's moto server is stopped, and the environment
     that pointed the SDKs at it is restored. A test process goes on after the soak, and a later test's
@@ -1679,8 +1680,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="make no fault after this many seconds: every lane's run then finishes uninterrupted and is "
-        "compared as ever (a soak sized by the time at hand; the summary says how many faults were made)",
+        help="give no start begun after this many seconds a fault: every lane's run then finishes uninterrupted "
+        "and is compared as ever (a soak sized by the time at hand; the summary says how many faults were made)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--stop-at", type=float, default=None, help=argparse.SUPPRESS)  # a lane's --stop-after

@@ -66,7 +66,8 @@ def new_node(tmp_path_factory) -> Callable[[Path, str], Path]:
         venv = root / name
         shutil.copytree(template, venv, symlinks=True)
         # What names the venv's own path: pyvenv.cfg, the activate scripts and pip's shebangs. The
-        # interpreter finds its prefix from where pyvenv.cfg is, so nothing else needs to move.
+        # interpreter finds its prefix from where pyvenv.cfg is, so nothing else needs to move (the .pyc
+        # files still name the template in their tracebacks; no check reads them).
         for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
             if path.is_file() and not path.is_symlink():
                 path.write_bytes(path.read_bytes().replace(bytes(template), bytes(venv)))
@@ -115,7 +116,8 @@ class FirstStart(NamedTuple):
     done: subprocess.CompletedProcess
     """Its setup, run: the tests assert on its exit and output."""
     store: Path
-    """The local store it kept the wheelhouse in; read only, `store_for` gives a test its own."""
+    """The local store it kept the wheelhouse in, shared by the session: never given to setup or changed;
+    `store_for` gives a test its own copy."""
 
     def store_for(self, tmp_path: Path) -> Path:
         """The store as the first start left it, copied to `tmp_path / "store"`: the test's own to change."""

@@ -242,7 +242,7 @@ class _QuietHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
 def test_a_partial_or_corrupt_wheelhouse_is_ignored_while_the_index_is_up(small_stack, new_node, first_start, tmp_path):
     root, index, wheel = small_stack
     store = first_start.store_for(tmp_path)
-    assert first_start.done.returncode == 0
+    assert first_start.done.returncode == 0, first_start.done.stdout + first_start.done.stderr
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     kept = marker.parent / "tinydep-1.0-py3-none-any.whl"
     data = bytearray(kept.read_bytes())
@@ -270,7 +270,7 @@ def test_a_corrupt_wheelhouse_with_the_index_down_fails_setup_in_a_line_that_say
 ):
     root, index, wheel = small_stack
     store = first_start.store_for(tmp_path)
-    assert first_start.done.returncode == 0
+    assert first_start.done.returncode == 0, first_start.done.stdout + first_start.done.stderr
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     marker.write_text("{not json")
     closed = f"http://127.0.0.1:{free_port()}/simple"

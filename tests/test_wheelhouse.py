@@ -88,7 +88,7 @@ def test_a_good_wheelhouse_still_installs_offline_with_every_hash_required(
 ):
     root, index, wheel = small_stack
     store = first_start.store_for(tmp_path)
-    assert first_start.done.returncode == 0
+    assert first_start.done.returncode == 0, first_start.done.stdout + first_start.done.stderr
     (marker,) = (store / "r1" / "wheelhouse").glob("*/WHEELHOUSE.json")
     sealed = json.loads(marker.read_text())
     assert sealed[wheelhouse.SIGNATURE] == wheelhouse.sign(sealed, bytes.fromhex(RUN_KEY))[wheelhouse.SIGNATURE]
@@ -108,7 +108,7 @@ def test_a_node_without_the_key_or_another_runs_key_refuses_the_wheelhouse(
 ):
     root, index, wheel = small_stack
     store = first_start.store_for(tmp_path)
-    assert first_start.done.returncode == 0
+    assert first_start.done.returncode == 0, first_start.done.stdout + first_start.done.stderr
     closed = f"http://127.0.0.1:{free_port()}/simple"
     keyless = _setup(
         new_node(tmp_path, "n2"), wheel, store, closed, tmp_path / "h2", UV_OFFLINE="1", SKYSPOT_WHEELHOUSE_KEY=""

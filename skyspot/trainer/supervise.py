@@ -71,6 +71,7 @@ from skyspot.trainer.watchdog import Bounds, start_watchdog
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 DEFAULT_GRACE_S = max(NOTICE_WINDOWS_S.values())  # the longest notice window (AWS's); GCP and Azure give 30 s
+WAIT_SLICE_S = 0.5  # ours: the longest a forwarded signal can wait for the main thread (run's wait loop)
 WORKER_POLL_S = 0.1  # ours: how soon a worker's end is seen (restart.TOLERANCE_S allows for it)
 
 
@@ -171,7 +172,8 @@ def _helpers_deaf():
     a watcher thread while the main thread sleeps in waitpid would wait there until the command ended
     by itself, unforwarded. A thread inherits its creator's mask (pthread_sigmask(3)), so the mask is
     set around the threads' creation and restored after: what arrived meanwhile stays pending, and is
-    delivered to the main thread once unblocked.
+    delivered to the main thread once unblocked. A process such a thread starts keeps the mask across
+    exec (the watchdog's py-spy: subprocess.run's timeout ends it with SIGKILL, which no mask stops).
     """
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
@@ -233,10 +235,13 @@ def run(
             watchdog = start_watchdog(run_dir, child.pid, hang_bounds, say)
             workers = _watch_workers(child.pid, run_dir, token)
         while True:
+            # Waited on in short slices, not in one waitpid: a signal whose C handler runs after
+            # waitpid released the GIL but before the call blocks interrupts nothing, and its Python
+            # handler (the forward) would wait for the command's own end. Each slice returns to bytecode.
             try:
-                returncode = child.wait()
+                returncode = child.wait(timeout=WAIT_SLICE_S)
                 break
-            except InterruptedError:
+            except subprocess.TimeoutExpired:
                 continue
     finally:
         if watchdog is not None:

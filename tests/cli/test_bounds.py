@@ -28,10 +28,13 @@ def home(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def big(home):
-    """The module's home with the big run too (40,000 files, a few seconds to write): only the slow tests read it."""
-    write_big_run(home, "big", ATTEMPTS)
-    return home
+def big(tmp_path_factory):
+    """A home of its own with the big run (40,000 files, a few seconds to write) beside the huge file's run:
+    only the slow tests read it, so `home` stays as its docstring says whatever the order."""
+    big = tmp_path_factory.mktemp("bounds-big") / "home"
+    write_big_run(big, "big", ATTEMPTS)
+    write_huge_events_file(big, "huge")
+    return big
 
 
 def cli(home, *args) -> subprocess.CompletedProcess:

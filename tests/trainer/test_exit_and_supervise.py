@@ -10,12 +10,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 import psutil
 import pytest
 
 from skyspot.errors import CheckpointError, RecipeError, UsageError
 from skyspot.trainer import exit_codes
+from skyspot.trainer.supervise import FORWARDED
 from skyspot.trainer.exit_codes import (
     COMPLETE,
     ERROR,
@@ -126,12 +128,17 @@ def ended(proc: subprocess.Popen, timeout: float) -> int:
         pytest.fail(f"the supervisor had not ended {timeout} s after the signal; it said: {proc.communicate()[1]!r}")
 
 
-FORWARDED_BITS = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP}
+FORWARDED_BITS = set(FORWARDED)
 
 
-def blocked(pid: int, tid: int) -> set[int]:
-    """The signals thread `tid` of `pid` blocks (proc(5): SigBlk, a hex mask, bit N-1 for signal N)."""
-    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+def blocked(pid: int, tid: int) -> Optional[set[int]]:
+    """The signals thread `tid` of `pid` blocks (proc(5): SigBlk, a hex mask, bit N-1 for signal N); None
+    when the thread has ended since it was listed."""
+    try:
+        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    for line in status.splitlines():
         if line.startswith("SigBlk:"):
             mask = int(line.split()[1], 16)
             return {n for n in range(1, 65) if mask >> (n - 1) & 1}
@@ -150,10 +157,13 @@ def test_only_the_supervisors_main_thread_can_take_a_forwarded_signal(tmp_path):
         time.sleep(0.02)
     threads = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
     helpers = [t for t in threads if t != proc.pid]
-    assert not FORWARDED_BITS & blocked(proc.pid, proc.pid)
-    assert helpers and all(FORWARDED_BITS <= blocked(proc.pid, t) for t in helpers)
+    main = blocked(proc.pid, proc.pid)
+    assert main is not None and not FORWARDED_BITS & main
+    masks = [m for m in (blocked(proc.pid, t) for t in helpers) if m is not None]  # None: ended since listed
+    assert masks and all(FORWARDED_BITS <= m for m in masks)
     (command,) = psutil.Process(proc.pid).children()
-    assert not FORWARDED_BITS & blocked(command.pid, command.pid)  # the command inherits no blocked signal
+    theirs = blocked(command.pid, command.pid)
+    assert theirs is not None and not FORWARDED_BITS & theirs  # the command inherits no blocked signal
     proc.send_signal(signal.SIGTERM)
     assert ended(proc, 30) == PREEMPTED
 
