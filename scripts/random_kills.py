@@ -21,9 +21,9 @@ their own (root; see "the network lane" below). `--lanes N` runs N lanes of each
 kind (count, resumes from the local tier and from the store, steps redone, recovery seconds: the first
 step after the fault minus the fault; for an outage, the store's return to the uploads caught up) is
 printed before the one-line summary.
-`--stop-after SECONDS` sizes a soak by the time at hand: no start after it is given a fault (one begun
-before it may still land its fault after it), and every lane's run then finishes uninterrupted and is compared bitwise as ever (the summary says how many of the
-planned faults were made).
+`--stop-after SECONDS` sizes a soak by the time at hand: no start begun after it is given a fault (one
+begun before it may still land its fault after it), and every lane's run then finishes uninterrupted and
+is compared bitwise as ever (the summary says how many of the planned faults were made).
 
     python scripts/random_kills.py --seed 50 --kills 50 --steps 60 --store        # kills only, long (16 min here)
     python scripts/random_kills.py --seed 7 --kills 12 --steps 24 --store         # kills only, medium (5 min)
@@ -182,7 +182,7 @@ class Result:
     lanes: list[str] = field(default_factory=list)
     """With lanes: each lane's seed, faults, end and wall time."""
     stopped_early: bool = False
-    """--stop-after came before the last planned fault: no fault after it, the run finished and was compared."""
+    """--stop-after came before the last planned fault: no later start got one; the run finished and was compared."""
 
     @property
     def ok(self) -> bool:
