@@ -65,6 +65,7 @@ from skyspot.trainer.exit_codes import (
 from skyspot.trainer.ext_lock import clear_stale
 from skyspot.trainer.faults import fault_point
 from skyspot.trainer.gpu import require_cuda
+from skyspot.trainer.lean_imports import import_deepspeed
 from skyspot.trainer.local_disk import record_event
 from skyspot.trainer.metrics import attach as attach_metrics
 from skyspot.trainer.node_facts import collect as node_facts
@@ -129,7 +130,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
-    # Lazy: DeepSpeed loads only after setup's GPU check (it would pick its CPU accelerator; gpu.py).
+    # Lazy: DeepSpeed loads only after setup's GPU check (it would pick its CPU accelerator; gpu.py),
+    # and without what the trainer never runs (lean_imports.py).
+    import_deepspeed()
     import deepspeed.utils.logging as ds_logging
 
     ds_logging.logger.setLevel(logging.WARNING)

@@ -37,7 +37,7 @@ the ranks' events in DIR/events/ and, when no step comes within its bound, dumps
 records a `hang` event and DIR/hang.json, and SIGKILLs the workers so torchrun's agent restarts them in
 place. The run script passes the recipe's `resilience` values as the flags above.
 Restarts in place: torchrun's agent restarts its workers after a failure (task/render.py); this process
-stays, and watches its torchrun's workers (WORKER_POLL_S): each one's end, however it ends, goes to
+stays, and watches its torchrun's workers (worker_watch.py): each one's end, however it ends, goes to
 DIR/worker_exits.json, from which the restarted generation learns when the failure was (trainer/restart.py).
 A worker whose ending is final (complete, preempted, a configuration error, the budget spent) exits 0
 so torchrun does not restart it (nor, with restarts off, print a ChildFailedError traceback), and its
@@ -68,11 +68,11 @@ from skyspot.trainer.parent_death import set_parent_death_signal
 from skyspot.trainer.exit_codes import TOKEN_ENV, USAGE, describe, read_exit_record
 from skyspot.trainer.preemption import NOTICE_FILE_ENV, NOTICE_FILE_NAME, NoticeFile
 from skyspot.trainer.watchdog import Bounds, start_watchdog
+from skyspot.trainer.worker_watch import watch_workers
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 DEFAULT_GRACE_S = max(NOTICE_WINDOWS_S.values())  # the longest notice window (AWS's); GCP and Azure give 30 s
 WAIT_SLICE_S = 0.5  # ours: the longest a forwarded signal can wait for the main thread (run's wait loop)
-WORKER_POLL_S = 0.1  # ours: how soon a worker's end is seen (restart.TOLERANCE_S allows for it)
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -233,7 +233,7 @@ def run(
             forward(signum, None)
         with _helpers_deaf():
             watchdog = start_watchdog(run_dir, child.pid, hang_bounds, say)
-            workers = _watch_workers(child.pid, run_dir, token)
+            workers = watch_workers(child.pid, run_dir, token)
         while True:
             # Waited on in short slices, not in one waitpid: a signal whose C handler runs after
             # waitpid released the GIL but before the call blocks interrupts nothing, and its Python
@@ -263,48 +263,6 @@ def run(
     if code != command_code:
         say(f"trainer exit {code} ({describe(code)}: {record.get('reason')}); {command[0]} exited {command_code}")
     return code
-
-
-def _watch_workers(launcher: int, run_dir: Path, token: str) -> threading.Event:
-    """Note every end of the launcher's workers (its children with a LOCAL_RANK) until the event is set."""
-    from skyspot.trainer.restart import note_worker_exit
-
-    stop = threading.Event()
-
-    def loop() -> None:
-        import psutil
-
-        known: dict[int, dict] = {}
-        try:
-            parent = psutil.Process(launcher)
-        except psutil.Error:
-            return
-        while True:
-            stopping = stop.wait(WORKER_POLL_S)
-            try:
-                children = parent.children()
-            except psutil.Error:
-                children, stopping = [], True  # torchrun is gone, and its workers with it
-            now, alive = time.time(), set()
-            for proc in children:
-                try:
-                    if proc.status() == psutil.STATUS_ZOMBIE:
-                        continue  # ended, not yet reaped by torchrun
-                    if proc.pid not in known:
-                        env = proc.environ()
-                        if "LOCAL_RANK" not in env:
-                            continue
-                        known[proc.pid] = {"local_rank": int(env["LOCAL_RANK"]), "launcher_rank": env.get("RANK")}
-                except (psutil.Error, ValueError):
-                    continue
-                alive.add(proc.pid)
-            for pid in [p for p in known if p not in alive]:
-                note_worker_exit(run_dir, token, {"pid": pid, "ts": now, **known.pop(pid)})
-            if stopping:
-                return
-
-    threading.Thread(target=loop, name="skyspot-workers", daemon=True).start()
-    return stop
 
 
 def _watch(notices: NoticeFile, say):
