@@ -32,6 +32,7 @@ SUITES = [
     "inplace",
     "bounds",
     "placement",
+    "start",
 ]
 MODULES = {
     "cli": "bench.cli_latency",
@@ -46,10 +47,12 @@ MODULES = {
     "inplace": "bench.inplace",
     "bounds": "bench.bounds",
     "placement": "bench.placement",
+    "start": "bench.start",
 }
 # What `--quick` leaves out, and why: each named here is reported as left out (stderr and the report's notes),
 # never dropped silently; `--only NAME --quick` still runs it.
 QUICK_LEFT_OUT: dict[str, str] = {
+    "start": "six fresh interpreters importing torch and DeepSpeed, and a start of tiny: about 1.5 min",
     "lost_work": "four launches on the local executor, each through a notice window and a recovery: 2-4 min alone",
     "deadline": "its local replays run each trace to a 260 s deadline",
     "inplace": "two 2-node launches on the local executor, a crash and a recovery in each: 2-3 min alone",
