@@ -3,7 +3,7 @@
 Every start of every rank imports DeepSpeed (a first start, a new attempt, and each restart in place,
 when the whole node waits for the slowest rank). Two of its imports do no work for skyspot and cost
 more than a second of CPU each (`python -X importtime`, torch 2.13.0 CPU, deepspeed 0.19.8, Python
-3.11; figures in docs/benchmarks.md, section 12):
+3.11; figures in docs/benchmarks.md, section 15):
 
 - `import deepspeed` imports its autotuner (deepspeed/autotuning/autotuner.py: `try: import mlflow`),
   which loads mlflow wherever it is installed, as it is on the node of a recipe with an mlflow

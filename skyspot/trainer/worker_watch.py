@@ -11,7 +11,7 @@ after one ended (or at its own start), so no worker can come and go unseen betwe
 The scan is read here rather than by psutil's `Process.children()`, which builds a Process object per
 entry of /proc each call: 2.1 ms against 1.0 ms on this 120-process machine, and a GPU node lists
 several hundred (kernel threads included); the supervisor's watch took 3.3 % of a core at psutil's
-10 scans a second (docs/benchmarks.md, section 12). /proc/PID/task/TID/children would list them
+10 scans a second (docs/benchmarks.md, section 15). /proc/PID/task/TID/children would list them
 directly but needs CONFIG_PROC_CHILDREN, which not every kernel has (this machine's does not).
 """
 
