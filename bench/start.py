@@ -1,4 +1,4 @@
-"""Benchmark 14: what a start costs. Every preemption, restart in place and new attempt starts every rank
+"""Benchmark 15: what a start costs. Every preemption, restart in place and new attempt starts every rank
 again, so a start's CPU is paid once per recovery on every node (and, on 2 cores, per fault of a soak).
 
 - Imports, A/B in one run (alternating): a rank's imports as they were (`import deepspeed`, the Muon
@@ -13,6 +13,7 @@ again, so a start's CPU is paid once per recovery on every node (and, on 2 cores
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,15 +33,28 @@ STEPS = 24
 
 
 def _cpu(command: list[str], env: dict, timeout: float = 600) -> tuple[float, float]:
-    """(CPU seconds of the command and every child it waited for, wall seconds); raises on failure."""
-    began = time.perf_counter()
-    proc = subprocess.Popen(command, cwd=_launch.REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - began
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{command[:4]} exited {proc.returncode}: {proc.stderr.read().decode()[-500:]}")
-    proc.stderr.close()
+    """(CPU seconds of the command and every child it waited for, wall seconds); raises on failure or
+    past `timeout` (the command's process group killed). Its output goes to a file: a pipe nobody reads
+    while os.wait4 waits would stall it once full."""
+    with tempfile.TemporaryFile() as output:
+        began = time.perf_counter()
+        proc = subprocess.Popen(
+            command, cwd=_launch.REPO, env=env, stdout=output, stderr=output, start_new_session=True
+        )
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - began > timeout:
+                os.killpg(proc.pid, signal.SIGKILL)
+                os.wait4(proc.pid, 0)
+                raise RuntimeError(f"{command[:4]} ran past {timeout:g} s")
+            time.sleep(0.05)
+        wall = time.perf_counter() - began
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            output.seek(0)
+            raise RuntimeError(f"{command[:4]} exited {proc.returncode}: {output.read().decode()[-500:]}")
     return usage.ru_utime + usage.ru_stime, wall
 
 

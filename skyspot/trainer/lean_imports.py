@@ -53,12 +53,17 @@ def compile_on_first_call() -> Callable[[Callable], Callable]:
         @functools.wraps(fn)
         def call(*args, **kwargs):
             nonlocal compiled
-            if compiled is None:
-                import torch
+            import torch
 
+            if torch.compiler.is_compiling():
+                return fn(*args, **kwargs)  # traced into by a caller's compile: no compile of its own
+            if compiled is None:
                 compiled = torch.compile(fn)
             return compiled(*args, **kwargs)
 
+        # As torch.compile's own wrapper: a caller being compiled inlines `fn`, not this wrapper (whose
+        # `compiled` would otherwise be set to the plain `fn` by the trace; torch/_dynamo/eval_frame.py).
+        call._torchdynamo_inline = fn  # type: ignore[attr-defined]
         return call
 
     return decorate
