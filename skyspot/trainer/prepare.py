@@ -42,7 +42,9 @@ def ops_for(recipe) -> list[str]:
 
 def build_ops(recipe=None) -> list[str]:
     """Build (or load from the cache) the DeepSpeed ops the trainer loads on this accelerator."""
-    import deepspeed
+    from skyspot.trainer.lean_imports import import_deepspeed
+
+    deepspeed = import_deepspeed()  # first, as the trainer imports it (lean_imports.py)
     from deepspeed.accelerator import get_accelerator
 
     built = []
