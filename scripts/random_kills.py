@@ -184,6 +184,17 @@ class Result:
     """With lanes: each lane's seed, faults, end and wall time."""
     stopped_early: bool = False
     """--stop-after came before the last planned fault: no later start got one; the run finished and was compared."""
+    commit: str = ""
+    """The source the soak ran (`git rev-parse HEAD`, "+dirty" with uncommitted changes to tracked files)."""
+    reference_sha256: str = ""
+    """sha256 of the reference run's final/model.safetensors: parts of one plan must share it."""
+    plan_faults: int = 0
+    """The whole plan's faults (--faults), of which a part (--part) runs its lanes' share."""
+    lanes_per_side: int = 1
+    part: str = ""
+    """"K/N" for one part of a plan run in parts; "" for a whole plan (or parts merged: see `parts`)."""
+    parts: int = 0
+    """Parts merged into this result (--merge), run one after another."""
 
     @property
     def ok(self) -> bool:
@@ -240,7 +251,17 @@ class Result:
             f"{uploads}{self.steps_compared} step losses compared, final params "
             f"{'equal' if self.final_equal else 'DIFFERENT'} bitwise, {len(self.violations)} violations, "
             f"{self.seconds:.0f} s"
-            + (f" ({len(self.lanes)} lanes side by side)" if len(self.lanes) > 1 else "")
+            + (f" ({len(self.lanes)} lanes side by side)" if len(self.lanes) > 1 and not self.parts else "")
+            + (
+                f" ({self.parts} parts one after another, {len(self.lanes)} lanes in all, at {self.commit or '?'})"
+                if self.parts
+                else ""
+            )
+            + (
+                f"; part {self.part} of a {self.plan_faults}-fault plan ({self.lanes_per_side} lanes a side)"
+                if self.part
+                else ""
+            )
             + (
                 f"; the time limit stopped the faults at {len(self.kills)} of {self.kills_planned} planned"
                 if self.stopped_early
@@ -1470,6 +1491,7 @@ def run(
     kinds: tuple[str, ...] = KINDS,
     lanes: int = 1,
     stop_after: Optional[float] = None,
+    part: Optional[tuple[int, int]] = None,
 ) -> Result:
     """The harness as a function (tests/reliability/test_random_kills.py calls it).
 
@@ -1484,14 +1506,22 @@ def run(
     It leaves the process as it found it: the outage kind's moto server is stopped, and the environment
     that pointed the SDKs at it is restored. A test process goes on after the soak, and a later test's
     trainers that inherited AWS_ENDPOINT_URL would reach this server (moto's backend is shared by every
-    server in the process), so stopping their own server would be no outage (CI saw exactly that)."""
+    server in the process), so stopping their own server would be no outage (CI saw exactly that).
+
+    `part` (K, N) runs only part K of N of the plan: the lanes whose index on their side is K-1 modulo N
+    (`lanes_of_part`), against a reference run of the whole plan's length; `merge_parts` joins the N parts'
+    results into the whole plan's. A soak longer than a machine can be held runs so, part by part."""
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="skyspot-kills-"))
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     stop_at = None if stop_after is None else time.time() + stop_after
     options = dict(steps=steps, every=every, keep=keep, store=store, wipe=wipe, stop_at=stop_at)
     plan = lane_plan(seed, kills, kinds, lanes)
-    if len(plan) == 1 and not plan[0].net:
-        return _run_lane(plan[0], work, reference, say, options)
+    if part is not None:
+        plan = lanes_of_part(plan, *part)
+    elif len(plan) == 1 and not plan[0].net:
+        result = _run_lane(plan[0], work, reference, say, options)
+        result.commit, result.plan_faults = source_commit(), kills
+        return result
     began = time.monotonic()
     if reference is None:
         reference = work / "reference"
@@ -1501,6 +1531,7 @@ def run(
             failed = Result(seed, kills, steps, every, keep, store, work=str(work), kinds=list(kinds))
             failed.violations.append(f"the reference run failed (code {proc.returncode}); see {work / 'logs'}")
             return failed
+    digest = final_digest(reference)
     results: dict[str, Result] = {}
 
     def one(lane: Lane) -> None:
@@ -1519,8 +1550,15 @@ def run(
         time.sleep(2.0)  # the lanes' first starts apart: their imports share the cores
     for thread in threads:
         thread.join()
-    merged = merge([results[lane.name] for lane in plan], plan, seed, kills, kinds, work)
+    merged = merge([results[lane.name] for lane in plan], plan, seed, sum(lane.faults for lane in plan), kinds, work)
     merged.seconds = round(time.monotonic() - began, 1)
+    merged.commit, merged.reference_sha256, merged.plan_faults, merged.lanes_per_side = (
+        source_commit(),
+        digest,
+        kills,
+        lanes,
+    )
+    merged.part = f"{part[0]}/{part[1]}" if part else ""
     return merged
 
 
@@ -1531,6 +1569,8 @@ class Lane:
     faults: int
     kinds: tuple[str, ...]
     net: bool
+    index: int = 0
+    """The lane's place on its side (lane-<index>, net-<index>)."""
 
 
 def lane_plan(seed: int, kills: int, kinds: tuple[str, ...], lanes: int) -> list[Lane]:
@@ -1547,8 +1587,122 @@ def lane_plan(seed: int, kills: int, kinds: tuple[str, ...], lanes: int) -> list
         for i in range(n):
             share = total // n + (i < total % n)
             if share:
-                out.append(Lane(f"{side}-{i}", seed + base + i, share, side_kinds, side == "net"))
+                out.append(Lane(f"{side}-{i}", seed + base + i, share, side_kinds, side == "net", i))
     return out or [Lane("lane-0", seed, 0, node or KINDS, False)]
+
+
+def lanes_of_part(plan: list[Lane], k: int, n: int) -> list[Lane]:
+    """Part k of n (1 <= k <= n): the lanes whose index on their side is k-1 modulo n, so that every lane is in
+    exactly one part and each part runs lanes of both sides (node kinds and network kinds) side by side."""
+    if not 1 <= k <= n:
+        raise ValueError(f"part {k}/{n}: k must be 1 to {n}")
+    for side in {lane.net for lane in plan}:
+        count = sum(lane.net == side for lane in plan)
+        if count < n:
+            raise ValueError(
+                f"part {k}/{n}: the plan has {count} {'network' if side else 'node'} lane(s), fewer than its {n} "
+                f"parts; give --lanes {n} or more (a multiple of {n} keeps the parts even)"
+            )
+    return [lane for lane in plan if lane.index % n == k - 1]
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit()) or not 1 <= int(k) <= int(n):
+        raise ValueError(f"--part {text!r}: expected K/N with 1 <= K <= N, e.g. 1/6")
+    return int(k), int(n)
+
+
+def source_commit() -> str:
+    """The commit the soak's code came from, "+dirty" when tracked files differ from it ("" outside git)."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        changed = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if head.returncode:
+        return ""
+    return head.stdout.strip() + ("+dirty" if changed.stdout.strip() else "")
+
+
+def final_digest(run_dir: Path) -> str:
+    import hashlib
+
+    path = run_dir / "final" / "model.safetensors"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+
+
+class PartsError(ValueError):
+    """Part results that are not the parts of one plan."""
+
+
+PLAN_FIELDS = ("seed", "plan_faults", "kinds", "lanes_per_side", "steps", "every_steps", "keep", "store", "wipe")
+
+
+def merge_parts(docs: list[dict]) -> Result:
+    """The whole plan's result from its parts' results (each a --json file of a --part run): they must be
+    parts 1..N of one plan (seed, faults, kinds, lanes, steps), of one commit, against equal reference
+    runs (the same final parameters, by sha256): then counts are summed, faults, violations and lanes put
+    together (named by part), and the wall time is the parts' sum (they ran one after another)."""
+    if not docs:
+        raise PartsError("no part results given")
+    parts = []
+    for doc in docs:
+        if not doc.get("part"):
+            raise PartsError(f"seed {doc.get('seed')}: not a part (run with --part K/N)")
+        parts.append(parse_part(doc["part"]))
+    n = parts[0][1]
+    if any(p[1] != n for p in parts):
+        raise PartsError(f"parts of different splits: {', '.join(d['part'] for d in docs)}")
+    numbers = sorted(p[0] for p in parts)
+    if numbers != list(range(1, n + 1)):
+        missing = sorted(set(range(1, n + 1)) - set(numbers))
+        doubled = sorted({k for k in numbers if numbers.count(k) > 1})
+        raise PartsError(
+            f"parts of {n}: "
+            + "; ".join(
+                x for x in (f"missing {missing}" if missing else "", f"given twice {doubled}" if doubled else "") if x
+            )
+        )
+    first = docs[0]
+    for name in (*PLAN_FIELDS, "commit"):
+        values = {json.dumps(doc.get(name)) for doc in docs}
+        if len(values) > 1:
+            raise PartsError(f"the parts differ in {name}: {', '.join(sorted(values))}")
+    digests = {doc.get("reference_sha256") for doc in docs}
+    if len(digests) > 1 or "" in digests or None in digests:
+        raise PartsError(
+            "the parts' reference runs differ (or one is unrecorded): their final parameters must be equal"
+        )
+    results = sorted((result_from_json(doc) for doc in docs), key=lambda r: parse_part(r.part)[0])
+    out = Result(
+        first["seed"], first["plan_faults"], first["steps"], first["every_steps"], first["keep"], first["store"]
+    )
+    out.kinds, out.wipe, out.plan_faults, out.lanes_per_side = (
+        list(first["kinds"]),
+        first["wipe"],
+        first["plan_faults"],
+        first["lanes_per_side"],
+    )
+    out.commit, out.reference_sha256, out.parts = first["commit"], first["reference_sha256"], n
+    out.work = ", ".join(r.work for r in results)
+    for r in results:
+        for name in SUMMED:
+            setattr(out, name, getattr(out, name) + getattr(r, name))
+        out.kills += r.kills
+        out.violations += [f"part {r.part}: {v}" for v in r.violations]
+        out.lanes += [f"part {r.part}: {lane}" for lane in r.lanes]
+        out.seconds += r.seconds
+    out.final_equal = all(r.final_equal for r in results)
+    out.stopped_early = any(r.stopped_early for r in results)
+    codes = [r.final_code for r in results]
+    out.final_code = None if None in codes else next((c for c in codes if c), 0)
+    return out
 
 
 def _run_lane_process(lane: Lane, work: Path, reference: Path, say, options: dict) -> Result:
@@ -1699,10 +1853,37 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="give no start begun after this many seconds a fault: every lane's run then finishes uninterrupted "
         "and is compared as ever (a soak sized by the time at hand; the summary says how many faults were made)",
     )
+    parser.add_argument(
+        "--part",
+        default=None,
+        metavar="K/N",
+        help="run part K of N of the plan: the lanes whose index is K-1 modulo N (--lanes N or more), against a "
+        "reference of the whole plan's length; for a soak longer than the machine is held (docs/reliability.md)",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="PART_JSON",
+        help="join the --json files of parts 1..N of one plan (one commit, equal references) into the whole "
+        "plan's figures and exit as the whole would; runs nothing",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--stop-at", type=float, default=None, help=argparse.SUPPRESS)  # a lane's --stop-after
     parser.add_argument("--lane", default=None, help=argparse.SUPPRESS)  # run() starts each lane so
     args = parser.parse_args(argv)
+    if args.merge:
+        try:
+            docs = [json.loads(path.read_text()) for path in args.merge]
+            result = merge_parts(docs)
+        except (OSError, ValueError) as err:  # json.JSONDecodeError and PartsError are ValueErrors
+            parser.error(f"--merge: {err}")
+        return report(result, args.json)
+    try:
+        part = parse_part(args.part) if args.part else None
+    except ValueError as err:
+        parser.error(str(err))
     kinds = ALL_KINDS if args.kinds == "all" else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     unknown = [k for k in kinds if k not in ALL_KINDS]
     if unknown or not kinds:
@@ -1719,6 +1900,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if reason := unavailable_reason():
             parser.error(f"--kinds {','.join(k for k in kinds if k in NET_KINDS)}: hosts of their own: {reason}")
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
+    if part:
+        try:
+            lanes_of_part(lane_plan(seed, args.kills, kinds, args.lanes), *part)
+        except ValueError as err:
+            parser.error(f"--part: {err}")
     print(f"seed {seed}", flush=True)
     per_lane = max((lane.faults for lane in lane_plan(seed, args.kills, kinds, args.lanes)), default=0)
     # A fault that trains on after it (ROOMY, network) needs steps left; the others one step each.
@@ -1744,9 +1930,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         kinds=kinds,
         lanes=args.lanes,
         stop_after=args.stop_after,
+        part=part,
     )
-    if args.json:
-        args.json.write_text(
+    return report(result, args.json)
+
+
+def report(result: Result, json_path: Optional[Path]) -> int:
+    """The figures: JSON (with --json), violations, lanes, the per-kind table, the summary; the exit code."""
+    if json_path:
+        json_path.write_text(
             json.dumps({**asdict(result), "per_kind": result.per_kind(), "ok": result.ok}, indent=2) + "\n"
         )
     for line in result.violations:

@@ -115,12 +115,33 @@ def test_random_sigkills_with_the_local_disk_wiped_lose_no_durable_checkpoint(re
 
 def test_a_soak_past_its_time_limit_makes_no_more_faults_and_still_ends_compared(reference, tmp_path):
     """--stop-after: a soak sized by the clock stops making faults at the limit, and its run finishes and is
-    compared bitwise as ever (here the limit is past before the first fault: none is made)."""
+    compared bitwise as ever (here the limit is past before the first fault: none is made). Run as part 2 of
+    2 of a two-lane plan (--part): only that part's lane runs, and the part records what --merge checks."""
+    import hashlib
+
     kills = harness()
     result = kills.run(
-        SEED, 4, steps=STEPS, every=1, keep=3, work=tmp_path, reference=reference, kinds=("step",), stop_after=0
+        SEED,
+        4,
+        steps=STEPS,
+        every=1,
+        keep=3,
+        work=tmp_path,
+        reference=reference,
+        kinds=("step",),
+        stop_after=0,
+        lanes=2,
+        part=(2, 2),
     )
     print(result.summary())
-    assert result.stopped_early and result.kills == [] and result.kills_planned == 4
-    assert "the time limit stopped the faults at 0 of 4 planned" in result.summary()
+    assert result.stopped_early and result.kills == [] and result.kills_planned == 2 and result.plan_faults == 4
+    assert (
+        "; part 2/2 of a 4-fault plan (2 lanes a side); the time limit stopped the faults at 0 of 2 planned"
+        in result.summary()
+    )
+    assert len(result.lanes) == 1 and result.lanes[0].startswith(f"lane-1 (seed {SEED + 1}, 0 faults"), result.lanes
+    assert not (tmp_path / "lane-0").exists()
+    final = reference / "final" / "model.safetensors"
+    assert result.reference_sha256 == hashlib.sha256(final.read_bytes()).hexdigest()
+    assert len(result.commit.split("+")[0]) == 40, result.commit  # the source the part ran, for --merge
     assert not result.violations and result.final_code == 0 and result.final_equal and result.ok
