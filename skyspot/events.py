@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, TYPE_CHECKING, Any, Iterable, Iterator, Optional
+from typing import Dict, TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 from skyspot.str_enum import StrEnum
 
@@ -431,10 +431,13 @@ def parse_lines(lines: Iterable[str | bytes], source: str, log: EventLog) -> Non
             log.events.append(event)
 
 
-def read_events_store(store: Store, run_prefix: str) -> EventLog:
-    """Every events file under `<run_prefix>/events/` in a store (storage.Store), oldest event first. Each
-    object is read with the local files' cap (a ranged read of at most MAX_EVENTS_FILE_BYTES + 1 bytes):
-    a bigger one is skipped and named in `oversized`, never downloaded whole."""
+def read_events_store(
+    store: Store, run_prefix: str, *, keep: Optional[Callable[[str, bytes], None]] = None
+) -> EventLog:
+    """Every events file under `<run_prefix>/events/` (and `stale/`) in a store (storage.Store), oldest event
+    first. Each object is read with the local files' cap (a ranged read of at most MAX_EVENTS_FILE_BYTES + 1
+    bytes): a bigger one is skipped and named in `oversized`, never downloaded whole. `keep(key, bytes)` is
+    given each file read (events_copy.Copy.add keeps them for readers without the network)."""
     from skyspot.storage import join_key
 
     log = EventLog()
@@ -445,6 +448,8 @@ def read_events_store(store: Store, run_prefix: str) -> EventLog:
             if len(data) > MAX_EVENTS_FILE_BYTES:
                 _skip_oversized(log, key, f"{store.uri}/{key}")
                 continue
+            if keep is not None:
+                keep(key, data)
             parse_lines(data.split(b"\n"), key, log)
             del data
     log.events.sort(key=lambda e: e["ts"])

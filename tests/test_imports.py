@@ -187,6 +187,7 @@ LAYERS = [
             "skyspot.start_bounds",
             "skyspot.lora",
             "skyspot.ledger",
+            "skyspot.events_copy",
             "skyspot.errors",
             "skyspot.console",
             "skyspot.ports",

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 
 def run_events(run: Run, *, store_ok: bool = True) -> EventLog:
-    """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket."""
+    """A run's events: its local run root, else (cloud runs) `<store>/<name>/events/` in the bucket, whose
+    files are then kept on this machine for the preemption history (events_copy.py)."""
     from pathlib import Path
 
     from skyspot.events import EVENTS_DIR, EventLog, read_events_dir, read_events_store
@@ -30,9 +31,12 @@ def run_events(run: Run, *, store_ok: bool = True) -> EventLog:
     log = EventLog()
     if not (store_ok and run.store):
         return log
+    from skyspot.events_copy import Copy
     from skyspot.storage import open_store
 
-    return read_events_store(open_store(run.store), run.name)
+    # Kept on this machine as read, for the preemption history, which reads no store (events_copy.py).
+    with Copy(run.name) as copy:
+        return read_events_store(open_store(run.store), run.name, keep=copy.add)
 
 
 def event_names(run: Run) -> list[str]:

@@ -10,7 +10,8 @@ every one of them:
 - the name, size and modification time of every file in the installed skyspot package: its code,
   its registry recipes and its price snapshot;
 - for `render` (`history=True`), what its candidates' order reads: the ledger's files (size and
-  modification time: every run recorded or updated) and the day, since the preemption history decays
+  modification time: every run recorded or updated), the stamp of the cloud runs' events copied by
+  `status` (skyspot/events_copy.py) and the day, since the preemption history decays
   (skyspot/planning/spot_risk.py);
 - the modification times of the directories on sys.path, which change when a package is
   installed, upgraded or removed (`render` pins the installed versions for the nodes).
@@ -100,6 +101,14 @@ def _history_signature() -> str:
 
     parts = [f"day={int(time.time() // 86400)}"]
     for name in ("ledger.db", "ledger.db-wal"):
+        try:
+            stat = (_home() / name).stat()
+            parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+        except OSError:
+            parts.append(f"{name}:-")
+    # A cloud run's events copied by status (skyspot/events_copy.py: FOLDER/STAMP, spelled here as the ledger's
+    # files are, so a cache hit imports nothing more): the history changed.
+    for name in ("store-events/.stamp",):
         try:
             stat = (_home() / name).stat()
             parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")

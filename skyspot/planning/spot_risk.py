@@ -5,8 +5,9 @@
     risk.per_node_hour, risk.source                 # 0.4, "prior 1 in 6 node-h (ours) x 1 (AWS Spot Advisor, any
                                                     #   region: ...) + 3 preemptions in 4.0 node-h observed ..."
 
-- Exposure: each attempt of every run the ledger knows whose events are on this machine (a local run's
-  run directory; a cloud run's store is not read: no network at planning time), split by attempts.py
+- Exposure: each attempt of every run the ledger knows whose events are on this machine (a run's
+  directory, or a cloud run's events as `status` or `cost-report` last read them from its store: the copy
+  of events_copy.py; the store itself is not read: no network at planning time), split by attempts.py
   (the one reader of attempts) into where it ran (cloud, region, zone, instance type, spot), its uptime
   in node-hours and whether it ended preempted. A simulated place (the local executor standing in for a
   cloud) is left out: it says nothing about that cloud's capacity.
@@ -126,7 +127,9 @@ def add_attempts(history: History, events: Iterable[Mapping[str, Any]], *, num_n
 
 
 def read_history(*, now: Optional[float] = None) -> History:
-    """The history of every run in $SKYSPOT_HOME's ledger whose events are on this machine."""
+    """The history of every run in $SKYSPOT_HOME's ledger whose events are on this machine (its run
+    directory, or the copy of a cloud run's store events that status or cost-report last read)."""
+    from skyspot import events_copy
     from skyspot.events import EVENTS_DIR, read_events_dir
     from skyspot.ledger import Ledger
 
@@ -140,11 +143,16 @@ def read_history(*, now: Optional[float] = None) -> History:
     for run in runs:
         # The local executor's places are all simulated (attempts.is_simulated drops them): not read at all,
         # so a machine full of local runs does not slow every launch and render down.
-        if run.executor == "local" or not run.run_dir or not Path(run.run_dir, EVENTS_DIR).is_dir():
+        if run.executor == "local":
             continue
-        log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
-        for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
-            log.merge(read_events_dir(node_events))
+        if run.run_dir and Path(run.run_dir, EVENTS_DIR).is_dir():
+            log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
+            for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
+                log.merge(read_events_dir(node_events))
+        elif events_copy.copy_dir(run.name).is_dir():  # a cloud run, as status last read it from its store
+            log = events_copy.read(run.name)
+        else:
+            continue
         add_attempts(history, log.events, num_nodes=run.num_nodes or 1)
     return history
 

@@ -147,6 +147,45 @@ def test_status_merges_skypilot_queue_with_bucket_events(monkeypatch, s3_server)
     assert {"recovery_count", "job_duration", "cluster_resources", "cloud", "region"} <= set(kwargs["fields"])
 
 
+def test_status_keeps_a_cloud_runs_events_and_the_next_placement_reads_them(monkeypatch, s3_server):
+    """The preemption history reads no store (no network at planning time): a cloud run's attempts reach it
+    through the copy `status` keeps of the events it read from the bucket (skyspot/events_copy.py), and
+    render's cache key moves with it."""
+    from skyspot.cli import cache
+    from skyspot.planning.spot_risk import rate_for, read_history
+
+    bucket = s3_server.bucket()
+    now = time.time()
+    where = {
+        "cloud": "aws",
+        "region": "us-east-2",
+        "zone": "us-east-2a",
+        "instance_type": "p4de.24xlarge",
+        "spot": True,
+    }
+    events = []
+    for n in range(1, 8):  # attempts 1-6 each followed by the next: taken away with their nodes; 7 runs on
+        base = {"run_id": "cloud-run", "attempt": n, "node_rank": 0, "rank": 0}
+        t0 = now - 8000 + n * 1000
+        events.append({**base, "ts": t0, "type": "start", "where": where, "world_size": 8, "total_steps": 100})
+        events.append({**base, "ts": t0 + 900, "type": "step", "step": 10 * n, "loss": 2.0, "step_seconds": 1.0})
+    _put_events(bucket, "cloud-run", events)
+    _sky_run(bucket)
+    place = dict(region="us-east-2", instance_type="p4de.24xlarge", spot=True, accelerator="A100-80GB:8")
+    before, key_before = rate_for(read_history(), "aws", **place), cache.key("render", ["llama8b"], history=True)
+    assert "observed" not in before.source
+    FakeSkyJobs(monkeypatch, records=[{"job_id": 7, "status": "RUNNING", "recovery_count": 6, "cloud": "AWS"}])
+    result = runner.invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    after = rate_for(read_history(), "aws", **place)
+    # 6 x 900 s up before each was taken away, and the running 7th 1,000 s so far: 1.8 node-hours
+    assert "+ 6 preemptions in 1.8 node-h observed" in after.source, after.source
+    assert after.per_node_hour > before.per_node_hour
+    assert cache.key("render", ["llama8b"], history=True) != key_before
+    monkeypatch.setattr(s3_server, "bucket", None)  # the copy is read with the bucket out of reach as well
+    assert rate_for(read_history(), "aws", **place).source == after.source
+
+
 def test_status_without_the_api_server_still_lists_runs_and_says_so(monkeypatch, tmp_path):
     from skyspot.executors.sky import sdk as sky_executor
 
