@@ -111,7 +111,12 @@ class Copy:
                 final.rename(old)
             except FileNotFoundError:
                 pass
-            fresh.rename(final)  # another reader's copy renamed in between: ours is dropped, theirs stands
+            try:
+                fresh.rename(final)  # another reader's copy renamed in between: ours is dropped, theirs stands
+            except OSError:
+                if not final.exists():
+                    old.rename(final)  # nothing took its place: the previous copy stays
+                raise
             (root() / STAMP).write_text(f"{self.run_name}\n")
         except OSError:
             pass

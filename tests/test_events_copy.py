@@ -5,6 +5,7 @@ never half-written, never outside its folder, never an error of the command that
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import stat
 import time
 
@@ -130,3 +131,20 @@ def test_a_copy_half_made_by_a_killed_reader_goes_once_it_is_an_hour_old(tmp_pat
     os.utime(stale, (hour_ago, hour_ago))
     copy_of(store)
     assert not stale.exists() and fresh.exists() and kept() == ["events/a.jsonl"]
+
+
+def test_a_copy_that_cannot_take_its_place_leaves_the_previous_one(tmp_path, monkeypatch):
+    store = store_with(tmp_path, {"r/events/a.jsonl": event(1)})
+    copy_of(store)
+    store.put_bytes("r/events/b.jsonl", event(2))
+    real_rename = Path.rename
+
+    def refuse_the_new_copy(self, target):
+        if self.name.startswith(".new-"):
+            raise PermissionError(13, "Permission denied")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", refuse_the_new_copy)
+    assert [e["step"] for e in copy_of(store).events] == [1, 2]  # the read itself is whole
+    assert kept() == ["events/a.jsonl"]
+    assert sorted(p.name for p in events_copy.root().iterdir()) == sorted(["r", events_copy.STAMP])
