@@ -195,6 +195,8 @@ class Result:
     """"K/N" for one part of a plan run in parts; "" for a whole plan (or parts merged: see `parts`)."""
     parts: int = 0
     """Parts merged into this result (--merge), run one after another."""
+    reference_variants: int = 0
+    """Merged parts whose machines' reference runs ended with different parameters (0 or 1: all equal)."""
 
     @property
     def ok(self) -> bool:
@@ -260,6 +262,12 @@ class Result:
             + (
                 f"; part {self.part} of a {self.plan_faults}-fault plan ({self.lanes_per_side} lanes a side)"
                 if self.part
+                else ""
+            )
+            + (
+                f"; the parts' reference runs ended with {self.reference_variants} different parameter sets "
+                "(machines whose CPUs round differently: each part's lanes were compared with their own machine's)"
+                if self.reference_variants > 1
                 else ""
             )
             + (
@@ -1516,11 +1524,12 @@ def run(
     stop_at = None if stop_after is None else time.time() + stop_after
     options = dict(steps=steps, every=every, keep=keep, store=store, wipe=wipe, stop_at=stop_at)
     plan = lane_plan(seed, kills, kinds, lanes)
+    commit = source_commit()  # the code that runs, as it is when the soak begins
     if part is not None:
         plan = lanes_of_part(plan, *part)
     elif len(plan) == 1 and not plan[0].net:
         result = _run_lane(plan[0], work, reference, say, options)
-        result.commit, result.plan_faults = source_commit(), kills
+        result.commit, result.plan_faults = commit, kills
         return result
     began = time.monotonic()
     if reference is None:
@@ -1530,6 +1539,8 @@ def run(
         if proc.wait(START_TIMEOUT_S) != 0:
             failed = Result(seed, kills, steps, every, keep, store, work=str(work), kinds=list(kinds))
             failed.violations.append(f"the reference run failed (code {proc.returncode}); see {work / 'logs'}")
+            failed.commit, failed.plan_faults, failed.lanes_per_side = commit, kills, lanes
+            failed.part = f"{part[0]}/{part[1]}" if part else ""
             return failed
     digest = final_digest(reference)
     results: dict[str, Result] = {}
@@ -1553,7 +1564,7 @@ def run(
     merged = merge([results[lane.name] for lane in plan], plan, seed, sum(lane.faults for lane in plan), kinds, work)
     merged.seconds = round(time.monotonic() - began, 1)
     merged.commit, merged.reference_sha256, merged.plan_faults, merged.lanes_per_side = (
-        source_commit(),
+        commit,
         digest,
         kills,
         lanes,
@@ -1646,14 +1657,19 @@ PLAN_FIELDS = ("seed", "plan_faults", "kinds", "lanes_per_side", "steps", "every
 
 def merge_parts(docs: list[dict]) -> Result:
     """The whole plan's result from its parts' results (each a --json file of a --part run): they must be
-    parts 1..N of one plan (seed, faults, kinds, lanes, steps), of one commit, against equal reference
-    runs (the same final parameters, by sha256): then counts are summed, faults, violations and lanes put
-    together (named by part), and the wall time is the parts' sum (they ran one after another)."""
+    parts 1..N of one plan (seed, faults, kinds, lanes, steps), run from one commit of a clean tree, each
+    with its reference's digest recorded: then counts are summed, faults, violations and lanes put together
+    (named by part), and the wall time is the parts' sum (they ran one after another). The parts of one
+    machine share a reference; another machine runs its own, and where its CPU rounds differently that
+    reference ends with other parameters (each part's lanes are compared with their own machine's
+    reference, bitwise), which the summary counts (`reference_variants`) instead of refusing."""
     if not docs:
         raise PartsError("no part results given")
+    if not all(isinstance(doc, dict) for doc in docs):
+        raise PartsError("a part result is not a JSON object (a --json file of a --part run)")
     parts = []
     for doc in docs:
-        if not doc.get("part"):
+        if not doc.get("part") or not isinstance(doc["part"], str):
             raise PartsError(f"seed {doc.get('seed')}: not a part (run with --part K/N)")
         parts.append(parse_part(doc["part"]))
     n = parts[0][1]
@@ -1674,11 +1690,15 @@ def merge_parts(docs: list[dict]) -> Result:
         values = {json.dumps(doc.get(name)) for doc in docs}
         if len(values) > 1:
             raise PartsError(f"the parts differ in {name}: {', '.join(sorted(values))}")
-    digests = {doc.get("reference_sha256") for doc in docs}
-    if len(digests) > 1 or "" in digests or None in digests:
+    commit = first.get("commit")
+    if not isinstance(commit, str) or not commit or commit.endswith("+dirty"):
         raise PartsError(
-            "the parts' reference runs differ (or one is unrecorded): their final parameters must be equal"
+            f"the parts ran from {'a tree with uncommitted changes' if commit else 'no git commit'} "
+            f"({commit or 'none recorded'}): the code they ran is not recorded"
         )
+    digests = {doc.get("reference_sha256") for doc in docs}
+    if "" in digests or None in digests:
+        raise PartsError("a part's reference run is unrecorded (no reference_sha256)")
     results = sorted((result_from_json(doc) for doc in docs), key=lambda r: parse_part(r.part)[0])
     out = Result(
         first["seed"], first["plan_faults"], first["steps"], first["every_steps"], first["keep"], first["store"]
@@ -1689,7 +1709,8 @@ def merge_parts(docs: list[dict]) -> Result:
         first["plan_faults"],
         first["lanes_per_side"],
     )
-    out.commit, out.reference_sha256, out.parts = first["commit"], first["reference_sha256"], n
+    out.commit, out.parts, out.reference_variants = commit, n, len(digests)
+    out.reference_sha256 = " ".join(sorted(str(d) for d in digests))
     out.work = ", ".join(r.work for r in results)
     for r in results:
         for name in SUMMED:
@@ -1879,6 +1900,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             result = merge_parts(docs)
         except (OSError, ValueError) as err:  # json.JSONDecodeError and PartsError are ValueErrors
             parser.error(f"--merge: {err}")
+        except (KeyError, TypeError, AttributeError) as err:  # a document of another shape
+            parser.error(f"--merge: not a part result of this harness ({type(err).__name__}: {err})")
         return report(result, args.json)
     try:
         part = parse_part(args.part) if args.part else None
@@ -1892,6 +1915,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("--faults must be 0 or more")
     if args.lanes < 1:
         parser.error("--lanes must be 1 or more")
+    if args.reference is not None and not (args.reference / "final" / "model.safetensors").is_file():
+        parser.error(f"--reference {args.reference}: no final/model.safetensors (an uninterrupted run's directory)")
     if args.stop_after is not None and not (0 <= args.stop_after < math.inf):
         parser.error("--stop-after must be a number of seconds, 0 or more")
     if any(k in NET_KINDS for k in kinds):

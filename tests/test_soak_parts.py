@@ -59,6 +59,15 @@ def test_parts_merge_into_the_whole_plan():
     assert out.per_kind()["crash"]["count"] == 4
 
 
+def test_parts_of_machines_whose_references_differ_merge_and_say_so():
+    """Another session's machine runs its own reference; where its CPU rounds differently, that reference ends
+    elsewhere, and each part's lanes were compared with their own machine's: counted, not refused."""
+    out = kills.merge_parts([part_doc(1), part_doc(2, digest="e" * 64)])
+    assert out.ok and out.reference_variants == 2 and out.reference_sha256 == f"{'d' * 64} {'e' * 64}"
+    assert "the parts' reference runs ended with 2 different parameter sets" in out.summary()
+    assert "different parameter sets" not in kills.merge_parts([part_doc(1), part_doc(2)]).summary()
+
+
 def test_a_part_that_failed_fails_the_whole():
     out = kills.merge_parts([part_doc(1), part_doc(2, violations=["attempt 3 step 9: loss differs"], equal=False)])
     assert not out.ok and out.violations == ["part 2/2: attempt 3 step 9: loss differs"] and not out.final_equal
@@ -70,9 +79,14 @@ def test_a_part_that_failed_fails_the_whole():
         ([part_doc(1)], r"parts of 2: missing \[2\]"),
         ([part_doc(1), part_doc(1)], r"missing \[2\]; given twice \[1\]"),
         ([part_doc(1), part_doc(2, commit="fff999")], "the parts differ in commit"),
-        ([part_doc(1), part_doc(2, digest="e" * 64)], "reference runs differ"),
-        ([part_doc(1, digest=""), part_doc(2, digest="")], "reference runs differ"),
+        ([part_doc(1, commit="abc+dirty"), part_doc(2, commit="abc+dirty")], "uncommitted changes .abc.dirty."),
+        ([part_doc(1, commit=""), part_doc(2, commit="")], "no git commit"),
+        ([part_doc(1, digest=""), part_doc(2)], "reference run is unrecorded"),
         ([part_doc(1), part_doc(2, steps=200)], "the parts differ in steps"),
+        ([part_doc(1), part_doc(2, kinds=["step"])], "the parts differ in kinds"),
+        ([part_doc(1), part_doc(2, plan_faults=41)], "the parts differ in plan_faults"),
+        ([part_doc(1), part_doc(2, lanes_per_side=4)], "the parts differ in lanes_per_side"),
+        ([part_doc(1), [part_doc(2)]], "not a JSON object"),
         ([part_doc(1), part_doc(2, 3)], "parts of different splits"),
         ([part_doc(1), {**part_doc(2), "part": ""}], "not a part"),
     ],
@@ -101,13 +115,19 @@ def test_the_command_merges_parts_and_exits_as_the_whole_would(tmp_path, capsys)
     [
         (["--merge", "{missing}"], "--merge: .*No such file"),
         (["--merge", "{garbage}"], "--merge: Expecting value"),
+        (["--merge", "{shapeless1}", "{shapeless2}"], "--merge: not a part result of this harness"),
+        (["--reference", "{missing}"], "--reference .*nope.json: no final/model.safetensors"),
         (["--part", "7/6", "--lanes", "6"], "expected K/N"),
         (["--part", "1/6", "--lanes", "2", "--kinds", "step"], "--part: part 1/6: the plan has 2 node lane"),
     ],
 )
 def test_bad_arguments_get_one_line_and_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "garbage").write_text("not json")
-    argv = [a.format(missing=tmp_path / "nope.json", garbage=tmp_path / "garbage") for a in argv]
+    names = dict(missing=tmp_path / "nope.json", garbage=tmp_path / "garbage")
+    for k in (1, 2):  # parts by their names, and nothing else of a result
+        names[f"shapeless{k}"] = tmp_path / f"shapeless{k}"
+        names[f"shapeless{k}"].write_text(json.dumps({"part": f"{k}/2", "commit": "abc", "reference_sha256": "d"}))
+    argv = [a.format(**names) for a in argv]
     with pytest.raises(SystemExit) as exit_:
         kills.main(argv)
     assert exit_.value.code == 2

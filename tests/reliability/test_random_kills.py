@@ -143,5 +143,6 @@ def test_a_soak_past_its_time_limit_makes_no_more_faults_and_still_ends_compared
     assert not (tmp_path / "lane-0").exists()
     final = reference / "final" / "model.safetensors"
     assert result.reference_sha256 == hashlib.sha256(final.read_bytes()).hexdigest()
-    assert len(result.commit.split("+")[0]) == 40, result.commit  # the source the part ran, for --merge
+    if (REPO / ".git").exists():  # the source the part ran, for --merge (a checkout without git records "")
+        assert len(result.commit.split("+")[0]) == 40, result.commit
     assert not result.violations and result.final_code == 0 and result.final_equal and result.ok
