@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat as stat_module
 import sys
 from pathlib import Path
 from typing import Iterable, Optional
@@ -93,7 +94,8 @@ def put(entry: str, text: str, needs: Iterable[str] = ()) -> None:
 
 
 def _home() -> Path:
-    return Path(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")
+    # As ledger.skyspot_home resolves it (without making it: a cache never creates the home).
+    return Path(os.path.abspath(os.path.expanduser(os.environ.get("SKYSPOT_HOME") or Path.home() / ".skyspot")))
 
 
 def _history_signature() -> str:
@@ -106,14 +108,16 @@ def _history_signature() -> str:
             parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
         except OSError:
             parts.append(f"{name}:-")
-    # A cloud run's events copied by status (skyspot/events_copy.py: FOLDER/STAMP, spelled here as the ledger's
-    # files are, so a cache hit imports nothing more): the history changed.
-    for name in ("store-events/.stamp",):
-        try:
-            stat = (_home() / name).stat()
-            parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
-        except OSError:
-            parts.append(f"{name}:-")
+    # A new token with every copy of a cloud run's events that changed (skyspot/events_copy.py: FOLDER/STAMP,
+    # spelled here as the ledger's files are, so a cache hit imports nothing more): the history changed.
+    stamp = _home() / "store-events" / ".stamp"
+    try:
+        if not stat_module.S_ISREG(os.stat(stamp).st_mode):  # never open a FIFO planted in its place
+            raise IsADirectoryError(stamp)
+        with open(stamp, "rb") as file:
+            parts.append("store-events:" + file.read(200).hex())
+    except OSError:
+        parts.append("store-events:-")
     return "\0".join(parts)
 
 

@@ -149,7 +149,7 @@ def read_history(*, now: Optional[float] = None) -> History:
             log = read_events_dir(Path(run.run_dir) / EVENTS_DIR)
             for node_events in sorted(Path(run.run_dir).glob(f"nodes/node-*/{EVENTS_DIR}")):
                 log.merge(read_events_dir(node_events))
-        elif events_copy.copy_dir(run.name).is_dir():  # a cloud run, as status last read it from its store
+        elif events_copy.exists(run.name):  # a cloud run, as status last read it from its store
             log = events_copy.read(run.name)
         else:
             continue

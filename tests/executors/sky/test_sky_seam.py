@@ -172,18 +172,32 @@ def test_status_keeps_a_cloud_runs_events_and_the_next_placement_reads_them(monk
     _put_events(bucket, "cloud-run", events)
     _sky_run(bucket)
     place = dict(region="us-east-2", instance_type="p4de.24xlarge", spot=True, accelerator="A100-80GB:8")
-    before, key_before = rate_for(read_history(), "aws", **place), cache.key("render", ["llama8b"], history=True)
+    before = rate_for(read_history(), "aws", **place)
     assert "observed" not in before.source
     FakeSkyJobs(monkeypatch, records=[{"job_id": 7, "status": "RUNNING", "recovery_count": 6, "cloud": "AWS"}])
-    result = runner.invoke(app, ["status", "--json"])
-    assert result.exit_code == 0, result.output
+
+    def status() -> None:
+        result = runner.invoke(app, ["status", "--json"])
+        assert result.exit_code == 0, result.output
+
+    status()
     after = rate_for(read_history(), "aws", **place)
     # 6 x 900 s up before each was taken away, and the running 7th 1,000 s so far: 1.8 node-hours
     assert "+ 6 preemptions in 1.8 node-h observed" in after.source, after.source
     assert after.per_node_hour > before.per_node_hour
-    assert cache.key("render", ["llama8b"], history=True) != key_before
-    monkeypatch.setattr(s3_server, "bucket", None)  # the copy is read with the bucket out of reach as well
+    key = cache.key("render", ["llama8b"], history=True)
+    status()  # nothing new in the bucket (and the ledger's row as it was): render's cached plan still holds
+    assert cache.key("render", ["llama8b"], history=True) == key
+    from skyspot.storage import open_store
+
+    bucket_store = open_store(bucket)
+    bucket_store.delete(bucket_store.list("cloud-run/events/"))
+    status()  # a read that finds no events (a bucket emptied by hand): the history keeps what it learnt
     assert rate_for(read_history(), "aws", **place).source == after.source
+    events.append({**base, "ts": now - 60, "type": "step", "step": 75, "loss": 2.0, "step_seconds": 1.0})
+    _put_events(bucket, "cloud-run", events)
+    status()  # new events: a new copy, and render plans again
+    assert cache.key("render", ["llama8b"], history=True) != key
 
 
 def test_status_without_the_api_server_still_lists_runs_and_says_so(monkeypatch, tmp_path):
