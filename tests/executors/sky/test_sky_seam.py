@@ -147,6 +147,7 @@ def test_status_merges_skypilot_queue_with_bucket_events(monkeypatch, s3_server)
     assert {"recovery_count", "job_duration", "cluster_resources", "cloud", "region"} <= set(kwargs["fields"])
 
 
+@pytest.mark.slow  # four `status` runs against moto: the default suite is at its ten-minute line
 def test_status_keeps_a_cloud_runs_events_and_the_next_placement_reads_them(monkeypatch, s3_server):
     """The preemption history reads no store (no network at planning time): a cloud run's attempts reach it
     through the copy `status` keeps of the events it read from the bucket (skyspot/events_copy.py), and
