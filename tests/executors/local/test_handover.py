@@ -38,6 +38,7 @@ def _stand_in(first: int, last: int, counter: Path) -> str:
     )
 
 
+@pytest.mark.slow  # a deadline's switch end to end on the local controller, 13 s: the default suite is at its ten-minute line
 def test_a_deadlines_switch_makes_the_new_node_ready_while_the_old_attempt_trains(nodes, tmp_path):  # noqa: F811
     """Spot is out for the first 5 s: the deadline starts on on-demand, gets ahead of its line and switches to
     spot. The spot node is provisioned while on-demand trains; only once it is ready does the on-demand attempt

@@ -407,6 +407,7 @@ def test_a_deadline_lost_while_the_machine_is_prepared_is_said_on_the_terminal_b
     assert log.count("deadline UNREACHABLE") == 1  # and once in run.log, where the policy changed its mind
 
 
+@pytest.mark.slow  # the controller's deadline while the machine is prepared, 10 s: the default suite is at its ten-minute line
 def test_status_shows_a_deadline_unreachable_while_the_machine_is_still_prepared(nodes, tmp_path, monkeypatch):
     import time
 
