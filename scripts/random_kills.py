@@ -1713,17 +1713,9 @@ def merge_parts(docs: list[dict]) -> Result:
     out.reference_sha256 = " ".join(sorted(str(d) for d in digests))
     out.work = ", ".join(r.work for r in results)
     for r in results:
-        for name in SUMMED:
-            setattr(out, name, getattr(out, name) + getattr(r, name))
-        out.kills += r.kills
-        out.violations += [f"part {r.part}: {v}" for v in r.violations]
         out.lanes += [f"part {r.part}: {lane}" for lane in r.lanes]
         out.seconds += r.seconds
-    out.final_equal = all(r.final_equal for r in results)
-    out.stopped_early = any(r.stopped_early for r in results)
-    codes = [r.final_code for r in results]
-    out.final_code = None if None in codes else next((c for c in codes if c), 0)
-    return out
+    return _joined(out, [(f"part {r.part}", r) for r in results])
 
 
 def _run_lane_process(lane: Lane, work: Path, reference: Path, say, options: dict) -> Result:
@@ -1814,14 +1806,22 @@ def merge(results: list[Result], plan: list[Lane], seed: int, kills: int, kinds:
     out = Result(seed, kills, first.steps, first.every_steps, first.keep, any(r.store for r in results), work=str(work))
     out.kinds, out.wipe = list(kinds), any(r.wipe for r in results)
     for lane, r in zip(plan, results):
-        for name in SUMMED:
-            setattr(out, name, getattr(out, name) + getattr(r, name))
-        out.kills += r.kills
-        out.violations += [f"{lane.name}: {v}" for v in r.violations]
         out.lanes.append(
             f"{lane.name} (seed {lane.seed}, {len(r.kills)} faults of {','.join(lane.kinds)}, "
             f"{'bitwise' if r.final_equal else 'NOT bitwise'}, {r.seconds:.0f} s)"
         )
+    return _joined(out, [(lane.name, r) for lane, r in zip(plan, results)])
+
+
+def _joined(out: Result, named: list[tuple[str, Result]]) -> Result:
+    """`out` with every named result added: counts summed, faults and violations (named) together; it ends
+    well only if every one does (lanes into a run, parts into a plan)."""
+    for name, r in named:
+        for count in SUMMED:
+            setattr(out, count, getattr(out, count) + getattr(r, count))
+        out.kills += r.kills
+        out.violations += [f"{name}: {v}" for v in r.violations]
+    results = [r for _, r in named]
     out.final_equal = all(r.final_equal for r in results)
     out.stopped_early = any(r.stopped_early for r in results)
     codes = [r.final_code for r in results]

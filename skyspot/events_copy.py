@@ -29,6 +29,7 @@ as `status` does: whoever can write a run's events can already change what `stat
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 FOLDER = "store-events"
 STAMP = ".stamp"
 VERSION = ".v-"
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.jsonl")
+"""An events file's plain name (no folder, no leading dot): the only names a copy writes."""
 LEFTOVER_S = 3600.0
 """A version no link names, this old, was left by a reader that was killed: the next copy removes it."""
 
@@ -60,15 +63,13 @@ def copy_dir(run_name: str) -> Optional[Path]:
 
 def relative(run_prefix: str, key: str) -> Optional[str]:
     """`events/<name>.jsonl` or `stale/<name>.jsonl` for a key of the run's layout, else None."""
-    import re
-
     from skyspot.events import EVENTS_DIR, STALE_DIR
     from skyspot.storage import join_key
 
     for folder in (EVENTS_DIR, STALE_DIR):
         head = join_key(run_prefix, folder) + "/"
         name = key[len(head) :]
-        if key.startswith(head) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.jsonl", name):
+        if key.startswith(head) and _PLAIN.fullmatch(name):
             return f"{folder}/{name}"
     return None
 

@@ -102,6 +102,16 @@ def _sky_run(store, name="cloud-run", job_id=7):
     Ledger().add(name, "llama8b", "sky", status="PENDING", store=store, job_id=job_id, total_steps=100, num_nodes=1)
 
 
+P4DE_SPOT = {
+    "cloud": "aws",
+    "region": "us-east-2",
+    "zone": "us-east-2a",
+    "instance_type": "p4de.24xlarge",
+    "spot": True,
+}
+"""Where the cloud run's attempts ran, as a node leader's `start` event says it."""
+
+
 def _put_events(bucket_uri, name, events):
     from skyspot.storage import open_store
 
@@ -113,13 +123,7 @@ def _put_events(bucket_uri, name, events):
 def test_status_merges_skypilot_queue_with_bucket_events(monkeypatch, s3_server):
     bucket = s3_server.bucket()
     now = time.time()
-    where = {
-        "cloud": "aws",
-        "region": "us-east-2",
-        "zone": "us-east-2a",
-        "instance_type": "p4de.24xlarge",
-        "spot": True,
-    }
+    where = P4DE_SPOT
     base = {"run_id": "cloud-run", "attempt": 1, "node_rank": 0, "rank": 0}
     _put_events(
         bucket,
@@ -157,13 +161,7 @@ def test_status_keeps_a_cloud_runs_events_and_the_next_placement_reads_them(monk
 
     bucket = s3_server.bucket()
     now = time.time()
-    where = {
-        "cloud": "aws",
-        "region": "us-east-2",
-        "zone": "us-east-2a",
-        "instance_type": "p4de.24xlarge",
-        "spot": True,
-    }
+    where = P4DE_SPOT
     events = []
     for n in range(1, 8):  # attempts 1-6 each followed by the next: taken away with their nodes; 7 runs on
         base = {"run_id": "cloud-run", "attempt": n, "node_rank": 0, "rank": 0}
